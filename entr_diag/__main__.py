@@ -1,0 +1,3 @@
+from entr_diag.cli import main
+
+main()

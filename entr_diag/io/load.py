@@ -1,0 +1,775 @@
+"""Read Parquet dumps of per-token rollout logs into one canonical, lazy token frame.
+
+``load_dataset(paths)`` finds the files, detects each file's layout (long: one row per
+token; nested: one row per sequence with equal-length list columns), maps the dump's column
+names onto the canonical ones of :mod:`entr_diag.io.schema`, validates every loss-masked
+token and counts the invalid ones by reason (:data:`~entr_diag.io.schema.EXCLUSION_REASONS`).
+The returned :class:`Dataset` holds a ``pl.LazyFrame`` of the valid loss-masked tokens only
+(columns in ``docs/CONTRACT.md``); nothing is collected whole and input files are only read.
+
+Errors raised (all :class:`~entr_diag.errors.EntrDiagError`, CLI exit code 2):
+:class:`~entr_diag.errors.InputError` for missing, unreadable, non-Parquet or empty inputs
+and ragged nested rows; :class:`~entr_diag.errors.SchemaError` for missing, ambiguous or
+wrongly typed columns.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.resources import as_file, files
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from entr_diag.errors import InputError, SchemaError
+from entr_diag.io import schema as S
+
+LAYOUTS = ("auto", "long", "nested")
+ENTROPY_CHOICES = ("auto", "infer", "train")
+_HIVE_SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.+)$")
+_POLARS_DTYPE = {S.FLOAT: pl.Float64, S.INT: pl.Int64, S.BOOL: pl.Boolean, S.ID: pl.String}
+#: how many offending keys an error message lists at most
+_MAX_LISTED = 5
+
+
+def bundled_sample_path() -> Path:
+    """Path of the bundled sample run (long layout) that ships inside the package.
+
+    Raises:
+        InputError: when the package was installed without its sample data.
+    """
+    res = files("entr_diag.sample_data").joinpath("sample_run_long.parquet")
+    with as_file(res) as p:
+        path = Path(p)
+    if not path.is_file():
+        raise InputError(
+            "the bundled sample run is missing from this installation "
+            f"(expected {path}); reinstall entr-diag or pass a Parquet path."
+        )
+    return path
+
+
+# --------------------------------------------------------------------------- files
+
+
+def resolve_paths(paths: Sequence[str | Path]) -> list[Path]:
+    """Expand files, directories (recursively, ``*.parquet``) and globs into Parquet files.
+
+    Returns the files sorted, without duplicates.
+
+    Raises:
+        InputError: a path that does not exist, a glob or directory that matches no
+            Parquet file, or no path at all.
+    """
+    if not paths:
+        raise InputError("no input path given.")
+    out: list[Path] = []
+    for raw in paths:
+        text = str(raw)
+        p = Path(text)
+        if p.is_dir():
+            found = sorted(q for q in p.rglob("*") if q.is_file() and _looks_parquet(q))
+            if not found:
+                raise InputError(f"directory {text} holds no Parquet files (*.parquet, *.pq).")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        elif any(ch in text for ch in "*?["):
+            found = sorted(Path(m) for m in glob.glob(text, recursive=True) if Path(m).is_file())
+            if not found:
+                raise InputError(f"the pattern {text} matches no file.")
+            out.extend(found)
+        else:
+            raise InputError(f"input {text} does not exist.")
+    seen: set[Path] = set()
+    uniq = []
+    for q in out:
+        key = q.resolve()
+        if key not in seen:
+            seen.add(key)
+            uniq.append(q)
+    return uniq
+
+
+def _looks_parquet(p: Path) -> bool:
+    return p.suffix.lower() in (".parquet", ".pq", ".parq") and not p.name.startswith((".", "_"))
+
+
+def _read_schema(path: Path) -> pa.Schema:
+    try:
+        return pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError, ValueError) as e:
+        raise InputError(
+            f"cannot read {path} as Parquet ({_short(e)}); entr-diag reads Parquet files only."
+        ) from None
+
+
+def _short(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return msg[:200]
+
+
+def _hive_values(path: Path) -> dict[str, str]:
+    vals: dict[str, str] = {}
+    for part in path.parent.parts:
+        m = _HIVE_SEGMENT.match(part)
+        if m:
+            vals[m.group(1)] = m.group(2)
+    return vals
+
+
+# --------------------------------------------------------------------------- mapping
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One input file: path, layout, row count (rows of the file, not tokens) and its columns."""
+
+    path: Path
+    layout: str
+    rows: int
+    columns: tuple[str, ...]
+    hive: Mapping[str, str] = field(default_factory=dict)
+
+
+def _kind_ok(kind: str, t: pa.DataType) -> bool:
+    if kind == S.FLOAT:
+        return pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_decimal(t)
+    if kind == S.INT:
+        return pa.types.is_integer(t)
+    if kind == S.BOOL:
+        return pa.types.is_boolean(t) or pa.types.is_integer(t)
+    if kind == S.ID:
+        return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+    raise AssertionError(kind)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _value_type(t: pa.DataType) -> pa.DataType:
+    return t.value_type if _is_list(t) else t
+
+
+def _type_name(t: pa.DataType) -> str:
+    return str(t)
+
+
+def resolve_mapping(
+    available: Mapping[str, pa.DataType],
+    *,
+    overrides: Mapping[str, str] | None = None,
+    framework: str | None = None,
+    entropy: str = "auto",
+) -> tuple[dict[str, str], list[str]]:
+    """Choose, for each canonical column, the source column that holds it.
+
+    Args:
+        available: source column name -> Arrow type (list types for nested columns), the
+            union over all input files.
+        overrides: ``canonical -> source`` from ``--column``; always wins.
+        framework: a key of :data:`~entr_diag.io.schema.FRAMEWORKS`; its names are tried
+            first and may resolve the ambiguous names (``logprobs``, ``log_probs``).
+        entropy: ``auto`` (inference-side, else trainer-side), ``infer`` or ``train``.
+
+    Returns:
+        ``(mapping, notes)``: canonical -> source for every column found (``entropy`` maps
+        to whichever entropy is used), and human-readable notes on the choices made.
+
+    Raises:
+        SchemaError: unknown canonical name or framework, an override naming a missing
+            column, a required column missing (the message lists the columns that exist
+            and any ambiguous column that could be mapped), or an alias of the wrong type.
+    """
+    overrides = dict(overrides or {})
+    notes: list[str] = []
+    for canon, src in overrides.items():
+        if canon not in S.BY_NAME:
+            raise SchemaError(
+                f"--column {canon}={src}: '{canon}' is not a canonical column; "
+                f"known: {', '.join(S.CANONICAL)}."
+            )
+        if src not in available:
+            raise SchemaError(
+                f"--column {canon}={src}: the input has no column '{src}'; "
+                f"columns: {', '.join(sorted(available))}."
+            )
+    fw: dict[str, str] = {}
+    if framework is not None:
+        key = framework.lower().replace("_", "-")
+        if key not in S.FRAMEWORKS:
+            raise SchemaError(
+                f"unknown framework '{framework}'; known: {', '.join(sorted(S.FRAMEWORKS))}."
+            )
+        fw = S.FRAMEWORKS[key]
+    if entropy not in ENTROPY_CHOICES:
+        raise SchemaError(f"--entropy must be one of {', '.join(ENTROPY_CHOICES)}, not '{entropy}'.")
+
+    mapping: dict[str, str] = {}
+    used: set[str] = set(overrides.values())
+    for col in S.COLUMNS:
+        canon = col.name
+        if canon in overrides:
+            src = overrides[canon]
+            t = _value_type(available[src])
+            if not _kind_ok(col.kind, t):
+                raise SchemaError(
+                    f"column '{src}' mapped to {canon} has type {_type_name(available[src])}; "
+                    f"{canon} needs {col.kind} values."
+                )
+            mapping[canon] = src
+            continue
+        candidates: list[str] = []
+        if canon in fw:
+            candidates.append(fw[canon])
+        candidates.append(canon)
+        candidates.extend(col.aliases)
+        for src in candidates:
+            if src not in available or src in used:
+                continue
+            ok = _kind_ok(col.kind, _value_type(available[src]))
+            if not ok:
+                if src == canon or src == fw.get(canon) or col.required:
+                    raise SchemaError(
+                        f"column '{src}' ({canon}) has type {_type_name(available[src])}; "
+                        f"{canon} needs {col.kind} values."
+                    )
+                notes.append(f"'{src}' not used as {canon}: type {_type_name(available[src])}")
+                continue
+            mapping[canon] = src
+            used.add(src)
+            if src != canon:
+                notes.append(f"{canon} <- '{src}'")
+            break
+
+    # which entropy is used
+    if entropy == "train":
+        if "train_entropy" not in mapping:
+            raise SchemaError(
+                "--entropy train: no trainer-side entropy column (train_entropy) found; "
+                f"columns: {', '.join(sorted(available))}."
+            )
+        mapping["entropy"] = mapping["train_entropy"]
+        notes.append("entropy: trainer-side (--entropy train)")
+    elif entropy == "infer" and "entropy" not in mapping:
+        raise SchemaError(
+            "--entropy infer: no inference-side entropy column found; "
+            f"columns: {', '.join(sorted(available))}."
+        )
+    elif "entropy" not in mapping and "train_entropy" in mapping:
+        mapping["entropy"] = mapping["train_entropy"]
+        notes.append("entropy: no inference-side entropy; using the trainer-side entropy")
+
+    missing = [c for c in S.REQUIRED if c not in mapping]
+    if missing:
+        amb = [a for a in S.AMBIGUOUS if a in available]
+        hint = ""
+        if amb:
+            hint = " " + " ".join(
+                f"Column '{a}' is ambiguous ({S.AMBIGUOUS[a]}): map it explicitly, e.g. "
+                f"--column {missing[0]}={a}, or name the framework with --framework."
+                for a in amb
+            )
+        raise SchemaError(
+            f"missing required column(s) {', '.join(missing)}. The input has columns: "
+            f"{', '.join(sorted(available))}. Map yours with --column CANONICAL=SOURCE "
+            f"(e.g. --column infer_logprob=my_rollout_logp) or pick --framework "
+            f"({', '.join(sorted(S.FRAMEWORKS))}).{hint}"
+        )
+    return mapping, notes
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """Token and sequence accounting of an input.
+
+    Token counts are rows of the long (exploded) view. ``excluded`` maps an exclusion
+    reason (:data:`~entr_diag.io.schema.EXCLUSION_REASONS`) to the number of loss-masked
+    tokens excluded for it; tokens outside the loss mask are ignored, never counted as bad.
+    """
+
+    tokens_total: int
+    tokens_unmasked: int
+    tokens_masked: int
+    tokens_valid: int
+    excluded: Mapping[str, int]
+    sequences_total: int
+    sequences_valid: int
+    sequences_without_masked_tokens: int
+    steps: tuple[int, ...] | None
+    policy_versions: tuple[int, int] | None
+    train_versions: tuple[int, int] | None
+    staleness: Mapping[int, int] | None
+    sequences_with_version_switch: int | None
+
+    def to_dict(self) -> dict:
+        return {
+            "tokens_total": self.tokens_total,
+            "tokens_unmasked": self.tokens_unmasked,
+            "tokens_masked": self.tokens_masked,
+            "tokens_valid": self.tokens_valid,
+            "tokens_excluded": sum(self.excluded.values()),
+            "exclusions": {k: int(v) for k, v in self.excluded.items()},
+            "sequences_total": self.sequences_total,
+            "sequences_valid": self.sequences_valid,
+            "sequences_without_masked_tokens": self.sequences_without_masked_tokens,
+            "steps": None if self.steps is None else {
+                "count": len(self.steps), "min": min(self.steps, default=None),
+                "max": max(self.steps, default=None)},
+            "policy_versions": None if self.policy_versions is None else list(self.policy_versions),
+            "train_versions": None if self.train_versions is None else list(self.train_versions),
+            "staleness_tokens": None if self.staleness is None else {
+                str(k): int(v) for k, v in sorted(self.staleness.items())},
+            "sequences_with_version_switch": self.sequences_with_version_switch,
+        }
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A loaded input: the lazy frame of valid loss-masked tokens plus how it was made.
+
+    Attributes:
+        lf: one row per valid loss-masked token, canonical columns (docs/CONTRACT.md).
+        raw: every token row (masked or not) with the canonical columns and ``reason``
+            (null for valid loss-masked tokens, ``"unmasked"``, or an exclusion reason).
+        files: the input files with layout and row counts.
+        mapping: canonical column -> source column.
+        notes: how the mapping was chosen.
+        entropy_source: ``"inference"``, ``"trainer"`` or ``None`` (no entropy column).
+        accounting: token/sequence counts and exclusions by reason.
+        bundled: True when the input is the bundled sample run.
+    """
+
+    lf: pl.LazyFrame
+    raw: pl.LazyFrame
+    files: tuple[FileInfo, ...]
+    mapping: Mapping[str, str]
+    notes: tuple[str, ...]
+    entropy_source: str | None
+    accounting: Accounting
+    bundled: bool = False
+
+    def has(self, column: str) -> bool:
+        """True when the canonical column ``column`` is present in :attr:`lf`."""
+        return column in self.lf.collect_schema().names()
+
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        return tuple(sorted({f.layout for f in self.files}))
+
+    def capabilities(self) -> dict[str, str | None]:
+        """Analyses the data allow: name -> None when available, else the reason it is not."""
+        caps: dict[str, str | None] = {}
+        caps["scaling_law_fit"] = None if self.has("entropy") else "no entropy column"
+        caps["entr_gate"] = caps["scaling_law_fit"]
+        caps["staleness"] = None if self.has("staleness") else (
+            "no policy_version/train_version: staleness analysis unavailable")
+        caps["version_switches"] = None if self.has("policy_version") else (
+            "no policy_version: in-flight version switches unavailable")
+        caps["per_step"] = None if self.has("step") else "no step column: per-step series unavailable"
+        caps["token_tables"] = None if self.has("token_id") else "no token_id: worst-token table shows no ids"
+        caps["trainer_noise_floor"] = None if self.has("train_logprob_recompute") else (
+            "no train_logprob_recompute: trainer self-noise floor unavailable")
+        return caps
+
+    def describe(self) -> dict:
+        """Plain-dict description for JSON/HTML (files, layout, mapping, accounting)."""
+        return {
+            "files": [
+                {"path": str(f.path), "layout": f.layout, "rows": f.rows} for f in self.files
+            ],
+            "bundled_sample": self.bundled,
+            "layout": "+".join(self.layouts),
+            "mapping": dict(self.mapping),
+            "mapping_notes": list(self.notes),
+            "entropy_source": self.entropy_source,
+            "accounting": self.accounting.to_dict(),
+            "capabilities": self.capabilities(),
+        }
+
+
+def load_dataset(
+    paths: Sequence[str | Path] | None = None,
+    *,
+    columns: Mapping[str, str] | None = None,
+    framework: str | None = None,
+    layout: str = "auto",
+    entropy: str = "auto",
+) -> Dataset:
+    """Scan Parquet inputs lazily into a validated canonical token frame.
+
+    Args:
+        paths: files, directories (searched recursively) or globs; ``None`` or empty uses
+            the bundled sample run.
+        columns: ``canonical -> source`` overrides (``--column``).
+        framework: name a framework's column naming (``--framework``).
+        layout: ``auto`` (per file: nested when the logprob columns are lists), ``long`` or
+            ``nested``.
+        entropy: ``auto``, ``infer`` or ``train`` (which entropy column to use).
+
+    Returns:
+        A :class:`Dataset`; one accounting pass over the input has been made.
+
+    Raises:
+        InputError, SchemaError: see the module docstring.
+    """
+    bundled = not paths
+    if bundled:
+        paths = [bundled_sample_path()]
+    if layout not in LAYOUTS:
+        raise InputError(f"--layout must be one of {', '.join(LAYOUTS)}, not '{layout}'.")
+    file_list = resolve_paths(list(paths))  # type: ignore[arg-type]
+    schemas: dict[Path, pa.Schema] = {}
+    rows: dict[Path, int] = {}
+    for f in file_list:
+        schemas[f] = _read_schema(f)
+        try:
+            rows[f] = pq.ParquetFile(f).metadata.num_rows
+        except (pa.ArrowInvalid, OSError) as e:
+            raise InputError(f"cannot read {f} as Parquet ({_short(e)}).") from None
+
+    # union of available columns (hive partition keys count as string columns)
+    available: dict[str, pa.DataType] = {}
+    for f in file_list:
+        for name, typ in zip(schemas[f].names, schemas[f].types, strict=True):
+            prev = available.get(name)
+            if prev is None or (_is_list(typ) and not _is_list(prev)):
+                available[name] = typ
+        for k, v in _hive_values(f).items():
+            available.setdefault(k, pa.int64() if _int_like(v) else pa.string())
+    mapping, notes = resolve_mapping(available, overrides=columns, framework=framework,
+                                     entropy=entropy)
+
+    # optional columns must be present in every file, required ones in every file
+    infos: list[FileInfo] = []
+    for f in file_list:
+        names = set(schemas[f].names) | set(_hive_values(f))
+        missing_req = [c for c in S.REQUIRED if mapping[c] not in names]
+        if missing_req:
+            raise SchemaError(
+                f"{f}: missing required column(s) "
+                + ", ".join(f"{c} ('{mapping[c]}')" for c in missing_req)
+                + f" that other inputs have; this file has: {', '.join(sorted(names))}."
+            )
+    for canon in list(mapping):
+        src = mapping[canon]
+        lacking = [f for f in file_list if src not in set(schemas[f].names) | set(_hive_values(f))]
+        if lacking:
+            notes.append(
+                f"{canon} ('{src}') is missing from {len(lacking)} of {len(file_list)} files "
+                f"(e.g. {lacking[0]}): not used"
+            )
+            del mapping[canon]
+
+    frames: list[pl.LazyFrame] = []
+    for f in file_list:
+        sch = schemas[f]
+        hive = _hive_values(f)
+        types = {n: t for n, t in zip(sch.names, sch.types, strict=True)}
+        tl_type = types.get(mapping["train_logprob"])
+        il_type = types.get(mapping["infer_logprob"])
+        nested = tl_type is not None and _is_list(tl_type)
+        if tl_type is not None and il_type is not None and _is_list(tl_type) != _is_list(il_type):
+            raise SchemaError(
+                f"{f}: train_logprob ('{mapping['train_logprob']}', {tl_type}) and "
+                f"infer_logprob ('{mapping['infer_logprob']}', {il_type}) must both be lists "
+                "(nested layout) or both scalars (long layout)."
+            )
+        file_layout = "nested" if nested else "long"
+        if layout != "auto" and layout != file_layout:
+            raise SchemaError(
+                f"{f}: --layout {layout} given but train_logprob ('{mapping['train_logprob']}') "
+                f"is {'a list' if nested else 'a scalar'} column ({tl_type}), i.e. "
+                f"{file_layout} layout."
+            )
+        infos.append(FileInfo(f, file_layout, rows[f], tuple(sch.names), hive))
+        frames.append(_file_frame(f, types, hive, mapping, file_layout))
+
+    total_rows = sum(rows.values())
+    if total_rows == 0:
+        raise InputError(
+            f"the input is empty: {len(file_list)} file(s) with 0 rows "
+            f"({', '.join(str(f) for f in file_list[:_MAX_LISTED])})."
+        )
+
+    raw = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+    raw = raw.with_columns(_seq_key_expr(mapping))
+    raw = raw.with_columns(_reason_expr(mapping).alias("reason"))
+
+    entropy_source = None
+    if "entropy" in mapping:
+        entropy_source = (
+            "trainer" if mapping.get("train_entropy") == mapping["entropy"] else "inference"
+        )
+    valid_cols = _valid_columns(mapping)
+    lf = raw.filter(pl.col("reason").is_null()).select(valid_cols)
+    accounting = _account(raw, mapping, infos)
+    return Dataset(
+        lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=tuple(notes),
+        entropy_source=entropy_source, accounting=accounting, bundled=bundled,
+    )
+
+
+def _int_like(v: str) -> bool:
+    return bool(re.fullmatch(r"-?\d+", v))
+
+
+def _canonical_cast(canon: str, expr: pl.Expr) -> pl.Expr:
+    kind = S.BY_NAME[canon].kind
+    if kind == S.BOOL:
+        return expr.cast(pl.Boolean)
+    if kind == S.ID:
+        return expr.cast(pl.String)
+    return expr.cast(_POLARS_DTYPE[kind])
+
+
+def _file_frame(
+    path: Path,
+    types: Mapping[str, pa.DataType],
+    hive: Mapping[str, str],
+    mapping: Mapping[str, str],
+    layout: str,
+) -> pl.LazyFrame:
+    """Canonical raw rows of one file: one row per token, every mapped column, ``_empty``."""
+    lf = pl.scan_parquet(path, hive_partitioning=False)
+    # hive partition values become literal columns
+    hive_cols = [
+        pl.lit(int(v) if _int_like(v) else v).alias(k)
+        for k, v in hive.items() if k not in types and k in set(mapping.values())
+    ]
+    if hive_cols:
+        lf = lf.with_columns(hive_cols)
+    srcs = dict(mapping)
+
+    if layout == "nested":
+        lf = lf.with_row_index("_row")
+        list_srcs = [src for src in set(srcs.values()) if src in types and _is_list(types[src])]
+        ref = srcs["train_logprob"]
+        lens = {src: pl.col(src).list.len() for src in list_srcs}
+        ragged = pl.lit(False)
+        for src in list_srcs:
+            if src != ref:
+                ragged = ragged | (lens[src].fill_null(-1) != lens[ref].fill_null(-1))
+        _check_ragged(path, lf, ragged, srcs, list_srcs)
+        sid = (
+            pl.col(srcs["seq_id"]).cast(pl.String)
+            if "seq_id" in srcs
+            else pl.format("{}:{}", pl.lit(path.name), pl.col("_row"))
+        )
+        lf = lf.with_columns(
+            sid.alias("_seq_id"),
+            (pl.col(ref).list.len().fill_null(0) == 0).alias("_empty"),
+            pl.int_ranges(0, pl.col(ref).list.len().fill_null(0)).alias("_pos"),
+        )
+        # an empty list explodes to one null row: keep it, marked _empty, for the accounting
+        lf = lf.explode([*list_srcs, "_pos"])
+        exprs = [pl.col("_seq_id").alias("seq_id"), pl.col("_empty")]
+        if "position" in srcs and srcs["position"] in list_srcs:
+            exprs.append(_canonical_cast("position", pl.col(srcs["position"])).alias("position"))
+        else:
+            exprs.append(pl.col("_pos").cast(pl.Int64).alias("position"))
+        for canon, src in srcs.items():
+            if canon in ("seq_id", "position"):
+                continue
+            exprs.append(_canonical_cast(canon, pl.col(src)).alias(canon))
+        return lf.select(exprs)
+
+    # long layout
+    if "seq_id" not in srcs:
+        raise SchemaError(
+            f"{path}: the long layout (one row per token) needs a sequence id column; none of "
+            f"seq_id, {', '.join(S.BY_NAME['seq_id'].aliases)} exists. Map one with "
+            "--column seq_id=NAME (sequence-level resampling and gates need it)."
+        )
+    for canon, src in srcs.items():
+        if src in types and _is_list(types[src]):
+            raise SchemaError(
+                f"{path}: column '{src}' ({canon}) is a list column but the file is in the long "
+                "layout (scalar logprobs); map a scalar column or fix the dump."
+            )
+    exprs = [pl.lit(False).alias("_empty")]
+    for canon, src in srcs.items():
+        exprs.append(_canonical_cast(canon, pl.col(src)).alias(canon))
+    lf = lf.select(exprs)
+    if "position" not in srcs:
+        lf = lf.with_columns(pl.int_range(pl.len()).over("seq_id").cast(pl.Int64).alias("position"))
+    return lf
+
+
+def _check_ragged(path: Path, lf: pl.LazyFrame, ragged: pl.Expr, srcs: Mapping[str, str],
+                  list_srcs: Iterable[str]) -> None:
+    list_srcs = list(list_srcs)
+    if len(list_srcs) < 2:
+        return
+    key = pl.col(srcs["seq_id"]).cast(pl.String) if "seq_id" in srcs else pl.format(
+        "row {}", pl.col("_row"))
+    bad = (
+        lf.select(ragged.alias("_r"), key.alias("_k"))
+        .filter(pl.col("_r"))
+        .select(pl.len().alias("n"), pl.col("_k").head(_MAX_LISTED).implode().alias("keys"))
+        .collect(engine="streaming")
+    )
+    n = int(bad["n"][0])
+    if n:
+        keys = ", ".join(str(k) for k in bad["keys"][0])
+        raise InputError(
+            f"{path}: {n} nested row(s) have list columns of different lengths "
+            f"({', '.join(list_srcs)}); seq_id(s): {keys}. Every per-token list of a "
+            "sequence must have one entry per token."
+        )
+
+
+def _seq_key_expr(mapping: Mapping[str, str]) -> pl.Expr:
+    """UInt64 sequence key: hash of (step, seq_id); stable for a given polars version."""
+    if "step" in mapping:
+        key = pl.concat_str(
+            [pl.col("step").cast(pl.String).fill_null("~"), pl.col("seq_id").fill_null("~")],
+            separator="\x1f",
+        )
+    else:
+        key = pl.col("seq_id").fill_null("~")
+    return key.hash(seed=0).alias("seq_key")
+
+
+def _reason_expr(mapping: Mapping[str, str]) -> pl.Expr:
+    tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
+    mask = pl.col("loss_mask") if "loss_mask" in mapping else pl.lit(True)
+    e = (
+        pl.when(pl.col("_empty")).then(pl.lit("empty_row"))
+        .when(mask.is_null()).then(pl.lit("null_loss_mask"))
+        .when(~mask).then(pl.lit("unmasked"))
+        .when(pl.col("seq_id").is_null()).then(pl.lit("missing_seq_id"))
+        .when(tl.is_null() | il.is_null() | ~tl.is_finite() | ~il.is_finite())
+        .then(pl.lit("non_finite_logprob"))
+        .when((tl <= S.SENTINEL_FLOOR) | (il <= S.SENTINEL_FLOOR)).then(pl.lit("sentinel_logprob"))
+        .when((tl > 0) | (il > 0)).then(pl.lit("positive_logprob"))
+        .when(((tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX))
+              | ((il == 0) & (tl < S.ZERO_PLACEHOLDER_OTHER_MAX)))
+        .then(pl.lit("zero_placeholder"))
+    )
+    if "entropy" in mapping:
+        h = pl.col("entropy")
+        e = e.when(h.is_null() | ~h.is_finite() | (h < 0)).then(pl.lit("invalid_entropy"))
+    vers = [pl.col(c) < 0 for c in ("policy_version", "train_version") if c in mapping]
+    if vers:
+        cond = vers[0]
+        for v in vers[1:]:
+            cond = cond | v
+        e = e.when(cond.fill_null(False)).then(pl.lit("negative_version"))
+    return e.otherwise(pl.lit(None, dtype=pl.String))
+
+
+def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
+    cols = [pl.col("seq_id"), pl.col("seq_key"), pl.col("position")]
+    for canon in ("step", "train_logprob", "infer_logprob"):
+        if canon in mapping:
+            cols.append(pl.col(canon))
+    cols.append((pl.col("train_logprob") - pl.col("infer_logprob")).alias("delta"))
+    for canon in ("entropy", "policy_version", "train_version"):
+        if canon in mapping:
+            cols.append(pl.col(canon))
+    if "policy_version" in mapping and "train_version" in mapping:
+        cols.append((pl.col("train_version") - pl.col("policy_version")).alias("staleness"))
+    for canon in ("token_id", "advantage", "train_logprob_recompute"):
+        if canon in mapping:
+            cols.append(pl.col(canon))
+    return cols
+
+
+def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo]) -> Accounting:
+    """One pass (polars may share the scan) over the raw rows for all counts."""
+    by_reason = raw.group_by("reason").agg(pl.len().alias("n"))
+    per_seq = (
+        raw.group_by("seq_key")
+        .agg(
+            (pl.col("reason").is_null()).sum().alias("valid"),
+            (~pl.col("reason").is_in(["unmasked", "empty_row", "null_loss_mask"])
+             .fill_null(False)).sum().alias("masked"),
+            *(
+                [(pl.col("policy_version").filter(pl.col("reason").is_null()).n_unique() > 1)
+                 .alias("switch")]
+                if "policy_version" in mapping else []
+            ),
+        )
+        .select(
+            pl.len().alias("n"),
+            (pl.col("valid") > 0).sum().alias("n_valid"),
+            (pl.col("masked") == 0).sum().alias("n_no_mask"),
+            *([pl.col("switch").sum().alias("n_switch")] if "policy_version" in mapping else []),
+        )
+    )
+    valid = raw.filter(pl.col("reason").is_null())
+    queries = [by_reason, per_seq]
+    extra: list[str] = []
+    if "step" in mapping:
+        queries.append(valid.select(pl.col("step").unique().sort().implode().alias("steps")))
+        extra.append("steps")
+    if "policy_version" in mapping:
+        queries.append(valid.select(pl.col("policy_version").min().alias("lo"),
+                                    pl.col("policy_version").max().alias("hi")))
+        extra.append("pv")
+    if "train_version" in mapping:
+        queries.append(valid.select(pl.col("train_version").min().alias("lo"),
+                                    pl.col("train_version").max().alias("hi")))
+        extra.append("tv")
+    if "policy_version" in mapping and "train_version" in mapping:
+        queries.append(
+            valid.group_by((pl.col("train_version") - pl.col("policy_version")).alias("s"))
+            .agg(pl.len().alias("n"))
+        )
+        extra.append("stale")
+    try:
+        results = pl.collect_all(queries, engine="streaming")
+    except pl.exceptions.ComputeError as e:  # e.g. a value that does not cast
+        raise InputError(f"cannot read the input ({_short(e)}).") from None
+    counts = {r: int(n) for r, n in zip(results[0]["reason"], results[0]["n"], strict=True)}
+    seq = results[1].row(0, named=True)
+    counts.pop("empty_row", 0)  # an empty nested row holds no token
+    unmasked = counts.pop("unmasked", 0)
+    valid_n = counts.pop(None, 0)
+    excluded = {r: counts.get(r, 0) for r in S.EXCLUSION_REASONS if counts.get(r, 0)}
+    total = valid_n + unmasked + sum(excluded.values())
+    res_iter = iter(results[2:])
+    steps = pv = tv = stale = None
+    for name in extra:
+        df = next(res_iter)
+        if name == "steps":
+            steps = tuple(int(s) for s in df["steps"][0] if s is not None)
+        elif name == "pv":
+            pv = _minmax(df)
+        elif name == "tv":
+            tv = _minmax(df)
+        elif name == "stale":
+            stale = {int(s): int(n) for s, n in zip(df["s"], df["n"], strict=True) if s is not None}
+    return Accounting(
+        tokens_total=total,
+        tokens_unmasked=unmasked,
+        tokens_masked=total - unmasked,
+        tokens_valid=valid_n,
+        excluded=excluded,
+        sequences_total=int(seq["n"]),
+        sequences_valid=int(seq["n_valid"]),
+        sequences_without_masked_tokens=int(seq["n_no_mask"]),
+        steps=steps,
+        policy_versions=pv,
+        train_versions=tv,
+        staleness=stale,
+        sequences_with_version_switch=int(seq["n_switch"]) if "n_switch" in seq else None,
+    )
+
+
+def _minmax(df: pl.DataFrame) -> tuple[int, int] | None:
+    lo, hi = df["lo"][0], df["hi"][0]
+    if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
+        return None
+    return int(lo), int(hi)

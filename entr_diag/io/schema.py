@@ -1,0 +1,125 @@
+"""Canonical per-token columns and the names frameworks use for them.
+
+The canonical columns are those of ``shared/METHOD.md`` ("Canonical columns"). Every loader
+maps a dump's own column names onto them; this module is the single table of which source
+names are recognised, which are refused as ambiguous, and how each framework spells them.
+
+Sources for the aliases: the rollout/trainer data structures of verl (``old_log_probs``,
+``rollout_log_probs``, ``entropys``, ``response_mask``), slime (``log_probs`` is the
+trainer recomputation, ``rollout_log_probs``, ``loss_masks``), AReaL (``prox_logp``, bare
+``logprobs`` from the engine, per-token ``versions``), OpenRLHF (``action_log_probs``,
+``rollout_log_probs``, ``action_mask``), TRL (``old_per_token_logps``,
+``sampling_per_token_logps``, ``completion_mask``), NeMo-RL (``prev_logprobs``,
+``generation_logprobs``, ``token_mask``), ROLL (``infer_logprobs``) and SkyRL
+(``action_log_probs``, ``rollout_logprobs``, ``loss_mask``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: kinds of value a column may hold: "float", "int", "bool", "id" (int or string)
+FLOAT, INT, BOOL, ID = "float", "int", "bool", "id"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One canonical column: its name, value kind, unit/meaning and whether it is required."""
+
+    name: str
+    kind: str
+    meaning: str
+    required: bool = False
+    #: source names auto-detected (in priority order) when the canonical name is absent
+    aliases: tuple[str, ...] = ()
+    #: per-sequence scalar in the nested layout (broadcast to each token)
+    per_sequence: bool = False
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("seq_id", ID, "trajectory (sample) id; resampling is by sequence", False,
+           ("sequence_id", "sample_id", "sample_idx", "traj_id", "trajectory_id", "rollout_id"),
+           per_sequence=True),
+    Column("position", INT, "0-based index of the token in the response (absent: row order)",
+           False, ("pos", "token_position", "token_idx", "token_index")),
+    Column("step", INT, "trainer step the token was trained in", False,
+           ("global_step", "train_step", "training_step", "iteration"), per_sequence=True),
+    Column("train_logprob", FLOAT, "log pi_theta(y_t) of the sampled token, trainer side, nats <= 0",
+           True, ("old_log_probs", "old_log_prob", "old_logprobs", "prox_logp", "prev_logprobs",
+                  "old_per_token_logps", "action_log_probs", "train_logprobs", "trainer_logprobs")),
+    Column("train_logprob_recompute", FLOAT,
+           "second trainer recomputation of the same policy (trainer self-noise floor), nats", False),
+    Column("infer_logprob", FLOAT, "log mu(y_t) of the sampled token, inference engine, nats <= 0",
+           True, ("rollout_log_probs", "rollout_logprobs", "response_logprobs",
+                  "sampling_per_token_logps", "generation_logprobs", "infer_logprobs",
+                  "inference_logprobs", "rollout_logprob")),
+    Column("entropy", FLOAT, "inference-side entropy of the sampling distribution, nats >= 0",
+           False, ("entropys", "entropies", "token_entropy", "infer_entropy", "rollout_entropy",
+                   "rollout_entropys")),
+    Column("train_entropy", FLOAT, "trainer-side entropy, nats >= 0", False,
+           ("trainer_entropy", "train_entropys")),
+    Column("policy_version", INT, "weights version that sampled the token", False,
+           ("versions", "weight_version", "behavior_version", "rollout_version",
+            "policy_versions")),
+    Column("train_version", INT, "weights version of train_logprob", False,
+           ("trainer_version", "current_version")),
+    Column("loss_mask", BOOL, "true where the token is trained on (absent: all true)", False,
+           ("response_mask", "loss_masks", "action_mask", "completion_mask", "token_mask")),
+    Column("token_id", INT, "sampled token id", False,
+           ("token_ids", "response_ids", "output_ids", "responses")),
+    Column("advantage", FLOAT, "per-token or per-sequence advantage", False,
+           ("advantages",), per_sequence=False),
+)
+
+BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
+CANONICAL: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+REQUIRED: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.required)
+
+#: Names that mean different things in different frameworks; never mapped automatically.
+AMBIGUOUS: dict[str, str] = {
+    "logprobs": "the engine's logprob in AReaL and prime-rl (infer_logprob), the trainer's elsewhere",
+    "log_probs": "the trainer's recomputation in slime (train_logprob), the current policy in verl",
+    "log_prob": "the current policy's logprob in several trainers, not the behaviour policy",
+}
+
+#: ``--framework NAME``: that framework's own spelling, tried before the generic aliases.
+#: Only here may an ambiguous name be taken, because the framework fixes its meaning.
+FRAMEWORKS: dict[str, dict[str, str]] = {
+    "verl": {"train_logprob": "old_log_probs", "infer_logprob": "rollout_log_probs",
+             "entropy": "entropys", "loss_mask": "response_mask", "token_id": "responses",
+             "advantage": "advantages"},
+    "slime": {"train_logprob": "log_probs", "infer_logprob": "rollout_log_probs",
+              "loss_mask": "loss_masks", "advantage": "advantages"},
+    "areal": {"train_logprob": "prox_logp", "infer_logprob": "logprobs",
+              "policy_version": "versions", "loss_mask": "loss_mask",
+              "advantage": "advantages"},
+    "openrlhf": {"train_logprob": "action_log_probs", "infer_logprob": "rollout_log_probs",
+                 "loss_mask": "action_mask", "advantage": "advantages"},
+    "trl": {"train_logprob": "old_per_token_logps", "infer_logprob": "sampling_per_token_logps",
+            "loss_mask": "completion_mask", "token_id": "completion_ids",
+            "advantage": "advantages"},
+    "nemo-rl": {"train_logprob": "prev_logprobs", "infer_logprob": "generation_logprobs",
+                "loss_mask": "token_mask", "advantage": "advantages"},
+    "roll": {"train_logprob": "old_log_probs", "infer_logprob": "infer_logprobs",
+             "loss_mask": "response_mask", "advantage": "advantages"},
+    "skyrl": {"train_logprob": "action_log_probs", "infer_logprob": "rollout_logprobs",
+              "loss_mask": "loss_mask", "advantage": "advantages"},
+    "prime-rl": {"infer_logprob": "logprobs", "loss_mask": "loss_mask"},
+}
+
+#: Exclusion reasons, in the order they are tested (a token counts under the first that fits).
+EXCLUSION_REASONS: dict[str, str] = {
+    "missing_seq_id": "seq_id is null",
+    "null_loss_mask": "loss_mask is null",
+    "non_finite_logprob": "train or infer logprob is NaN, null or +-inf",
+    "sentinel_logprob": "a logprob <= -1000 (padding floors such as -9999 / -99999)",
+    "positive_logprob": "a logprob > 0 (impossible for a probability; e.g. +1.0 sentinels)",
+    "zero_placeholder": "exactly 0.0 on one side while the other side is below -0.05 nats",
+    "invalid_entropy": "entropy NaN, null, +-inf or negative",
+    "negative_version": "policy_version or train_version < 0 (prompt-position marker)",
+}
+
+#: a logprob at or below this is a padding floor, not a probability (nats)
+SENTINEL_FLOOR = -1e3
+#: exact 0.0 on one side counts as a placeholder when the other side is below this (nats)
+ZERO_PLACEHOLDER_OTHER_MAX = -0.05

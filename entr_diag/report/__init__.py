@@ -1,0 +1,1 @@
+"""Renderers: terminal (rich), JSON and HTML (plotly). They format result objects only."""

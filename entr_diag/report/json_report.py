@@ -1,0 +1,76 @@
+"""JSON output: one versioned envelope around the results' ``to_dict()``.
+
+Conventions: ``schema_version`` (bumped on any incompatible change), the tool version, the
+command, the inputs (paths, layout, row counts, mapping, token accounting) and every
+parameter. Non-finite floats (NaN, +-inf) become ``null``; numpy scalars and arrays become
+plain numbers and lists. Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from entr_diag import __version__
+from entr_diag.atomic import write_text
+
+SCHEMA_VERSION = "1.0"
+
+
+def sanitize(obj: Any) -> Any:
+    """Recursively convert ``obj`` to JSON-safe plain types (NaN/inf -> None).
+
+    Raises:
+        TypeError: for a type with no faithful JSON form (no silent ``str()`` fallback).
+    """
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, dict):
+        return {str(k): sanitize(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [sanitize(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [sanitize(v) for v in obj.tolist()]
+    if isinstance(obj, Path):
+        return str(obj)
+    if dataclasses.is_dataclass(obj) and hasattr(obj, "to_dict"):
+        return sanitize(obj.to_dict())
+    raise TypeError(f"cannot serialise {type(obj).__name__} to JSON")
+
+
+def envelope(command: str, inputs: dict, parameters: dict, **sections: Any) -> dict:
+    """The versioned JSON document for ``command`` (sections are result dicts)."""
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "entr-diag",
+        "tool_version": __version__,
+        "command": command,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "inputs": inputs,
+        "parameters": parameters,
+    }
+    doc.update(sections)
+    return sanitize(doc)
+
+
+def dumps(doc: dict) -> str:
+    """Serialise a sanitised document; refuses NaN tokens (``allow_nan=False``)."""
+    return json.dumps(sanitize(doc), indent=2, allow_nan=False) + "\n"
+
+
+def write_json(path: str | Path, doc: dict) -> Path:
+    """Write ``doc`` to ``path`` atomically."""
+    return write_text(path, dumps(doc))

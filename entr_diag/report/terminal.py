@@ -1,0 +1,80 @@
+"""Terminal rendering of ``inspect`` (rich). Other commands have their own modules."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from entr_diag.io.schema import EXCLUSION_REASONS
+
+
+def _fmt_int(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def render_inspect(desc: dict, console: Console) -> None:
+    """Print a dataset description (:meth:`entr_diag.io.Dataset.describe`) as rich tables."""
+    acc = desc["accounting"]
+    files = desc["files"]
+    console.print(
+        f"[bold]{len(files)} file(s)[/bold], layout [bold]{desc['layout']}[/bold]"
+        + (" (bundled sample run)" if desc.get("bundled_sample") else "")
+    )
+    ft = Table("file", "layout", "rows", title=None, show_edge=False)
+    for f in files[:20]:
+        ft.add_row(f["path"], f["layout"], _fmt_int(f["rows"]))
+    if len(files) > 20:
+        ft.add_row(f"... {len(files) - 20} more", "", "")
+    console.print(ft)
+
+    mt = Table("canonical column", "source column", title="Column mapping", show_edge=False)
+    for canon, src in desc["mapping"].items():
+        mt.add_row(canon, src)
+    console.print(mt)
+    for note in desc.get("mapping_notes", []):
+        console.print(f"  note: {note}")
+    src = desc.get("entropy_source")
+    console.print(
+        "entropy used: "
+        + ({"inference": "inference-side (engine)", "trainer": "trainer-side"}.get(src, "none"))
+    )
+
+    at = Table("tokens", "count", title="Token accounting", show_edge=False)
+    at.add_row("rows (tokens) in input", _fmt_int(acc["tokens_total"]))
+    at.add_row("outside the loss mask (ignored)", _fmt_int(acc["tokens_unmasked"]))
+    at.add_row("loss-masked", _fmt_int(acc["tokens_masked"]))
+    for reason, n in acc["exclusions"].items():
+        at.add_row(f"  excluded: {reason}", _fmt_int(n))
+    at.add_row("[bold]valid loss-masked[/bold]", f"[bold]{_fmt_int(acc['tokens_valid'])}[/bold]")
+    at.add_row("sequences", _fmt_int(acc["sequences_total"]))
+    at.add_row("  with valid tokens", _fmt_int(acc["sequences_valid"]))
+    at.add_row("  without loss-masked tokens", _fmt_int(acc["sequences_without_masked_tokens"]))
+    console.print(at)
+    if acc["exclusions"]:
+        for reason in acc["exclusions"]:
+            console.print(f"  {reason}: {EXCLUSION_REASONS.get(reason, '')}")
+
+    st = acc.get("steps")
+    lines = []
+    if st:
+        lines.append(f"steps: {st['count']} ({st['min']}..{st['max']})")
+    if acc.get("policy_versions"):
+        lo, hi = acc["policy_versions"]
+        lines.append(f"policy_version: {lo}..{hi}")
+    if acc.get("train_versions"):
+        lo, hi = acc["train_versions"]
+        lines.append(f"train_version: {lo}..{hi}")
+    if acc.get("staleness_tokens"):
+        lines.append(
+            "staleness (tokens): "
+            + ", ".join(f"{k}: {int(v):,}" for k, v in acc["staleness_tokens"].items())
+        )
+    if acc.get("sequences_with_version_switch") is not None:
+        lines.append(f"sequences with an in-flight version switch: "
+                     f"{acc['sequences_with_version_switch']:,}")
+    for line in lines:
+        console.print(line)
+    ct = Table("analysis", "available", title="What this data allows", show_edge=False)
+    for name, reason in desc["capabilities"].items():
+        ct.add_row(name, "yes" if reason is None else f"no: {reason}")
+    console.print(ct)
