@@ -276,3 +276,44 @@ def test_bad_spec_raises(bad):
     """Invalid parameters raise ParameterError with a plain sentence."""
     with pytest.raises(ParameterError, match="SynthSpec"):
         SynthSpec(**bad)
+
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover - hypothesis is a dev dependency
+    given = None
+
+if given is not None:
+
+    @settings(max_examples=25, deadline=None)
+    @given(
+        n_tokens=st.integers(1, 3_000),
+        seed=st.integers(0, 2**32),
+        mean_seq_len=st.integers(1, 300),
+        max_staleness=st.integers(0, 4),
+        chunk_tokens=st.integers(1, 5_000),
+        dirty=st.booleans(),
+        alpha=st.floats(0.3, 2.0),
+    )
+    def test_properties_small_specs(
+        n_tokens, seed, mean_seq_len, max_staleness, chunk_tokens, dirty, alpha
+    ):
+        """Any small spec: exact size, chunk-invariant, clean logprobs <= 0, staleness in range."""
+        spec = SynthSpec(
+            n_tokens=n_tokens,
+            seed=seed,
+            mean_seq_len=mean_seq_len,
+            max_staleness=max_staleness,
+            dirty=dirty,
+            alpha=alpha,
+        )
+        whole = generate(spec)
+        assert whole.height == n_tokens
+        assert pl.concat(list(iter_chunks(spec, chunk_tokens))).equals(whole)
+        v = _valid(whole)
+        assert (v["train_logprob"] <= 0).all()
+        st_ = v["train_version"] - v["policy_version"]
+        assert v.is_empty() or (st_.min() >= 0 and st_.max() <= max_staleness)
+        s = summarize(spec, chunk_tokens)
+        assert s["tokens"] == n_tokens and s["sequences"] == whole["seq_id"].n_unique()
