@@ -23,7 +23,9 @@ Sequences
     ``j ~ U{1..L-1}``: tokens from ``j`` on carry ``policy_version + 1``. A switch needs room
     (``policy_version < train_version`` and ``L >= 2``); switched sequences draw their lag in
     ``1..max_staleness``, and sequences without room (step 0, ``max_staleness == 0``,
-    ``L == 1``) do not switch. The realised count is in the summary.
+    ``L == 1``) do not switch. The summary counts planted switches
+    (``switched_sequences``) and those a loader can see, with valid tokens on both sides of
+    the switch (``switched_sequences_visible``).
     ``advantage ~ Normal(0, 1)`` per sequence (GRPO-like, one value for all its tokens).
 
 Entropy
@@ -112,6 +114,7 @@ from entr_diag.errors import ParameterError
 
 __all__ = [
     "DIRTY_KINDS",
+    "DIRTY_KIND_REASON",
     "LONG_COLUMNS",
     "NESTED_LIST_COLUMNS",
     "NESTED_SCALAR_COLUMNS",
@@ -135,6 +138,19 @@ DIRTY_KINDS: tuple[str, ...] = (
     "neg_version",
 )
 _LOGPROB_KINDS = {"nan", "null", "plus_one", "floor", "neg_inf", "zero"}
+
+#: The exclusion reason of :data:`entr_diag.io.schema.EXCLUSION_REASONS` each dirty kind
+#: falls under (one defect per row, so the loader's per-reason counts are sums of these).
+DIRTY_KIND_REASON: dict[str, str] = {
+    "nan": "non_finite_logprob",
+    "null": "non_finite_logprob",
+    "neg_inf": "non_finite_logprob",
+    "floor": "sentinel_logprob",
+    "plus_one": "positive_logprob",
+    "zero": "zero_placeholder",
+    "neg_entropy": "invalid_entropy",
+    "neg_version": "negative_version",
+}
 
 #: Columns of the long layout, in order.
 LONG_COLUMNS: tuple[str, ...] = (
@@ -563,7 +579,7 @@ class _Counter:
     def __init__(self, spec: SynthSpec):
         self.spec = spec
         self.tokens = self.sequences = self.masked = self.noise = 0
-        self.below_h_star = self.noise_below = self.switched = 0
+        self.below_h_star = self.switched = self.switched_visible = 0
         self.dirty = dict.fromkeys(DIRTY_KINDS, 0)
         self.steps = np.zeros(spec.n_steps, dtype=np.int64)
 
@@ -574,11 +590,17 @@ class _Counter:
         self.masked += int((~lm).sum())
         self.noise += int(c.cols["is_noise"].sum())
         self.switched += int(c.seq["switched"].sum())
+        # a planted switch is visible only if valid tokens lie on both sides of it
+        valid = lm & (c.dirty_kind < 0)
+        pv = c.cols["policy_version"]
+        v0 = np.repeat(c.seq["train_version"], np.diff(c.offsets))  # upper bound
+        lo = np.minimum.reduceat(np.where(valid, pv, v0 + 1), c.offsets[:-1])
+        hi = np.maximum.reduceat(np.where(valid, pv, -1), c.offsets[:-1])
+        self.switched_visible += int((c.seq["switched"] & (hi > lo) & (hi >= 0)).sum())
         counts = np.bincount(c.dirty_kind[c.dirty_kind >= 0], minlength=len(DIRTY_KINDS))
         for i, name in enumerate(DIRTY_KINDS):
             self.dirty[name] += int(counts[i])
         if self.spec.h_star is not None:
-            valid = lm & (c.dirty_kind < 0)
             self.below_h_star += int((valid & (c.cols["entropy"] < self.spec.h_star)).sum())
         self.steps += np.bincount(
             np.repeat(c.seq["step"], np.diff(c.offsets)), minlength=self.spec.n_steps
@@ -603,6 +625,7 @@ class _Counter:
             if self.spec.h_star is not None
             else None,
             "switched_sequences": self.switched,
+            "switched_sequences_visible": self.switched_visible,
             "tokens_per_step": [int(x) for x in self.steps],
             "planted_law": {
                 "formula": "E[delta^2|H] = k*(1+staleness_gain*staleness)*H**alpha for law tokens",
@@ -642,7 +665,8 @@ def write_synth(
 
     Returns a dict of plain Python values: ``spec``, ``path``, ``layout``, ``rows``, ``bytes``
     and the realised counts (``tokens``, ``sequences``, ``masked_tokens``, ``dirty`` per kind,
-    ``valid_tokens``, ``noise_tokens``, ``law_tokens``, ``switched_sequences``, ...).
+    ``valid_tokens``, ``noise_tokens``, ``law_tokens``, ``switched_sequences``,
+    ``switched_sequences_visible``, ``tokens_per_step``, ``planted_law``).
     Raises :class:`ParameterError` for an unknown layout or bad sizes.
     """
     if layout not in ("long", "nested"):

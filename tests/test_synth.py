@@ -10,6 +10,7 @@ import pytest
 
 from entr_diag.errors import ParameterError
 from entr_diag.synth import (
+    DIRTY_KIND_REASON,
     DIRTY_KINDS,
     LONG_COLUMNS,
     NESTED_LIST_COLUMNS,
@@ -276,6 +277,29 @@ def test_bad_spec_raises(bad):
     """Invalid parameters raise ParameterError with a plain sentence."""
     with pytest.raises(ParameterError, match="SynthSpec"):
         SynthSpec(**bad)
+
+
+@pytest.mark.parametrize("layout", ["long", "nested"])
+def test_loader_accounting_matches_ground_truth(tmp_path, layout):
+    """load_dataset excludes exactly the planted dirty rows, by reason, in both layouts."""
+    from entr_diag.io.load import load_dataset
+    from entr_diag.io.schema import EXCLUSION_REASONS
+
+    assert set(DIRTY_KIND_REASON) == set(DIRTY_KINDS)
+    assert set(DIRTY_KIND_REASON.values()) <= set(EXCLUSION_REASONS)
+    spec = SynthSpec(n_tokens=60_000, dirty=True, dirty_share=0.03, seed=11)
+    path = tmp_path / f"{layout}.parquet"
+    s = write_synth(path, spec, layout=layout, chunk_tokens=20_000)
+    acc = load_dataset([path]).accounting.to_dict()
+    expected: dict[str, int] = {}
+    for kind, n in s["dirty"].items():
+        reason = DIRTY_KIND_REASON[kind]
+        expected[reason] = expected.get(reason, 0) + n
+    assert acc["exclusions"] == {r: n for r, n in expected.items() if n}
+    assert acc["tokens_total"] == s["tokens"]
+    assert acc["tokens_unmasked"] == s["masked_tokens"]
+    assert acc["tokens_valid"] == s["valid_tokens"]
+    assert acc["sequences_with_version_switch"] == s["switched_sequences_visible"]
 
 
 try:
