@@ -572,7 +572,7 @@ def _file_frame(
             pl.int_ranges(0, pl.col(ref).list.len().fill_null(0)).alias("_pos"),
         )
         # an empty list explodes to one null row: keep it, marked _empty, for the accounting
-        lf = lf.explode([*list_srcs, "_pos"])
+        lf = lf.explode([*list_srcs, "_pos"], empty_as_null=True, keep_nulls=True)
         exprs = [pl.col("_seq_id").alias("seq_id"), pl.col("_empty")]
         if "position" in srcs and srcs["position"] in list_srcs:
             exprs.append(_canonical_cast("position", pl.col(srcs["position"])).alias("position"))

@@ -1,0 +1,319 @@
+"""Ingest: layouts, column aliases per framework, exclusion accounting and refusals."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from entr_diag.errors import InputError, SchemaError
+from entr_diag.io import load_dataset
+from entr_diag.io import schema as S
+
+# ------------------------------------------------------------------ helpers
+
+
+def _long(**over) -> pl.DataFrame:
+    base = {
+        "seq_id": [1, 1, 1, 2, 2],
+        "position": [0, 1, 2, 0, 1],
+        "step": [3, 3, 3, 3, 3],
+        "train_logprob": [-0.1, -0.2, -0.3, -1.0, -2.0],
+        "infer_logprob": [-0.12, -0.19, -0.35, -1.1, -1.9],
+        "entropy": [0.5, 0.4, 0.3, 1.2, 2.0],
+        "policy_version": [1, 1, 2, 0, 0],
+        "train_version": [2, 2, 2, 2, 2],
+        "loss_mask": [True, True, True, True, True],
+    }
+    base.update(over)
+    return pl.DataFrame(base)
+
+
+def _write(tmp_path: Path, df: pl.DataFrame, name: str = "x.parquet") -> Path:
+    p = tmp_path / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    df.write_parquet(p)
+    return p
+
+
+def _valid(ds) -> pl.DataFrame:
+    return ds.lf.collect().sort("seq_id", "position")
+
+
+# ------------------------------------------------------------------ layouts
+
+
+def test_long_layout_canonical_columns(tmp_path):
+    """A long file with canonical names loads every token with delta and staleness."""
+    ds = load_dataset([_write(tmp_path, _long())])
+    df = _valid(ds)
+    assert ds.layouts == ("long",)
+    assert df.height == 5
+    assert df["delta"].to_list() == pytest.approx([0.02, -0.01, 0.05, 0.1, -0.1])
+    assert df["staleness"].to_list() == [1, 1, 0, 2, 2]
+    assert df["seq_id"].dtype == pl.String
+    assert ds.entropy_source == "inference"
+    assert ds.accounting.sequences_with_version_switch == 1
+
+
+def test_nested_layout_matches_long(tmp_path):
+    """The nested layout (list columns, broadcast scalars) yields the same tokens as long."""
+    long = _long()
+    nested = (
+        long.group_by("seq_id", maintain_order=True)
+        .agg(pl.col("step").first(), pl.col("train_version").first(),
+             pl.all().exclude("seq_id", "step", "train_version", "position"))
+    )
+    a = _valid(load_dataset([_write(tmp_path, long, "l.parquet")]))
+    ds = load_dataset([_write(tmp_path, nested, "n.parquet")])
+    b = _valid(ds)
+    assert ds.layouts == ("nested",)
+    cols = ["seq_id", "position", "step", "train_logprob", "infer_logprob", "entropy",
+            "policy_version", "train_version", "delta"]
+    assert a.select(cols).equals(b.select(cols))
+
+
+def test_nested_without_seq_id_uses_row(tmp_path):
+    """Nested rows without a seq_id column are keyed by file and row number."""
+    df = pl.DataFrame({"train_logprob": [[-0.1, -0.2], [-0.3]],
+                       "infer_logprob": [[-0.1, -0.25], [-0.2]]})
+    ds = load_dataset([_write(tmp_path, df, "n.parquet")])
+    assert sorted(set(_valid(ds)["seq_id"])) == ["n.parquet:0", "n.parquet:1"]
+    assert ds.accounting.sequences_total == 2
+
+
+def test_layout_override_mismatch_refused(tmp_path):
+    """--layout nested on a long file is refused with the reason."""
+    with pytest.raises(SchemaError, match="layout nested"):
+        load_dataset([_write(tmp_path, _long())], layout="nested")
+
+
+def test_directory_of_shards_and_hive(tmp_path):
+    """A directory of shards, hive-partitioned by step, loads as one dataset."""
+    long = _long().drop("step")
+    _write(tmp_path, long.head(3), "run/step=1/part-0.parquet")
+    _write(tmp_path, long.tail(2), "run/step=2/part-0.parquet")
+    ds = load_dataset([tmp_path / "run"])
+    df = _valid(ds)
+    assert df.height == 5 and len(ds.files) == 2
+    assert sorted(df["step"].unique().to_list()) == [1, 2]
+
+
+def test_glob(tmp_path):
+    """Glob patterns expand to the matching files."""
+    _write(tmp_path, _long().head(3), "a.parquet")
+    _write(tmp_path, _long().tail(2), "b.parquet")
+    ds = load_dataset([str(tmp_path / "*.parquet")])
+    assert ds.accounting.tokens_valid == 5
+
+
+def test_position_from_row_order(tmp_path):
+    """Without a position column, the token index is the row order within the sequence."""
+    ds = load_dataset([_write(tmp_path, _long().drop("position"))])
+    assert _valid(ds)["position"].to_list() == [0, 1, 2, 0, 1]
+
+
+# ------------------------------------------------------------------ aliases
+
+
+@pytest.mark.parametrize("framework", sorted(S.FRAMEWORKS))
+def test_framework_names(tmp_path, framework):
+    """Every framework's own column names map onto the canonical columns with --framework."""
+    names = S.FRAMEWORKS[framework]
+    df = _long().rename({k: v for k, v in names.items() if k in _long().columns})
+    if "train_logprob" not in names:  # prime-rl names only the engine side
+        df = df.rename({"train_logprob": "old_log_probs"})
+    ds = load_dataset([_write(tmp_path, df)], framework=framework)
+    assert ds.accounting.tokens_valid == 5
+    for canon, src in names.items():
+        if src in df.columns:
+            assert ds.mapping[canon] == src
+
+
+@pytest.mark.parametrize("canon", ["train_logprob", "infer_logprob", "entropy", "loss_mask",
+                                   "policy_version", "step"])
+def test_generic_aliases_autodetected(tmp_path, canon):
+    """Each known alias of a canonical column is detected without any option."""
+    for alias in S.BY_NAME[canon].aliases:
+        df = _long().rename({canon: alias})
+        ds = load_dataset([_write(tmp_path, df, f"{alias}.parquet")])
+        assert ds.mapping[canon] == alias
+
+
+def test_verl_nested_names(tmp_path):
+    """A verl-style nested dump (old_log_probs, rollout_log_probs, entropys, response_mask)."""
+    df = pl.DataFrame({
+        "seq_id": [0, 1],
+        "old_log_probs": [[-0.1, -0.2, -9999.0], [-0.3, -0.4]],
+        "rollout_log_probs": [[-0.11, -0.22, 0.0], [-0.31, -0.41]],
+        "entropys": [[0.3, 0.2, 0.0], [0.1, 0.5]],
+        "response_mask": [[1, 1, 0], [1, 1]],
+    })
+    ds = load_dataset([_write(tmp_path, df)])
+    assert ds.mapping["loss_mask"] == "response_mask"
+    assert ds.accounting.tokens_valid == 4
+    assert ds.accounting.tokens_unmasked == 1
+    assert ds.accounting.excluded == {}  # padding outside the mask is not bad
+
+
+def test_ambiguous_logprobs_refused_then_mapped(tmp_path):
+    """Bare `logprobs` is never guessed; an explicit mapping or --framework resolves it."""
+    df = _long().rename({"infer_logprob": "logprobs", "train_logprob": "prox_logp"})
+    p = _write(tmp_path, df)
+    with pytest.raises(SchemaError, match="ambiguous"):
+        load_dataset([p])
+    assert load_dataset([p], columns={"infer_logprob": "logprobs"}).mapping["infer_logprob"] == "logprobs"
+    assert load_dataset([p], framework="areal").mapping["infer_logprob"] == "logprobs"
+
+
+def test_trainer_entropy_fallback(tmp_path):
+    """With only a trainer-side entropy, it is used and the dataset says so."""
+    ds = load_dataset([_write(tmp_path, _long().rename({"entropy": "train_entropy"}))])
+    assert ds.entropy_source == "trainer"
+    assert ds.has("entropy")
+
+
+# ------------------------------------------------------------------ exclusions
+
+_BAD_CASES = {
+    # reason: (column overrides on row 1 (0-based) of the 5-token file, expected count)
+    "non_finite_logprob": {"train_logprob": [-0.1, float("nan"), -0.3, -1.0, float("-inf")]},
+    "sentinel_logprob": {"infer_logprob": [-0.12, -9999.0, -0.35, -99999.0, -1.9]},
+    "positive_logprob": {"infer_logprob": [-0.12, 1.0, -0.35, -1.1, -1.9]},
+    "zero_placeholder": {"infer_logprob": [-0.12, -0.19, 0.0, -1.1, 0.0]},
+    "invalid_entropy": {"entropy": [0.5, -0.1, float("nan"), 1.2, 2.0]},
+    "negative_version": {"policy_version": [1, -1, 2, 0, 0]},
+}
+_EXPECTED = {"non_finite_logprob": 2, "sentinel_logprob": 2, "positive_logprob": 1,
+             "zero_placeholder": 2, "invalid_entropy": 2, "negative_version": 1}
+
+
+@pytest.mark.parametrize("reason", sorted(_BAD_CASES))
+def test_each_exclusion_reason_counted(tmp_path, reason):
+    """Each kind of bad loss-masked token is counted under its reason and excluded."""
+    ds = load_dataset([_write(tmp_path, _long(**_BAD_CASES[reason]))])
+    n = _EXPECTED[reason]
+    assert dict(ds.accounting.excluded) == {reason: n}
+    assert ds.accounting.tokens_valid == 5 - n
+    assert _valid(ds).height == 5 - n
+    assert ds.accounting.to_dict()["exclusions"] == {reason: n}
+
+
+def test_bad_values_outside_mask_ignored(tmp_path):
+    """Placeholders on tokens outside the loss mask are neither counted nor kept."""
+    df = _long(train_logprob=[-0.1, float("nan"), -0.3, 1.0, -2.0],
+               loss_mask=[True, False, True, False, True])
+    ds = load_dataset([_write(tmp_path, df)])
+    assert ds.accounting.excluded == {}
+    assert ds.accounting.tokens_unmasked == 2
+    assert ds.accounting.tokens_valid == 3
+
+
+def test_null_mask_and_empty_sequences(tmp_path):
+    """Null loss_mask is an exclusion; sequences with no loss-masked token are counted."""
+    df = _long(loss_mask=[True, None, True, False, False])
+    ds = load_dataset([_write(tmp_path, df)])
+    assert ds.accounting.excluded == {"null_loss_mask": 1}
+    assert ds.accounting.sequences_without_masked_tokens == 1
+    assert ds.accounting.sequences_valid == 1
+
+
+def test_empty_nested_row_counted_as_sequence_without_tokens(tmp_path):
+    """A nested row with empty lists holds no token and counts as a sequence without tokens."""
+    df = pl.DataFrame({"seq_id": [0, 1], "train_logprob": [[-0.1], []],
+                       "infer_logprob": [[-0.2], []]},
+                      schema={"seq_id": pl.Int64, "train_logprob": pl.List(pl.Float64),
+                              "infer_logprob": pl.List(pl.Float64)})
+    ds = load_dataset([_write(tmp_path, df)])
+    assert ds.accounting.tokens_total == 1
+    assert ds.accounting.sequences_without_masked_tokens == 1
+
+
+def test_input_never_modified(tmp_path):
+    """Loading reads the file only: bytes and mtime are unchanged."""
+    p = _write(tmp_path, _long(train_logprob=[-0.1, float("nan"), -0.3, 1.0, -2.0]))
+    before = (p.read_bytes(), os.stat(p).st_mtime_ns)
+    load_dataset([p]).lf.collect()
+    assert (p.read_bytes(), os.stat(p).st_mtime_ns) == before
+
+
+# ------------------------------------------------------------------ refusals
+
+
+def test_missing_required_column_lists_existing(tmp_path):
+    """A missing required column is named along with the columns that exist."""
+    with pytest.raises(SchemaError) as e:
+        load_dataset([_write(tmp_path, _long().drop("infer_logprob"))])
+    msg = str(e.value)
+    assert "infer_logprob" in msg and "train_logprob" in msg and "--column" in msg
+
+
+def test_not_parquet_refused(tmp_path):
+    """A file that is not Parquet is refused, naming the file."""
+    p = tmp_path / "x.parquet"
+    p.write_text("seq_id,train_logprob\n1,-0.1\n")
+    with pytest.raises(InputError, match=r"x\.parquet.*Parquet"):
+        load_dataset([p])
+
+
+def test_nonexistent_and_empty_dir_refused(tmp_path):
+    """A path that does not exist, and a directory with no Parquet file, are refused."""
+    with pytest.raises(InputError, match="does not exist"):
+        load_dataset([tmp_path / "nope.parquet"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no Parquet"):
+        load_dataset([tmp_path / "empty"])
+
+
+def test_empty_input_refused(tmp_path):
+    """A Parquet file with zero rows is refused as empty."""
+    with pytest.raises(InputError, match="empty"):
+        load_dataset([_write(tmp_path, _long().head(0))])
+
+
+def test_ragged_nested_refused_with_seq_ids(tmp_path):
+    """Nested rows whose list columns differ in length are refused, naming the seq_ids."""
+    df = pl.DataFrame({"seq_id": ["a", "b", "c"],
+                       "train_logprob": [[-0.1, -0.2], [-0.3], [-0.1]],
+                       "infer_logprob": [[-0.1], [-0.3], [-0.1, -0.2]]})
+    with pytest.raises(InputError) as e:
+        load_dataset([_write(tmp_path, df)])
+    assert "2 nested row(s)" in str(e.value) and "a" in str(e.value) and "c" in str(e.value)
+
+
+def test_wrong_type_refused(tmp_path):
+    """A logprob column holding strings is refused, naming column and type."""
+    df = _long().with_columns(pl.col("train_logprob").cast(pl.String))
+    with pytest.raises(SchemaError, match="train_logprob.*string"):
+        load_dataset([_write(tmp_path, df)])
+
+
+def test_long_without_seq_id_refused(tmp_path):
+    """The long layout without any sequence id column is refused with the fix."""
+    with pytest.raises(SchemaError, match="seq_id"):
+        load_dataset([_write(tmp_path, _long().drop("seq_id"))])
+
+
+def test_bad_column_override(tmp_path):
+    """--column naming an unknown canonical column or a missing source is refused."""
+    p = _write(tmp_path, _long())
+    with pytest.raises(SchemaError, match="not a canonical"):
+        load_dataset([p], columns={"logp": "train_logprob"})
+    with pytest.raises(SchemaError, match="no column 'zzz'"):
+        load_dataset([p], columns={"train_logprob": "zzz"})
+
+
+def test_unknown_framework(tmp_path):
+    """An unknown --framework lists the known ones."""
+    with pytest.raises(SchemaError, match="verl"):
+        load_dataset([_write(tmp_path, _long())], framework="nope")
+
+
+def test_delta_is_exact(tmp_path):
+    """delta = train_logprob - infer_logprob, in nats, token by token."""
+    df = _valid(load_dataset([_write(tmp_path, _long())]))
+    for tl, il, d in zip(df["train_logprob"], df["infer_logprob"], df["delta"], strict=True):
+        assert math.isclose(d, tl - il)
