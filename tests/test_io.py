@@ -317,3 +317,22 @@ def test_delta_is_exact(tmp_path):
     df = _valid(load_dataset([_write(tmp_path, _long())]))
     for tl, il, d in zip(df["train_logprob"], df["infer_logprob"], df["delta"], strict=True):
         assert math.isclose(d, tl - il)
+
+
+def test_dirty_synth_counts_match_planted(tmp_path):
+    """On a synth run with planted defects, every exclusion count equals the planted count."""
+    from entr_diag.synth import SynthSpec, write_synth
+
+    s = write_synth(tmp_path / "d.parquet", SynthSpec(n_tokens=60_000, dirty=True, seed=5))
+    ds = load_dataset([tmp_path / "d.parquet"])
+    d = s["dirty"]
+    assert dict(ds.accounting.excluded) == {
+        "non_finite_logprob": d["nan"] + d["null"] + d["neg_inf"],
+        "sentinel_logprob": d["floor"],
+        "positive_logprob": d["plus_one"],
+        "zero_placeholder": d["zero"],
+        "invalid_entropy": d["neg_entropy"],
+        "negative_version": d["neg_version"],
+    }
+    assert ds.accounting.tokens_valid == s["valid_tokens"]
+    assert ds.accounting.tokens_unmasked == s["masked_tokens"]
