@@ -1,0 +1,350 @@
+"""One-pass, mergeable aggregates of the canonical token frame (docs/CONTRACT.md).
+
+The scaling-law fit of arXiv:2607.22186 (ENTR, earlier ESTR) needs, per entropy bin and per
+bootstrap block of whole sequences, a handful of sums. They are computed here in ONE
+streaming polars pass on a FIXED fine grid, so that
+
+- memory is bounded whatever the number of tokens (the result has at most
+  ``(N_FINE + 1) * n_blocks`` rows, about 0.8 M for the defaults, usually far fewer);
+- aggregates of shards can be added (:meth:`FineAggregate.merge`): aggregating two halves of
+  a frame and merging gives the aggregate of the whole (up to float summation order);
+- the coarse bins shown to users (quantile or log-spaced edges) are unions of fine bins, so
+  choosing them needs no second pass over the tokens.
+
+The fine grid
+-------------
+Fine bin 0 holds ``H < H_MIN`` (1e-6 nats, including H = 0). Fine bins ``1..N_FINE`` are
+log-spaced on ``[H_MIN, H_MAX)`` = ``[1e-6, 20)`` nats (each spans a factor
+``(2e7) ** (1 / 4096) ~= 1.0041`` in H); ``H >= H_MAX`` is clipped into the last bin.
+Quantile edges built from this grid are therefore approximate: an edge can be off from
+the exact token quantile by at most one fine bin (0.41 % in H), and tokens sharing one
+fine bin are never split between two coarse bins.
+
+Blocks
+------
+``block = seq_key % n_blocks`` (``seq_key`` is the UInt64 hash of (step, seq_id) of the
+contract): every token of one sequence lands in one block, so resampling blocks resamples
+whole sequences (tokens inside a sequence are correlated; never resample tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from entr_diag.errors import FitError, ParameterError
+
+__all__ = [
+    "H_MAX",
+    "H_MIN",
+    "N_FINE",
+    "P_LOW",
+    "SUM_COLUMNS",
+    "CoarseBinning",
+    "FineAggregate",
+    "aggregate_fine",
+    "block_expr",
+    "coarse_binning",
+    "fine_bin_expr",
+    "fine_edges",
+]
+
+#: Lower end of the log-spaced fine grid (nats). Entropies below it share fine bin 0.
+H_MIN: float = 1e-6
+#: Upper end of the fine grid (nats); larger entropies are clipped into the last fine bin.
+H_MAX: float = 20.0
+#: Number of log-spaced fine bins (plus fine bin 0 for H < H_MIN).
+N_FINE: int = 4096
+#: Threshold on the sampled-token probability p = exp(infer_logprob) counted per bin.
+P_LOW: float = 1e-3
+
+_LOG_MIN = math.log(H_MIN)
+_SCALE = N_FINE / (math.log(H_MAX) - _LOG_MIN)
+
+#: Per-(fine bin, block) sums held by :class:`FineAggregate` (besides the keys).
+SUM_COLUMNS: tuple[str, ...] = (
+    "n",  # tokens
+    "s_h",  # sum of H (nats)
+    "s_d",  # sum of delta (nats)
+    "s_d2",  # sum of delta^2 (nats^2)
+    "s_absd",  # sum of |delta| (nats)
+    "s_z2",  # sum of z^2 = delta^2 / (H + eps) (dimensionless)
+    "n_plow",  # tokens with p = exp(infer_logprob) < P_LOW
+)
+
+
+def fine_edges() -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper entropy edge (nats) of every fine bin, arrays of length ``N_FINE + 1``.
+
+    Fine bin 0 is ``[0, H_MIN)``; the last bin's upper edge is ``H_MAX`` (entropies above it
+    are clipped into it).
+    """
+    i = np.arange(N_FINE + 1, dtype=np.float64)
+    lo = np.where(i == 0, 0.0, np.exp(_LOG_MIN + (i - 1) / _SCALE))
+    hi = np.where(i == 0, H_MIN, np.exp(_LOG_MIN + i / _SCALE))
+    hi[-1] = H_MAX
+    return lo, hi
+
+
+def fine_bin_expr(entropy: pl.Expr | None = None) -> pl.Expr:
+    """Polars expression: the fine-bin index (Int32, ``0..N_FINE``) of an entropy in nats.
+
+    Bin 0 for ``H < H_MIN``; ``1 + floor((ln H - ln H_MIN) * N_FINE / (ln H_MAX - ln H_MIN))``
+    clipped to ``[1, N_FINE]`` otherwise. The same expression is used by every pass, so the
+    coarse bins built from fine bins are exactly reproducible.
+    """
+    h = pl.col("entropy") if entropy is None else entropy
+    idx = ((h.clip(lower_bound=H_MIN).log() - _LOG_MIN) * _SCALE).floor().cast(pl.Int64)
+    return (
+        pl.when(h < H_MIN)
+        .then(pl.lit(0, dtype=pl.Int64))
+        .otherwise(idx.clip(0, N_FINE - 1) + 1)
+        .cast(pl.Int32)
+    )
+
+
+def block_expr(n_blocks: int) -> pl.Expr:
+    """Polars expression: the bootstrap block ``seq_key % n_blocks`` (Int32) of each token."""
+    return (pl.col("seq_key") % pl.lit(n_blocks, dtype=pl.UInt64)).cast(pl.Int32)
+
+
+def _check_blocks(n_blocks: int) -> None:
+    if int(n_blocks) != n_blocks or n_blocks < 2:
+        raise ParameterError(f"n_blocks must be an integer >= 2, got {n_blocks!r}.")
+
+
+@dataclass(frozen=True)
+class FineAggregate:
+    """Sums per (fine entropy bin, sequence block): the one-pass aggregate of the fit.
+
+    ``table`` is a small ``pl.DataFrame`` with one row per non-empty (fine, block) pair,
+    sorted by (fine, block): columns ``fine`` (Int32, 0..N_FINE), ``block`` (Int32,
+    0..n_blocks-1) and :data:`SUM_COLUMNS` (counts Int64/UInt32, sums Float64). Entropy
+    and delta in nats. ``eps`` is the one used for ``s_z2`` (z = delta / sqrt(H + eps)).
+    """
+
+    table: pl.DataFrame
+    n_blocks: int
+    eps: float
+
+    def merge(self, other: FineAggregate) -> FineAggregate:
+        """Add two aggregates (e.g. of two shards of the token frame).
+
+        Raises :class:`ParameterError` when ``n_blocks`` or ``eps`` differ.
+        """
+        if other.n_blocks != self.n_blocks or other.eps != self.eps:
+            raise ParameterError(
+                "Cannot merge aggregates built with different n_blocks or eps "
+                f"({self.n_blocks}, {self.eps}) vs ({other.n_blocks}, {other.eps})."
+            )
+        table = _finish(pl.concat([self.table, other.table]).lazy()).collect()
+        return FineAggregate(table=table, n_blocks=self.n_blocks, eps=self.eps)
+
+    @property
+    def n_tokens(self) -> int:
+        """Total number of tokens aggregated."""
+        return int(self.table["n"].sum()) if self.table.height else 0
+
+    def counts_per_fine(self) -> np.ndarray:
+        """Tokens per fine bin, int64 array of length ``N_FINE + 1``."""
+        out = np.zeros(N_FINE + 1, dtype=np.int64)
+        if self.table.height:
+            np.add.at(out, self.table["fine"].to_numpy(), self.table["n"].to_numpy())
+        return out
+
+    def to_dict(self) -> dict:
+        """Plain-Python summary (the grid, not the table)."""
+        return {
+            "fine_bins": N_FINE,
+            "h_min": H_MIN,
+            "h_max": H_MAX,
+            "n_blocks": self.n_blocks,
+            "eps": self.eps,
+            "tokens": self.n_tokens,
+            "rows": self.table.height,
+        }
+
+
+def _finish(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """Re-aggregate a (fine, block, sums) frame: used by :meth:`FineAggregate.merge`."""
+    return (
+        lf.group_by(["fine", "block"])
+        .agg([pl.col(c).sum() for c in SUM_COLUMNS])
+        .with_columns(pl.col("n").cast(pl.Int64), pl.col("n_plow").cast(pl.Int64))
+        .sort(["fine", "block"])
+    )
+
+
+def fine_query(lf: pl.LazyFrame, *, n_blocks: int = 200, eps: float = 0.01) -> pl.LazyFrame:
+    """The lazy query behind :func:`aggregate_fine` (to batch it with others in
+    ``pl.collect_all``). Expects columns entropy, delta, infer_logprob, seq_key."""
+    _check_blocks(n_blocks)
+    h = pl.col("entropy")
+    d = pl.col("delta")
+    return (
+        lf.select(
+            fine_bin_expr(h).alias("fine"),
+            block_expr(n_blocks).alias("block"),
+            h.alias("h"),
+            d.alias("d"),
+            pl.col("infer_logprob").alias("lp"),
+        )
+        .group_by(["fine", "block"])
+        .agg(
+            pl.len().cast(pl.Int64).alias("n"),
+            pl.col("h").sum().alias("s_h"),
+            pl.col("d").sum().alias("s_d"),
+            (pl.col("d") ** 2).sum().alias("s_d2"),
+            pl.col("d").abs().sum().alias("s_absd"),
+            ((pl.col("d") ** 2) / (pl.col("h") + eps)).sum().alias("s_z2"),
+            (pl.col("lp") < math.log(P_LOW)).sum().cast(pl.Int64).alias("n_plow"),
+        )
+        .sort(["fine", "block"])
+    )
+
+
+def usable(lf: pl.LazyFrame) -> pl.LazyFrame:
+    """Tokens the fit can use: entropy present, finite and >= 0, delta finite.
+
+    Raises :class:`FitError` when the frame has no ``entropy`` column.
+    """
+    names = lf.collect_schema().names()
+    missing = [c for c in ("entropy", "delta", "infer_logprob", "seq_key") if c not in names]
+    if "entropy" in missing:
+        raise FitError(
+            "The token frame has no entropy column: the scaling-law fit bins tokens by "
+            "entropy, so map a per-token entropy column (e.g. verl 'entropys') into the dump."
+        )
+    if missing:
+        raise FitError(
+            f"The token frame lacks the canonical column(s) {', '.join(missing)}; "
+            "build it with entr_diag.io.load (docs/CONTRACT.md)."
+        )
+    h = pl.col("entropy")
+    return lf.filter(h.is_not_null() & h.is_finite() & (h >= 0) & pl.col("delta").is_finite())
+
+
+def aggregate_fine(lf: pl.LazyFrame, *, n_blocks: int = 200, eps: float = 0.01) -> FineAggregate:
+    """One streaming pass: sums per (fine entropy bin, sequence block).
+
+    ``lf``: canonical token frame (one row per valid loss-masked token; entropy, delta and
+    infer_logprob in nats; seq_key UInt64). Tokens without a finite entropy are skipped.
+    Returns a :class:`FineAggregate` of at most ``(N_FINE + 1) * n_blocks`` rows.
+    Raises :class:`FitError` without an entropy column, :class:`ParameterError` for
+    ``n_blocks < 2``.
+    """
+    table = fine_query(usable(lf), n_blocks=n_blocks, eps=eps).collect(engine="streaming")
+    return FineAggregate(table=table, n_blocks=n_blocks, eps=eps)
+
+
+# ----------------------------------------------------------------------------- coarse bins
+
+
+@dataclass(frozen=True)
+class CoarseBinning:
+    """Coarse entropy bins as unions of consecutive fine bins.
+
+    ``starts``: int array (n_bins + 1,) of fine-bin indices; coarse bin j holds fine bins
+    ``starts[j] .. starts[j+1]-1``. ``h_lo`` / ``h_hi``: entropy edges (nats) of each coarse
+    bin. ``kind``: "quantile" or "log". Coarse bin 0 is the H < 1e-6 bin when
+    ``has_zero_bin`` (kept apart: it cannot be placed on a log axis).
+    """
+
+    starts: np.ndarray
+    h_lo: np.ndarray
+    h_hi: np.ndarray
+    kind: str
+    has_zero_bin: bool
+
+    @property
+    def n_bins(self) -> int:
+        return len(self.starts) - 1
+
+    def coarse_of_fine(self, fine: np.ndarray) -> np.ndarray:
+        """Coarse index of each fine index (-1 outside the binned range)."""
+        j = np.searchsorted(self.starts, fine, side="right") - 1
+        return np.where((fine >= self.starts[0]) & (fine < self.starts[-1]), j, -1)
+
+    def expr(self, entropy: pl.Expr | None = None) -> pl.Expr:
+        """Polars expression: coarse-bin index (Int32) of each token's entropy (-1 outside)."""
+        f = fine_bin_expr(entropy)
+        starts = pl.Series("starts", self.starts.astype(np.int32), dtype=pl.Int32)
+        j = pl.lit(starts).search_sorted(f, side="right").cast(pl.Int32) - 1
+        inside = (f >= int(self.starts[0])) & (f < int(self.starts[-1]))
+        return pl.when(inside).then(j).otherwise(pl.lit(-1, dtype=pl.Int32)).cast(pl.Int32)
+
+
+def coarse_binning(counts: np.ndarray, bins: int = 30, edges: str = "quantile") -> CoarseBinning:
+    """Choose coarse bins from the token counts per fine bin (no pass over tokens).
+
+    ``edges="quantile"``: about ``bins`` bins of equal token count among tokens with
+    ``H >= H_MIN``; edges snap to fine-bin edges (approximate quantiles, see module
+    docstring), so heavy ties give fewer bins. ``edges="log"``: ``bins`` bins of equal width
+    in log H between the lowest and highest non-empty fine bins; empty bins are dropped.
+    Tokens with ``H < H_MIN`` form a separate first bin when there are any.
+    Raises :class:`ParameterError` for bad ``bins`` / ``edges``, :class:`FitError` when no
+    token has an entropy.
+    """
+    if int(bins) != bins or bins < 1:
+        raise ParameterError(f"bins must be a positive integer, got {bins!r}.")
+    if edges not in ("quantile", "log"):
+        raise ParameterError(f"bin edges must be 'quantile' or 'log', got {edges!r}.")
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.sum() == 0:
+        raise FitError("No token with a valid entropy: nothing to bin.")
+    pos = counts[1:]
+    nz = np.nonzero(pos)[0]
+    starts: list[int] = []
+    has_zero = bool(counts[0] > 0)
+    if has_zero:
+        starts.append(0)
+    if nz.size:
+        first, last = int(nz[0]) + 1, int(nz[-1]) + 2  # fine indices [first, last)
+        if edges == "quantile":
+            cum = np.cumsum(pos)
+            total = cum[-1]
+            targets = total * np.arange(1, bins) / bins
+            inner = np.searchsorted(cum, targets, side="left") + 2  # boundary after fine i+1
+            cuts = np.unique(np.concatenate([[first], inner, [last]]))
+            cuts = cuts[(cuts >= first) & (cuts <= last)]
+        else:
+            cuts = np.unique(np.round(np.linspace(first, last, bins + 1)).astype(np.int64))
+        # drop empty coarse bins (possible with log edges)
+        cum_all = np.concatenate([[0], np.cumsum(counts)])
+        keep = [int(cuts[0])]
+        for c in cuts[1:]:
+            c = int(c)
+            if cum_all[c] - cum_all[keep[-1]] > 0:
+                keep.append(c)
+            else:
+                keep[-1] = c
+        if has_zero:
+            keep[0] = 1  # empty fine bins between H_MIN and the first token join that bin
+        starts.extend(keep)
+    else:
+        starts.append(1)
+    st = np.asarray(starts, dtype=np.int64)
+    lo, hi = fine_edges()
+    h_lo = lo[st[:-1]]
+    h_hi = hi[st[1:] - 1]
+    return CoarseBinning(starts=st, h_lo=h_lo, h_hi=h_hi, kind=edges, has_zero_bin=has_zero)
+
+
+def coarse_block_sums(agg: FineAggregate, binning: CoarseBinning) -> dict[str, np.ndarray]:
+    """Sum the fine aggregate into (n_bins, n_blocks) float arrays, one per :data:`SUM_COLUMNS`."""
+    t = agg.table
+    nb, B = binning.n_bins, agg.n_blocks
+    out = {c: np.zeros((nb, B), dtype=np.float64) for c in SUM_COLUMNS}
+    if not t.height:
+        return out
+    j = binning.coarse_of_fine(t["fine"].to_numpy())
+    b = t["block"].to_numpy().astype(np.int64)
+    ok = j >= 0
+    flat = j[ok] * B + b[ok]
+    for c in SUM_COLUMNS:
+        v = t[c].to_numpy().astype(np.float64)[ok]
+        out[c] = np.bincount(flat, weights=v, minlength=nb * B).reshape(nb, B)
+    return out

@@ -1,0 +1,1058 @@
+"""The entropy-ratio scaling law, its low-entropy breakpoint and strata (arXiv:2607.22186).
+
+ENTR (earlier ESTR) rests on the claim that the second moment of the log importance ratio
+``delta = train_logprob - infer_logprob`` scales with the entropy ``H`` (nats) of the
+sampling distribution: ``E[delta^2 | H] ~= k H``. :func:`fit_scaling_law` checks it on a run:
+
+1. **Bins.** One streaming pass (:mod:`entr_diag.aggregate`) sums tokens on a fixed fine
+   log-grid of H x ``n_blocks`` blocks of whole sequences. Coarse bins (``bins``, quantile or
+   log edges) are unions of fine bins: quantile edges are approximate at fine-bin
+   resolution (0.41 % in H). Per bin: tokens, sequences (exact, ``n_unique`` in a second
+   pass), mean H, mean delta, mean delta^2 with a 95 % interval, mean |delta|, p95 |delta|
+   (from a log-spaced histogram of |delta| in the second pass, 1024 bins on [1e-9, 100]
+   nats, geometric interpolation inside a bin: about 1.2 % resolution), share of tokens with
+   sampled-token probability p < 1e-3, and mean z^2 with z = delta / sqrt(H + eps).
+2. **Uncertainty.** Every interval is a percentile interval of a bootstrap that resamples
+   the non-empty sequence blocks with replacement (``n_boot`` replicates, fixed ``seed``):
+   sequences are resampled whole, never tokens. Fits are redone on every replicate.
+3. **Breakpoint H\\*.** In log-log space (x = ln mean H, y = ln mean delta^2 per bin, weights
+   1 / bootstrap variance of y, bins with H >= 1e-6 and at least 10 tokens in 2 blocks) the
+   single power law (2 parameters) is compared with a two-segment model: for a split s the
+   ``s`` lowest bins get their own line (a level when s = 1) and the others the power law
+   (2 + min(s, 2) parameters plus the break location). Criterion: BIC =
+   n ln(RSS_w / n) + p ln n. A break is reported only when (a) it lowers BIC by more than
+   :data:`BIC_MARGIN`, (b) the low bins lie ABOVE the extrapolated power law (the noise
+   regime is an excess of delta^2), by a weighted mean factor of at least
+   :data:`MIN_EXCESS`, and (c) that excess is significant: the 2.5 % bootstrap quantile of
+   the log excess is > 0. Otherwise no break is reported (never invented).
+   H\\* is the lower entropy edge of the first bin of the law regime. Its interval is the
+   bootstrap percentile interval of the split, widened by one bin on each side (the break
+   is only resolved to the width of a bin): lower end = 2.5 % quantile of the lower edge of
+   the bin just below the replicate's break, upper end = 97.5 % quantile of the upper edge
+   of the bin just above it.
+4. **Laws** on the bins of the law regime (H >= H\\*, or every bin with H >= 1e-6 without
+   a break), weighted by 1 / bootstrap variance: proportional ``delta^2 = k H`` (linear
+   space), affine ``k H + c`` (linear space), power ``k H^alpha`` (log-log). Goodness of fit:
+   weighted R^2 and chi^2 per degree of freedom. Robust companion: Theil-Sen slope of the
+   log-log bin means (``scipy.stats.theilslopes``) for the power law and the median of
+   ``mean delta^2 / mean H`` for k; a disagreement is flagged when the robust alpha lies
+   outside the bootstrap interval and differs by more than 0.05.
+5. **Regime** (:mod:`entr_diag.regime`): tokens with H < H\\* and delta^2/(H + eps) > tau.
+6. **Strata**: the power law and k per staleness bucket (0, 1, 2-3, 4-7, 8+) and per step
+   range (up to 8 equal ranges), on the law-regime bins, with bootstrap intervals.
+7. **Verdict** (:data:`ALPHA_EXACT`, :data:`ALPHA_TOL`, :data:`R2_MIN`): the law holds when
+   alpha's interval contains 1 or |alpha - 1| <= ALPHA_EXACT (with millions of tokens the
+   interval gets narrower than any practical difference), holds approximately when it
+   misses 1 but stays within 1 +/- ALPHA_TOL,
+   and does not hold when it lies entirely outside 1 +/- ALPHA_TOL or weighted R^2 < R2_MIN.
+
+Results do not depend on row order or sharding except through float summation order.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+from scipy import stats
+
+from entr_diag.aggregate import (
+    H_MAX,
+    H_MIN,
+    N_FINE,
+    CoarseBinning,
+    FineAggregate,
+    block_expr,
+    coarse_binning,
+    coarse_block_sums,
+    fine_query,
+    usable,
+)
+from entr_diag.errors import FitError, ParameterError
+from entr_diag.regime import RegimeResult, regime_query, summarize_regime
+
+__all__ = [
+    "ALPHA_EXACT",
+    "ALPHA_TOL",
+    "BIC_MARGIN",
+    "MIN_BIN_TOKENS",
+    "MIN_EXCESS",
+    "R2_MIN",
+    "STALENESS_BUCKETS",
+    "AffineLaw",
+    "BinStats",
+    "Breakpoint",
+    "BreakpointSearch",
+    "FitResult",
+    "Laws",
+    "PowerLaw",
+    "ProportionalLaw",
+    "RobustPower",
+    "Strata",
+    "StratumFit",
+    "Verdict",
+    "fit_scaling_law",
+]
+
+#: A bin takes part in fits only with at least this many tokens (and 2 non-empty blocks).
+MIN_BIN_TOKENS: int = 10
+#: A break must lower BIC by more than this.
+BIC_MARGIN: float = 2.0
+#: The low bins must exceed the extrapolated law by at least this factor (weighted mean).
+MIN_EXCESS: float = 1.5
+#: Verdict tolerance on alpha around 1.
+ALPHA_TOL: float = 0.2
+#: Verdict: alpha within 1 +/- ALPHA_EXACT counts as 1 even when a very narrow interval misses 1.
+ALPHA_EXACT: float = 0.05
+#: Verdict: weighted R^2 (log-log power law) below this means the law does not hold.
+R2_MIN: float = 0.9
+#: Staleness buckets (label, lowest, highest or None); staleness = train - policy version.
+STALENESS_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
+    ("0", 0, 0),
+    ("1", 1, 1),
+    ("2-3", 2, 3),
+    ("4-7", 4, 7),
+    ("8+", 8, None),
+)
+MAX_STEP_RANGES: int = 8
+
+# |delta| histogram for p95
+_D_MIN, _D_MAX, _N_D = 1e-9, 100.0, 1024
+_D_SCALE = _N_D / (math.log(_D_MAX) - math.log(_D_MIN))
+
+_NAN = float("nan")
+_CI_NAN = (_NAN, _NAN)
+
+
+# ============================================================================ results
+
+
+def _f(x) -> float:
+    return float(x)
+
+
+def _ci_list(ci: tuple[float, float]) -> list[float]:
+    return [float(ci[0]), float(ci[1])]
+
+
+@dataclass(frozen=True)
+class BinStats:
+    """One coarse entropy bin. Entropies and deltas in nats, delta^2 in nats^2."""
+
+    index: int
+    h_lo: float
+    h_hi: float
+    tokens: int
+    sequences: int
+    mean_h: float
+    mean_delta: float
+    mean_delta2: float
+    mean_delta2_ci: tuple[float, float]
+    mean_abs_delta: float
+    p95_abs_delta: float
+    share_p_lt_1e3: float
+    mean_z2: float
+    in_fit: bool  # used by the law fits (law regime, enough tokens)
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["mean_delta2_ci"] = _ci_list(self.mean_delta2_ci)
+        return d
+
+
+@dataclass(frozen=True)
+class ProportionalLaw:
+    """``E[delta^2] = k H`` fitted by weighted least squares in linear space."""
+
+    k: float
+    k_ci: tuple[float, float]
+    k_robust: float  # median over bins of mean delta^2 / mean H
+    chi2_dof: float
+    r2: float
+    n_bins: int
+
+    def to_dict(self) -> dict:
+        return {
+            "formula": "delta^2 = k*H",
+            "k": self.k,
+            "k_ci": _ci_list(self.k_ci),
+            "robust": {"method": "median of bin ratios mean_delta2/mean_h", "k": self.k_robust},
+            "chi2_dof": self.chi2_dof,
+            "r2": self.r2,
+            "n_bins": self.n_bins,
+        }
+
+
+@dataclass(frozen=True)
+class AffineLaw:
+    """``E[delta^2] = k H + c`` fitted by weighted least squares in linear space."""
+
+    k: float
+    k_ci: tuple[float, float]
+    c: float
+    c_ci: tuple[float, float]
+    chi2_dof: float
+    r2: float
+    n_bins: int
+
+    def to_dict(self) -> dict:
+        return {
+            "formula": "delta^2 = k*H + c",
+            "k": self.k,
+            "k_ci": _ci_list(self.k_ci),
+            "c": self.c,
+            "c_ci": _ci_list(self.c_ci),
+            "chi2_dof": self.chi2_dof,
+            "r2": self.r2,
+            "n_bins": self.n_bins,
+        }
+
+
+@dataclass(frozen=True)
+class RobustPower:
+    """Theil-Sen fit of ln mean delta^2 on ln mean H over the law-regime bins."""
+
+    k: float
+    alpha: float
+    alpha_ci: tuple[float, float]
+    disagrees: bool
+    note: str
+
+    def to_dict(self) -> dict:
+        return {
+            "method": "Theil-Sen on log-log bin means",
+            "k": self.k,
+            "alpha": self.alpha,
+            "alpha_ci": _ci_list(self.alpha_ci),
+            "disagrees": self.disagrees,
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """``E[delta^2] = k H^alpha`` fitted by weighted least squares in log-log space."""
+
+    k: float
+    k_ci: tuple[float, float]
+    alpha: float
+    alpha_ci: tuple[float, float]
+    chi2_dof: float
+    r2: float
+    n_bins: int
+    h_min: float  # lower entropy edge of the fitted range (nats)
+    h_max: float
+    robust: RobustPower
+
+    def to_dict(self) -> dict:
+        return {
+            "formula": "delta^2 = k*H^alpha",
+            "k": self.k,
+            "k_ci": _ci_list(self.k_ci),
+            "alpha": self.alpha,
+            "alpha_ci": _ci_list(self.alpha_ci),
+            "chi2_dof": self.chi2_dof,
+            "r2": self.r2,
+            "n_bins": self.n_bins,
+            "h_range": [self.h_min, self.h_max],
+            "robust": self.robust.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class Laws:
+    proportional: ProportionalLaw
+    affine: AffineLaw
+    power: PowerLaw
+
+    def to_dict(self) -> dict:
+        return {
+            "proportional": self.proportional.to_dict(),
+            "affine": self.affine.to_dict(),
+            "power": self.power.to_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class BreakpointSearch:
+    """Diagnostics of the segmented-fit search, whether or not a break is reported."""
+
+    candidates: int  # number of splits compared
+    bic_no_break: float
+    bic_break: float  # best split
+    delta_bic: float  # bic_no_break - bic_break (> 0 favours a break)
+    excess_ratio: float  # weighted geometric-mean excess of the low bins over the law
+    excess_ratio_ci: tuple[float, float]
+    support: float  # share of bootstrap replicates whose BIC favours a break
+    found: bool
+    reason: str
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["excess_ratio_ci"] = _ci_list(self.excess_ratio_ci)
+        return d
+
+
+@dataclass(frozen=True)
+class Breakpoint:
+    """The entropy H* (nats) below which the scaling law fails."""
+
+    h_star: float
+    h_star_ci: tuple[float, float]
+    bins_below: int
+    left_slope: float  # log-log slope of the low segment (nan for a single bin)
+    delta_bic: float
+    excess_ratio: float
+    excess_ratio_ci: tuple[float, float]
+    support: float
+    method: str
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["h_star_ci"] = _ci_list(self.h_star_ci)
+        d["excess_ratio_ci"] = _ci_list(self.excess_ratio_ci)
+        return d
+
+
+@dataclass(frozen=True)
+class StratumFit:
+    """Power law and proportional k within one stratum (law-regime bins only)."""
+
+    kind: str  # "staleness" or "step"
+    label: str
+    tokens: int
+    n_bins: int
+    k: float
+    k_ci: tuple[float, float]
+    alpha: float
+    alpha_ci: tuple[float, float]
+    k_proportional: float
+    k_proportional_ci: tuple[float, float]
+    note: str
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        for key in ("k_ci", "alpha_ci", "k_proportional_ci"):
+            d[key] = _ci_list(d[key])
+        return d
+
+
+@dataclass(frozen=True)
+class Strata:
+    staleness: tuple[StratumFit, ...]
+    step: tuple[StratumFit, ...]
+    notices: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "staleness": [s.to_dict() for s in self.staleness],
+            "step": [s.to_dict() for s in self.step],
+            "notices": list(self.notices),
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Plain-words verdict. ``law``: "holds", "holds_approximately" or "does_not_hold"."""
+
+    text: str
+    law: str
+    noise_regime: bool
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Everything :func:`fit_scaling_law` computes; render it, never recompute from it."""
+
+    parameters: dict
+    bins: tuple[BinStats, ...]
+    laws: Laws
+    breakpoint: Breakpoint | None
+    breakpoint_search: BreakpointSearch
+    regime: RegimeResult
+    strata: Strata
+    verdict: Verdict
+
+    def to_dict(self) -> dict:
+        """Plain Python: keys ``parameters, bins, laws, breakpoint, regime, strata, verdict``.
+
+        ``breakpoint`` is None when no break was found; the search diagnostics are in
+        ``regime["breakpoint_search"]``. Floats may be NaN (the JSON writer maps them to null).
+        """
+        regime = self.regime.to_dict()
+        regime["breakpoint_search"] = self.breakpoint_search.to_dict()
+        return {
+            "parameters": dict(self.parameters),
+            "bins": [b.to_dict() for b in self.bins],
+            "laws": self.laws.to_dict(),
+            "breakpoint": None if self.breakpoint is None else self.breakpoint.to_dict(),
+            "regime": regime,
+            "strata": self.strata.to_dict(),
+            "verdict": self.verdict.to_dict(),
+        }
+
+
+# ============================================================================ numerics
+
+
+class _Boot:
+    """Block bootstrap: multiplicities ``W`` (n_boot, m) over the m non-empty blocks."""
+
+    def __init__(self, block_tokens: np.ndarray, n_boot: int, seed: int):
+        self.blocks = np.nonzero(block_tokens > 0)[0]
+        m = len(self.blocks)
+        rng = np.random.default_rng(seed)
+        if m >= 2 and n_boot > 0:
+            self.W = rng.multinomial(m, np.full(m, 1.0 / m), size=n_boot).astype(np.float64)
+        else:
+            self.W = np.zeros((0, m))
+
+    def totals(self, S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(nb, B) per-block sums -> point totals (nb,) and replicate totals (nb, R)."""
+        Sb = S[:, self.blocks]
+        return Sb.sum(axis=1), Sb @ self.W.T
+
+
+def _div(a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(b > 0, a / np.where(b > 0, b, 1.0), np.nan)
+
+
+def _ci(reps: np.ndarray) -> tuple[float, float]:
+    reps = np.asarray(reps, dtype=np.float64)
+    reps = reps[np.isfinite(reps)]
+    if reps.size < 10:
+        return _CI_NAN
+    lo, hi = np.percentile(reps, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _nanvar(R: np.ndarray) -> np.ndarray:
+    """Row-wise variance over finite replicate values (nan with fewer than 2)."""
+    ok = np.isfinite(R)
+    cnt = ok.sum(axis=1)
+    Z = np.where(ok, R, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = Z.sum(axis=1) / cnt
+        var = (np.where(ok, (R - mean[:, None]) ** 2, 0.0)).sum(axis=1) / (cnt - 1)
+    return np.where(cnt >= 2, var, np.nan)
+
+
+def _wline(X: np.ndarray, Y: np.ndarray, Wt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted LS line per column: X, Y, Wt of shape (n, R); returns slope, intercept (R,).
+
+    Entries with non-finite X or Y get weight 0."""
+    ok = np.isfinite(X) & np.isfinite(Y) & (Wt > 0)
+    Wt = np.where(ok, Wt, 0.0)
+    X = np.where(ok, X, 0.0)
+    Y = np.where(ok, Y, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sw = Wt.sum(axis=0)
+        mx = (Wt * X).sum(axis=0) / sw
+        my = (Wt * Y).sum(axis=0) / sw
+        sxx = (Wt * (X - mx) ** 2).sum(axis=0)
+        sxy = (Wt * (X - mx) * (Y - my)).sum(axis=0)
+        slope = sxy / sxx
+        icpt = my - slope * mx
+    bad = (ok.sum(axis=0) < 2) | ~(sxx > 0)
+    return np.where(bad, np.nan, slope), np.where(bad, np.nan, icpt)
+
+
+def _wrss(X, Y, Wt, slope, icpt) -> np.ndarray:
+    ok = np.isfinite(X) & np.isfinite(Y) & (Wt > 0)
+    r = np.where(ok, Y - (icpt + slope * X), 0.0)
+    return (np.where(ok, Wt, 0.0) * r**2).sum(axis=0)
+
+
+def _quality(y, f, w, n_par) -> tuple[float, float]:
+    """Weighted chi^2 per dof and weighted R^2."""
+    n = len(y)
+    res = w * (y - f) ** 2
+    ybar = np.sum(w * y) / np.sum(w)
+    ss_tot = np.sum(w * (y - ybar) ** 2)
+    chi2_dof = float(res.sum() / (n - n_par)) if n > n_par else _NAN
+    r2 = float(1.0 - res.sum() / ss_tot) if ss_tot > 0 else _NAN
+    return chi2_dof, r2
+
+
+@dataclass
+class _BinData:
+    """Point estimates and bootstrap replicates of per-bin means (law-eligible bins)."""
+
+    idx: np.ndarray  # coarse indices
+    h: np.ndarray  # mean H
+    d2: np.ndarray  # mean delta^2
+    Hr: np.ndarray  # (n, R)
+    D2r: np.ndarray  # (n, R)
+
+    @property
+    def lx(self):
+        return np.log(self.h)
+
+    @property
+    def ly(self):
+        return np.log(self.d2)
+
+    def log_reps(self):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log(self.Hr), np.log(np.where(self.D2r > 0, self.D2r, np.nan))
+
+    def w_log(self) -> np.ndarray:
+        _, LYr = self.log_reps()
+        v = _nanvar(LYr)
+        return 1.0 / np.maximum(np.where(np.isfinite(v), v, np.inf), 1e-10)
+
+    def w_lin(self) -> np.ndarray:
+        v = _nanvar(self.D2r)
+        floor = 1e-10 * np.maximum(self.d2, 1e-300) ** 2
+        return 1.0 / np.maximum(np.where(np.isfinite(v), v, np.inf), floor)
+
+    def subset(self, sel) -> _BinData:
+        return _BinData(self.idx[sel], self.h[sel], self.d2[sel], self.Hr[sel], self.D2r[sel])
+
+
+def _fit_power(bd: _BinData) -> tuple[float, float, np.ndarray, np.ndarray, float, float]:
+    """ln d2 = ln k + alpha ln H. Returns k, alpha, k_reps, alpha_reps, chi2_dof, r2."""
+    w = bd.w_log()
+    a, c = _wline(bd.lx[:, None], bd.ly[:, None], w[:, None])
+    alpha, lnk = float(a[0]), float(c[0])
+    LXr, LYr = bd.log_reps()
+    ar, cr = _wline(LXr, LYr, np.broadcast_to(w[:, None], LXr.shape))
+    chi2, r2 = _quality(bd.ly, lnk + alpha * bd.lx, w, 2)
+    return math.exp(lnk), alpha, np.exp(cr), ar, chi2, r2
+
+
+def _fit_proportional(bd: _BinData):
+    w = bd.w_lin()
+    k = float(np.sum(w * bd.h * bd.d2) / np.sum(w * bd.h**2))
+    Wt = np.where(np.isfinite(bd.D2r) & np.isfinite(bd.Hr), w[:, None], 0.0)
+    Hr, Dr = np.nan_to_num(bd.Hr), np.nan_to_num(bd.D2r)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kr = (Wt * Hr * Dr).sum(axis=0) / (Wt * Hr**2).sum(axis=0)
+    chi2, r2 = _quality(bd.d2, k * bd.h, w, 1)
+    robust = float(np.median(bd.d2 / bd.h))
+    return k, kr, chi2, r2, robust
+
+
+def _fit_affine(bd: _BinData):
+    w = bd.w_lin()
+    a, c = _wline(bd.h[:, None], bd.d2[:, None], w[:, None])
+    k, cc = float(a[0]), float(c[0])
+    kr, cr = _wline(bd.Hr, bd.D2r, np.broadcast_to(w[:, None], bd.Hr.shape))
+    chi2, r2 = _quality(bd.d2, k * bd.h + cc, w, 2)
+    return k, cc, kr, cr, chi2, r2
+
+
+# ---------------------------------------------------------------------------- breakpoint
+
+
+def _search_break(
+    bd: _BinData, h_lo: np.ndarray, h_hi: np.ndarray
+) -> tuple[BreakpointSearch, Breakpoint | None, int]:
+    """Segmented log-log fit; returns (search diagnostics, breakpoint or None, split s).
+
+    ``h_lo``/``h_hi``: entropy edges of the eligible bins (same order as ``bd``)."""
+    n = len(bd.h)
+    x, y, w = bd.lx, bd.ly, bd.w_log()
+    LXr, LYr = bd.log_reps()
+    R = LYr.shape[1]
+    splits = list(range(1, n - 2))  # low segment >= 1 bin, law segment >= 3 bins
+    lnn = math.log(n)
+
+    def bic(rss, p):
+        return n * np.log(np.maximum(rss, 1e-12 * n) / n) + p * lnn
+
+    a0, c0 = _wline(x[:, None], y[:, None], w[:, None])
+    bic0 = float(bic(_wrss(x[:, None], y[:, None], w[:, None], a0, c0), 2)[0])
+    if not splits:
+        s = BreakpointSearch(0, bic0, _NAN, _NAN, _NAN, _CI_NAN, _NAN, False,
+                             f"only {n} usable bins: a breakpoint needs at least 4")
+        return s, None, 0
+
+    # replicate weights: fixed per-bin weights, zeroed where a replicate lacks the bin
+    Xf = np.broadcast_to(x[:, None], LYr.shape)  # fixed design for the replicates
+    Wr = np.broadcast_to(w[:, None], LYr.shape)
+    ar0, cr0 = _wline(Xf, LYr, Wr)
+    bic0_r = bic(_wrss(Xf, LYr, Wr, ar0, cr0), 2)
+
+    bics, bics_r, left_slopes = [], [], []
+    for s in splits:
+        ar_, cr_ = _wline(x[s:, None], y[s:, None], w[s:, None])
+        rss = _wrss(x[s:, None], y[s:, None], w[s:, None], ar_, cr_)
+        rr_a, rr_c = _wline(Xf[s:], LYr[s:], Wr[s:])
+        rss_r = _wrss(Xf[s:], LYr[s:], Wr[s:], rr_a, rr_c)
+        if s >= 2:
+            la, lc = _wline(x[:s, None], y[:s, None], w[:s, None])
+            rss = rss + _wrss(x[:s, None], y[:s, None], w[:s, None], la, lc)
+            lra, lrc = _wline(Xf[:s], LYr[:s], Wr[:s])
+            rss_r = rss_r + _wrss(Xf[:s], LYr[:s], Wr[:s], lra, lrc)
+            left_slopes.append(float(la[0]))
+        else:
+            left_slopes.append(_NAN)
+        p = 2 + min(s, 2) + 1
+        bics.append(float(bic(rss, p)[0]))
+        bics_r.append(bic(rss_r, p))
+    bics_arr = np.asarray(bics)
+    best = int(np.argmin(bics_arr))
+    s_best = splits[best]
+    delta_bic = bic0 - float(bics_arr[best])
+
+    # excess of the low bins over the law fitted to the high bins
+    ar_, cr_ = _wline(x[s_best:, None], y[s_best:, None], w[s_best:, None])
+    wl = w[:s_best]
+    excess = float(np.sum(wl * (y[:s_best] - (cr_[0] + ar_[0] * x[:s_best]))) / np.sum(wl))
+    rr_a, rr_c = _wline(Xf[s_best:], LYr[s_best:], Wr[s_best:])
+    resid = LYr[:s_best] - (rr_c[None, :] + rr_a[None, :] * Xf[:s_best])
+    okl = np.isfinite(resid)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        excess_r = (np.where(okl, wl[:, None] * resid, 0.0).sum(axis=0)
+                    / np.where(okl, wl[:, None], 0.0).sum(axis=0))
+    ex_ci = _ci(excess_r)
+
+    B_r = np.vstack(bics_r) if R else np.zeros((len(splits), 0))
+    support = float(np.mean((bic0_r - B_r.min(axis=0)) > BIC_MARGIN)) if R else _NAN
+
+    reasons = []
+    if not delta_bic > BIC_MARGIN:
+        reasons.append(
+            f"the segmented fit does not beat the single power law (delta BIC = {delta_bic:.1f}"
+            f" <= {BIC_MARGIN:g})"
+        )
+    elif excess <= 0:
+        reasons.append("the low-entropy bins lie below the law, not above it (no excess)")
+    elif math.exp(excess) < MIN_EXCESS:
+        reasons.append(
+            f"the low-entropy excess is only x{math.exp(excess):.2f} (< x{MIN_EXCESS:g})"
+        )
+    elif not (np.isfinite(ex_ci[0]) and ex_ci[0] > 0):
+        reasons.append("the low-entropy excess is not significant (bootstrap interval includes 0)")
+    found = not reasons
+    reason = (
+        f"break at split {s_best} of {n} bins: delta BIC = {delta_bic:.1f}, "
+        f"excess x{math.exp(excess):.2f}"
+        if found
+        else reasons[0]
+    )
+    search = BreakpointSearch(
+        candidates=len(splits),
+        bic_no_break=bic0,
+        bic_break=float(bics_arr[best]),
+        delta_bic=delta_bic,
+        excess_ratio=math.exp(excess),
+        excess_ratio_ci=(math.exp(ex_ci[0]), math.exp(ex_ci[1])) if np.isfinite(ex_ci[0]) else _CI_NAN,
+        support=support,
+        found=found,
+        reason=reason,
+    )
+    if not found:
+        return search, None, 0
+    if R:
+        s_r = np.asarray(splits)[np.argmin(B_r, axis=0)]
+        lo_r = h_lo[np.maximum(s_r - 1, 0)]
+        hi_r = h_hi[np.minimum(s_r, n - 1)]
+        h_ci = (float(np.percentile(lo_r, 2.5)), float(np.percentile(hi_r, 97.5)))
+    else:
+        h_ci = _CI_NAN
+    bp = Breakpoint(
+        h_star=float(h_lo[s_best]),
+        h_star_ci=h_ci,
+        bins_below=s_best,
+        left_slope=left_slopes[best],
+        delta_bic=delta_bic,
+        excess_ratio=search.excess_ratio,
+        excess_ratio_ci=search.excess_ratio_ci,
+        support=support,
+        method=(
+            "two-segment log-log fit vs single power law by BIC; excess over the "
+            "extrapolated law required (block bootstrap)"
+        ),
+    )
+    return search, bp, s_best
+
+
+# ============================================================================ passes
+
+
+def _staleness_expr(names: list[str]) -> pl.Expr | None:
+    if "staleness" in names:
+        s = pl.col("staleness")
+    elif "policy_version" in names and "train_version" in names:
+        s = pl.col("train_version") - pl.col("policy_version")
+    else:
+        return None
+    out = pl.lit(None, dtype=pl.Int32)
+    for i in range(len(STALENESS_BUCKETS) - 1, -1, -1):
+        _, lo, hi = STALENESS_BUCKETS[i]
+        cond = (s >= lo) if hi is None else ((s >= lo) & (s <= hi))
+        out = pl.when(cond).then(pl.lit(i, dtype=pl.Int32)).otherwise(out)
+    return out
+
+
+def _abs_delta_bin_expr() -> pl.Expr:
+    ad = pl.col("delta").abs()
+    idx = ((ad.clip(lower_bound=_D_MIN).log() - math.log(_D_MIN)) * _D_SCALE).floor().cast(pl.Int64)
+    return (
+        pl.when(ad < _D_MIN).then(pl.lit(0, dtype=pl.Int64)).otherwise(idx.clip(0, _N_D - 1) + 1)
+    ).cast(pl.Int32)
+
+
+def _p95_from_hist(dbins: np.ndarray, counts: np.ndarray) -> float:
+    """95th percentile of |delta| from a log-grid histogram (geometric interpolation)."""
+    order = np.argsort(dbins)
+    dbins, counts = dbins[order], counts[order].astype(np.float64)
+    total = counts.sum()
+    if total <= 0:
+        return _NAN
+    cum = np.cumsum(counts)
+    target = 0.95 * total
+    i = int(np.searchsorted(cum, target, side="left"))
+    b = int(dbins[i])
+    if b == 0:
+        return 0.0
+    prev = cum[i - 1] if i > 0 else 0.0
+    frac = (target - prev) / counts[i]
+    lo = math.log(_D_MIN) + (b - 1) / _D_SCALE
+    return float(math.exp(lo + frac / _D_SCALE))
+
+
+def _strata_query(lf, key: pl.Expr, binning: CoarseBinning, n_blocks: int) -> pl.LazyFrame:
+    return (
+        lf.select(
+            key.alias("stratum"),
+            binning.expr().alias("coarse"),
+            block_expr(n_blocks).alias("block"),
+            pl.col("entropy").alias("h"),
+            (pl.col("delta") ** 2).alias("d2"),
+        )
+        .filter(pl.col("stratum").is_not_null() & (pl.col("coarse") >= 0))
+        .group_by(["stratum", "coarse", "block"])
+        .agg(
+            pl.len().cast(pl.Int64).alias("n"),
+            pl.col("h").sum().alias("s_h"),
+            pl.col("d2").sum().alias("s_d2"),
+        )
+        .sort(["stratum", "coarse", "block"])
+    )
+
+
+def _stratum_fits(
+    table: pl.DataFrame,
+    labels: list[str],
+    kind: str,
+    law_bins: np.ndarray,
+    nb: int,
+    boot: _Boot,
+    B: int,
+) -> list[StratumFit]:
+    out = []
+    for si, label in enumerate(labels):
+        t = table.filter(pl.col("stratum") == si)
+        tokens = int(t["n"].sum()) if t.height else 0
+        if tokens == 0:
+            continue
+        S = {}
+        flat = t["coarse"].to_numpy().astype(np.int64) * B + t["block"].to_numpy()
+        for c in ("n", "s_h", "s_d2"):
+            S[c] = np.bincount(flat, weights=t[c].to_numpy().astype(np.float64),
+                               minlength=nb * B).reshape(nb, B)
+        n0, nr = boot.totals(S["n"])
+        h0, hr = boot.totals(S["s_h"])
+        d0, dr = boot.totals(S["s_d2"])
+        blocks_nonempty = (S["n"][:, boot.blocks] > 0).sum(axis=1)
+        sel = np.zeros(nb, dtype=bool)
+        sel[law_bins] = True
+        sel &= (n0 >= MIN_BIN_TOKENS) & (blocks_nonempty >= 2)
+        mh, md2 = _div(h0, n0), _div(d0, n0)
+        sel &= (mh > 0) & (md2 > 0)
+        idx = np.nonzero(sel)[0]
+        if idx.size < 3:
+            out.append(StratumFit(kind, label, tokens, int(idx.size), _NAN, _CI_NAN, _NAN,
+                                  _CI_NAN, _NAN, _CI_NAN,
+                                  "fewer than 3 law-regime bins with enough tokens: not fitted"))
+            continue
+        bd = _BinData(idx, mh[idx], md2[idx], _div(hr[idx], nr[idx]), _div(dr[idx], nr[idx]))
+        k, alpha, kr, ar, _, _ = _fit_power(bd)
+        kp, kpr, _, _, _ = _fit_proportional(bd)
+        out.append(StratumFit(kind, label, tokens, int(idx.size), k, _ci(kr), alpha, _ci(ar),
+                              kp, _ci(kpr), ""))
+    return out
+
+
+# ============================================================================ verdict
+
+
+def _pct(x: float) -> str:
+    if not np.isfinite(x):
+        return "n/a"
+    return f"{100 * x:.2g}%" if x < 0.1 else f"{100 * x:.0f}%"
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    return "nan" if not np.isfinite(x) else f"{x:.{digits}g}"
+
+
+def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSearch,
+                  regime: RegimeResult) -> Verdict:
+    lo, hi = power.alpha_ci
+    a_txt = f"alpha = {power.alpha:.2f} [{lo:.2f}, {hi:.2f}]"
+    poor = np.isfinite(power.r2) and power.r2 < R2_MIN
+    if np.isfinite(lo) and (lo <= 1.0 <= hi or abs(power.alpha - 1.0) <= ALPHA_EXACT) and not poor:
+        law, head = "holds", f"law holds: {a_txt}"
+    elif (np.isfinite(lo) and (hi < 1 - ALPHA_TOL or lo > 1 + ALPHA_TOL)) or poor:
+        why = []
+        if poor:
+            why.append(f"poor fit, weighted R^2 = {power.r2:.2f}")
+        if np.isfinite(lo) and (hi < 1 - ALPHA_TOL or lo > 1 + ALPHA_TOL):
+            why.append("alpha far from 1")
+        law, head = "does_not_hold", f"law does not hold: {a_txt} ({'; '.join(why)})"
+    elif not np.isfinite(lo):
+        law, head = "holds_approximately", f"law undetermined: alpha = {power.alpha:.2f} (no interval)"
+    else:
+        law, head = "holds_approximately", f"law holds approximately: {a_txt} (interval excludes 1)"
+    head += f", k = {_fmt(power.k)}"
+    if bp is not None:
+        tail = (
+            f"noise regime below H* = {_fmt(bp.h_star, 2)} nats "
+            f"[{_fmt(bp.h_star_ci[0], 2)}, {_fmt(bp.h_star_ci[1], 2)}]: "
+            f"{_pct(regime.share_flagged)} of tokens, "
+            f"{_pct(regime.delta2_mass_share_flagged)} of delta^2 mass"
+        )
+    else:
+        tail = f"no low-entropy break: {search.reason}"
+    return Verdict(text=f"{head}; {tail}", law=law, noise_regime=bp is not None)
+
+
+# ============================================================================ entry point
+
+
+def fit_scaling_law(
+    lf: pl.LazyFrame,
+    *,
+    bins: int = 30,
+    bin_edges: str = "quantile",
+    eps: float = 0.01,
+    tau: float = 4.0,
+    n_boot: int = 1000,
+    n_blocks: int = 200,
+    seed: int = 0,
+    with_strata: bool = True,
+) -> FitResult:
+    """Fit the entropy-ratio scaling law E[delta^2 | H] ~ k H^alpha (arXiv:2607.22186).
+
+    ``lf``: canonical token frame (docs/CONTRACT.md; one row per valid loss-masked token;
+    needs seq_key, entropy, delta, infer_logprob; optional step, staleness or
+    policy_version + train_version for strata). Never collected whole: two streaming
+    aggregation passes (fine grid; then sequences / |delta| histogram / regime / strata).
+    Tokens without a finite entropy >= 0 are skipped.
+
+    ``bins``/``bin_edges``: number of coarse entropy bins, ``"quantile"`` or ``"log"``.
+    ``eps``, ``tau``: the noise-token flag ``H < H*`` and ``delta^2/(H + eps) > tau`` (nats).
+    ``n_boot`` bootstrap replicates over ``n_blocks`` sequence blocks, ``seed`` fixed.
+    Returns a :class:`FitResult` (see the module docstring for every rule).
+
+    Raises :class:`FitError` when the frame has no entropy column or fewer than 3 entropy
+    bins have enough tokens (>= 10 tokens in >= 2 sequence blocks with H >= 1e-6);
+    :class:`ParameterError` for invalid parameters.
+    """
+    if not (eps >= 0 and math.isfinite(eps)):
+        raise ParameterError(f"eps must be >= 0, got {eps!r}.")
+    if not (tau > 0 and math.isfinite(tau)):
+        raise ParameterError(f"tau must be > 0, got {tau!r}.")
+    if int(n_boot) != n_boot or n_boot < 0:
+        raise ParameterError(f"n_boot must be a non-negative integer, got {n_boot!r}.")
+    lfu = usable(lf)
+    names = lf.collect_schema().names()
+    B = int(n_blocks)
+
+    # ---- pass 1: fine grid x blocks (+ step range)
+    queries = [fine_query(lfu, n_blocks=B, eps=eps)]
+    has_step = "step" in names
+    if has_step and with_strata:
+        queries.append(lfu.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi")))
+    res = pl.collect_all(queries, engine="streaming")
+    agg = FineAggregate(table=res[0], n_blocks=B, eps=eps)
+    if agg.n_tokens == 0:
+        raise FitError("No token with a finite entropy: the scaling-law fit has nothing to bin.")
+    binning = coarse_binning(agg.counts_per_fine(), bins, bin_edges)
+    nb = binning.n_bins
+    S = coarse_block_sums(agg, binning)
+    boot = _Boot(S["n"].sum(axis=0), n_boot, seed)
+    tot = {c: boot.totals(S[c]) for c in S}
+    n0, nr = tot["n"]
+    mean_h, mean_d2 = _div(tot["s_h"][0], n0), _div(tot["s_d2"][0], n0)
+    Hr, D2r = _div(tot["s_h"][1], nr), _div(tot["s_d2"][1], nr)
+    blocks_nonempty = (S["n"][:, boot.blocks] > 0).sum(axis=1)
+    positive = np.ones(nb, dtype=bool)
+    if binning.has_zero_bin:
+        positive[0] = False
+    eligible = positive & (n0 >= MIN_BIN_TOKENS) & (blocks_nonempty >= 2) & (mean_d2 > 0)
+    eligible &= mean_h > 0
+    idx = np.nonzero(eligible)[0]
+    if idx.size < 3:
+        raise FitError(
+            f"Only {idx.size} entropy bin(s) hold enough tokens (need 3 bins with >= "
+            f"{MIN_BIN_TOKENS} tokens from >= 2 sequence blocks and H >= {H_MIN:g} nats); "
+            "give more tokens or sequences, or fewer bins."
+        )
+    if boot.W.shape[0] == 0 and n_boot > 0:
+        raise FitError(
+            "All tokens fall into one sequence block: the sequence bootstrap needs tokens "
+            "from at least 2 sequences."
+        )
+    bd_all = _BinData(idx, mean_h[idx], mean_d2[idx], Hr[idx], D2r[idx])
+
+    # ---- breakpoint, then laws on the law regime
+    search, bp, split = _search_break(bd_all, binning.h_lo[idx], binning.h_hi[idx])
+    law_sel = np.arange(idx.size) >= split
+    bd = bd_all.subset(law_sel)
+    law_bins = bd.idx
+    kpow, alpha, kr, ar, chi2p, r2p = _fit_power(bd)
+    alpha_ci = _ci(ar)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ts = stats.theilslopes(bd.ly, bd.lx, alpha=0.95)
+    rob_alpha = float(ts.slope)
+    disagrees = bool(
+        np.isfinite(alpha_ci[0])
+        and not (alpha_ci[0] <= rob_alpha <= alpha_ci[1])
+        and abs(rob_alpha - alpha) > 0.05
+    )
+    note = (
+        f"robust (Theil-Sen) alpha = {rob_alpha:.2f} differs from least-squares alpha = "
+        f"{alpha:.2f} [{alpha_ci[0]:.2f}, {alpha_ci[1]:.2f}]: a few bins dominate the "
+        "least-squares fit; inspect the bins with heavy tails"
+        if disagrees
+        else "robust and least-squares estimates agree"
+    )
+    robust = RobustPower(float(math.exp(ts.intercept)), rob_alpha,
+                         (float(ts.low_slope), float(ts.high_slope)), disagrees, note)
+    power = PowerLaw(kpow, _ci(kr), alpha, alpha_ci, chi2p, r2p, int(law_bins.size),
+                     float(binning.h_lo[law_bins[0]]), float(binning.h_hi[law_bins[-1]]), robust)
+    kp, kpr, chi2k, r2k, kp_rob = _fit_proportional(bd)
+    prop = ProportionalLaw(kp, _ci(kpr), kp_rob, chi2k, r2k, int(law_bins.size))
+    ka, ca, kar, car, chi2a, r2a = _fit_affine(bd)
+    aff = AffineLaw(ka, _ci(kar), ca, _ci(car), chi2a, r2a, int(law_bins.size))
+    h_star = None if bp is None else bp.h_star
+
+    # ---- pass 2: sequences per bin, |delta| histogram, regime, strata
+    coarse = binning.expr()
+    q = [
+        lfu.select(coarse.alias("coarse"), pl.col("seq_key"))
+        .group_by("coarse").agg(pl.col("seq_key").n_unique().cast(pl.Int64).alias("seqs"))
+        .sort("coarse"),
+        lfu.select(coarse.alias("coarse"), _abs_delta_bin_expr().alias("dbin"))
+        .group_by(["coarse", "dbin"]).agg(pl.len().cast(pl.Int64).alias("n"))
+        .sort(["coarse", "dbin"]),
+        regime_query(lfu, h_star, tau=tau, eps=eps),
+    ]
+    notices: list[str] = []
+    stale_key = _staleness_expr(names) if with_strata else None
+    step_labels: list[str] = []
+    if with_strata:
+        if stale_key is not None:
+            q.append(_strata_query(lfu, stale_key, binning, B))
+        else:
+            notices.append("staleness strata skipped: no staleness (or policy_version and "
+                           "train_version) column")
+        lo_hi = res[1] if has_step and len(res) > 1 else None
+        if lo_hi is not None and lo_hi.height and lo_hi["lo"][0] is not None:
+            s_lo, s_hi = int(lo_hi["lo"][0]), int(lo_hi["hi"][0])
+            n_steps = s_hi - s_lo + 1
+            n_rng = min(MAX_STEP_RANGES, n_steps)
+            width = -(-n_steps // n_rng)
+            n_rng = -(-n_steps // width)
+            for i in range(n_rng):
+                a, b = s_lo + i * width, min(s_hi, s_lo + (i + 1) * width - 1)
+                step_labels.append(f"{a}" if a == b else f"{a}-{b}")
+            step_key = ((pl.col("step") - s_lo) // width).cast(pl.Int32)
+            q.append(_strata_query(lfu, step_key, binning, B))
+        else:
+            notices.append("step strata skipped: no step column")
+    else:
+        notices.append("strata not computed (with_strata=False)")
+    res2 = pl.collect_all(q, engine="streaming")
+    seqs_t, dh_t, reg_t = res2[0], res2[1], res2[2]
+    seqs = np.zeros(nb, dtype=np.int64)
+    for c, s in zip(seqs_t["coarse"].to_list(), seqs_t["seqs"].to_list(), strict=True):
+        if c is not None and c >= 0:
+            seqs[c] = s
+    p95 = np.full(nb, _NAN)
+    dc = dh_t["coarse"].to_numpy()
+    for j in range(nb):
+        m = dc == j
+        if m.any():
+            p95[j] = _p95_from_hist(dh_t["dbin"].to_numpy()[m], dh_t["n"].to_numpy()[m])
+    regime = summarize_regime(reg_t, h_star, tau=tau, eps=eps)
+
+    staleness_fits: list[StratumFit] = []
+    step_fits: list[StratumFit] = []
+    qi = 3
+    if with_strata:
+        if stale_key is not None:
+            staleness_fits = _stratum_fits(res2[qi], [b[0] for b in STALENESS_BUCKETS],
+                                           "staleness", law_bins, nb, boot, B)
+            qi += 1
+        if step_labels:
+            step_fits = _stratum_fits(res2[qi], step_labels, "step", law_bins, nb, boot, B)
+
+    # ---- bins
+    law_set = set(int(i) for i in law_bins)
+    bins_out = []
+    for j in range(nb):
+        n = n0[j]
+        bins_out.append(
+            BinStats(
+                index=j,
+                h_lo=float(binning.h_lo[j]),
+                h_hi=float(binning.h_hi[j]),
+                tokens=int(n),
+                sequences=int(seqs[j]),
+                mean_h=_f(mean_h[j]),
+                mean_delta=_f(_div(tot["s_d"][0][j], n)),
+                mean_delta2=_f(mean_d2[j]),
+                mean_delta2_ci=_ci(D2r[j]),
+                mean_abs_delta=_f(_div(tot["s_absd"][0][j], n)),
+                p95_abs_delta=_f(p95[j]),
+                share_p_lt_1e3=_f(_div(tot["n_plow"][0][j], n)),
+                mean_z2=_f(_div(tot["s_z2"][0][j], n)),
+                in_fit=j in law_set,
+            )
+        )
+
+    params = {
+        "bins": bins,
+        "bin_edges": bin_edges,
+        "bins_realised": nb,
+        "eps": eps,
+        "tau": tau,
+        "n_boot": n_boot,
+        "n_blocks": B,
+        "blocks_nonempty": int(boot.blocks.size),
+        "seed": seed,
+        "with_strata": with_strata,
+        "tokens": int(agg.n_tokens),
+        "fine_grid": {"bins": N_FINE, "h_min": H_MIN, "h_max": H_MAX},
+        "min_bin_tokens": MIN_BIN_TOKENS,
+        "bic_margin": BIC_MARGIN,
+        "min_excess": MIN_EXCESS,
+        "alpha_exact": ALPHA_EXACT,
+        "alpha_tol": ALPHA_TOL,
+        "r2_min": R2_MIN,
+        "source": "arXiv:2607.22186 (ENTR / ESTR)",
+    }
+    return FitResult(
+        parameters=params,
+        bins=tuple(bins_out),
+        laws=Laws(prop, aff, power),
+        breakpoint=bp,
+        breakpoint_search=search,
+        regime=regime,
+        strata=Strata(tuple(staleness_fits), tuple(step_fits), tuple(notices)),
+        verdict=_make_verdict(power, bp, search, regime),
+    )

@@ -1,0 +1,194 @@
+"""Train-inference mismatch metrics under the names verl and slime log (shared/METHOD.md).
+
+All metrics use the valid loss-masked tokens of the canonical frame (docs/CONTRACT.md),
+``delta = lr = train_logprob - infer_logprob`` (nats), ``r = exp(delta)``:
+
+=======================  =====================================================  ==========
+name                     definition                                             level
+=======================  =====================================================  ==========
+``kl``                   mean(-delta): k1 estimate of KL(infer || train)        token
+``k3_kl``                mean(exp(delta) - 1 - delta)                           token
+``chi2_token``           mean(r^2) - 1                                          token
+``chi2_seq``             mean over sequences of exp(2 sum_t delta) - 1          sequence
+``training_ppl``         mean over sequences of exp(-mean_t train_logprob)      sequence
+``rollout_ppl``          mean over sequences of exp(-mean_t infer_logprob)      sequence
+``log_ppl_diff``         mean over sequences of (mean_t infer_logprob -         sequence
+                         mean_t train_logprob)
+``ess``                  1 / mean((w / mean w)^2), w = r per token              token
+``share_abs_delta_gt_log2``  share of tokens with |delta| > log 2               token
+=======================  =====================================================  ==========
+
+Matching the frameworks: token means are over all tokens of the batch (verl ``masked_mean``
+over the batch); sequence metrics average one value per sequence (verl / slime compute them
+per sequence and average). As in verl's ``rollout_corr`` / slime's ppl metrics, the
+log-ratio is clamped to [-20, 20] before exponentiating in ``chi2_token``, the sum in
+``chi2_seq`` is clamped to [-20, 20] (``SAFETY_BOUND = 20``), and the weights of ``ess`` are
+``r = exp(clamp(delta, -20, 20))``; ``ess`` is normalised to (0, 1] (verl's
+``rollout_is_eff_sample_size``), computed on untruncated token-level weights.
+
+Sequences are the groups of ``seq_key`` (the contract's hash of (step, seq_id)). One
+streaming pass of token sums plus one grouped pass over sequences; never collects the token
+frame.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import polars as pl
+
+from entr_diag.errors import FitError
+
+__all__ = ["SAFETY_BOUND", "METRIC_NAMES", "MetricSet", "MismatchMetrics", "compute_metrics"]
+
+#: Clamp of log-ratios before exp, as verl / slime (``SAFETY_BOUND = 20.0``).
+SAFETY_BOUND: float = 20.0
+
+METRIC_NAMES: tuple[str, ...] = (
+    "kl",
+    "k3_kl",
+    "chi2_token",
+    "chi2_seq",
+    "training_ppl",
+    "rollout_ppl",
+    "log_ppl_diff",
+    "ess",
+    "share_abs_delta_gt_log2",
+)
+
+
+@dataclass(frozen=True)
+class MetricSet:
+    """The metrics over one set of tokens (all of them, or one step). Units: nats for kl,
+    k3_kl and log_ppl_diff; the others are dimensionless."""
+
+    tokens: int
+    sequences: int
+    kl: float
+    k3_kl: float
+    chi2_token: float
+    chi2_seq: float
+    training_ppl: float
+    rollout_ppl: float
+    log_ppl_diff: float
+    ess: float
+    share_abs_delta_gt_log2: float
+    step: int | None = None
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        if self.step is None:
+            d.pop("step")
+        return d
+
+
+@dataclass(frozen=True)
+class MismatchMetrics:
+    """``overall`` metrics and ``per_step`` (one :class:`MetricSet` per step, sorted; empty
+    without a step column)."""
+
+    overall: MetricSet
+    per_step: tuple[MetricSet, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "overall": self.overall.to_dict(),
+            "per_step": [m.to_dict() for m in self.per_step],
+            "definitions": "verl/slime names; see entr_diag.metrics (clamp +/-20 before exp)",
+        }
+
+
+def _token_aggs() -> list[pl.Expr]:
+    d = pl.col("delta")
+    dc = d.clip(-SAFETY_BOUND, SAFETY_BOUND)
+    return [
+        pl.len().cast(pl.Int64).alias("n"),
+        (-d).sum().alias("s_k1"),
+        (d.exp() - 1.0 - d).sum().alias("s_k3"),
+        (2.0 * dc).exp().sum().alias("s_r2"),
+        dc.exp().sum().alias("s_r"),
+        (d.abs() > math.log(2.0)).sum().cast(pl.Int64).alias("n_gt_log2"),
+    ]
+
+
+def _seq_aggs() -> list[pl.Expr]:
+    sd = pl.col("s_d")
+    return [
+        pl.len().cast(pl.Int64).alias("n_seq"),
+        ((2.0 * sd.clip(-SAFETY_BOUND, SAFETY_BOUND)).exp()).sum().alias("s_rho2"),
+        (-pl.col("m_train")).exp().sum().alias("s_tppl"),
+        (-pl.col("m_infer")).exp().sum().alias("s_rppl"),
+        (pl.col("m_infer") - pl.col("m_train")).sum().alias("s_lpd"),
+    ]
+
+
+def _per_seq(lf: pl.LazyFrame, keys: list[str]) -> pl.LazyFrame:
+    return lf.group_by(keys).agg(
+        pl.col("delta").sum().alias("s_d"),
+        pl.col("train_logprob").mean().alias("m_train"),
+        pl.col("infer_logprob").mean().alias("m_infer"),
+    )
+
+
+def _make(tok: dict, seq: dict, step: int | None = None) -> MetricSet:
+    n = int(tok["n"] or 0)
+    ns = int(seq.get("n_seq") or 0)
+
+    def t(key: str) -> float:
+        return float(tok[key]) / n if n else float("nan")
+
+    def s(key: str) -> float:
+        return float(seq[key]) / ns if ns else float("nan")
+
+    s_r, s_r2 = float(tok["s_r"] or 0.0), float(tok["s_r2"] or 0.0)
+    ess = (s_r * s_r) / (n * s_r2) if n and s_r2 > 0 else float("nan")
+    return MetricSet(
+        tokens=n,
+        sequences=ns,
+        kl=t("s_k1"),
+        k3_kl=t("s_k3"),
+        chi2_token=t("s_r2") - 1.0,
+        chi2_seq=s("s_rho2") - 1.0,
+        training_ppl=s("s_tppl"),
+        rollout_ppl=s("s_rppl"),
+        log_ppl_diff=s("s_lpd"),
+        ess=ess,
+        share_abs_delta_gt_log2=t("n_gt_log2"),
+        step=step,
+    )
+
+
+def compute_metrics(lf: pl.LazyFrame) -> MismatchMetrics:
+    """verl / slime mismatch metrics, overall and per step (see the module docstring).
+
+    ``lf``: canonical token frame (one row per valid loss-masked token; needs seq_key,
+    train_logprob, infer_logprob, delta; ``step`` optional). Streaming aggregation only.
+    ``ess = 1 / mean((w / mean w)^2) = (sum w)^2 / (n sum w^2)`` with token weights
+    ``w = r``. Raises :class:`FitError` when the frame holds no token.
+    """
+    names = lf.collect_schema().names()
+    has_step = "step" in names
+    seq_keys = ["step", "seq_key"] if has_step else ["seq_key"]
+    base = lf.select([c for c in ("seq_key", "step", "train_logprob", "infer_logprob", "delta")
+                      if c in names])
+    queries = [
+        base.select(_token_aggs()),
+        _per_seq(base, seq_keys).select(_seq_aggs()),
+    ]
+    if has_step:
+        queries.append(base.group_by("step").agg(_token_aggs()).sort("step"))
+        queries.append(_per_seq(base, seq_keys).group_by("step").agg(_seq_aggs()).sort("step"))
+    res = pl.collect_all(queries, engine="streaming")
+    tok = res[0].row(0, named=True)
+    if not tok["n"]:
+        raise FitError("No token to compute mismatch metrics on: the token frame is empty.")
+    overall = _make(tok, res[1].row(0, named=True))
+    per_step: list[MetricSet] = []
+    if has_step:
+        seq_by = {r["step"]: r for r in res[3].iter_rows(named=True)}
+        for r in res[2].iter_rows(named=True):
+            if r["step"] is None:
+                continue
+            per_step.append(_make(r, seq_by.get(r["step"], {}), step=int(r["step"])))
+    return MismatchMetrics(overall=overall, per_step=tuple(per_step))

@@ -1,0 +1,159 @@
+"""Rich terminal rendering of ``entr-diag fit``: built only from the result objects.
+
+:func:`render_fit` prints the verdict first, then the entropy-bin table, the laws, the
+breakpoint / noise-regime lines, the strata and the verl/slime mismatch metrics. Nothing is
+recomputed here (docs/CONTRACT.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.table import Table
+
+from entr_diag.fit import FitResult
+from entr_diag.metrics import METRIC_NAMES, MismatchMetrics
+
+__all__ = ["render_fit"]
+
+_MAX_STEP_ROWS = 12
+
+
+def _g(x: float | None, digits: int = 3) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:.{digits}g}"
+
+
+def _ci(ci: tuple[float, float], digits: int = 3) -> str:
+    lo, hi = ci
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "-"
+    return f"[{_g(lo, digits)}, {_g(hi, digits)}]"
+
+
+def _pct(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{100 * x:.3g}%"
+
+
+def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Console) -> None:
+    """Print the fit (and the mismatch metrics, when given) to ``console``.
+
+    Order: verdict, bins table, laws table, breakpoint and regime lines, strata table,
+    metrics table. Entropies and deltas in nats.
+    """
+    v = result.verdict
+    style = {"holds": "bold green", "holds_approximately": "bold yellow"}.get(v.law, "bold red")
+    console.print(f"Verdict: {v.text}", style=style, soft_wrap=True)
+    console.print()
+
+    # ---- bins
+    t = Table(title="Entropy bins (nats); intervals: 95% sequence-block bootstrap")
+    for col in ("H range", "tokens", "seqs", "mean H", "mean delta", "mean delta^2",
+                "95% CI", "mean |delta|", "p95 |delta|", "p<1e-3", "mean z^2", "fit"):
+        t.add_column(col, justify="right" if col not in ("H range", "fit") else "left")
+    for b in result.bins:
+        t.add_row(
+            f"{_g(b.h_lo, 2)}-{_g(b.h_hi, 2)}",
+            str(b.tokens),
+            str(b.sequences),
+            _g(b.mean_h),
+            _g(b.mean_delta),
+            _g(b.mean_delta2),
+            _ci(b.mean_delta2_ci),
+            _g(b.mean_abs_delta),
+            _g(b.p95_abs_delta),
+            _pct(b.share_p_lt_1e3),
+            _g(b.mean_z2),
+            "law" if b.in_fit else "",
+        )
+    console.print(t)
+
+    # ---- laws
+    laws = result.laws
+    lt = Table(title=f"Laws fitted on {laws.power.n_bins} law-regime bins "
+                     f"(H {_g(laws.power.h_min, 2)}-{_g(laws.power.h_max, 2)} nats)")
+    for col in ("law", "k", "k 95% CI", "alpha / c", "95% CI", "weighted R^2", "chi2/dof"):
+        lt.add_column(col)
+    p = laws.proportional
+    lt.add_row("delta^2 = k H", _g(p.k), _ci(p.k_ci), "", "", _g(p.r2, 4), _g(p.chi2_dof))
+    a = laws.affine
+    lt.add_row("delta^2 = k H + c", _g(a.k), _ci(a.k_ci), f"c = {_g(a.c)}", _ci(a.c_ci),
+               _g(a.r2, 4), _g(a.chi2_dof))
+    w = laws.power
+    lt.add_row("delta^2 = k H^alpha", _g(w.k), _ci(w.k_ci), f"alpha = {_g(w.alpha)}",
+               _ci(w.alpha_ci), _g(w.r2, 4), _g(w.chi2_dof))
+    r = w.robust
+    lt.add_row("  robust (Theil-Sen)", _g(r.k), "", f"alpha = {_g(r.alpha)}", _ci(r.alpha_ci),
+               "", "")
+    console.print(lt)
+    console.print(f"Robust check: {r.note}.", style="yellow" if r.disagrees else None,
+                  soft_wrap=True)
+    console.print(f"Robust k (median of bin ratios): {_g(p.k_robust)}", soft_wrap=True)
+
+    # ---- breakpoint and regime
+    bp = result.breakpoint
+    s = result.breakpoint_search
+    if bp is None:
+        console.print(f"Breakpoint: none ({s.reason}).", soft_wrap=True)
+    else:
+        console.print(
+            f"Breakpoint: H* = {_g(bp.h_star)} nats {_ci(bp.h_star_ci)}; "
+            f"delta BIC = {bp.delta_bic:.1f}; low-entropy excess x{_g(bp.excess_ratio)} "
+            f"{_ci(bp.excess_ratio_ci)}; bootstrap support {_pct(bp.support)}.",
+            soft_wrap=True,
+        )
+    g = result.regime
+    if g.h_star is not None:
+        console.print(
+            f"Noise regime ({g.rule}): {g.flagged_tokens} tokens flagged = "
+            f"{_pct(g.share_flagged)} of tokens, {_pct(g.delta2_mass_share_flagged)} of "
+            f"delta^2 mass; below H*: {_pct(g.share_below_h_star)} of tokens, "
+            f"{_pct(g.delta2_mass_share_below_h_star)} of delta^2 mass.",
+            soft_wrap=True,
+        )
+        pt = Table(title="Flagged tokens by sampled-token probability p")
+        for col in ("p bin", "tokens", "share of flagged", "share of delta^2 mass"):
+            pt.add_column(col)
+        for pb in g.by_p:
+            pt.add_row(pb.label, str(pb.tokens), _pct(pb.share_of_flagged),
+                       _pct(pb.share_of_delta2_mass))
+        console.print(pt)
+    else:
+        console.print(f"Noise regime: {g.rule}.", soft_wrap=True)
+
+    # ---- strata
+    st = result.strata
+    rows = list(st.staleness) + list(st.step)
+    if rows:
+        tt = Table(title="Power law per stratum (law-regime bins)")
+        for col in ("stratum", "tokens", "bins", "alpha", "alpha 95% CI", "k", "k 95% CI",
+                    "k (k H)", "note"):
+            tt.add_column(col)
+        for x in rows:
+            tt.add_row(f"{x.kind} {x.label}", str(x.tokens), str(x.n_bins), _g(x.alpha),
+                       _ci(x.alpha_ci), _g(x.k), _ci(x.k_ci), _g(x.k_proportional), x.note)
+        console.print(tt)
+    for n in st.notices:
+        console.print(f"Note: {n}.", soft_wrap=True)
+
+    # ---- metrics
+    if metrics is not None:
+        mt = Table(title="Mismatch metrics (verl / slime names)")
+        mt.add_column("step")
+        mt.add_column("tokens")
+        for name in METRIC_NAMES:
+            mt.add_column(name)
+        sets = [("all", metrics.overall)]
+        ps = list(metrics.per_step)
+        if len(ps) > _MAX_STEP_ROWS:
+            stride = math.ceil(len(ps) / _MAX_STEP_ROWS)
+            ps = ps[::stride]
+        sets += [(str(m.step), m) for m in ps]
+        for label, m in sets:
+            mt.add_row(label, str(m.tokens), *[_g(getattr(m, n), 4) for n in METRIC_NAMES])
+        console.print(mt)
+        if len(metrics.per_step) > _MAX_STEP_ROWS:
+            console.print(f"(per-step rows subsampled: {len(metrics.per_step)} steps in total; "
+                          "all of them are in the JSON)", soft_wrap=True)
