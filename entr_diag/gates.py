@@ -1,0 +1,602 @@
+"""Trust-region gates: which loss-masked tokens a rule keeps (issue 4, METHOD.md "Gates").
+
+Every gate is a small frozen dataclass with documented defaults and the source whose
+definition it matches. A gate exposes :meth:`keep_expr`, a polars expression evaluating to
+one Boolean per token row of the canonical token frame (docs/CONTRACT.md: one row per valid,
+loss-masked token; ``delta = train_logprob - infer_logprob`` in nats, ``entropy`` in nats,
+``seq_key`` the sequence key). ``True`` = the token stays in the loss, ``False`` = masked.
+
+Notation (per token t): log-ratio ``delta_t`` (nats), importance ratio ``r_t = exp(delta_t)``,
+entropy ``H_t`` (nats).
+
+=================  ===============  ==========================================================
+gate (aliases)     level            keep rule (defaults)
+=================  ===============  ==========================================================
+``entr`` (estr)    token            ``delta^2 / (H + eps) <= tau`` (tau = 4, eps = 0.01)
+``fixed``          token            ``|delta| <= c`` (c = log 2)
+``icepop``         token            ``low <= r <= high`` (0.5, 5.0)
+``mis``            token            ``low <= r <= high`` (0.5, 2.0)
+``tis``            token (weight)   keeps every token; weight ``min(r, cap)`` (cap = 2)
+``seq-is``         sequence         ``lower <= exp(sum_t delta_t) <= upper`` (upper 2, lower 1/2)
+``geo-rs``         sequence         ``low <= exp(mean_t delta_t) <= high`` (0.999, 1.001)
+``k3``             sequence         ``mean_t (r_t - 1 - delta_t) <= threshold`` (0.01)
+``veto``           sequence         every token has ``r_t >= min_ratio`` (1e-4)
+``m2po``           batch (global)   drop largest ``delta^2`` first until mean of rest <= 0.04
+=================  ===============  ==========================================================
+
+Sequence gates compare in log space (``sum_t delta_t`` against ``log(upper)``), which equals
+the ratio-space rule of the frameworks without overflowing ``exp`` on long sequences.
+``keep_expr()`` of a sequence gate uses window expressions ``.over("seq_key")``; the
+streaming code path (:mod:`entr_diag.compare`) instead aggregates per ``seq_key`` once and
+joins the per-sequence statistics back (:meth:`SequenceGate.seq_aggs` /
+:meth:`SequenceGate.keep_from`), which is the same rule.
+
+Parse a command-line spec with :func:`parse_gate_spec` (``"fixed:c=0.5"``,
+``"icepop:low=0.5,high=5"``, ``"entr:tau=4,eps=0.01"``, ``"estr:tau=4"``); every spec prints
+back with :meth:`GateSpec.spec` in the same syntax.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import polars as pl
+
+from entr_diag.errors import ParameterError
+
+__all__ = [
+    "GateSpec",
+    "TokenGate",
+    "SequenceGate",
+    "EntrGate",
+    "FixedBand",
+    "IcePop",
+    "TokenMIS",
+    "TIS",
+    "SeqIS",
+    "GeoRS",
+    "K3SeqRS",
+    "CatastrophicVeto",
+    "M2PO",
+    "GATE_TYPES",
+    "DEFAULT_PANEL",
+    "parse_gate_spec",
+    "gate_help",
+    "entr_score_expr",
+]
+
+_DELTA = pl.col("delta")
+_ENTROPY = pl.col("entropy")
+
+
+def _fmt(x: float) -> str:
+    """Shortest round-tripping text of a parameter value (``4`` not ``4.0``)."""
+    x = float(x)
+    if x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return repr(x)
+
+
+def entr_score_expr(eps: float = 0.01) -> pl.Expr:
+    """ENTR score ``delta^2 / (H + eps)`` per token (dimensionless; arXiv:2607.22186).
+
+    With ``H + eps == 0`` (only possible with ``eps = 0``) the score is 0 for ``delta == 0``
+    and ``+inf`` otherwise, so ``score <= tau`` stays the paper's rule ``|delta| <=
+    sqrt(tau (H + eps))``.
+    """
+    d2 = _DELTA * _DELTA
+    den = _ENTROPY + eps
+    return (
+        pl.when(den > 0).then(d2 / den).when(d2 == 0).then(pl.lit(0.0)).otherwise(pl.lit(math.inf))
+    )
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """Base class of all gate specs (frozen; parameters are the dataclass fields).
+
+    Class attributes: ``name`` (canonical, as in specs), ``aliases``, ``level`` (``"token"``,
+    ``"sequence"`` or ``"batch"``), ``source`` (whose definition it matches), ``columns``
+    (canonical columns the rule reads), ``weights_only`` (TIS: keeps all tokens).
+    """
+
+    name: ClassVar[str] = ""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    level: ClassVar[str] = "token"
+    source: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    columns: ClassVar[tuple[str, ...]] = ("delta",)
+    weights_only: ClassVar[bool] = False
+
+    def params(self) -> dict[str, float]:
+        """Parameters as a plain ``{name: float}`` dict, in declaration order."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = float(v) if v is not None else math.nan
+        return out
+
+    def spec(self) -> str:
+        """The spec string :func:`parse_gate_spec` reads back, e.g. ``"fixed:c=0.5"``."""
+        ps = ",".join(f"{k}={_fmt(v)}" for k, v in self.params().items())
+        return f"{self.name}:{ps}" if ps else self.name
+
+    @property
+    def label(self) -> str:
+        """Human label for tables, e.g. ``"fixed c=0.5"``."""
+        ps = " ".join(f"{k}={v:.4g}" for k, v in self.params().items())
+        return f"{self.name} {ps}".strip()
+
+    def keep_expr(self) -> pl.Expr:  # pragma: no cover - abstract
+        """Boolean keep decision per token row (True = kept in the loss)."""
+        raise NotImplementedError
+
+    def _check(self, cond: bool, msg: str) -> None:
+        if not cond:
+            raise ParameterError(f"gate {self.name!r}: {msg} (got {self.spec()!r}).")
+
+
+# --------------------------------------------------------------------------- token gates
+
+
+@dataclass(frozen=True)
+class TokenGate(GateSpec):
+    """A gate deciding each token from that token's own columns."""
+
+
+@dataclass(frozen=True)
+class EntrGate(TokenGate):
+    """ENTR (ESTR): keep iff ``delta^2 / (H + eps) <= tau``.
+
+    Source: arXiv:2607.22186 (entropy-normalized trust region; "ESTR" in earlier versions).
+    ``tau`` (dimensionless budget, default 4; the paper sweeps 1..16), ``eps`` (nats,
+    default 0.01 as in the paper). Needs the ``entropy`` column. Equivalent to
+    ``|delta| <= sqrt(tau (H + eps))``: a fixed band when ``H`` is constant.
+    """
+
+    tau: float = 4.0
+    eps: float = 0.01
+
+    name: ClassVar[str] = "entr"
+    aliases: ClassVar[tuple[str, ...]] = ("estr",)
+    source: ClassVar[str] = (
+        "arXiv:2607.22186 (ENTR, earlier ESTR): delta^2/(H+eps) <= tau, eps = 0.01 nats"
+    )
+    summary: ClassVar[str] = "keep iff delta^2/(H+eps) <= tau"
+    columns: ClassVar[tuple[str, ...]] = ("delta", "entropy")
+
+    def __post_init__(self) -> None:
+        self._check(math.isfinite(self.tau) and self.tau > 0, "tau must be a positive number")
+        self._check(math.isfinite(self.eps) and self.eps >= 0, "eps must be >= 0 (nats)")
+
+    def score_expr(self) -> pl.Expr:
+        """Per-token ENTR score ``delta^2 / (H + eps)`` (see :func:`entr_score_expr`)."""
+        return entr_score_expr(self.eps)
+
+    def keep_expr(self) -> pl.Expr:
+        return self.score_expr() <= self.tau
+
+
+@dataclass(frozen=True)
+class FixedBand(TokenGate):
+    """Fixed log-ratio band: keep iff ``|delta| <= c`` (ratio in ``[e^-c, e^c]``).
+
+    ``c`` in nats, default ``log 2`` (ratio in [0.5, 2]): the ``|delta| > log 2`` share is the
+    mismatch metric verl and slime log. ENTR with a constant entropy is this band with
+    ``c = sqrt(tau (H + eps))``.
+    """
+
+    c: float = math.log(2.0)
+
+    name: ClassVar[str] = "fixed"
+    aliases: ClassVar[tuple[str, ...]] = ("band", "fixed-band")
+    source: ClassVar[str] = (
+        "fixed symmetric log-ratio band |delta| <= c; c = log 2 as in the |delta| > log 2 "
+        "share logged by verl/slime"
+    )
+    summary: ClassVar[str] = "keep iff |delta| <= c"
+
+    def __post_init__(self) -> None:
+        self._check(not math.isnan(self.c) and self.c >= 0, "c must be >= 0 (nats)")
+
+    def keep_expr(self) -> pl.Expr:
+        return _DELTA.abs() <= self.c
+
+
+@dataclass(frozen=True)
+class _RatioBand(TokenGate):
+    low: float = 0.5
+    high: float = 2.0
+
+    summary: ClassVar[str] = "keep iff low <= r <= high"
+
+    def __post_init__(self) -> None:
+        self._check(
+            math.isfinite(self.low) and math.isfinite(self.high) and 0 < self.low <= self.high,
+            "need 0 < low <= high (importance-ratio bounds)",
+        )
+
+    def keep_expr(self) -> pl.Expr:
+        r = _DELTA.exp()
+        return (r >= self.low) & (r <= self.high)
+
+
+@dataclass(frozen=True)
+class IcePop(_RatioBand):
+    """IcePop: keep iff ``low <= r <= high`` (Ring-1T's alpha = 0.5, beta = 5.0).
+
+    Source: Ring-1T technical report (inclusionAI, 2025), IcePop token masking: tokens whose
+    train/inference probability ratio leaves ``[alpha, beta]`` are masked from the gradient.
+    """
+
+    low: float = 0.5
+    high: float = 5.0
+
+    name: ClassVar[str] = "icepop"
+    aliases: ClassVar[tuple[str, ...]] = ("ice-pop",)
+    source: ClassVar[str] = "Ring-1T IcePop: mask tokens with ratio outside [0.5, 5.0]"
+
+
+@dataclass(frozen=True)
+class TokenMIS(_RatioBand):
+    """Token-level masked importance sampling: keep iff ``low <= r <= high`` (0.5, 2.0).
+
+    Source: verl rollout correction, token level, mask mode (upper threshold 2.0, lower
+    threshold defaulting to 1/upper); slime's token MIS uses the same band.
+    """
+
+    low: float = 0.5
+    high: float = 2.0
+
+    name: ClassVar[str] = "mis"
+    aliases: ClassVar[tuple[str, ...]] = ("token-mis", "tmis")
+    source: ClassVar[str] = "verl/slime token-level masked IS: mask tokens with r outside [0.5, 2]"
+
+
+@dataclass(frozen=True)
+class TIS(TokenGate):
+    """Truncated importance sampling: keeps every token, weight ``min(r, cap)`` (cap = 2).
+
+    Source: truncated IS of the "off-policy RL in efficient RL frameworks" fix (Yao et al.,
+    2025), verl ``tis_imp_ratio_cap = 2``, slime ``--use-tis``. Not a mask: reports report
+    the share of tokens truncated (``r > cap``) and the share of weight mass removed
+    ``sum(max(r - cap, 0)) / sum(r)`` instead of a keep rate.
+    """
+
+    cap: float = 2.0
+
+    name: ClassVar[str] = "tis"
+    aliases: ClassVar[tuple[str, ...]] = ("truncated-is",)
+    source: ClassVar[str] = "truncated IS (verl tis_imp_ratio_cap = 2, slime --use-tis)"
+    summary: ClassVar[str] = "keeps all; weight min(r, cap)"
+    weights_only: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        self._check(math.isfinite(self.cap) and self.cap > 0, "cap must be a positive ratio")
+
+    def keep_expr(self) -> pl.Expr:
+        return _DELTA.is_not_null() | _DELTA.is_null()  # all True, same length as the frame
+
+    def weight_expr(self) -> pl.Expr:
+        """Per-token truncated weight ``min(exp(delta), cap)``."""
+        return pl.min_horizontal(_DELTA.exp(), pl.lit(self.cap))
+
+    def truncated_expr(self) -> pl.Expr:
+        """True where the weight is truncated (``r > cap``)."""
+        return _DELTA.exp() > self.cap
+
+    def removed_mass_expr(self) -> pl.Expr:
+        """Per-token weight removed by truncation ``max(r - cap, 0)``."""
+        return (_DELTA.exp() - self.cap).clip(lower_bound=0.0)
+
+
+# ------------------------------------------------------------------------ sequence gates
+
+
+@dataclass(frozen=True)
+class SequenceGate(GateSpec):
+    """A gate keeping or dropping whole sequences (grouped by ``seq_key``).
+
+    Subclasses give per-sequence aggregations (:meth:`seq_aggs`, expressions over the token
+    rows of one sequence) and the rule on them (:meth:`keep_from`). :meth:`keep_expr`
+    evaluates the aggregations as windows ``.over("seq_key")``.
+    """
+
+    level: ClassVar[str] = "sequence"
+
+    def seq_aggs(self) -> dict[str, pl.Expr]:  # pragma: no cover - abstract
+        """``{stat_name: aggregation expression}`` over the tokens of one sequence."""
+        raise NotImplementedError
+
+    def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:  # pragma: no cover
+        """Keep rule given one expression per statistic of :meth:`seq_aggs`."""
+        raise NotImplementedError
+
+    def keep_expr(self) -> pl.Expr:
+        return self.keep_from({k: e.over("seq_key") for k, e in self.seq_aggs().items()})
+
+
+@dataclass(frozen=True)
+class SeqIS(SequenceGate):
+    """Sequence IS rejection: drop the sequence if ``exp(sum_t delta_t)`` leaves
+    ``[lower, upper]`` (upper = 2.0, lower = 1/upper).
+
+    Source: verl rollout correction, sequence level, mask/rejection mode. Compared in log
+    space: ``log(lower) <= sum_t delta_t <= log(upper)``.
+    """
+
+    upper: float = 2.0
+    lower: float | None = None
+
+    name: ClassVar[str] = "seq-is"
+    aliases: ClassVar[tuple[str, ...]] = ("seqis", "seq_is", "sequence-is")
+    source: ClassVar[str] = (
+        "verl sequence-level IS rejection: drop sequence if prod_t r_t outside [1/2, 2]"
+    )
+    summary: ClassVar[str] = "drop seq if exp(sum delta) outside [lower, upper]"
+
+    def __post_init__(self) -> None:
+        if self.lower is None and math.isfinite(self.upper) and self.upper > 0:
+            object.__setattr__(self, "lower", 1.0 / self.upper)
+        lo = self.lower if self.lower is not None else float("nan")
+        self._check(
+            math.isfinite(self.upper) and math.isfinite(lo) and 0 < lo <= self.upper,
+            "need 0 < lower <= upper (sequence ratio bounds; lower defaults to 1/upper)",
+        )
+
+    def seq_aggs(self) -> dict[str, pl.Expr]:
+        return {"sum_delta": _DELTA.sum()}
+
+    def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
+        s = stats["sum_delta"]
+        return (s >= math.log(self.lower)) & (s <= math.log(self.upper))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class GeoRS(SequenceGate):
+    """Geometric-mean sequence rejection: drop the sequence if ``exp(mean_t delta_t)``
+    leaves ``[low, high]`` (0.999, 1.001).
+
+    Source: verl rollout correction, geometric level (rejection sampling on the per-token
+    geometric mean ratio). Compared in log space.
+    """
+
+    low: float = 0.999
+    high: float = 1.001
+
+    name: ClassVar[str] = "geo-rs"
+    aliases: ClassVar[tuple[str, ...]] = ("geors", "geo_rs", "geometric")
+    source: ClassVar[str] = (
+        "verl geometric-mean sequence rejection: drop if exp(mean delta) outside [0.999, 1.001]"
+    )
+    summary: ClassVar[str] = "drop seq if exp(mean delta) outside [low, high]"
+
+    def __post_init__(self) -> None:
+        self._check(
+            math.isfinite(self.low) and math.isfinite(self.high) and 0 < self.low <= self.high,
+            "need 0 < low <= high (geometric-mean ratio bounds)",
+        )
+
+    def seq_aggs(self) -> dict[str, pl.Expr]:
+        return {"mean_delta": _DELTA.mean()}
+
+    def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
+        m = stats["mean_delta"]
+        return (m >= math.log(self.low)) & (m <= math.log(self.high))
+
+
+@dataclass(frozen=True)
+class K3SeqRS(SequenceGate):
+    """K3 sequence rejection: drop the sequence if ``mean_t (r_t - 1 - delta_t) > threshold``.
+
+    ``r - 1 - log r`` is the k3 estimator of KL(mu || pi) (verl's ``k3_kl``); threshold 0.01.
+    Source: verl rollout correction, sequence rejection on the mean k3 divergence.
+    """
+
+    threshold: float = 0.01
+
+    name: ClassVar[str] = "k3"
+    aliases: ClassVar[tuple[str, ...]] = ("k3-rs", "k3rs", "k3_rs", "k3-seq")
+    source: ClassVar[str] = "verl K3 sequence rejection: drop if mean_t(r - 1 - delta) > 0.01"
+    summary: ClassVar[str] = "drop seq if mean(r - 1 - delta) > threshold"
+
+    def __post_init__(self) -> None:
+        self._check(math.isfinite(self.threshold) and self.threshold >= 0, "threshold must be >= 0")
+
+    def seq_aggs(self) -> dict[str, pl.Expr]:
+        return {"mean_k3": (_DELTA.exp() - 1.0 - _DELTA).mean()}
+
+    def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
+        return stats["mean_k3"] <= self.threshold
+
+
+@dataclass(frozen=True)
+class CatastrophicVeto(SequenceGate):
+    """Catastrophic-token veto: drop the sequence if any token has ``r < min_ratio`` (1e-4).
+
+    Source: verl rollout correction ``rollout_is_veto_threshold = 1e-4``. Compared in log
+    space: ``min_t delta_t >= log(min_ratio)``.
+    """
+
+    min_ratio: float = 1e-4
+
+    name: ClassVar[str] = "veto"
+    aliases: ClassVar[tuple[str, ...]] = ("catastrophic", "catastrophic-veto")
+    source: ClassVar[str] = "verl catastrophic-token veto: drop seq if any r < 1e-4"
+    summary: ClassVar[str] = "drop seq if any r < min_ratio"
+
+    def __post_init__(self) -> None:
+        self._check(math.isfinite(self.min_ratio) and self.min_ratio > 0, "min_ratio must be > 0")
+
+    def seq_aggs(self) -> dict[str, pl.Expr]:
+        return {"min_delta": _DELTA.min()}
+
+    def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
+        return stats["min_delta"] >= math.log(self.min_ratio)
+
+
+# --------------------------------------------------------------------------- batch gates
+
+
+@dataclass(frozen=True)
+class M2PO(GateSpec):
+    """M2PO second-moment trust region: drop tokens with the largest ``delta^2`` first until
+    the mean ``delta^2`` of the kept tokens is at most ``max_mean_sq`` (0.04).
+
+    Source: M2PO (Zheng et al., 2025, "Prosperity before Collapse"), which masks per training
+    batch; here the batch is the whole input (global over the frame).
+
+    Ties: tokens with equal ``delta^2`` are dropped together, so the kept set depends on the
+    values only, never on row order. Exactly: a token with value ``v = delta^2`` is kept iff
+    ``mean{delta^2 : delta^2 <= v} <= max_mean_sq``; the left side grows with ``v`` (adding
+    values at least as large as all previous ones never lowers a mean), so this is "drop the
+    largest first, tie groups whole, stop at the first point the rest satisfies the bound".
+    If even the smallest value exceeds ``max_mean_sq`` nothing is kept.
+
+    :meth:`keep_expr` is a whole-frame window expression (rank + sorted cumulative sum): fine
+    in memory. :func:`entr_diag.compare.resolve_m2po_cut` finds the same cut on a
+    ``LazyFrame`` with bounded memory (histogram refinement), after which
+    :meth:`keep_expr_with_cut` is a plain per-token comparison.
+    """
+
+    max_mean_sq: float = 0.04
+
+    name: ClassVar[str] = "m2po"
+    aliases: ClassVar[tuple[str, ...]] = ("m2",)
+    level: ClassVar[str] = "batch"
+    source: ClassVar[str] = (
+        "M2PO (Zheng et al. 2025): mask largest delta^2 until mean delta^2 <= 0.04"
+    )
+    summary: ClassVar[str] = "drop largest delta^2 until mean(delta^2) <= max"
+
+    def __post_init__(self) -> None:
+        self._check(
+            math.isfinite(self.max_mean_sq) and self.max_mean_sq > 0, "max_mean_sq must be > 0"
+        )
+
+    def keep_expr(self) -> pl.Expr:
+        d2 = _DELTA * _DELTA
+        n_le = d2.rank(method="max").cast(pl.Int64)
+        s_le = d2.sort().cum_sum().gather(n_le - 1)
+        return (s_le / n_le) <= self.max_mean_sq
+
+    def keep_expr_with_cut(self, cut: float) -> pl.Expr:
+        """Keep iff ``delta^2 < cut`` where ``cut`` is the smallest dropped value (``inf``:
+        keep all), as returned by :func:`entr_diag.compare.resolve_m2po_cut`."""
+        return (_DELTA * _DELTA) < cut
+
+
+# ------------------------------------------------------------------------------ parsing
+
+GATE_TYPES: dict[str, type[GateSpec]] = {
+    cls.name: cls
+    for cls in (
+        EntrGate,
+        FixedBand,
+        IcePop,
+        TokenMIS,
+        TIS,
+        SeqIS,
+        GeoRS,
+        K3SeqRS,
+        CatastrophicVeto,
+        M2PO,
+    )
+}
+_ALIASES: dict[str, str] = {a: cls.name for cls in GATE_TYPES.values() for a in cls.aliases}
+
+#: The panel ENTR is compared against by default: one of each gate at its documented
+#: default (fixed band at c = log 2, i.e. ratio in [0.5, 2]).
+DEFAULT_PANEL: tuple[GateSpec, ...] = (
+    FixedBand(),
+    IcePop(),
+    TokenMIS(),
+    TIS(),
+    SeqIS(),
+    GeoRS(),
+    K3SeqRS(),
+    CatastrophicVeto(),
+    M2PO(),
+)
+
+
+def _param_names(cls: type[GateSpec]) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def gate_help() -> str:
+    """One line per gate: ``name(aliases): params with defaults - rule``."""
+    lines = []
+    for cls in GATE_TYPES.values():
+        d = cls()
+        ps = ",".join(f"{k}={_fmt(v)}" for k, v in d.params().items())
+        al = f" (alias {', '.join(cls.aliases)})" if cls.aliases else ""
+        lines.append(f"{cls.name}{al}: {ps} - {cls.summary}")
+    return "\n".join(lines)
+
+
+def _bad(msg: str) -> ParameterError:
+    return ParameterError(
+        f"{msg} Valid gates (name:param=value,...; defaults shown):\n{gate_help()}"
+    )
+
+
+_CONSTANTS: dict[str, Callable[[], float]] = {
+    "log2": lambda: math.log(2.0),
+    "ln2": lambda: math.log(2.0),
+    "inf": lambda: math.inf,
+}
+
+
+def _parse_value(text: str, gate: str, key: str) -> float:
+    t = text.strip().lower()
+    if t in _CONSTANTS:
+        return _CONSTANTS[t]()
+    try:
+        return float(t)
+    except ValueError:
+        raise _bad(f"Gate spec {gate!r}: value {text!r} of {key!r} is not a number.") from None
+
+
+def parse_gate_spec(spec: str) -> GateSpec:
+    """Parse ``"name"`` or ``"name:param=value,param=value"`` into a gate spec.
+
+    Names are case-insensitive and accept aliases (``estr`` for ``entr``, ``seqis`` for
+    ``seq-is``...). Values are floats (``log2``/``ln2`` accepted). Unspecified parameters
+    take their defaults. Examples: ``"fixed:c=0.5"``, ``"icepop:low=0.5,high=5"``,
+    ``"entr:tau=4,eps=0.01"``, ``"estr:tau=4"``.
+
+    Raises :class:`~entr_diag.errors.ParameterError` naming the problem and listing every
+    gate with its parameters and defaults.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise _bad("Empty gate spec.")
+    name, sep, rest = spec.strip().partition(":")
+    key = name.strip().lower().replace("_", "-")
+    key = _ALIASES.get(key, _ALIASES.get(name.strip().lower(), key))
+    cls = GATE_TYPES.get(key)
+    if cls is None:
+        raise _bad(f"Unknown gate {name.strip()!r} in spec {spec!r}.")
+    allowed = _param_names(cls)
+    kwargs: dict[str, Any] = {}
+    if sep and rest.strip():
+        for item in rest.split(","):
+            k, eq, v = item.partition("=")
+            k = k.strip().lower()
+            if not eq or not k or not v.strip():
+                raise _bad(f"Gate spec {spec!r}: expected param=value, got {item.strip()!r}.")
+            if k not in allowed:
+                raise _bad(
+                    f"Gate spec {spec!r}: {cls.name!r} has no parameter {k!r} "
+                    f"(it takes {', '.join(allowed)})."
+                )
+            if k in kwargs:
+                raise _bad(f"Gate spec {spec!r}: parameter {k!r} given twice.")
+            kwargs[k] = _parse_value(v, spec, k)
+    try:
+        return cls(**kwargs)
+    except ParameterError as e:
+        raise _bad(str(e)) from None

@@ -1,0 +1,431 @@
+"""Gate comparison (entr_diag.compare) and its terminal rendering."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rich.console import Console
+
+from entr_diag.compare import (
+    CHI2_1_99,
+    CompareResult,
+    compare_gates,
+    decision_column,
+    decisions_frame,
+)
+from entr_diag.errors import InputError, ParameterError, SchemaError
+from entr_diag.gates import (
+    DEFAULT_PANEL,
+    M2PO,
+    TIS,
+    EntrGate,
+    FixedBand,
+    GeoRS,
+    IcePop,
+    K3SeqRS,
+    SeqIS,
+)
+from entr_diag.report.terminal_compare import render_compare
+
+# Same eight tokens as tests/test_gates.py, with keys, p, staleness and step.
+TINY = pl.DataFrame(
+    {
+        "seq_id": ["A", "A", "A", "B", "B", "C", "D", "D"],
+        "seq_key": pl.Series([1, 1, 1, 2, 2, 3, 4, 4], dtype=pl.UInt64),
+        "position": [0, 1, 2, 0, 1, 0, 0, 1],
+        "step": [0, 0, 0, 0, 0, 1, 1, 1],
+        "delta": [0.1, -0.2, 0.05, 1.0, -0.5, -10.0, 5e-4, -5e-4],
+        "entropy": [1.0, 0.01, 0.0, 0.5, 2.0, 0.1, 0.3, 0.3],
+        "infer_logprob": [-0.5, -5.0, -0.01, -1.0, -2.0, -12.0, -0.3, -0.3],
+        "staleness": [0, 0, 0, 1, 1, 2, 5, 5],
+    }
+).with_columns(train_logprob=pl.col("infer_logprob") + pl.col("delta"))
+
+PANEL = (FixedBand(c=0.5), IcePop(), TIS(), SeqIS(), GeoRS(), K3SeqRS(), M2PO())
+
+
+def run_tiny(**kw) -> CompareResult:
+    args = dict(
+        entr=EntrGate(tau=4, eps=0.01),
+        panel=PANEL,
+        h_star=0.2,
+        law_k=0.1,
+        law_alpha=1.0,
+        flag_tau=1.0,
+        flag_eps=0.01,
+        sweep_tau=[1.0, 4.0],
+        sweep_c=[0.5, 1.0],
+    )
+    args.update(kw)
+    return compare_gates(TINY.lazy(), **args)
+
+
+def by_name(res: CompareResult, spec: str):
+    return next(g for g in res.gates if g.spec == spec)
+
+
+def canonical(df: pl.DataFrame) -> pl.LazyFrame:
+    """synth output -> canonical token frame (loss-masked rows, delta, seq_key, staleness)."""
+    return (
+        df.lazy()
+        .filter(pl.col("loss_mask"))
+        .with_columns(
+            seq_id=pl.col("seq_id").cast(pl.String),
+            delta=pl.col("train_logprob") - pl.col("infer_logprob"),
+            staleness=pl.col("train_version") - pl.col("policy_version"),
+        )
+        .with_columns(seq_key=pl.struct("step", "seq_id").hash(7))
+        .select(
+            "seq_id",
+            "seq_key",
+            "position",
+            "step",
+            "train_logprob",
+            "infer_logprob",
+            "delta",
+            "entropy",
+            "staleness",
+            "is_noise",
+        )
+    )
+
+
+class TestHandCase:
+    def test_counts(self):
+        """Kept tokens/sequences per gate on the hand-made frame."""
+        r = run_tiny()
+        assert r.n_tokens == 8 and r.n_sequences == 4
+        kept = {g.spec: g.kept_tokens for g in r.gates}
+        assert kept == {
+            "entr:tau=4,eps=0.01": 7,
+            "fixed:c=0.5": 6,
+            "icepop:low=0.5,high=5": 7,
+            "tis:cap=2": 8,
+            "seq-is:upper=2,lower=0.5": 7,
+            "geo-rs:low=0.999,high=1.001": 2,
+            "k3:threshold=0.01": 5,
+            "m2po:max_mean_sq=0.04": 5,
+        }
+        f = by_name(r, "fixed:c=0.5")
+        assert (f.kept_sequences, f.intact_sequences) == (3, 2)
+        k3 = by_name(r, "k3:threshold=0.01")
+        assert (k3.kept_sequences, k3.intact_sequences) == (2, 2)
+
+    def test_agreement(self):
+        """Fixed 0.5 vs ENTR: both keep 6, only ENTR keeps B0 (delta 1), both drop C."""
+        a = by_name(run_tiny(), "fixed:c=0.5").agreement_vs_entr
+        assert (a.both_keep, a.only_entr_keeps, a.only_other_keeps, a.both_drop) == (6, 1, 0, 1)
+        # B0 has H = 0.5 and p = exp(-1) = 0.37
+        r = run_tiny(entropy_edges=[0, 0.2, 1.5, 3])
+        a = by_name(r, "fixed:c=0.5").agreement_vs_entr
+        assert a.by_entropy["only_entr_keeps"] == [0, 1, 0]
+        assert a.by_entropy["both_drop"] == [1, 0, 0]
+        j = next(i for i, k in enumerate(a.by_p["keys"]) if k == "[0.25,0.5)")
+        assert a.by_p["only_entr_keeps"][j] == 1 and sum(a.by_p["only_entr_keeps"]) == 1
+
+    def test_noise_and_exploration(self):
+        """Noise (H < 0.2, score > 1): A1, C0. Law-scale (H >= 0.2, d^2 <= 0.66 H): A0, B1, D."""
+        r = run_tiny()
+        assert r.n_noise == 2 and r.n_exploration == 4
+        e = r.entr
+        assert e.noise_admitted == 0.5 and e.exploration_discarded == 0.0
+        geo = by_name(r, "geo-rs:low=0.999,high=1.001")
+        assert geo.noise_admitted == 0.0 and geo.exploration_discarded == 0.5
+        k3 = by_name(r, "k3:threshold=0.01")
+        assert k3.noise_admitted == 0.5 and k3.exploration_discarded == 0.25
+
+    def test_tis(self):
+        """TIS: one truncated token (r = e > 2), mass removed (e - 2) / sum r."""
+        t = by_name(run_tiny(), "tis:cap=2")
+        assert t.kept_tokens == 8
+        assert t.tis.truncated_tokens == 1
+        rs = np.exp(TINY["delta"].to_numpy())
+        assert t.tis.weight_mass_removed == pytest.approx((math.e - 2) / rs.sum())
+
+    def test_matched(self):
+        """ENTR drops 1 token; the 7th smallest |delta| is 1.0: the band drops only C."""
+        m = run_tiny().matched
+        assert m.c == 1.0 and m.entr_dropped == 1 and m.fixed_dropped == 1
+        assert m.fixed.agreement_vs_entr.disagreements == 0
+
+    def test_staleness_and_step(self):
+        """Keep rates per staleness bucket and per step."""
+        e = run_tiny().entr
+        s = e.keep_by_staleness
+        assert s.keys == ("0", "1", "2-3", "4-7", "8+")
+        assert s.n == (3, 2, 1, 2, 0) and s.kept == (3, 2, 0, 2, 0)
+        st_ = e.keep_by_step
+        assert st_.keys == (0, 1) and st_.n == (5, 3) and st_.kept == (5, 2)
+
+    def test_sweeps(self):
+        """Sweeps: ENTR keeps 5/8 at tau 1 and 7/8 at tau 4; the band 6/8 and 7/8."""
+        r = run_tiny()
+        assert r.sweep["tau"].keep_rate == (5 / 8, 7 / 8)
+        assert r.sweep["tau"].noise_admitted == (0.0, 0.5)
+        assert r.sweep["c"].keep_rate == (6 / 8, 7 / 8)
+        assert r.sweep["c"].exploration_discarded == (0.0, 0.0)
+
+    def test_null_reasons(self):
+        """Without H* noise admitted is None with a reason; without k so is exploration."""
+        r = run_tiny(h_star=None, law_k=None)
+        assert r.entr.noise_admitted is None and r.entr.exploration_discarded is None
+        assert set(r.null_reasons) == {"noise_admitted", "exploration_discarded"}
+        assert math.isnan(r.sweep["tau"].noise_admitted[0])
+        r = run_tiny(h_star=None)
+        # every token is a candidate: A1 (d^2 .04 <= .0066?) no; A2 (H=0) no; C0 no
+        assert r.n_exploration == 4
+
+    def test_sweep_disabled(self):
+        assert run_tiny(sweep_tau=[], sweep_c=[]).sweep == {}
+
+
+class TestDecisionsFrame:
+    def test_columns_and_values(self, tmp_path):
+        """One Boolean per gate with the join keys; sinks to Parquet."""
+        gates = [EntrGate(), FixedBand(c=0.5), SeqIS(), M2PO(), TIS()]
+        lf = decisions_frame(TINY.lazy(), gates)
+        out = lf.collect()
+        assert out.columns[:4] == ["seq_id", "seq_key", "position", "step"]
+        assert out[decision_column(FixedBand(c=0.5))].to_list() == [
+            True,
+            True,
+            True,
+            False,
+            True,
+            False,
+            True,
+            True,
+        ]
+        assert out["keep[m2po:max_mean_sq=0.04]"].to_list() == [
+            True,
+            True,
+            True,
+            False,
+            False,
+            False,
+            True,
+            True,
+        ]
+        assert out["keep[seq-is:upper=2,lower=0.5]"].to_list() == [
+            True,
+            True,
+            True,
+            True,
+            True,
+            False,
+            True,
+            True,
+        ]
+        assert out["weight[tis:cap=2]"][3] == 2.0
+        lf.sink_parquet(tmp_path / "d.parquet")
+        assert pl.read_parquet(tmp_path / "d.parquet").height == 8
+
+    def test_missing_entropy(self):
+        with pytest.raises(SchemaError, match="entropy"):
+            decisions_frame(TINY.lazy().drop("entropy"), [EntrGate()])
+
+
+class TestErrors:
+    def test_empty(self):
+        with pytest.raises(InputError, match="no valid"):
+            compare_gates(TINY.lazy().filter(pl.lit(False)))
+
+    def test_null_entropy(self):
+        lf = TINY.lazy().with_columns(
+            entropy=pl.when(pl.col("position") == 0).then(None).otherwise(pl.col("entropy"))
+        )
+        with pytest.raises(InputError, match="null/NaN entropy"):
+            compare_gates(lf)
+
+    def test_missing_column(self):
+        with pytest.raises(SchemaError, match="infer_logprob"):
+            compare_gates(TINY.lazy().drop("infer_logprob"))
+
+    @pytest.mark.parametrize(
+        "kw",
+        [
+            dict(entropy_edges=[1, 0]),
+            dict(sweep_tau=[-1]),
+            dict(h_star=-1.0),
+            dict(law_k=0.0),
+            dict(sweep_c=[math.nan]),
+        ],
+    )
+    def test_bad_parameters(self, kw):
+        with pytest.raises(ParameterError):
+            run_tiny(**kw)
+
+
+def _frame(seed: int, n_seq: int) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, 8, n_seq)
+    n = int(lens.sum())
+    key = np.repeat(np.arange(n_seq), lens)
+    h = np.round(rng.exponential(0.5, n), 3)
+    d = np.round(rng.normal(0, 0.3, n) * np.sqrt(h + 0.01), 3)
+    return pl.DataFrame(
+        {
+            "seq_id": key.astype(str),
+            "seq_key": pl.Series(key * 7919 + 3, dtype=pl.UInt64),
+            "position": np.concatenate([np.arange(k) for k in lens]),
+            "step": key % 3,
+            "delta": d,
+            "entropy": h,
+            "infer_logprob": -np.round(rng.exponential(1.0, n), 3),
+            "staleness": key % 5,
+        }
+    )
+
+
+def _result(lf: pl.LazyFrame) -> dict:
+    return compare_gates(
+        lf,
+        entr=EntrGate(tau=2.0),
+        panel=DEFAULT_PANEL,
+        h_star=0.05,
+        law_k=0.09,
+        entropy_edges=[0, 0.05, 0.2, 1, 10],
+    ).to_dict()
+
+
+def _assert_same(a, b, path="") -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and not isinstance(b, int):
+        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-9), path
+    else:
+        assert a == b, path
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(2, 25), st.randoms(use_true_random=False))
+def test_row_order_and_sharding_do_not_change_results(seed, n_seq, rnd):
+    """Shuffling rows, or scanning the same tokens as several shards, gives the same result."""
+    df = _frame(seed, n_seq)
+    base = _result(df.lazy())
+    perm = list(range(df.height))
+    rnd.shuffle(perm)
+    shuffled = df[perm]
+    _assert_same(base, _result(shuffled.lazy()))
+    cuts = sorted(rnd.sample(range(1, df.height), min(2, df.height - 1)))
+    shards = [shuffled[a:b] for a, b in zip([0, *cuts], [*cuts, df.height], strict=True)]
+    _assert_same(base, _result(pl.concat([s.lazy() for s in shards])))
+
+
+class TestSynth:
+    @pytest.fixture(scope="class")
+    def planted(self):
+        from entr_diag.synth import SynthSpec, generate
+
+        spec = SynthSpec(
+            n_tokens=60_000,
+            seed=11,
+            k=0.02,
+            alpha=1.0,
+            h_star=0.03,
+            noise_share=0.3,
+            noise_sigma=0.5,
+        )
+        lf = canonical(generate(spec))
+        res = compare_gates(
+            lf, entr=EntrGate(tau=4.0), h_star=spec.h_star, law_k=spec.k, law_alpha=spec.alpha
+        )
+        return spec, lf, res
+
+    def test_entr_beats_matched_fixed_band(self, planted):
+        """At an equal keep rate, ENTR admits less noise and discards less exploration."""
+        _, _, r = planted
+        m = r.matched
+        assert abs(m.fixed_dropped - m.entr_dropped) <= 1
+        assert r.n_noise > 1000 and r.n_exploration > 10_000
+        assert r.entr.noise_admitted < m.fixed.noise_admitted
+        assert r.entr.exploration_discarded < m.fixed.exploration_discarded
+        assert m.fixed.noise_admitted > 0.05 and m.fixed.exploration_discarded > 0.005
+
+    def test_noise_tokens_are_planted_noise(self, planted):
+        """Flagged noise tokens are (almost all) planted noise: the definition is meaningful."""
+        spec, lf, r = planted
+        flagged = (
+            lf.filter(
+                (pl.col("entropy") < spec.h_star)
+                & (pl.col("delta") ** 2 / (pl.col("entropy") + 0.01) > 4.0)
+            )
+            .select(pl.col("is_noise").mean(), pl.len())
+            .collect()
+        )
+        assert flagged.item(0, 1) == r.n_noise
+        assert flagged.item(0, 0) > 0.95
+
+    def test_sweep_matches_gate(self, planted):
+        """The one-pass sweep at tau = 4 equals ENTR's own keep share."""
+        _, _, r = planted
+        j = r.sweep["tau"].values.index(4.0)
+        assert r.sweep["tau"].keep_rate[j] == pytest.approx(r.entr.kept_share, abs=0)
+        assert r.sweep["tau"].noise_admitted[j] == pytest.approx(r.entr.noise_admitted)
+
+    def test_to_dict_is_plain_json(self, planted):
+        """to_dict holds plain types only and the documented top-level keys."""
+        d = planted[2].to_dict()
+        assert {"parameters", "gates", "matched", "sweep", "definitions"} <= d.keys()
+        text = json.dumps(d)  # raises on numpy types
+        assert "noise_admitted" in text
+        g = d["gates"][0]
+        for key in (
+            "name",
+            "params",
+            "source",
+            "kept_tokens",
+            "kept_share",
+            "kept_sequences",
+            "keep_by_entropy",
+            "keep_by_staleness",
+            "keep_by_step",
+            "noise_admitted",
+            "exploration_discarded",
+            "agreement_vs_entr",
+            "tis",
+        ):
+            assert key in g
+        assert d["parameters"]["law_scale_factor"] == pytest.approx(CHI2_1_99)
+        assert set(d["sweep"]) == {"tau", "c"}
+
+    def test_render(self, planted):
+        """The terminal report shows each section and the matched comparison numbers."""
+        r = planted[2]
+        buf = io.StringIO()
+        render_compare(r, Console(file=buf, width=120, color_system=None))
+        out = buf.getvalue()
+        for s in (
+            "Gates on",
+            "Agreement with ENTR",
+            "Matched budget",
+            "Keep rate by entropy",
+            "Sweep of tau",
+            "Sweep of c",
+            "How to read this",
+            "(matched)",
+            "noise admitted",
+            "exploration discarded",
+        ):
+            assert s in out, s
+        assert f"{100 * r.matched.fixed.noise_admitted:.1f}%" in out
+        assert max(len(line) for line in out.splitlines()) <= 120
+        # also renders from the plain dict (e.g. JSON read back)
+        buf2 = io.StringIO()
+        render_compare(
+            json.loads(json.dumps(r.to_dict())), Console(file=buf2, width=120, color_system=None)
+        )
+        assert buf2.getvalue() == out
