@@ -15,32 +15,45 @@ sampling distribution: ``E[delta^2 | H] ~= k H``. :func:`fit_scaling_law` checks
 2. **Uncertainty.** Every interval is a percentile interval of a bootstrap that resamples
    the non-empty sequence blocks with replacement (``n_boot`` replicates, fixed ``seed``):
    sequences are resampled whole, never tokens. Fits are redone on every replicate.
-3. **Breakpoint H\\*.** In log-log space (x = ln mean H, y = ln mean delta^2 per bin, weights
-   1 / bootstrap variance of y, bins with H >= 1e-6 and at least 10 tokens in 2 blocks) the
-   single power law (2 parameters) is compared with a two-segment model: for a split s the
-   ``s`` lowest bins get their own line (a level when s = 1) and the others the power law
-   (2 + min(s, 2) parameters plus the break location). Criterion: BIC =
-   n ln(RSS_w / n) + p ln n. A break is reported only when (a) it lowers BIC by more than
-   :data:`BIC_MARGIN`, (b) the low bins lie ABOVE the extrapolated power law (the noise
-   regime is an excess of delta^2), by a weighted mean factor of at least
-   :data:`MIN_EXCESS`, and (c) that excess is significant: the 2.5 % bootstrap quantile of
-   the log excess is > 0. Otherwise no break is reported (never invented).
+3. **Weights.** Fits weight bin b by ``tokens_b / c`` (log-log) or
+   ``tokens_b / (c pred_b^2)`` (linear space, pred = the power-law value), with one common
+   scale c = median over bins of (bootstrap variance x tokens). Not by each bin's own
+   inverse bootstrap variance: for skewed delta^2 that variance rises with the bin's own
+   upward fluctuation, which would bias k downwards.
+4. **Breakpoint H\\*.** Searched on finer bins than the display bins (``max(2 bins, 60)``
+   bins of the same edge kind, again unions of fine bins, so no extra pass): the break is
+   resolved to the width of these bins. In log-log space (x = ln mean H, y = ln mean
+   delta^2; bins with H >= 1e-6 and at least 10 tokens in 2 blocks) the single power law
+   (2 parameters) is compared with a two-segment model: for a split s the ``s`` lowest
+   bins get their own line (a level when s = 1) and the others the power law (2 + min(s, 2)
+   parameters plus the break location); the law segment keeps at least
+   :data:`MIN_LAW_SHARE` of the bins (and 3), so a law is never extrapolated from a
+   handful of top bins. Criterion: BIC = n ln(RSS_w / n) + p ln n. A break is reported only
+   when (a) it lowers BIC by more than :data:`BIC_MARGIN`, (b) the low bins lie ABOVE the
+   extrapolated power law (the noise regime is an excess of delta^2), by a weighted
+   geometric-mean factor of at least :data:`MIN_EXCESS`, (c) the bins above the break
+   follow a power law (weighted R^2 >= :data:`R2_MIN`), (d) the excess is significant
+   (2.5 % bootstrap quantile of the log excess > 0) and (e) the break is stable: BIC
+   favours a break in at least :data:`MIN_SUPPORT` of the bootstrap replicates.
+   Otherwise no break is reported (never invented), with the reason.
    H\\* is the lower entropy edge of the first bin of the law regime. Its interval is the
    bootstrap percentile interval of the split, widened by one bin on each side (the break
    is only resolved to the width of a bin): lower end = 2.5 % quantile of the lower edge of
    the bin just below the replicate's break, upper end = 97.5 % quantile of the upper edge
    of the bin just above it.
-4. **Laws** on the bins of the law regime (H >= H\\*, or every bin with H >= 1e-6 without
-   a break), weighted by 1 / bootstrap variance: proportional ``delta^2 = k H`` (linear
-   space), affine ``k H + c`` (linear space), power ``k H^alpha`` (log-log). Goodness of fit:
-   weighted R^2 and chi^2 per degree of freedom. Robust companion: Theil-Sen slope of the
-   log-log bin means (``scipy.stats.theilslopes``) for the power law and the median of
+5. **Laws** on the display bins of the law regime: lower edge >= the upper end of H\\*'s
+   interval (a bin straddling the break would be dominated by its few noise tokens), or
+   >= H\\* if that leaves fewer than 3 bins, or every bin with H >= 1e-6 without a break;
+   the finer breakpoint bins if fewer than 3 display bins qualify: proportional ``delta^2 = k H`` (linear space), affine ``k H + c`` (linear
+   space), power ``k H^alpha`` (log-log). Goodness of fit: weighted R^2 and chi^2 per
+   degree of freedom. Robust companion: Theil-Sen slope of the log-log bin means
+   (``scipy.stats.theilslopes``) for the power law and the median of
    ``mean delta^2 / mean H`` for k; a disagreement is flagged when the robust alpha lies
    outside the bootstrap interval and differs by more than 0.05.
-5. **Regime** (:mod:`entr_diag.regime`): tokens with H < H\\* and delta^2/(H + eps) > tau.
-6. **Strata**: the power law and k per staleness bucket (0, 1, 2-3, 4-7, 8+) and per step
+6. **Regime** (:mod:`entr_diag.regime`): tokens with H < H\\* and delta^2/(H + eps) > tau.
+7. **Strata**: the power law and k per staleness bucket (0, 1, 2-3, 4-7, 8+) and per step
    range (up to 8 equal ranges), on the law-regime bins, with bootstrap intervals.
-7. **Verdict** (:data:`ALPHA_EXACT`, :data:`ALPHA_TOL`, :data:`R2_MIN`): the law holds when
+8. **Verdict** (:data:`ALPHA_EXACT`, :data:`ALPHA_TOL`, :data:`R2_MIN`): the law holds when
    alpha's interval contains 1 or |alpha - 1| <= ALPHA_EXACT (with millions of tokens the
    interval gets narrower than any practical difference), holds approximately when it
    misses 1 but stays within 1 +/- ALPHA_TOL,
@@ -80,6 +93,8 @@ __all__ = [
     "BIC_MARGIN",
     "MIN_BIN_TOKENS",
     "MIN_EXCESS",
+    "MIN_LAW_SHARE",
+    "MIN_SUPPORT",
     "R2_MIN",
     "STALENESS_BUCKETS",
     "AffineLaw",
@@ -103,6 +118,10 @@ MIN_BIN_TOKENS: int = 10
 BIC_MARGIN: float = 2.0
 #: The low bins must exceed the extrapolated law by at least this factor (weighted mean).
 MIN_EXCESS: float = 1.5
+#: The law segment must hold at least this share of the usable bins (and >= 3 bins).
+MIN_LAW_SHARE: float = 0.2
+#: A break must be favoured (delta BIC > BIC_MARGIN) in at least this share of replicates.
+MIN_SUPPORT: float = 0.5
 #: Verdict tolerance on alpha around 1.
 ALPHA_TOL: float = 0.2
 #: Verdict: alpha within 1 +/- ALPHA_EXACT counts as 1 even when a very narrow interval misses 1.
@@ -118,6 +137,8 @@ STALENESS_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
     ("8+", 8, None),
 )
 MAX_STEP_RANGES: int = 8
+#: The breakpoint is searched on max(2 * bins, BREAK_BINS) bins of the same edge kind.
+BREAK_BINS: int = 60
 
 # |delta| histogram for p95
 _D_MIN, _D_MAX, _N_D = 1e-9, 100.0, 1024
@@ -486,6 +507,9 @@ class _BinData:
     """Point estimates and bootstrap replicates of per-bin means (law-eligible bins)."""
 
     idx: np.ndarray  # coarse indices
+    n: np.ndarray  # tokens per bin
+    lo: np.ndarray  # lower entropy edge of each bin (nats)
+    hi: np.ndarray  # upper entropy edge
     h: np.ndarray  # mean H
     d2: np.ndarray  # mean delta^2
     Hr: np.ndarray  # (n, R)
@@ -504,17 +528,29 @@ class _BinData:
             return np.log(self.Hr), np.log(np.where(self.D2r > 0, self.D2r, np.nan))
 
     def w_log(self) -> np.ndarray:
-        _, LYr = self.log_reps()
-        v = _nanvar(LYr)
-        return 1.0 / np.maximum(np.where(np.isfinite(v), v, np.inf), 1e-10)
+        """Weights of the log-log fits: tokens / c, c = median over bins of
+        (bootstrap variance of ln mean delta^2) x tokens.
 
-    def w_lin(self) -> np.ndarray:
-        v = _nanvar(self.D2r)
-        floor = 1e-10 * np.maximum(self.d2, 1e-300) ** 2
-        return 1.0 / np.maximum(np.where(np.isfinite(v), v, np.inf), floor)
+        Proportional to tokens rather than to each bin's own inverse bootstrap variance:
+        that variance grows with the bin's own fluctuation of mean delta^2 (skewed data), so
+        inverse-variance weights would favour bins that fluctuate low and bias k down. The
+        common scale c keeps chi^2 per dof interpretable."""
+        _, LYr = self.log_reps()
+        c = np.nanmedian(_nanvar(LYr) * self.n) if self.n.size else np.nan
+        c = c if np.isfinite(c) and c > 0 else 1.0
+        return self.n / c
+
+    def w_lin(self, pred: np.ndarray) -> np.ndarray:
+        """Weights of the linear-space fits: tokens / (c pred^2), pred the power-law value
+        (var of a mean of delta^2 ~ its square / tokens); c as in :meth:`w_log`."""
+        pred = np.maximum(pred, 1e-300)
+        c = np.nanmedian(_nanvar(self.D2r) * self.n / pred**2) if self.n.size else np.nan
+        c = c if np.isfinite(c) and c > 0 else 1.0
+        return self.n / (c * pred**2)
 
     def subset(self, sel) -> _BinData:
-        return _BinData(self.idx[sel], self.h[sel], self.d2[sel], self.Hr[sel], self.D2r[sel])
+        return _BinData(self.idx[sel], self.n[sel], self.lo[sel], self.hi[sel], self.h[sel], self.d2[sel],
+                        self.Hr[sel], self.D2r[sel])
 
 
 def _fit_power(bd: _BinData) -> tuple[float, float, np.ndarray, np.ndarray, float, float]:
@@ -528,8 +564,8 @@ def _fit_power(bd: _BinData) -> tuple[float, float, np.ndarray, np.ndarray, floa
     return math.exp(lnk), alpha, np.exp(cr), ar, chi2, r2
 
 
-def _fit_proportional(bd: _BinData):
-    w = bd.w_lin()
+def _fit_proportional(bd: _BinData, pred: np.ndarray):
+    w = bd.w_lin(pred)
     k = float(np.sum(w * bd.h * bd.d2) / np.sum(w * bd.h**2))
     Wt = np.where(np.isfinite(bd.D2r) & np.isfinite(bd.Hr), w[:, None], 0.0)
     Hr, Dr = np.nan_to_num(bd.Hr), np.nan_to_num(bd.D2r)
@@ -540,8 +576,8 @@ def _fit_proportional(bd: _BinData):
     return k, kr, chi2, r2, robust
 
 
-def _fit_affine(bd: _BinData):
-    w = bd.w_lin()
+def _fit_affine(bd: _BinData, pred: np.ndarray):
+    w = bd.w_lin(pred)
     a, c = _wline(bd.h[:, None], bd.d2[:, None], w[:, None])
     k, cc = float(a[0]), float(c[0])
     kr, cr = _wline(bd.Hr, bd.D2r, np.broadcast_to(w[:, None], bd.Hr.shape))
@@ -562,7 +598,9 @@ def _search_break(
     x, y, w = bd.lx, bd.ly, bd.w_log()
     LXr, LYr = bd.log_reps()
     R = LYr.shape[1]
-    splits = list(range(1, n - 2))  # low segment >= 1 bin, law segment >= 3 bins
+    # low segment >= 1 bin; law segment >= MIN_LAW_SHARE of the bins and >= 3 bins
+    min_law = max(3, math.ceil(MIN_LAW_SHARE * n))
+    splits = list(range(1, n - min_law + 1))
     lnn = math.log(n)
 
     def bic(rss, p):
@@ -607,6 +645,7 @@ def _search_break(
     ar_, cr_ = _wline(x[s_best:, None], y[s_best:, None], w[s_best:, None])
     wl = w[:s_best]
     excess = float(np.sum(wl * (y[:s_best] - (cr_[0] + ar_[0] * x[:s_best]))) / np.sum(wl))
+    _, r2_law = _quality(y[s_best:], cr_[0] + ar_[0] * x[s_best:], w[s_best:], 2)
     rr_a, rr_c = _wline(Xf[s_best:], LYr[s_best:], Wr[s_best:])
     resid = LYr[:s_best] - (rr_c[None, :] + rr_a[None, :] * Xf[:s_best])
     okl = np.isfinite(resid)
@@ -630,8 +669,19 @@ def _search_break(
         reasons.append(
             f"the low-entropy excess is only x{math.exp(excess):.2f} (< x{MIN_EXCESS:g})"
         )
+    elif not (np.isfinite(r2_law) and r2_law >= R2_MIN):
+        reasons.append(
+            f"the bins above the candidate break do not follow a power law themselves "
+            f"(weighted R^2 = {r2_law:.2f} < {R2_MIN:g}), so an excess below it is not a "
+            "low-entropy noise regime"
+        )
     elif not (np.isfinite(ex_ci[0]) and ex_ci[0] > 0):
         reasons.append("the low-entropy excess is not significant (bootstrap interval includes 0)")
+    elif not (np.isfinite(support) and support >= MIN_SUPPORT):
+        reasons.append(
+            f"the break is not stable: BIC favours it in only {100 * support:.0f}% of the "
+            f"bootstrap replicates (< {100 * MIN_SUPPORT:.0f}%)"
+        )
     found = not reasons
     reason = (
         f"break at split {s_best} of {n} bins: delta BIC = {delta_bic:.1f}, "
@@ -776,9 +826,10 @@ def _stratum_fits(
                                   _CI_NAN, _NAN, _CI_NAN,
                                   "fewer than 3 law-regime bins with enough tokens: not fitted"))
             continue
-        bd = _BinData(idx, mh[idx], md2[idx], _div(hr[idx], nr[idx]), _div(dr[idx], nr[idx]))
+        bd = _BinData(idx, n0[idx], idx * 0.0, idx * 0.0, mh[idx], md2[idx], _div(hr[idx], nr[idx]),
+                      _div(dr[idx], nr[idx]))
         k, alpha, kr, ar, _, _ = _fit_power(bd)
-        kp, kpr, _, _, _ = _fit_proportional(bd)
+        kp, kpr, _, _, _ = _fit_proportional(bd, k * bd.h**alpha)
         out.append(StratumFit(kind, label, tokens, int(idx.size), k, _ci(kr), alpha, _ci(ar),
                               kp, _ci(kpr), ""))
     return out
@@ -816,6 +867,9 @@ def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSear
     else:
         law, head = "holds_approximately", f"law holds approximately: {a_txt} (interval excludes 1)"
     head += f", k = {_fmt(power.k)}"
+    if power.robust.disagrees:
+        head += (f" (robust Theil-Sen alpha = {power.robust.alpha:.2f} disagrees: heavy-tailed "
+                 "bins dominate least squares)")
     if bp is not None:
         tail = (
             f"noise regime below H* = {_fmt(bp.h_star, 2)} nats "
@@ -829,6 +883,19 @@ def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSear
 
 
 # ============================================================================ entry point
+
+
+def _eligible(S: dict, tot: dict, boot: _Boot, binning: CoarseBinning) -> _BinData:
+    """Bins usable by the log-log fits: H >= H_MIN, >= MIN_BIN_TOKENS tokens, >= 2 blocks."""
+    n0, nr = tot["n"]
+    mean_h, mean_d2 = _div(tot["s_h"][0], n0), _div(tot["s_d2"][0], n0)
+    blocks_nonempty = (S["n"][:, boot.blocks] > 0).sum(axis=1)
+    ok = (n0 >= MIN_BIN_TOKENS) & (blocks_nonempty >= 2) & (mean_d2 > 0) & (mean_h > 0)
+    if binning.has_zero_bin:
+        ok[0] = False
+    idx = np.nonzero(ok)[0]
+    return _BinData(idx, n0[idx], binning.h_lo[idx], binning.h_hi[idx], mean_h[idx], mean_d2[idx],
+                    _div(tot["s_h"][1][idx], nr[idx]), _div(tot["s_d2"][1][idx], nr[idx]))
 
 
 def fit_scaling_law(
@@ -879,39 +946,52 @@ def fit_scaling_law(
     agg = FineAggregate(table=res[0], n_blocks=B, eps=eps)
     if agg.n_tokens == 0:
         raise FitError("No token with a finite entropy: the scaling-law fit has nothing to bin.")
-    binning = coarse_binning(agg.counts_per_fine(), bins, bin_edges)
+    counts = agg.counts_per_fine()
+    binning = coarse_binning(counts, bins, bin_edges)
     nb = binning.n_bins
     S = coarse_block_sums(agg, binning)
     boot = _Boot(S["n"].sum(axis=0), n_boot, seed)
-    tot = {c: boot.totals(S[c]) for c in S}
-    n0, nr = tot["n"]
-    mean_h, mean_d2 = _div(tot["s_h"][0], n0), _div(tot["s_d2"][0], n0)
-    Hr, D2r = _div(tot["s_h"][1], nr), _div(tot["s_d2"][1], nr)
-    blocks_nonempty = (S["n"][:, boot.blocks] > 0).sum(axis=1)
-    positive = np.ones(nb, dtype=bool)
-    if binning.has_zero_bin:
-        positive[0] = False
-    eligible = positive & (n0 >= MIN_BIN_TOKENS) & (blocks_nonempty >= 2) & (mean_d2 > 0)
-    eligible &= mean_h > 0
-    idx = np.nonzero(eligible)[0]
-    if idx.size < 3:
-        raise FitError(
-            f"Only {idx.size} entropy bin(s) hold enough tokens (need 3 bins with >= "
-            f"{MIN_BIN_TOKENS} tokens from >= 2 sequence blocks and H >= {H_MIN:g} nats); "
-            "give more tokens or sequences, or fewer bins."
-        )
     if boot.W.shape[0] == 0 and n_boot > 0:
         raise FitError(
             "All tokens fall into one sequence block: the sequence bootstrap needs tokens "
             "from at least 2 sequences."
         )
-    bd_all = _BinData(idx, mean_h[idx], mean_d2[idx], Hr[idx], D2r[idx])
+    tot = {c: boot.totals(S[c]) for c in S}
+    n0 = tot["n"][0]
+    mean_h, mean_d2 = _div(tot["s_h"][0], n0), _div(tot["s_d2"][0], n0)
+    D2r = _div(tot["s_d2"][1], tot["n"][1])
+    bd_all = _eligible(S, tot, boot, binning)
+    if bd_all.idx.size < 3:
+        raise FitError(
+            f"Only {bd_all.idx.size} entropy bin(s) hold enough tokens (need 3 bins with >= "
+            f"{MIN_BIN_TOKENS} tokens from >= 2 sequence blocks and H >= {H_MIN:g} nats); "
+            "give more tokens or sequences, or fewer bins."
+        )
 
-    # ---- breakpoint, then laws on the law regime
-    search, bp, split = _search_break(bd_all, binning.h_lo[idx], binning.h_hi[idx])
-    law_sel = np.arange(idx.size) >= split
-    bd = bd_all.subset(law_sel)
-    law_bins = bd.idx
+    # ---- breakpoint on finer bins (same edge kind), then laws on the law regime
+    brk = coarse_binning(counts, max(2 * int(bins), BREAK_BINS), bin_edges)
+    Sb = coarse_block_sums(agg, brk)
+    bd_brk = _eligible(Sb, {c: boot.totals(Sb[c]) for c in ("n", "s_h", "s_d2")}, boot, brk)
+    search, bp, _ = _search_break(bd_brk, brk.h_lo[bd_brk.idx], brk.h_hi[bd_brk.idx])
+    h_star = None if bp is None else bp.h_star
+    if h_star is None:
+        bd = bd_all
+        law_bins = bd_all.idx
+    else:
+        # The law regime starts at the upper end of H*'s interval, so that no bin straddling
+        # the break (a few noise tokens dominate a mean of delta^2) enters the law fits.
+        # Edges are fine-bin edges: compare with a relative tolerance.
+        h_law = bp.h_star_ci[1] if np.isfinite(bp.h_star_ci[1]) else h_star
+        cut = h_law * (1 - 1e-9)
+        above = bd_all.lo >= cut
+        if above.sum() < 3:
+            cut = h_star * (1 - 1e-9)
+            above = bd_all.lo >= cut
+        law_bins = bd_all.idx[above]
+        if above.sum() >= 3:
+            bd = bd_all.subset(above)
+        else:  # law regime narrower than 3 display bins: fit on the finer breakpoint bins
+            bd = bd_brk.subset(bd_brk.lo >= cut)
     kpow, alpha, kr, ar, chi2p, r2p = _fit_power(bd)
     alpha_ci = _ci(ar)
     with warnings.catch_warnings():
@@ -932,13 +1012,13 @@ def fit_scaling_law(
     )
     robust = RobustPower(float(math.exp(ts.intercept)), rob_alpha,
                          (float(ts.low_slope), float(ts.high_slope)), disagrees, note)
-    power = PowerLaw(kpow, _ci(kr), alpha, alpha_ci, chi2p, r2p, int(law_bins.size),
-                     float(binning.h_lo[law_bins[0]]), float(binning.h_hi[law_bins[-1]]), robust)
-    kp, kpr, chi2k, r2k, kp_rob = _fit_proportional(bd)
-    prop = ProportionalLaw(kp, _ci(kpr), kp_rob, chi2k, r2k, int(law_bins.size))
-    ka, ca, kar, car, chi2a, r2a = _fit_affine(bd)
-    aff = AffineLaw(ka, _ci(kar), ca, _ci(car), chi2a, r2a, int(law_bins.size))
-    h_star = None if bp is None else bp.h_star
+    power = PowerLaw(kpow, _ci(kr), alpha, alpha_ci, chi2p, r2p, int(bd.idx.size),
+                     float(bd.lo[0]), float(bd.hi[-1]), robust)
+    pred = kpow * bd.h**alpha
+    kp, kpr, chi2k, r2k, kp_rob = _fit_proportional(bd, pred)
+    prop = ProportionalLaw(kp, _ci(kpr), kp_rob, chi2k, r2k, int(bd.idx.size))
+    ka, ca, kar, car, chi2a, r2a = _fit_affine(bd, pred)
+    aff = AffineLaw(ka, _ci(kar), ca, _ci(car), chi2a, r2a, int(bd.idx.size))
 
     # ---- pass 2: sequences per bin, |delta| histogram, regime, strata
     coarse = binning.expr()
@@ -1041,6 +1121,9 @@ def fit_scaling_law(
         "min_bin_tokens": MIN_BIN_TOKENS,
         "bic_margin": BIC_MARGIN,
         "min_excess": MIN_EXCESS,
+        "min_law_share": MIN_LAW_SHARE,
+        "min_support": MIN_SUPPORT,
+        "break_bins": brk.n_bins,
         "alpha_exact": ALPHA_EXACT,
         "alpha_tol": ALPHA_TOL,
         "r2_min": R2_MIN,

@@ -1,0 +1,158 @@
+"""verl / slime mismatch metrics (entr_diag.metrics): every metric against a hand computation."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+
+from entr_diag.errors import FitError
+from entr_diag.metrics import METRIC_NAMES, SAFETY_BOUND, compute_metrics
+
+
+def _frame(rows: list[tuple[str, int, float, float]], with_step: bool = True) -> pl.LazyFrame:
+    """rows: (seq_id, step, train_logprob, infer_logprob), in order within each sequence."""
+    df = pl.DataFrame(
+        {
+            "seq_id": [r[0] for r in rows],
+            "step": [r[1] for r in rows],
+            "train_logprob": [r[2] for r in rows],
+            "infer_logprob": [r[3] for r in rows],
+        },
+        schema={"seq_id": pl.String, "step": pl.Int64, "train_logprob": pl.Float64,
+                "infer_logprob": pl.Float64},
+    ).with_columns(
+        pl.int_range(pl.len()).over("seq_id").alias("position"),
+        pl.concat_str([pl.col("step").cast(pl.String), pl.col("seq_id")], separator="\x1f")
+        .hash(seed=0).alias("seq_key"),
+        (pl.col("train_logprob") - pl.col("infer_logprob")).alias("delta"),
+    )
+    if not with_step:
+        df = df.drop("step")
+    return df.lazy()
+
+
+# Sequence "a" (step 0): two tokens; sequence "b" (step 1): one token; "c" (step 1): two tokens.
+ROWS = [
+    ("a", 0, -1.0, -1.2),  # delta = +0.2
+    ("a", 0, -0.5, -0.4),  # delta = -0.1
+    ("b", 1, -2.0, -1.7),  # delta = -0.3
+    ("c", 1, -0.1, -0.1),  # delta = 0
+    ("c", 1, -3.0, -2.0),  # delta = -1.0  (|delta| > log 2)
+]
+DELTAS = [0.2, -0.1, -0.3, 0.0, -1.0]
+
+
+def _expected(rows):
+    """Hand formulas of METHOD.md applied with plain Python (no polars)."""
+    d = [t - i for _, _, t, i in rows]
+    n = len(d)
+    seqs: dict[str, list[tuple[float, float]]] = {}
+    for sid, _, t, i in rows:
+        seqs.setdefault(sid, []).append((t, i))
+    r = [math.exp(x) for x in d]
+    mean_w = sum(r) / n
+    out = {
+        "kl": sum(-x for x in d) / n,
+        "k3_kl": sum(math.exp(x) - 1 - x for x in d) / n,
+        "chi2_token": sum(x * x for x in r) / n - 1,
+        "chi2_seq": sum(math.exp(2 * sum(t - i for t, i in s)) for s in seqs.values()) / len(seqs)
+        - 1,
+        "training_ppl": sum(math.exp(-sum(t for t, _ in s) / len(s)) for s in seqs.values())
+        / len(seqs),
+        "rollout_ppl": sum(math.exp(-sum(i for _, i in s) / len(s)) for s in seqs.values())
+        / len(seqs),
+        "log_ppl_diff": sum(sum(i for _, i in s) / len(s) - sum(t for t, _ in s) / len(s)
+                            for s in seqs.values()) / len(seqs),
+        "ess": 1.0 / (sum((w / mean_w) ** 2 for w in r) / n),
+        "share_abs_delta_gt_log2": sum(abs(x) > math.log(2) for x in d) / n,
+    }
+    return out, n, len(seqs)
+
+
+def test_overall_metrics_match_hand_computation():
+    """Every overall metric equals the METHOD.md formula computed by hand."""
+    m = compute_metrics(_frame(ROWS))
+    exp, n, ns = _expected(ROWS)
+    assert m.overall.tokens == n == 5
+    assert m.overall.sequences == ns == 3
+    for name in METRIC_NAMES:
+        assert getattr(m.overall, name) == pytest.approx(exp[name], rel=1e-12, abs=1e-15), name
+
+
+def test_hand_values_written_out():
+    """A few metrics written out as numbers, to pin the definitions themselves."""
+    m = compute_metrics(_frame(ROWS)).overall
+    assert m.kl == pytest.approx((-0.2 + 0.1 + 0.3 + 0.0 + 1.0) / 5)  # mean(-delta)
+    assert m.share_abs_delta_gt_log2 == pytest.approx(1 / 5)
+    # chi2_seq: sequences a (sum 0.1), b (-0.3), c (-1.0)
+    assert m.chi2_seq == pytest.approx((math.exp(0.2) + math.exp(-0.6) + math.exp(-2.0)) / 3 - 1)
+    # log_ppl_diff: a: mean infer -0.8, mean train -0.75 -> -0.05; b: 0.3; c: -1.05 + 1.55 = 0.5
+    assert m.log_ppl_diff == pytest.approx((-0.05 + 0.3 + 0.5) / 3)
+    # training_ppl: exp(0.75), exp(2.0), exp(1.55)
+    assert m.training_ppl == pytest.approx((math.exp(0.75) + math.exp(2.0) + math.exp(1.55)) / 3)
+
+
+def test_per_step_metrics_match_hand_computation():
+    """Per-step metrics equal the hand formulas on each step's tokens and sequences."""
+    m = compute_metrics(_frame(ROWS))
+    assert [s.step for s in m.per_step] == [0, 1]
+    for s in m.per_step:
+        rows = [r for r in ROWS if r[1] == s.step]
+        exp, n, ns = _expected(rows)
+        assert (s.tokens, s.sequences) == (n, ns)
+        for name in METRIC_NAMES:
+            assert getattr(s, name) == pytest.approx(exp[name], rel=1e-12, abs=1e-15), name
+
+
+def test_no_step_column_gives_overall_only():
+    """Without a step column the per-step list is empty and overall is unchanged."""
+    with_step = compute_metrics(_frame(ROWS)).overall
+    m = compute_metrics(_frame(ROWS, with_step=False))
+    assert m.per_step == ()
+    assert m.overall.kl == pytest.approx(with_step.kl)
+    assert m.overall.chi2_seq == pytest.approx(with_step.chi2_seq)
+
+
+def test_identical_policies_give_zero_mismatch():
+    """train == infer: kl = k3 = chi2 = 0, ess = 1, ppl equal, log_ppl_diff = 0."""
+    rows = [("a", 0, -0.5, -0.5), ("a", 0, -1.5, -1.5), ("b", 0, -0.2, -0.2)]
+    m = compute_metrics(_frame(rows)).overall
+    assert m.kl == 0 and m.k3_kl == 0 and m.chi2_token == 0 and m.chi2_seq == 0
+    assert m.ess == pytest.approx(1.0)
+    assert m.training_ppl == pytest.approx(m.rollout_ppl)
+    assert m.log_ppl_diff == 0
+
+
+def test_safety_bound_clamps_chi2_like_verl():
+    """A log-ratio beyond +/-20 is clamped before exp in chi2_token and chi2_seq (verl)."""
+    rows = [("a", 0, -0.0, -50.0)]  # delta = 50
+    m = compute_metrics(_frame(rows)).overall
+    assert m.chi2_token == pytest.approx(math.exp(2 * SAFETY_BOUND) - 1)
+    assert m.chi2_seq == pytest.approx(math.exp(2 * SAFETY_BOUND) - 1)
+    assert m.ess == pytest.approx(1.0)
+
+
+def test_row_order_does_not_change_metrics():
+    """Shuffling the token rows gives the same metrics."""
+    a = compute_metrics(_frame(ROWS)).to_dict()
+    b = compute_metrics(_frame(ROWS).collect().sample(fraction=1.0, shuffle=True, seed=3).lazy())
+    b = b.to_dict()
+    for k in METRIC_NAMES:
+        assert b["overall"][k] == pytest.approx(a["overall"][k], rel=1e-12, abs=1e-15)
+
+
+def test_to_dict_layout():
+    """to_dict has overall and per_step with the verl/slime names."""
+    d = compute_metrics(_frame(ROWS)).to_dict()
+    assert set(METRIC_NAMES) <= set(d["overall"])
+    assert "step" not in d["overall"]
+    assert d["per_step"][0]["step"] == 0
+
+
+def test_empty_frame_raises():
+    """An empty token frame raises FitError with a sentence."""
+    lf = _frame(ROWS).filter(pl.lit(False))
+    with pytest.raises(FitError, match="empty"):
+        compute_metrics(lf)
