@@ -1,0 +1,1324 @@
+"""Mismatch forensics: recognise the known ways a train-inference mismatch goes wrong.
+
+A mean log-ratio looks alike whatever its cause; per-token logs do not. Public reports of
+people running verl, slime, TRL, NeMo-RL, SkyRL, AReaL and OpenRLHF keep naming a handful of
+recurring causes (logprob arrays shifted by one token, sampling temperature or top-p applied
+on the engine side only, MoE routing that differs between engine and trainer, slowly
+degrading mismatch, stale policies mixed in, truncated logprob arrays). Each check below looks
+for the signature one cause leaves in the per-token columns of ``docs/CONTRACT.md`` and
+returns a :class:`Finding` with the numbers behind it and what to check in the training stack,
+or says why the data cannot tell (``cannot_tell``).
+
+Entry points (pure: nothing is printed, nothing is raised for a positive finding):
+
+- :func:`run_forensics` runs the checks and returns :class:`Findings` (``to_dict()`` gives
+  ``{"findings": [...], "checks": {name: {"status", "reason"}}}``).
+- :func:`detect_misalignment` runs the off-by-one check alone; the CLI stops (exit 2) when it
+  returns a finding, unless the user passes ``--allow-misaligned``.
+
+Memory: every check aggregates in polars (group_by / select of sums) and collects only small
+results with ``engine="streaming"``: per (entropy bin x step x staleness) cells, per
+(entropy bin x sequence block) cells, one row per sequence for the sequence-level checks, and
+a hash-sampled subset of sequences (at most :data:`MISALIGN_MAX_TOKENS` tokens) for the lag
+join. The token frame is never collected.
+
+Entropy bins are fixed, log-spaced (:data:`H_BIN_LO`, :data:`BIN_DECADES`,
+:data:`N_BINS`); "within entropy bins" means the comparison is made at equal entropy, so a
+policy that sharpens or flattens over training cannot pass for a mismatch effect (the
+entropy-ratio law of arXiv:2607.22186: E[delta^2 | H] ~= k H, METHOD.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+from scipy import stats
+
+from entr_diag.errors import ParameterError
+
+__all__ = [
+    "CHECKS",
+    "SEVERITIES",
+    "CheckStatus",
+    "Finding",
+    "Findings",
+    "detect_misalignment",
+    "run_forensics",
+]
+
+# --------------------------------------------------------------------------- constants
+
+#: severities, least to most severe
+SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
+_SEV_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+#: entropy bins: log10-spaced from H_BIN_LO (nats), BIN_DECADES wide; H below H_BIN_LO falls
+#: in the first bin, H above the last edge in the last bin
+H_BIN_LO = 1e-4
+BIN_DECADES = 0.25
+N_BINS = 21  # 1e-4 .. 10^1.25 nats
+#: a bin (or cell) takes part in a comparison only with at least this many tokens
+MIN_BIN_TOKENS = 100
+#: sequence blocks for jackknife uncertainty (block = seq_key % N_BLOCKS, CONTRACT.md)
+N_BLOCKS = 100
+#: normal quantile used for "clearly" (two-sided ~99.7 %)
+Z_CLEAR = 3.0
+
+#: off-by-one: a lag of +-1 must make mean |train_logprob[t] - infer_logprob[t+lag]| smaller
+#: than MISALIGN_RATIO times its lag-0 value (clean logs: lag +-1 is several times WORSE)
+MISALIGN_RATIO = 0.5
+#: off-by-one: fewest interior token pairs for a verdict
+MISALIGN_MIN_PAIRS = 200
+#: off-by-one: tokens of the hash-sampled subset of sequences used for the lag join
+MISALIGN_MAX_TOKENS = 2_000_000
+
+#: temperature: the pooled within-entropy-bin slope of infer_logprob on train_logprob must
+#: be outside [1 - SLOPE_TOL, 1 + SLOPE_TOL] by Z_CLEAR standard errors (both OLS directions)
+SLOPE_TOL = 0.05
+#: temperature: below this within-bin correlation of the two columns the slope means nothing
+#: (misaligned or unrelated columns), the check cannot tell
+TEMP_MIN_CORR = 0.5
+
+#: truncated sampling: entropy (nats) above which the one-sided bias is measured
+TRUNC_H_MIN = 0.3
+#: truncated sampling: entropy (nats) above which the bias must grow with entropy (below it,
+#: log pi <= 0 alone makes delta negative at near-deterministic positions)
+TRUNC_TREND_H_MIN = 0.01
+#: truncated sampling: share of E[delta^2] carried by the squared mean (mean^2 / E[delta^2])
+#: above TRUNC_H_MIN; an unbiased numeric mismatch has mean ~ -KL ~ -E[delta^2]/2, so the share
+#: is ~E[delta^2]/4, far below this
+TRUNC_BIAS_SHARE = 0.2
+#: truncated sampling: the law (k, alpha) on raw and de-biased delta is fitted on bins above
+#: this entropy (nats), away from the low-entropy noise regime
+TRUNC_LAW_H_MIN = 0.1
+#: truncated sampling: Kendall tau p-value of (entropy, -mean delta) across bins
+TRUNC_TREND_P = 0.01
+
+#: sequence outliers: sequences shorter than this are not scored
+OUTLIER_MIN_TOKENS = 16
+#: sequence outliers: robust z (median / MAD over sequences) of log(mean |delta| / expected)
+OUTLIER_Z = 6.0
+#: sequence outliers: flagged sequences carrying at least this share of sum delta^2 make a
+#: warning (below: info)
+OUTLIER_SHARE_WARN = 0.05
+#: sequence outliers: at most this share of scored sequences may be flagged (more is not an
+#: outlier population but a broad tail, left to the fit)
+OUTLIER_MAX_SEQ_SHARE = 0.05
+#: sequence outliers: number of seq_ids listed
+OUTLIER_LIST = 10
+
+#: drift: fewest distinct steps
+DRIFT_MIN_STEPS = 4
+#: drift / staleness: a (entropy bin, step, staleness) cell takes part with this many tokens
+MIN_CELL_TOKENS = 20
+#: drift: p-value of the within-bin trend and growth of mean |delta| over the run (factor)
+DRIFT_P = 1e-3
+DRIFT_MIN_GROWTH = 1.25
+#: staleness: p-value and growth of mean |delta| per version of lag (factor, info)
+STALENESS_P = 1e-3
+STALENESS_MIN_GROWTH = 1.05
+#: staleness: growth of mean |delta| from lag 0 to the largest lag that makes a warning
+STALENESS_WARN_GROWTH = 2.0
+
+#: corrupt rows: a sequence is reported when its loss-masked tokens end in at least this many
+#: non-finite logprobs, or hold a run of at least this many consecutive placeholder values
+CORRUPT_MIN_RUN = 3
+#: exclusion reasons that are placeholder values (io.schema.EXCLUSION_REASONS)
+PLACEHOLDER_REASONS: tuple[str, ...] = ("zero_placeholder", "sentinel_logprob", "positive_logprob")
+_NOT_MASKED = ("unmasked", "empty_row", "null_loss_mask")
+
+#: trainer noise floor: mismatch below this multiple of the floor is "at the floor"
+FLOOR_RATIO_AT_FLOOR = 2.0
+
+#: check names, in run order
+CHECKS: tuple[str, ...] = (
+    "misalignment",
+    "one_sided_temperature",
+    "truncated_sampling",
+    "sequence_outliers",
+    "drift",
+    "staleness",
+    "corrupt_rows",
+    "trainer_noise_floor",
+)
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One recognised cause of mismatch.
+
+    Attributes:
+        kind: the check that found it (one of :data:`CHECKS`).
+        severity: ``"info"``, ``"warning"`` or ``"critical"``.
+        title: one line.
+        message: what the numbers say, in a few sentences.
+        evidence: the numbers behind it (floats, ints, strings, lists of them).
+        check: what to check in the training stack.
+    """
+
+    kind: str
+    severity: str
+    title: str
+    message: str
+    evidence: Mapping[str, Any]
+    check: str
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "title": self.title,
+            "message": self.message,
+            "evidence": {k: _plain(v) for k, v in self.evidence.items()},
+            "check": self.check,
+        }
+
+
+@dataclass(frozen=True)
+class CheckStatus:
+    """Outcome of one check: ``status`` is ``"found"``, ``"clear"`` or ``"cannot_tell"``."""
+
+    name: str
+    status: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Findings:
+    """Result of :func:`run_forensics`: findings (most severe first) and every check's status."""
+
+    findings: tuple[Finding, ...] = ()
+    checks: tuple[CheckStatus, ...] = field(default_factory=tuple)
+
+    @property
+    def silent(self) -> bool:
+        """True when no finding is above ``info``."""
+        return all(f.severity == "info" for f in self.findings)
+
+    @property
+    def worst(self) -> str | None:
+        """The highest severity among the findings, ``None`` without findings."""
+        if not self.findings:
+            return None
+        return max((f.severity for f in self.findings), key=_SEV_RANK.__getitem__)
+
+    @property
+    def cannot_tell(self) -> tuple[CheckStatus, ...]:
+        return tuple(c for c in self.checks if c.status == "cannot_tell")
+
+    def by_kind(self, kind: str) -> Finding | None:
+        for f in self.findings:
+            if f.kind == kind:
+                return f
+        return None
+
+    def status(self, name: str) -> CheckStatus | None:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        return None
+
+    def to_dict(self) -> dict:
+        return {
+            "findings": [f.to_dict() for f in self.findings],
+            "checks": {c.name: c.to_dict() for c in self.checks},
+        }
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, np.ndarray):
+        return [_plain(x) for x in v.tolist()]
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _r(x: float, nd: int = 4) -> float:
+    """Round to ``nd`` significant digits (evidence numbers); NaN/inf pass through."""
+    x = float(x)
+    if not math.isfinite(x) or x == 0:
+        return x
+    return float(f"{x:.{nd}g}")
+
+
+# --------------------------------------------------------------------------- shared work
+
+
+def _bin_expr() -> pl.Expr:
+    h = pl.col("entropy").clip(lower_bound=H_BIN_LO)
+    b = ((h.log10() - math.log10(H_BIN_LO)) / BIN_DECADES).floor()
+    return b.clip(0, N_BINS - 1).cast(pl.Int32).alias("bin")
+
+
+class _Ctx:
+    """The dataset plus small aggregates shared by several checks (computed once, lazily)."""
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+        self.lf: pl.LazyFrame = ds.lf
+        self.names = set(self.lf.collect_schema().names())
+        self._cells: pl.DataFrame | None = None
+        self._blocks: pl.DataFrame | None = None
+        self._trend: _Trend | None = None
+
+    def has(self, col: str) -> bool:
+        return col in self.names
+
+    def _with_bin(self) -> pl.LazyFrame:
+        if self.has("entropy"):
+            return self.lf.with_columns(_bin_expr())
+        return self.lf.with_columns(pl.lit(0, dtype=pl.Int32).alias("bin"))
+
+    def _load(self) -> None:
+        lf = self._with_bin()
+        step = pl.col("step") if self.has("step") else pl.lit(0, dtype=pl.Int64)
+        stale = pl.col("staleness") if self.has("staleness") else pl.lit(0, dtype=pl.Int64)
+        h = pl.col("entropy") if self.has("entropy") else pl.lit(0.0)
+        d = pl.col("delta")
+        cells = (
+            lf.with_columns(step.alias("_step"), stale.alias("_stale"), h.alias("_h"))
+            .group_by("bin", "_step", "_stale")
+            .agg(
+                pl.len().alias("n"),
+                pl.col("_h").sum().alias("sh"),
+                d.sum().alias("sd"),
+                (d * d).sum().alias("sd2"),
+                d.abs().sum().alias("sad"),
+                (d < 0).sum().alias("nneg"),
+            )
+        )
+        x, y = pl.col("train_logprob"), pl.col("infer_logprob")
+        blocks = (
+            lf.with_columns((pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block"))
+            .group_by("bin", "block")
+            .agg(
+                pl.len().alias("n"),
+                x.sum().alias("sx"),
+                y.sum().alias("sy"),
+                (x * x).sum().alias("sxx"),
+                (y * y).sum().alias("syy"),
+                (x * y).sum().alias("sxy"),
+            )
+        )
+        self._cells, self._blocks = pl.collect_all([cells, blocks], engine="streaming")
+
+    @property
+    def cells(self) -> pl.DataFrame:
+        """Rows per (bin, _step, _stale): n, sh (sum H), sd, sd2, sad."""
+        if self._cells is None:
+            self._load()
+        return self._cells  # type: ignore[return-value]
+
+    @property
+    def blocks(self) -> pl.DataFrame:
+        """Rows per (bin, block): n, sums of x=train_logprob, y=infer_logprob and products."""
+        if self._blocks is None:
+            self._load()
+        return self._blocks  # type: ignore[return-value]
+
+    def bins(self) -> pl.DataFrame:
+        """Per entropy bin: n, mean H, mean delta, mean delta^2, mean |delta| (sorted by bin)."""
+        return (
+            self.cells.group_by("bin")
+            .agg(pl.col("n", "sh", "sd", "sd2", "sad", "nneg").sum())
+            .with_columns(
+                (pl.col("sh") / pl.col("n")).alias("h"),
+                (pl.col("sd") / pl.col("n")).alias("m"),
+                (pl.col("sd2") / pl.col("n")).alias("q"),
+                (pl.col("sad") / pl.col("n")).alias("a"),
+            )
+            .sort("bin")
+        )
+
+
+def _k_fit(h: np.ndarray, q: np.ndarray, w: np.ndarray) -> float:
+    """Binned weighted least squares of q = k H through the origin (METHOD.md law)."""
+    den = float(np.sum(w * h * h))
+    return float(np.sum(w * h * q) / den) if den > 0 else float("nan")
+
+
+def _alpha_fit(h: np.ndarray, q: np.ndarray) -> float:
+    """Unweighted least-squares slope of log q on log H over bins (power-law exponent)."""
+    ok = (h > 0) & (q > 0)
+    if ok.sum() < 3:
+        return float("nan")
+    return float(np.polyfit(np.log(h[ok]), np.log(q[ok]), 1)[0])
+
+
+def _fe_ols(
+    group: np.ndarray, X: np.ndarray, y: np.ndarray, w: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Weighted least squares of y on the columns of X with one intercept per group.
+
+    Rows are aggregate cells, weights their token counts (rescaled to mean 1, so the residual
+    variance is per average cell). Returns (coefficients, standard errors, two-sided
+    p-values from Student t, residual degrees of freedom); NaNs when X is degenerate.
+    """
+    X = np.asarray(X, dtype=float).reshape(len(y), -1)
+    p = X.shape[1]
+    nan = np.full(p, np.nan)
+    w = w / w.mean()
+    Xd = np.empty_like(X)
+    yd = np.empty_like(y, dtype=float)
+    groups = np.unique(group)
+    for g in groups:
+        s = group == g
+        ws = w[s].sum()
+        Xd[s] = X[s] - (w[s, None] * X[s]).sum(axis=0) / ws
+        yd[s] = y[s] - np.sum(w[s] * y[s]) / ws
+    df = len(y) - len(groups) - p
+    A = Xd.T @ (w[:, None] * Xd)
+    if df < 1 or np.linalg.matrix_rank(A) < p:
+        return nan, nan, nan, max(df, 0)
+    beta = np.linalg.solve(A, Xd.T @ (w * yd))
+    resid = yd - Xd @ beta
+    sigma2 = float(np.sum(w * resid * resid) / df)
+    se = np.sqrt(np.clip(np.diag(np.linalg.inv(A)) * sigma2, 0.0, None))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tval = np.where(se > 0, np.abs(beta) / se, np.where(beta != 0, np.inf, 0.0))
+    pval = 2 * stats.t.sf(tval, df)
+    return beta, se, pval, df
+
+
+# --------------------------------------------------------------------------- checks
+# each returns (CheckStatus, Finding | None)
+
+_Result = tuple[CheckStatus, "Finding | None"]
+
+
+def _clear(name: str, reason: str) -> _Result:
+    return CheckStatus(name, "clear", reason), None
+
+
+def _cannot(name: str, reason: str) -> _Result:
+    return CheckStatus(name, "cannot_tell", reason), None
+
+
+def _found(f: Finding, reason: str) -> _Result:
+    return CheckStatus(f.kind, "found", reason), f
+
+
+def _check_misalignment(ctx: _Ctx) -> _Result:
+    """Off-by-one alignment between the two logprob columns.
+
+    Signature: inside sequences (ordered by position), train_logprob[t] agrees with
+    infer_logprob[t + 1] (or t - 1) much better than with infer_logprob[t]. Correctly aligned
+    logs show the opposite: neighbouring tokens have unrelated surprisals, so the lag-0 gap
+    (the real mismatch) is several times smaller than the lag +-1 gaps. A shift by one is the
+    classic bug of slicing response logprobs with a prompt-length or BOS offset, or of
+    dropping the first/last entry of one array (reported repeatedly by verl / TRL users whose
+    importance ratios exploded after a tokenizer or packing change). Every downstream number is
+    meaningless then, so the CLI stops.
+
+    Evidence: mean |train_logprob[t] - infer_logprob[t + lag]| and Pearson correlation at lags
+    -1, 0, +1, on the same interior tokens of a hash-sampled subset of sequences.
+    """
+    name = "misalignment"
+    n_valid = ctx.ds.accounting.tokens_valid if hasattr(ctx.ds, "accounting") else None
+    keep = 1000
+    if n_valid and n_valid > MISALIGN_MAX_TOKENS:
+        keep = max(1, int(1000 * MISALIGN_MAX_TOKENS / n_valid))
+    base = ctx.lf.select("seq_key", "position", "train_logprob", "infer_logprob")
+    if keep < 1000:
+        base = base.filter((pl.col("seq_key") % 1000) < keep)
+    nxt = base.select(
+        "seq_key", (pl.col("position") - 1).alias("position"), pl.col("infer_logprob").alias("il_p1")
+    )
+    prv = base.select(
+        "seq_key", (pl.col("position") + 1).alias("position"), pl.col("infer_logprob").alias("il_m1")
+    )
+    j = (
+        base.join(nxt, on=["seq_key", "position"], how="inner")
+        .join(prv, on=["seq_key", "position"], how="inner")
+    )
+    tl = pl.col("train_logprob")
+    res = j.select(
+        pl.len().alias("n"),
+        (tl - pl.col("il_m1")).abs().mean().alias("mad_m1"),
+        (tl - pl.col("infer_logprob")).abs().mean().alias("mad_0"),
+        (tl - pl.col("il_p1")).abs().mean().alias("mad_p1"),
+        pl.corr(tl, pl.col("il_m1")).alias("corr_m1"),
+        pl.corr(tl, pl.col("infer_logprob")).alias("corr_0"),
+        pl.corr(tl, pl.col("il_p1")).alias("corr_p1"),
+    ).collect(engine="streaming").row(0, named=True)
+    n = int(res["n"])
+    if n < MISALIGN_MIN_PAIRS:
+        return _cannot(
+            name,
+            f"only {n} tokens have both neighbours in their sequence "
+            f"(need {MISALIGN_MIN_PAIRS}): alignment cannot be checked",
+        )
+    mad = {-1: res["mad_m1"], 0: res["mad_0"], 1: res["mad_p1"]}
+    cor = {-1: res["corr_m1"], 0: res["corr_0"], 1: res["corr_p1"]}
+    best = min((-1, 1), key=lambda L: mad[L])
+    ev = {
+        "tokens_compared": n,
+        "sampled_share": _r(keep / 1000),
+        "mean_abs_diff_lag_minus1": _r(mad[-1]),
+        "mean_abs_diff_lag0": _r(mad[0]),
+        "mean_abs_diff_lag_plus1": _r(mad[1]),
+        "corr_lag_minus1": _r(cor[-1] if cor[-1] is not None else float("nan")),
+        "corr_lag0": _r(cor[0] if cor[0] is not None else float("nan")),
+        "corr_lag_plus1": _r(cor[1] if cor[1] is not None else float("nan")),
+    }
+    if mad[best] < MISALIGN_RATIO * mad[0]:
+        # lag L: train_logprob[t] matches infer_logprob[t + L]
+        where = (
+            "infer_logprob[t+1] (the inference array is one token AHEAD: it lacks the first "
+            "entry or the trainer's array has an extra leading one)"
+            if best == 1
+            else "infer_logprob[t-1] (the inference array is one token BEHIND: it has an extra "
+            "leading entry, e.g. a prompt/BOS logprob, or the trainer's array lacks one)"
+        )
+        ev["likely_shift"] = best
+        f = Finding(
+            kind=name,
+            severity="critical",
+            title=f"Logprob columns look shifted by {best:+d} token",
+            message=(
+                f"train_logprob[t] agrees with {where}: mean |difference| "
+                f"{mad[best]:.3g} at lag {best:+d} vs {mad[0]:.3g} at lag 0 "
+                f"(correlation {ev['corr_lag_plus1' if best == 1 else 'corr_lag_minus1']} vs "
+                f"{ev['corr_lag0']}). Every ratio computed from these columns is wrong."
+            ),
+            evidence=ev,
+            check=(
+                "how response logprobs are sliced on each side (prompt length, BOS/EOS, "
+                "the logits[:-1] / labels[1:] shift), padding side, and sequence packing "
+                "offsets; re-dump with both arrays indexed by the same generated token."
+            ),
+        )
+        return _found(f, f"lag {best:+d} fits {mad[0] / mad[best]:.1f}x better than lag 0")
+    return _clear(
+        name,
+        f"lag 0 fits best (mean |diff| {mad[0]:.3g} vs {mad[-1]:.3g} / {mad[1]:.3g} at -1 / +1)",
+    )
+
+
+def _pooled_slopes(blk: pl.DataFrame) -> tuple[float, float, float, float, int]:
+    """Pooled within-bin OLS slopes and their jackknife standard errors over blocks.
+
+    Returns (b_yx, se_b_yx, rb_xy, se_rb_xy, n_blocks): b_yx the slope of infer on train,
+    rb_xy the reciprocal of the slope of train on infer. Without errors in either column both
+    equal the true slope; noise on either side brackets it (regression dilution).
+    """
+    bins = np.sort(blk["bin"].unique().to_numpy())
+    blocks = np.sort(blk["block"].unique().to_numpy())
+    bi = {b: i for i, b in enumerate(bins)}
+    ki = {b: i for i, b in enumerate(blocks)}
+    shape = (len(bins), len(blocks))
+    arr = {c: np.zeros(shape) for c in ("n", "sx", "sy", "sxx", "syy", "sxy")}
+    rows_b = np.array([bi[b] for b in blk["bin"].to_list()], dtype=int)
+    rows_k = np.array([ki[b] for b in blk["block"].to_list()], dtype=int)
+    for c in arr:
+        np.add.at(arr[c], (rows_b, rows_k), blk[c].to_numpy().astype(float))
+
+    def slopes(t: dict[str, np.ndarray]) -> tuple[float, float]:
+        n = t["n"]
+        ok = n >= 2
+        nn = np.where(ok, n, 1.0)
+        cxx = np.where(ok, t["sxx"] - t["sx"] ** 2 / nn, 0.0).sum()
+        cyy = np.where(ok, t["syy"] - t["sy"] ** 2 / nn, 0.0).sum()
+        cxy = np.where(ok, t["sxy"] - t["sx"] * t["sy"] / nn, 0.0).sum()
+        b = cxy / cxx if cxx > 0 else float("nan")
+        rb = cyy / cxy if cxy != 0 else float("nan")
+        return b, rb
+
+    tot = {c: v.sum(axis=1) for c, v in arr.items()}
+    b, rb = slopes(tot)
+    nk = len(blocks)
+    if nk < 3:
+        return b, float("nan"), rb, float("nan"), nk
+    jb, jr = np.empty(nk), np.empty(nk)
+    for k in range(nk):
+        jb[k], jr[k] = slopes({c: tot[c] - arr[c][:, k] for c in arr})
+    se_b = math.sqrt((nk - 1) / nk * np.sum((jb - jb.mean()) ** 2))
+    se_r = math.sqrt((nk - 1) / nk * np.sum((jr - jr.mean()) ** 2))
+    return b, se_b, rb, se_r, nk
+
+
+def _bias_trend(bins: pl.DataFrame) -> tuple[float, float, float]:
+    """Weighted LS slope of mean delta on log10 H across populated bins; (slope, m_lo, m_hi)."""
+    b = bins.filter(pl.col("n") >= MIN_BIN_TOKENS)
+    if b.height < 2:
+        return float("nan"), float("nan"), float("nan")
+    x = np.log10(np.clip(b["h"].to_numpy(), H_BIN_LO, None))
+    y = b["m"].to_numpy()
+    w = b["n"].to_numpy().astype(float)
+    xm = np.sum(w * x) / w.sum()
+    ym = np.sum(w * y) / w.sum()
+    sxx = np.sum(w * (x - xm) ** 2)
+    slope = float(np.sum(w * (x - xm) * (y - ym)) / sxx) if sxx > 0 else float("nan")
+    return slope, float(y[0]), float(y[-1])
+
+
+def _check_temperature(ctx: _Ctx) -> _Result:
+    """Sampling temperature applied on one side only.
+
+    Signature: log softmax(z / T)[y] = log softmax(z)[y] / T + c(context), so at equal
+    entropy infer_logprob is an affine function of train_logprob with slope 1/T, far from 1,
+    and the offset c depends on the entropy. A pure numeric mismatch keeps the slope at 1 (up
+    to regression dilution, which the two OLS directions bracket). A common bug: the engine
+    samples and reports logprobs at temperature T while the trainer recomputes at T = 1 (or
+    the reverse), reported by verl and OpenRLHF users as a KL / ratio that never goes to
+    zero even on-policy.
+
+    The test pools the centred sums within entropy bins (so the spread of entropy across the
+    batch cannot tilt the slope), takes the slope of infer on train and the reciprocal slope of
+    train on infer, and fires when both lie on the same side of [1 - SLOPE_TOL, 1 + SLOPE_TOL]
+    by Z_CLEAR jackknife standard errors (blocks of whole sequences).
+    """
+    name = "one_sided_temperature"
+    blk = ctx.blocks
+    if int(blk["n"].sum()) < MISALIGN_MIN_PAIRS:
+        return _cannot(name, f"fewer than {MISALIGN_MIN_PAIRS} valid tokens")
+    b, se_b, rb, se_r, nk = _pooled_slopes(blk)
+    if not (math.isfinite(b) and math.isfinite(rb)):
+        return _cannot(name, "train_logprob does not vary within entropy bins: no slope")
+    corr = math.copysign(math.sqrt(b / rb), b) if b * rb > 0 else 0.0
+    if corr < TEMP_MIN_CORR:
+        return _cannot(
+            name,
+            f"train_logprob and infer_logprob barely correlate within entropy bins (r = "
+            f"{corr:.2f}): no meaningful slope (misaligned or unrelated columns?)",
+        )
+    lo, se_lo, hi, se_hi = (b, se_b, rb, se_r) if b <= rb else (rb, se_r, b, se_b)
+    se_lo = se_lo if math.isfinite(se_lo) else 0.0
+    se_hi = se_hi if math.isfinite(se_hi) else 0.0
+    mid = math.copysign(math.sqrt(abs(b * rb)), b)
+    slope_trend, m_lo, m_hi = _bias_trend(ctx.bins()) if ctx.has("entropy") else (
+        float("nan"), float("nan"), float("nan"))
+    ev = {
+        "slope_infer_on_train": _r(b),
+        "slope_infer_on_train_se": _r(se_b),
+        "slope_reciprocal_train_on_infer": _r(rb),
+        "slope_reciprocal_se": _r(se_r),
+        "slope_geometric_mean": _r(mid),
+        "within_bin_correlation": _r(corr),
+        "implied_temperature": _r(1.0 / mid) if mid else float("nan"),
+        "mean_delta_slope_per_decade_entropy": _r(slope_trend),
+        "mean_delta_lowest_entropy_bin": _r(m_lo),
+        "mean_delta_highest_entropy_bin": _r(m_hi),
+        "sequence_blocks": nk,
+        "within_entropy_bins": bool(ctx.has("entropy")),
+    }
+    above = lo - Z_CLEAR * se_lo > 1 + SLOPE_TOL
+    below = hi + Z_CLEAR * se_hi < 1 - SLOPE_TOL
+    if above or below:
+        f = Finding(
+            kind=name,
+            severity="warning",
+            title=f"infer_logprob scales with train_logprob at slope {mid:.3g}, not 1",
+            message=(
+                f"Within entropy bins, infer_logprob ~= {mid:.3g} x train_logprob + c(H) "
+                f"(slope bracket {lo:.3g}..{hi:.3g}, both {'above' if above else 'below'} 1 "
+                f"by more than {SLOPE_TOL:g}); mean delta moves by {slope_trend:.3g} nats per "
+                "decade of entropy. That is what a sampling temperature applied on one side "
+                f"only looks like (engine temperature ~{1.0 / mid:.3g} if it is the engine)."
+            ),
+            evidence=ev,
+            check=(
+                "that the trainer divides logits by the rollout temperature before log_softmax "
+                "(or that the engine returns logprobs of the unscaled distribution), and that "
+                "both sides read the same generation config."
+            ),
+        )
+        return _found(f, f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g})")
+    if not ctx.has("entropy"):
+        return _clear(
+            name,
+            f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g}) consistent with 1; pooled over all "
+            "tokens (no entropy column, so the entropy-dependent offset is not checked)",
+        )
+    return _clear(name, f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g}) consistent with 1")
+
+
+def _check_truncation(ctx: _Ctx) -> _Result:
+    """Truncated sampling support (top-p / top-k / min-p renormalised on the engine only).
+
+    Signature: the engine samples from the renormalised nucleus, so its logprob of the sampled
+    token is log p - log Z_kept >= log p: delta = train - infer is systematically NEGATIVE, by
+    log Z_kept, which grows with the entropy (a flat distribution loses more mass outside the
+    nucleus). A numeric mismatch is nearly centred (mean delta ~ -KL ~ -E[delta^2]/2), so the
+    squared mean is a tiny share of E[delta^2]. This bias can pass for a "high-entropy mismatch
+    regime" (steeper law, alpha > 1), so the law is also fitted on de-biased delta (delta minus
+    its per-entropy-bin mean); TRL and verl users met it as a rollout-vs-trainer KL that scales
+    with top_p.
+
+    Fires when, above TRUNC_H_MIN nats, mean delta < 0 and mean^2 / E[delta^2] >=
+    TRUNC_BIAS_SHARE, and -mean delta rises with entropy across bins above TRUNC_TREND_H_MIN
+    (Kendall tau, p < TRUNC_TREND_P).
+    """
+    name = "truncated_sampling"
+    if not ctx.has("entropy"):
+        return _cannot(name, "no entropy column: a bias growing with entropy cannot be seen")
+    bins = ctx.bins().filter(pl.col("n") >= MIN_BIN_TOKENS)
+    hi = bins.filter(pl.col("h") >= TRUNC_H_MIN)
+    if hi.height == 0:
+        return _cannot(
+            name, f"fewer than {MIN_BIN_TOKENS} tokens per bin above {TRUNC_H_MIN:g} nats"
+        )
+    n_hi = float(hi["n"].sum())
+    m_hi = float(hi["sd"].sum()) / n_hi
+    q_hi = float(hi["sd2"].sum()) / n_hi
+    share = m_hi * m_hi / q_hi if q_hi > 0 else 0.0
+    tr = bins.filter(pl.col("h") >= TRUNC_TREND_H_MIN)
+    if tr.height >= 3:
+        tau, p = stats.kendalltau(tr["h"].to_numpy(), -tr["m"].to_numpy())
+        tau, p = float(tau), float(p)
+    else:
+        tau, p = float("nan"), float("nan")
+    law = bins.filter(pl.col("h") >= TRUNC_LAW_H_MIN)
+    h = law["h"].to_numpy()
+    q = law["q"].to_numpy()
+    m = law["m"].to_numpy()
+    w = law["n"].to_numpy().astype(float)
+    v = np.clip(q - m * m, 0.0, None)  # de-biased: E[(delta - mean_bin)^2]
+    neg_share = float(hi["nneg"].sum()) / n_hi
+    ev = {
+        "mean_delta_above_h_min": _r(m_hi),
+        "mean_delta2_above_h_min": _r(q_hi),
+        "bias_share_above_h_min": _r(share),
+        "share_delta_negative_above_h_min": _r(neg_share),
+        "kendall_tau_entropy_vs_neg_mean_delta": _r(tau),
+        "kendall_p": _r(p),
+        "k_raw": _r(_k_fit(h, q, w)),
+        "k_debiased": _r(_k_fit(h, v, w)),
+        "alpha_raw": _r(_alpha_fit(h, q)),
+        "alpha_debiased": _r(_alpha_fit(h, v)),
+        "law_h_min_nats": TRUNC_LAW_H_MIN,
+        "entropy_per_bin": [_r(x, 3) for x in bins["h"].to_list()],
+        "mean_delta_per_bin": [_r(x, 3) for x in bins["m"].to_list()],
+        "h_min_nats": TRUNC_H_MIN,
+    }
+    if m_hi < 0 and share >= TRUNC_BIAS_SHARE and math.isfinite(p) and tau > 0 and (
+        p < TRUNC_TREND_P
+    ):
+        f = Finding(
+            kind=name,
+            severity="warning",
+            title="One-sided delta growing with entropy: truncated sampling on the engine side?",
+            message=(
+                f"Above {TRUNC_H_MIN:g} nats, mean delta is {m_hi:.3g} nats and carries "
+                f"{share:.0%} of E[delta^2] ({neg_share:.0%} of deltas negative); -mean delta rises with entropy (Kendall tau "
+                f"{tau:.2f}, p = {p:.2g}). That is the renormalisation of a top-p / top-k / "
+                f"min-p support by the engine only. Law on raw delta: k = {ev['k_raw']}, "
+                f"alpha = {ev['alpha_raw']}; on de-biased delta: k = {ev['k_debiased']}, "
+                f"alpha = {ev['alpha_debiased']}."
+            ),
+            evidence=ev,
+            check=(
+                "top_p / top_k / min_p in the rollout sampling params: either log the "
+                "logprobs of the untruncated distribution (e.g. vLLM logprobs_mode "
+                "'raw_logprobs') or apply the same truncation in the trainer's log_softmax."
+            ),
+        )
+        return _found(f, f"mean delta {m_hi:.3g} above {TRUNC_H_MIN:g} nats, bias share {share:.0%}")
+    return _clear(
+        name,
+        f"mean delta above {TRUNC_H_MIN:g} nats is {m_hi:.3g} (bias share {share:.1%} of "
+        f"E[delta^2])",
+    )
+
+
+def _check_outliers(ctx: _Ctx) -> _Result:
+    """Sequence-level outliers (e.g. MoE routing differences between engine and trainer).
+
+    Signature: whole sequences whose |delta| is large whatever the entropy of their tokens.
+    A routing difference in a mixture-of-experts layer (a different expert chosen on one side
+    for the tokens of a prompt) or a corrupted KV cache shifts every token of the sequence;
+    a numeric mismatch scatters across tokens. Reported by users of MoE models (Qwen3-MoE,
+    DeepSeek) under verl and slime, where "routing replay" was introduced for this reason.
+
+    Score: per sequence, log(mean |delta| / mean expected |delta|), the expectation being the
+    mean |delta| of each token's entropy bin; robust z over sequences with at least
+    OUTLIER_MIN_TOKENS tokens (median and 1.4826 MAD). Sequences above OUTLIER_Z are listed,
+    with the share of sum delta^2 they carry and the law (k) with and without them.
+    """
+    name = "sequence_outliers"
+    bins = ctx.bins()
+    amap = dict(zip(bins["bin"].to_list(), bins["a"].to_list(), strict=True))
+    lf = ctx._with_bin().with_columns(
+        pl.col("bin").replace_strict(amap, default=None, return_dtype=pl.Float64).alias("_ea")
+    )
+    has_h = ctx.has("entropy")
+    h = pl.col("entropy") if has_h else pl.lit(0.0)
+    per = (
+        lf.group_by("seq_key")
+        .agg(
+            pl.col("seq_id").first(),
+            pl.len().alias("n"),
+            pl.col("delta").abs().sum().alias("sad"),
+            pl.col("_ea").sum().alias("sea"),
+            (pl.col("delta") ** 2).sum().alias("sd2"),
+            h.mean().alias("mean_h"),
+        )
+        .filter(pl.col("n") >= OUTLIER_MIN_TOKENS, pl.col("sea") > 0)
+        .with_columns((pl.col("sad").clip(lower_bound=1e-300) / pl.col("sea")).log().alias("x"))
+    )
+    med = pl.col("x").median()
+    mad = (pl.col("x") - med).abs().median() * 1.4826
+    scored = per.with_columns(((pl.col("x") - med) / mad).alias("z"))
+    summary = scored.select(
+        pl.len().alias("n_seq"),
+        pl.col("sd2").sum().alias("sd2_all"),
+        (pl.col("z") > OUTLIER_Z).sum().alias("n_out"),
+        pl.col("sd2").filter(pl.col("z") > OUTLIER_Z).sum().alias("sd2_out"),
+        pl.col("n").filter(pl.col("z") > OUTLIER_Z).sum().alias("tok_out"),
+        mad.alias("mad"),
+    )
+    top = (
+        scored.filter(pl.col("z") > OUTLIER_Z)
+        .sort("z", descending=True)
+        .select("seq_key", "seq_id", "n", "z", (pl.col("sad") / pl.col("n")).alias("mean_abs"),
+                "mean_h")
+    )
+    s_df, top_df = pl.collect_all([summary, top], engine="streaming")
+    s = s_df.row(0, named=True)
+    n_seq = int(s["n_seq"])
+    if n_seq < 20:
+        return _cannot(
+            name, f"only {n_seq} sequences with >= {OUTLIER_MIN_TOKENS} tokens (need 20)"
+        )
+    if not s["mad"] or not math.isfinite(s["mad"]):
+        return _cannot(name, "per-sequence |delta| does not vary: no robust scale")
+    n_out = int(s["n_out"])
+    if n_out == 0:
+        return _clear(name, f"no sequence above robust z {OUTLIER_Z:g} among {n_seq} scored")
+    share_d2 = float(s["sd2_out"]) / float(s["sd2_all"]) if s["sd2_all"] else 0.0
+    seq_share = n_out / n_seq
+    # law with and without the flagged sequences
+    k_with = k_without = float("nan")
+    if has_h:
+        out_keys = top_df["seq_key"]
+        b_all = lf.group_by("bin").agg(
+            pl.len().alias("n"), pl.col("entropy").mean().alias("h"),
+            (pl.col("delta") ** 2).mean().alias("q"))
+        b_wo = lf.filter(~pl.col("seq_key").is_in(out_keys.implode())).group_by("bin").agg(
+            pl.len().alias("n"), pl.col("entropy").mean().alias("h"),
+            (pl.col("delta") ** 2).mean().alias("q"))
+        ba, bw = pl.collect_all([b_all, b_wo], engine="streaming")
+        k_with = _k_fit(ba["h"].to_numpy(), ba["q"].to_numpy(), ba["n"].to_numpy().astype(float))
+        k_without = _k_fit(bw["h"].to_numpy(), bw["q"].to_numpy(), bw["n"].to_numpy().astype(float))
+    head = top_df.head(OUTLIER_LIST)
+    ev = {
+        "sequences_scored": n_seq,
+        "sequences_flagged": n_out,
+        "sequence_share_flagged": _r(seq_share),
+        "tokens_flagged": int(s["tok_out"]),
+        "delta2_share_flagged": _r(share_d2),
+        "robust_z_threshold": OUTLIER_Z,
+        "top_seq_ids": [str(x) for x in head["seq_id"].to_list()],
+        "top_robust_z": [_r(x, 3) for x in head["z"].to_list()],
+        "top_mean_abs_delta": [_r(x, 3) for x in head["mean_abs"].to_list()],
+        "top_mean_entropy": [_r(x, 3) for x in head["mean_h"].to_list()],
+        "k_with_flagged": _r(k_with),
+        "k_without_flagged": _r(k_without),
+    }
+    if seq_share > OUTLIER_MAX_SEQ_SHARE:
+        return _clear(
+            name,
+            f"{n_out} of {n_seq} sequences ({seq_share:.1%}) above robust z {OUTLIER_Z:g}: a "
+            "broad tail rather than a few outlier sequences",
+        )
+    sev = "warning" if share_d2 >= OUTLIER_SHARE_WARN else "info"
+    f = Finding(
+        kind=name,
+        severity=sev,
+        title=f"{n_out} sequence(s) with large |delta| whatever their entropy",
+        message=(
+            f"{n_out} of {n_seq} sequences ({seq_share:.2%}) have a mean |delta| more than "
+            f"{OUTLIER_Z:g} robust standard deviations above what their tokens' entropies "
+            f"predict; they carry {share_d2:.1%} of sum delta^2. Law k = {k_with:.3g} with "
+            f"them, {k_without:.3g} without. Worst: {', '.join(ev['top_seq_ids'][:5])}."
+        ),
+        evidence=ev,
+        check=(
+            "MoE routing consistency between engine and trainer (routing replay / same "
+            "router precision), KV-cache reuse across weight updates, and per-request "
+            "engine settings (LoRA adapter, sampling params) for the listed sequences."
+        ),
+    )
+    return _found(f, f"{n_out} sequences flagged, {share_d2:.1%} of delta^2")
+
+
+@dataclass(frozen=True)
+class _Trend:
+    """Joint fixed-effects model of log mean |delta| per (bin, step, staleness) cell."""
+
+    ok: bool
+    why: str
+    cells: int = 0
+    step_span: tuple[int, int] = (0, 0)
+    beta_step: float = float("nan")  # log growth over the whole run (step scaled to 0..1)
+    se_step: float = float("nan")
+    p_step: float = float("nan")
+    beta_stale: float = float("nan")  # log growth per version of lag
+    se_stale: float = float("nan")
+    p_stale: float = float("nan")
+    steps: tuple[int, ...] = ()
+    step_level: tuple[float, ...] = ()  # per-step level adjusted for entropy and staleness
+
+
+def _joint_trend(ctx: _Ctx) -> _Trend:
+    """log(mean |delta|) per cell = a_bin + b_step * step/(run length) + b_stale * staleness.
+
+    Cells are (entropy bin, step, staleness) with at least MIN_CELL_TOKENS tokens, weighted by
+    their token counts. Fixing the entropy bin keeps a sharpening / flattening policy from
+    passing for a trend (the law E[delta^2 | H] ~= k H moves |delta| with H); fitting step
+    and staleness jointly keeps one from passing for the other (async runs start with no lag).
+    """
+    if ctx._trend is not None:
+        return ctx._trend
+    use_step, use_stale = ctx.has("step"), ctx.has("staleness")
+    c = (
+        ctx.cells.drop_nulls(["_step", "_stale"])
+        .filter(pl.col("n") >= MIN_CELL_TOKENS, pl.col("sad") > 0)
+        .with_columns((pl.col("sad") / pl.col("n")).log().alias("y"))
+    )
+    if c.height == 0:
+        ctx._trend = _Trend(False, f"no cell holds >= {MIN_CELL_TOKENS} tokens")
+        return ctx._trend
+    st = c["_step"].to_numpy().astype(float)
+    s0, s1 = float(st.min()), float(st.max())
+    span = max(s1 - s0, 1.0)
+    cols, names = [], []
+    if use_step and s1 > s0:
+        cols.append((st - s0) / span)
+        names.append("step")
+    if use_stale and c["_stale"].n_unique() > 1:
+        cols.append(c["_stale"].to_numpy().astype(float))
+        names.append("stale")
+    if not cols:
+        ctx._trend = _Trend(False, "neither step nor staleness varies")
+        return ctx._trend
+    X = np.column_stack(cols)
+    y = c["y"].to_numpy()
+    w = c["n"].to_numpy().astype(float)
+    grp = c["bin"].to_numpy().astype(np.int64)
+    beta, se, pv, df = _fe_ols(grp, X, y, w)
+    if not np.all(np.isfinite(beta)):
+        ctx._trend = _Trend(False, "no entropy bin is populated at several steps / lags")
+        return ctx._trend
+    out: dict[str, Any] = {}
+    for i, nm in enumerate(names):
+        out[f"beta_{nm}"], out[f"se_{nm}"], out[f"p_{nm}"] = (
+            float(beta[i]), float(se[i]), float(pv[i]))
+    # per-step level: residual of y after bin effects and the staleness term, step term kept
+    adj = y.copy()
+    if "stale" in names:
+        adj = adj - beta[names.index("stale")] * c["_stale"].to_numpy().astype(float)
+    for g in np.unique(grp):
+        m = grp == g
+        adj[m] = adj[m] - np.sum(w[m] * adj[m]) / w[m].sum()
+    ust = np.unique(st)
+    level = tuple(float(np.sum(w[st == u] * adj[st == u]) / w[st == u].sum()) for u in ust)
+    ctx._trend = _Trend(
+        True, "", cells=int(c.height), step_span=(int(s0), int(s1)),
+        steps=tuple(int(u) for u in ust), step_level=level, **out,
+    )
+    return ctx._trend
+
+
+def _check_drift(ctx: _Ctx) -> _Result:
+    """Mismatch drift over training.
+
+    Signature: at fixed entropy (and fixed staleness), mean |delta| trends up across steps. A
+    mismatch that grows while the entropy distribution does not is the slow divergence of
+    the engine's weights from the trainer's (weight-sync precision loss, a stale LoRA merge,
+    fp8 scales not refreshed), reported by slime and verl users as training that collapses
+    after a few hundred steps with ever-growing rollout-vs-train KL. Entropy changes alone
+    (a sharpening policy) move mean |delta| through the scaling law, not within a bin.
+
+    Test: the step coefficient of :func:`_joint_trend` (log growth of mean |delta| over the
+    run, at fixed entropy bin and staleness), and a Kendall tau across steps of the per-step
+    adjusted level. Fires when p < DRIFT_P, Kendall p < 0.01 and the growth over the run is
+    at least DRIFT_MIN_GROWTH.
+    """
+    name = "drift"
+    if not ctx.has("step"):
+        return _cannot(name, "no step column: no series over training")
+    if not ctx.has("entropy"):
+        return _cannot(
+            name, "no entropy column: a drift of |delta| cannot be separated from entropy changes"
+        )
+    n_steps = ctx.cells["_step"].drop_nulls().n_unique()
+    if n_steps < DRIFT_MIN_STEPS:
+        return _cannot(name, f"{n_steps} step(s) (need {DRIFT_MIN_STEPS})")
+    t = _joint_trend(ctx)
+    if not t.ok or not math.isfinite(t.beta_step):
+        return _cannot(name, t.why or "the step does not vary within entropy bins")
+    ust, level = np.array(t.steps), np.array(t.step_level)
+    if len(ust) >= 3:
+        kt = stats.kendalltau(ust, level)
+        tau, ptau = float(kt[0]), float(kt[1])
+    else:
+        tau, ptau = float("nan"), float("nan")
+    per_step = ctx.cells.group_by("_step").agg(pl.col("n", "sh").sum()).sort("_step").drop_nulls()
+    hs = (per_step["sh"] / per_step["n"]).to_numpy()
+    psx = per_step["_step"].to_numpy().astype(float)
+    h_trend = float(np.polyfit(psx, hs, 1)[0]) if len(hs) >= 2 else float("nan")
+    growth = math.exp(t.beta_step)
+    s0, s1 = t.step_span
+    ev = {
+        "steps": int(len(ust)),
+        "step_range": [s0, s1],
+        "growth_over_run": _r(growth),
+        "log_slope_per_run": _r(t.beta_step),
+        "log_slope_se": _r(t.se_step),
+        "p_value": _r(t.p_step),
+        "kendall_tau_adjusted_level": _r(tau),
+        "kendall_p": _r(ptau),
+        "adjusted_log_level_per_step": [_r(x, 3) for x in level],
+        "cells": t.cells,
+        "mean_entropy_first_step": _r(hs[0]) if len(hs) else float("nan"),
+        "mean_entropy_last_step": _r(hs[-1]) if len(hs) else float("nan"),
+        "mean_entropy_slope_per_step": _r(h_trend),
+    }
+    p = t.p_step
+    if t.beta_step > 0 and p < DRIFT_P and math.isfinite(ptau) and ptau < 0.01 and tau > 0 and (
+        growth >= DRIFT_MIN_GROWTH
+    ):
+        f = Finding(
+            kind=name,
+            severity="warning",
+            title=f"Mismatch drifts up over training: mean |delta| x{growth:.2f} at fixed entropy",
+            message=(
+                f"At fixed entropy and staleness, mean |delta| grows by a factor {growth:.2f} "
+                f"from step {s0} to {s1} (p = {p:.2g}; Kendall tau of the per-step "
+                f"adjusted level {tau:.2f}, p = {ptau:.2g}). Mean entropy went from "
+                f"{hs[0]:.3g} to {hs[-1]:.3g} nats, which the binning already accounts for."
+            ),
+            evidence=ev,
+            check=(
+                "weight synchronisation to the engine (dtype of the pushed weights, fp8 "
+                "scales refreshed, LoRA merged at the current version), engine version / "
+                "kernel changes during the run, and whether the trainer's optimizer state "
+                "drifts into ranges where bf16 rounding grows."
+            ),
+        )
+        return _found(f, f"growth x{growth:.2f} over the run, p = {p:.2g}")
+    return _clear(
+        name,
+        f"mean |delta| at fixed entropy changes by x{growth:.3g} over {len(ust)} steps "
+        f"(p = {p:.2g})",
+    )
+
+
+def _check_staleness(ctx: _Ctx) -> _Result:
+    """Staleness confound.
+
+    Signature: at fixed entropy (and step), mean |delta| grows with staleness = train_version -
+    policy_version. Then part of the measured "mismatch" is genuine policy change between the
+    sampling weights and the trained ones (off-policyness), not engine numerics; both are
+    mixed in delta (METHOD.md, "The setting"). Asynchronous trainers (AReaL, PipelineRL,
+    slime async, verl one-step-off) all show it; it is expected, so a moderate effect is
+    reported as info and a large one (x STALENESS_WARN_GROWTH from the smallest to the
+    largest lag) as a warning: fit the law on fresh tokens or per staleness bucket.
+
+    Test: the staleness coefficient of :func:`_joint_trend` (per version of lag, at fixed
+    entropy bin and step).
+    """
+    name = "staleness"
+    if not ctx.has("staleness"):
+        return _cannot(
+            name,
+            "no policy_version/train_version: staleness cannot be separated from engine mismatch",
+        )
+    vals = ctx.cells["_stale"].drop_nulls().unique().sort()
+    if vals.len() < 2:
+        v = vals.to_list()
+        return _clear(
+            name, f"every token has staleness {v[0] if v else '?'}: no version lag to confound"
+        )
+    t = _joint_trend(ctx)
+    if not t.ok or not math.isfinite(t.beta_stale):
+        return _cannot(name, t.why or "staleness does not vary within entropy bins")
+    smin, smax = int(vals.min()), int(vals.max())
+    per_v = math.exp(t.beta_stale)
+    total = math.exp(t.beta_stale * (smax - smin))
+    by_s = ctx.cells.group_by("_stale").agg(pl.col("n", "sad").sum()).sort("_stale").drop_nulls()
+    p = t.p_stale
+    ev = {
+        "staleness_values": [int(v) for v in by_s["_stale"].to_list()],
+        "tokens_per_staleness": [int(v) for v in by_s["n"].to_list()],
+        "mean_abs_delta_per_staleness": [
+            _r(a / n) for a, n in zip(by_s["sad"].to_list(), by_s["n"].to_list(), strict=True)
+        ],
+        "growth_per_version": _r(per_v),
+        "growth_lag_min_to_max": _r(total),
+        "log_slope": _r(t.beta_stale),
+        "log_slope_se": _r(t.se_stale),
+        "p_value": _r(p),
+        "within_entropy_bins": bool(ctx.has("entropy")),
+    }
+    if t.beta_stale > 0 and p < STALENESS_P and per_v >= STALENESS_MIN_GROWTH:
+        sev = "warning" if total >= STALENESS_WARN_GROWTH else "info"
+        f = Finding(
+            kind=name,
+            severity=sev,
+            title=f"|delta| grows with staleness (x{per_v:.3g} per version of lag)",
+            message=(
+                f"At fixed entropy and step, mean |delta| grows by x{per_v:.3g} per version of "
+                f"lag (x{total:.3g} from lag {smin} to {smax}, p = {p:.2g}): part of delta is "
+                "policy change between sampling and training, not engine mismatch. Compare "
+                "gates and the law per staleness bucket, or on staleness-0 tokens."
+            ),
+            evidence=ev,
+            check=(
+                "the off-policy lag (max staleness / async depth) of the rollout buffer, and "
+                "whether the importance correction is meant to cover policy drift as well as "
+                "engine mismatch."
+            ),
+        )
+        return _found(f, f"x{per_v:.3g} per version, p = {p:.2g}")
+    return _clear(name, f"mean |delta| changes by x{per_v:.3g} per version of lag (p = {p:.2g})")
+
+
+def _check_corrupt(ctx: _Ctx) -> _Result:
+    """Corrupt rows reported per sequence.
+
+    Signature: within the loss mask of one sequence, (a) every token from some position on has
+    a non-finite logprob (a suffix: the engine stopped returning logprobs, an array was cut at
+    max_tokens, or a shorter array was padded with NaN), or (b) a run of at least
+    CORRUPT_MIN_RUN consecutive placeholder values (exact 0.0, +1.0, -9999 floors) inside the
+    mask (padding written where the mask says "train on this"). These are bugs of the dump or
+    of the mask, not random bad tokens; the loader excludes the rows either way, this check
+    says which sequences. Scattered single bad tokens (no suffix, no run) are counted only.
+    """
+    name = "corrupt_rows"
+    raw = getattr(ctx.ds, "raw", None)
+    if raw is None:
+        return _cannot(name, "the dataset has no raw rows")
+    reason = pl.col("reason")
+    masked = ~reason.is_in(list(_NOT_MASKED)).fill_null(False)
+    nf = (reason == "non_finite_logprob").fill_null(False)
+    il = pl.col("infer_logprob")
+    il_nf = (il.is_null() | ~il.is_finite().fill_null(False)) & nf
+    ph = reason.is_in(list(PLACEHOLDER_REASONS)).fill_null(False)
+    pos = pl.col("position")
+    first_nf = pos.filter(masked & nf).min()
+    ph_pos = pos.filter(masked & ph).sort()
+    r1 = CORRUPT_MIN_RUN - 1
+    per = (
+        raw.group_by("seq_key")
+        .agg(
+            pl.col("seq_id").first(),
+            (masked & nf).sum().alias("n_nf"),
+            (masked & il_nf).sum().alias("n_nf_infer"),
+            first_nf.alias("first_nf"),
+            (masked & (pos >= first_nf)).sum().alias("n_after"),
+            (masked & ph).sum().alias("n_ph"),
+            ((ph_pos.shift(-r1) - ph_pos) == r1).any().alias("ph_run"),
+            masked.sum().alias("n_masked"),
+        )
+        .with_columns(
+            pl.when((pl.col("n_nf") >= CORRUPT_MIN_RUN) & (pl.col("n_after") == pl.col("n_nf")))
+            .then(pl.col("n_nf")).otherwise(0).alias("suffix_len"),
+            pl.col("ph_run").fill_null(False),
+        )
+    )
+    summary = per.select(
+        pl.len().alias("n_seq"),
+        (pl.col("suffix_len") > 0).sum().alias("n_suffix"),
+        pl.col("suffix_len").sum().alias("tok_suffix"),
+        pl.col("n_nf_infer").filter(pl.col("suffix_len") > 0).sum().alias("tok_suffix_infer"),
+        pl.col("suffix_len").filter(pl.col("suffix_len") > 0).median().alias("suffix_median"),
+        pl.col("ph_run").sum().alias("n_run"),
+        pl.col("n_ph").filter(pl.col("ph_run")).sum().alias("tok_run"),
+        pl.col("n_nf").sum().alias("tok_nf"),
+        pl.col("n_ph").sum().alias("tok_ph"),
+    )
+    ex_suffix = (
+        per.filter(pl.col("suffix_len") > 0).sort("suffix_len", descending=True)
+        .select("seq_id", "suffix_len", "first_nf").head(OUTLIER_LIST)
+    )
+    ex_run = (
+        per.filter(pl.col("ph_run")).sort("n_ph", descending=True)
+        .select("seq_id", "n_ph").head(OUTLIER_LIST)
+    )
+    s_df, es, er = pl.collect_all([summary, ex_suffix, ex_run], engine="streaming")
+    s = {k: (0 if v is None else v) for k, v in s_df.row(0, named=True).items()}
+    n_suffix, n_run = int(s["n_suffix"]), int(s["n_run"])
+    scattered = int(s["tok_nf"]) - int(s["tok_suffix"]) + int(s["tok_ph"]) - int(s["tok_run"])
+    ev = {
+        "sequences": int(s["n_seq"]),
+        "sequences_with_nonfinite_suffix": n_suffix,
+        "nonfinite_suffix_tokens": int(s["tok_suffix"]),
+        "nonfinite_suffix_tokens_infer_side": int(s["tok_suffix_infer"]),
+        "median_suffix_length": _r(float(s["suffix_median"] or 0)),
+        "suffix_examples_seq_id": [str(x) for x in es["seq_id"].to_list()],
+        "suffix_examples_start_position": [int(x) for x in es["first_nf"].to_list()],
+        "sequences_with_placeholder_run": n_run,
+        "placeholder_tokens_in_runs": int(s["tok_run"]),
+        "placeholder_run_examples_seq_id": [str(x) for x in er["seq_id"].to_list()],
+        "scattered_bad_tokens": scattered,
+        "min_run": CORRUPT_MIN_RUN,
+    }
+    if n_suffix == 0 and n_run == 0:
+        return _clear(
+            name,
+            f"no non-finite suffix or placeholder run of >= {CORRUPT_MIN_RUN} tokens "
+            f"({scattered} scattered bad tokens, excluded by the loader)",
+        )
+    parts = []
+    if n_suffix:
+        parts.append(
+            f"{n_suffix} sequence(s) end in a run of non-finite logprobs "
+            f"({int(s['tok_suffix'])} tokens, median length {ev['median_suffix_length']}; "
+            f"{int(s['tok_suffix_infer'])} on the inference side), e.g. seq_id "
+            f"{', '.join(ev['suffix_examples_seq_id'][:3])}"
+        )
+    if n_run:
+        parts.append(
+            f"{n_run} sequence(s) hold runs of >= {CORRUPT_MIN_RUN} placeholder values "
+            f"(0.0 / +1.0 / -9999) inside the loss mask ({int(s['tok_run'])} tokens), e.g. "
+            f"seq_id {', '.join(ev['placeholder_run_examples_seq_id'][:3])}"
+        )
+    f = Finding(
+        kind=name,
+        severity="warning",
+        title="Corrupt rows: whole runs of invalid logprobs inside the loss mask",
+        message="; ".join(parts)
+        + ". These tokens are excluded; the pattern points at the dump or the mask, not noise.",
+        evidence=ev,
+        check=(
+            "that the engine returns one logprob per generated token (max_tokens / stop "
+            "handling, logprobs requested for every token), how arrays of unequal length are "
+            "padded, and that the loss mask excludes tool / padding spans."
+        ),
+    )
+    return _found(f, f"{n_suffix} suffix, {n_run} placeholder-run sequences")
+
+
+def _check_floor(ctx: _Ctx) -> _Result:
+    """Trainer self-noise floor.
+
+    Signature: two trainer-side recomputations of the same policy (other batch layout,
+    kernels, padding) differ by the trainer's own nondeterminism; engine-vs-trainer delta can
+    only be fixed down to that floor. The ratio mean delta^2 / mean floor^2 says how much of
+    the mismatch is engine-specific (verl exposes both ``old_log_probs`` and ``log_probs`` on
+    the first on-policy mini-batch for this comparison). Always info.
+    """
+    name = "trainer_noise_floor"
+    if not ctx.has("train_logprob_recompute"):
+        return _cannot(
+            name, "no train_logprob_recompute: trainer self-noise floor unavailable"
+        )
+    e = pl.col("train_logprob") - pl.col("train_logprob_recompute")
+    ok = pl.col("train_logprob_recompute").is_finite().fill_null(False)
+    sel = [
+        ok.sum().alias("n"),
+        (e * e).filter(ok).mean().alias("floor2"),
+        (pl.col("delta") ** 2).filter(ok).mean().alias("delta2"),
+        e.abs().filter(ok).mean().alias("floor_abs"),
+        pl.col("delta").abs().filter(ok).mean().alias("delta_abs"),
+    ]
+    r = ctx.lf.select(sel).collect(engine="streaming").row(0, named=True)
+    n = int(r["n"] or 0)
+    if n == 0:
+        return _cannot(name, "train_logprob_recompute has no finite value on valid tokens")
+    f2, d2 = float(r["floor2"]), float(r["delta2"])
+    ratio = d2 / f2 if f2 > 0 else float("inf")
+    ev = {
+        "tokens": n,
+        "mean_floor2": _r(f2),
+        "mean_delta2": _r(d2),
+        "ratio_delta2_to_floor2": _r(ratio),
+        "mean_abs_floor": _r(float(r["floor_abs"])),
+        "mean_abs_delta": _r(float(r["delta_abs"])),
+    }
+    if ratio < FLOOR_RATIO_AT_FLOOR:
+        msg = (
+            f"engine-vs-trainer mean delta^2 ({d2:.3g}) is only {ratio:.3g}x the trainer's own "
+            f"recompute noise ({f2:.3g}): the mismatch is at the floor, a gate at this scale "
+            "removes noise the trainer itself has."
+        )
+    else:
+        msg = (
+            f"engine-vs-trainer mean delta^2 ({d2:.3g}) is {ratio:.3g}x the trainer's own "
+            f"recompute noise ({f2:.3g}): most of the mismatch is engine-specific."
+        )
+    f = Finding(
+        kind=name,
+        severity="info",
+        title=f"Mismatch is {ratio:.3g}x the trainer's self-noise floor",
+        message=msg,
+        evidence=ev,
+        check=(
+            "for a ratio near 1: trainer determinism (batch-invariant kernels) before the "
+            "engine; for a large ratio: engine precision / kernels vs the trainer's."
+        ),
+    )
+    return _found(f, f"ratio {ratio:.3g}")
+
+
+_CHECK_FUNCS: dict[str, Callable[[_Ctx], _Result]] = {
+    "misalignment": _check_misalignment,
+    "one_sided_temperature": _check_temperature,
+    "truncated_sampling": _check_truncation,
+    "sequence_outliers": _check_outliers,
+    "drift": _check_drift,
+    "staleness": _check_staleness,
+    "corrupt_rows": _check_corrupt,
+    "trainer_noise_floor": _check_floor,
+}
+
+# --------------------------------------------------------------------------- entry points
+
+
+def run_forensics(ds: Any, *, checks: Sequence[str] | None = None) -> Findings:
+    """Run the mismatch forensics on a loaded dataset.
+
+    Args:
+        ds: a :class:`entr_diag.io.load.Dataset` (uses ``ds.lf``; ``ds.raw`` for corrupt
+            rows; ``ds.accounting.tokens_valid`` to size the lag sample).
+        checks: names from :data:`CHECKS` (default: all, in that order).
+
+    Returns:
+        :class:`Findings`: findings sorted most severe first (then in check order), and one
+        :class:`CheckStatus` per check run.
+
+    Raises:
+        ParameterError: an unknown check name.
+    """
+    names = list(CHECKS) if checks is None else list(checks)
+    unknown = [c for c in names if c not in _CHECK_FUNCS]
+    if unknown:
+        raise ParameterError(
+            f"unknown forensics check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}."
+        )
+    ctx = _Ctx(ds)
+    statuses: list[CheckStatus] = []
+    found: list[tuple[int, Finding]] = []
+    for i, n in enumerate(names):
+        st, f = _CHECK_FUNCS[n](ctx)
+        statuses.append(st)
+        if f is not None:
+            found.append((i, f))
+    found.sort(key=lambda t: (-_SEV_RANK[t[1].severity], t[0]))
+    return Findings(findings=tuple(f for _, f in found), checks=tuple(statuses))
+
+
+def detect_misalignment(ds: Any) -> Finding | None:
+    """Off-by-one check alone: the finding (severity ``critical``) or ``None``.
+
+    Raises nothing for a misaligned input: the caller decides (the CLI stops with exit code 2
+    naming ``finding.evidence["likely_shift"]`` unless ``--allow-misaligned``).
+    """
+    _, f = _check_misalignment(_Ctx(ds))
+    return f

@@ -1,0 +1,353 @@
+"""Mismatch forensics: each known cause is detected on an input made to show it, and every
+check stays silent (nothing above info) on clean synthetic runs."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from rich.console import Console
+
+from entr_diag import forensics as FX
+from entr_diag.errors import ParameterError
+from entr_diag.forensics import (
+    CHECKS,
+    CheckStatus,
+    Finding,
+    Findings,
+    detect_misalignment,
+    run_forensics,
+)
+from entr_diag.io import load_dataset
+from entr_diag.report.terminal_findings import render_findings
+from entr_diag.synth import SynthSpec, generate
+
+N_TOKENS = 40_000
+IL, TL, H = pl.col("infer_logprob"), pl.col("train_logprob"), pl.col("entropy")
+DELTA = TL - IL
+
+
+def _load(tmp_path: Path, df: pl.DataFrame, name: str = "run.parquet"):
+    p = tmp_path / name
+    df.write_parquet(p)
+    return load_dataset([p])
+
+
+def _with_delta(df: pl.DataFrame, new_delta: pl.Expr) -> pl.DataFrame:
+    """Set train_logprob = infer_logprob + new_delta, flipping the sign where it would be > 0."""
+    return df.with_columns(
+        pl.when(IL + new_delta > 0).then(IL - new_delta.abs()).otherwise(IL + new_delta)
+        .alias("train_logprob")
+    )
+
+
+@pytest.fixture(scope="module")
+def base() -> pl.DataFrame:
+    return generate(SynthSpec(n_tokens=N_TOKENS, seed=11))
+
+
+# ------------------------------------------------------------------ clean runs
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_clean_synth_is_silent(tmp_path, seed):
+    """A clean synthetic run (several seeds, with and without dirty rows) has no finding above info."""
+    spec = SynthSpec(n_tokens=N_TOKENS, seed=seed, dirty=seed % 2 == 1,
+                     mean_seq_len=40 if seed >= 2 else 200)
+    res = run_forensics(_load(tmp_path, generate(spec)))
+    assert res.silent, [f.title for f in res.findings]
+    assert [c.name for c in res.checks] == list(CHECKS)
+    st = {c.name: c.status for c in res.checks}
+    for name in ("misalignment", "one_sided_temperature", "truncated_sampling", "drift",
+                 "staleness", "corrupt_rows"):
+        assert st[name] == "clear", (name, res.status(name))
+    assert st["trainer_noise_floor"] == "cannot_tell"
+    assert detect_misalignment(_load(tmp_path, generate(spec), "again.parquet")) is None
+
+
+def test_to_dict_is_json_ready(tmp_path, base):
+    """to_dict() holds findings and one status+reason per check, and serialises to JSON."""
+    res = run_forensics(_load(tmp_path, base))
+    d = res.to_dict()
+    assert set(d) == {"findings", "checks"}
+    assert set(d["checks"]) == set(CHECKS)
+    for v in d["checks"].values():
+        assert v["status"] in ("found", "clear", "cannot_tell") and v["reason"]
+    json.dumps(d)
+
+
+def test_unknown_check_raises(tmp_path, base):
+    """An unknown check name is a ParameterError naming the known checks."""
+    with pytest.raises(ParameterError, match="known: misalignment"):
+        run_forensics(_load(tmp_path, base), checks=["nope"])
+
+
+def test_checks_subset_runs_only_those(tmp_path, base):
+    """checks= runs the named checks only, in the given order."""
+    res = run_forensics(_load(tmp_path, base), checks=["staleness", "drift"])
+    assert [c.name for c in res.checks] == ["staleness", "drift"]
+
+
+# ------------------------------------------------------------------ off-by-one
+
+
+@pytest.mark.parametrize("shift", [-1, 1])
+def test_misalignment_detected_with_likely_shift(tmp_path, base, shift):
+    """infer_logprob shifted by one token inside each sequence is critical, naming the lag."""
+    # shift=-1: infer_new[t] = infer[t+1], so train[t] matches infer_new[t-1]: lag -1;
+    # shift=+1: infer_new[t] = infer[t-1], so train[t] matches infer_new[t+1]: lag +1
+    df = base.with_columns(IL.shift(shift).over("seq_id", order_by="position"))
+    ds = _load(tmp_path, df)
+    f = detect_misalignment(ds)
+    assert f is not None and f.kind == "misalignment" and f.severity == "critical"
+    ev = f.evidence
+    assert ev["likely_shift"] == shift
+    lag = "mean_abs_diff_lag_plus1" if ev["likely_shift"] == 1 else "mean_abs_diff_lag_minus1"
+    assert ev[lag] < 0.2 * ev["mean_abs_diff_lag0"]
+    res = run_forensics(ds)
+    assert res.findings[0].kind == "misalignment"
+    # the slope of uncorrelated columns is no temperature finding
+    assert res.status("one_sided_temperature").status == "cannot_tell"
+
+
+# ------------------------------------------------------------------ temperature
+
+
+@pytest.mark.parametrize("scale", [1.25, 0.8])
+def test_one_sided_temperature(tmp_path, base, scale):
+    """infer_logprob = scale * (train-side logprob) + c(H) is found with slope ~= scale."""
+    df = base.with_columns(IL * scale - 0.05 * H)
+    res = run_forensics(_load(tmp_path, df), checks=["one_sided_temperature"])
+    f = res.by_kind("one_sided_temperature")
+    assert f is not None and f.severity == "warning"
+    assert f.evidence["slope_geometric_mean"] == pytest.approx(scale, rel=0.02)
+    assert f.evidence["implied_temperature"] == pytest.approx(1 / scale, rel=0.02)
+    assert f.evidence["within_bin_correlation"] > 0.9
+
+
+# ------------------------------------------------------------------ truncated sampling
+
+
+def test_truncated_sampling(tmp_path, base):
+    """An engine-side renormalisation log Z = 0.08 H makes delta one-sided, growing with H;
+    the de-biased law recovers the planted k = 0.02, alpha = 1."""
+    g = pl.min_horizontal(0.08 * H, -IL * 0.99)
+    df = base.with_columns((IL + g).alias("infer_logprob"))
+    res = run_forensics(_load(tmp_path, df))
+    f = res.by_kind("truncated_sampling")
+    assert f is not None and f.severity == "warning"
+    ev = f.evidence
+    assert ev["mean_delta_above_h_min"] < -0.05
+    assert ev["bias_share_above_h_min"] > FX.TRUNC_BIAS_SHARE
+    assert ev["share_delta_negative_above_h_min"] > 0.7
+    assert ev["kendall_tau_entropy_vs_neg_mean_delta"] > 0.8
+    assert ev["k_debiased"] == pytest.approx(0.02, rel=0.15)
+    assert ev["k_raw"] > 1.5 * ev["k_debiased"]
+    assert ev["alpha_debiased"] == pytest.approx(1.0, abs=0.1)
+    assert res.status("one_sided_temperature").status == "clear"
+
+
+# ------------------------------------------------------------------ sequence outliers
+
+
+def test_sequence_outliers(tmp_path, base):
+    """Sequences whose delta is 6x larger at every token are listed with their delta^2 share."""
+    bad = pl.col("seq_id") % 41 == 0
+    df = _with_delta(base, pl.when(bad).then(DELTA * 6).otherwise(DELTA))
+    planted = {str(s) for s in base.filter(bad)["seq_id"].unique().to_list()}
+    res = run_forensics(_load(tmp_path, df), checks=["sequence_outliers"])
+    f = res.by_kind("sequence_outliers")
+    assert f is not None and f.severity == "warning"
+    ev = f.evidence
+    assert set(ev["top_seq_ids"]) <= planted
+    assert ev["sequences_flagged"] >= 2
+    assert ev["delta2_share_flagged"] > FX.OUTLIER_SHARE_WARN
+    assert ev["k_without_flagged"] < ev["k_with_flagged"]
+
+
+# ------------------------------------------------------------------ drift
+
+
+def test_drift(tmp_path, base):
+    """|delta| scaled by (1 + 0.1 step) is found as drift of about x1.9 over 10 steps."""
+    df = _with_delta(base, DELTA * (1 + 0.1 * pl.col("step")))
+    res = run_forensics(_load(tmp_path, df), checks=["drift", "staleness"])
+    f = res.by_kind("drift")
+    assert f is not None and f.severity == "warning"
+    assert 1.6 < f.evidence["growth_over_run"] < 2.2
+    assert f.evidence["p_value"] < 1e-6
+    assert res.status("staleness").status == "clear"
+
+
+def test_drift_not_fooled_by_entropy_change(tmp_path, base):
+    """A policy that sharpens over training (entropy falls, delta follows the law) is no drift."""
+    # drop high-entropy tokens more often at later steps: mean |delta| falls, law unchanged
+    rng = np.random.default_rng(3)
+    u = pl.Series(rng.random(base.height))
+    df = base.with_columns(u.alias("_u")).filter(
+        (pl.col("_u") > pl.col("step") / 12) | (H < 0.1)).drop("_u")
+    res = run_forensics(_load(tmp_path, df), checks=["drift"])
+    assert res.status("drift").status == "clear"
+
+
+def test_drift_cannot_tell_without_step(tmp_path, base):
+    """Without a step column drift is cannot_tell with the reason."""
+    res = run_forensics(_load(tmp_path, base.drop("step")), checks=["drift"])
+    st = res.status("drift")
+    assert st.status == "cannot_tell" and "step" in st.reason
+
+
+# ------------------------------------------------------------------ staleness
+
+
+def test_staleness_found(tmp_path):
+    """A planted staleness gain makes |delta| grow per version of lag at fixed entropy."""
+    df = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, staleness_gain=1.0, h_star=None))
+    res = run_forensics(_load(tmp_path, df), checks=["staleness", "drift"])
+    f = res.by_kind("staleness")
+    assert f is not None
+    # planted |delta| growth: sqrt(1 + s), i.e. x1.41 at lag 1, x2 at lag 3
+    assert 1.15 < f.evidence["growth_per_version"] < 1.45
+    assert f.evidence["p_value"] < 1e-6
+    assert res.status("drift").status == "clear"
+
+
+def test_staleness_cannot_tell_without_versions(tmp_path, base):
+    """Without version columns the staleness confound cannot be separated, and says so."""
+    res = run_forensics(_load(tmp_path, base.drop("policy_version", "train_version")),
+                        checks=["staleness"])
+    st = res.status("staleness")
+    assert st.status == "cannot_tell"
+    assert "staleness cannot be separated from engine mismatch" in st.reason
+
+
+# ------------------------------------------------------------------ corrupt rows
+
+
+def test_corrupt_rows_per_sequence(tmp_path):
+    """Non-finite suffixes and placeholder runs are reported per sequence with examples."""
+    base = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, masked_share=0.0))
+    n_tok = pl.len().over("seq_id")
+    suf = (pl.col("seq_id") % 13 == 0) & (pl.col("position") >= n_tok - 5) & (n_tok >= 10)
+    run = (pl.col("seq_id") % 17 == 1) & pl.col("position").is_between(3, 8) & (n_tok >= 10)
+    df = base.with_columns(
+        pl.when(suf).then(float("nan")).when(run).then(-9999.0).otherwise(IL)
+        .alias("infer_logprob"))
+    n_suf = base.filter(suf)["seq_id"].n_unique()
+    n_run = base.filter(run)["seq_id"].n_unique()
+    res = run_forensics(_load(tmp_path, df), checks=["corrupt_rows"])
+    f = res.by_kind("corrupt_rows")
+    assert f is not None and f.severity == "warning"
+    ev = f.evidence
+    assert ev["sequences_with_nonfinite_suffix"] == n_suf
+    assert ev["nonfinite_suffix_tokens"] == 5 * n_suf
+    assert ev["nonfinite_suffix_tokens_infer_side"] == 5 * n_suf
+    assert ev["sequences_with_placeholder_run"] == n_run
+    assert ev["placeholder_tokens_in_runs"] == 6 * n_run
+    assert ev["scattered_bad_tokens"] == 0
+    assert all(int(s) % 13 == 0 for s in ev["suffix_examples_seq_id"])
+    assert all(int(s) % 17 == 1 for s in ev["placeholder_run_examples_seq_id"])
+
+
+def test_scattered_dirty_rows_are_not_corrupt_runs(tmp_path):
+    """Scattered bad tokens (synth dirty rows) are counted, not reported as a finding."""
+    df = generate(SynthSpec(n_tokens=N_TOKENS, seed=4, dirty=True, dirty_share=0.02))
+    res = run_forensics(_load(tmp_path, df), checks=["corrupt_rows"])
+    assert res.findings == ()
+    assert res.status("corrupt_rows").status == "clear"
+    assert "scattered" in res.status("corrupt_rows").reason
+
+
+# ------------------------------------------------------------------ trainer floor
+
+
+def test_trainer_noise_floor(tmp_path, base):
+    """A recompute with 0.3x the mismatch's scale gives a delta^2 / floor^2 ratio near 11."""
+    rng = np.random.default_rng(0)
+    z = pl.Series(rng.standard_normal(base.height))
+    df = base.with_columns((TL + z * 0.3 * (0.02 * H).sqrt()).alias("train_logprob_recompute"))
+    res = run_forensics(_load(tmp_path, df), checks=["trainer_noise_floor"])
+    f = res.by_kind("trainer_noise_floor")
+    assert f is not None and f.severity == "info"
+    ev = f.evidence
+    assert ev["ratio_delta2_to_floor2"] == pytest.approx(
+        ev["mean_delta2"] / ev["mean_floor2"], rel=1e-3)
+    assert ev["ratio_delta2_to_floor2"] > 5
+    assert res.silent
+
+
+# ------------------------------------------------------------------ rendering
+
+
+def _console() -> Console:
+    return Console(file=io.StringIO(), width=120, color_system=None)
+
+
+def _hand_made() -> Findings:
+    return Findings(
+        findings=(
+            Finding("staleness", "info", "Stale", "grows with lag", {"growth_per_version": 1.1},
+                    "the lag"),
+            Finding("misalignment", "critical", "Shifted by +1", "lag +1 fits",
+                    {"likely_shift": 1, "mean_abs_diff_lag0": 2.5, "ids": ["a", "b"]},
+                    "slicing"),
+        ),
+        checks=(
+            CheckStatus("misalignment", "found", "lag +1 fits 20x better"),
+            CheckStatus("drift", "cannot_tell", "no step column"),
+        ),
+    )
+
+
+def test_render_most_severe_first():
+    """The rendering lists the critical finding before the info one, with evidence and checks."""
+    c = _console()
+    render_findings(_hand_made(), c)
+    out = c.file.getvalue()
+    assert out.index("CRITICAL") < out.index("INFO")
+    assert "Shifted by +1" in out and "likely_shift = 1" in out and "ids = [a, b]" in out
+    assert "Check: slicing" in out
+    assert "cannot_tell" in out and "no step column" in out
+    assert "2 finding(s), 1 above info" in out
+
+
+def test_render_from_dict_equals_object():
+    """Rendering the to_dict() gives the same text as rendering the object."""
+    a, b = _console(), _console()
+    render_findings(_hand_made(), a)
+    render_findings(_hand_made().to_dict(), b)
+    assert a.file.getvalue() == b.file.getvalue()
+
+
+def test_render_no_findings():
+    """Without findings the renderer says so in one line."""
+    c = _console()
+    render_findings(Findings(), c)
+    assert "no known cause of mismatch found" in c.file.getvalue()
+
+
+def test_findings_properties():
+    """worst, silent and cannot_tell summarise the result."""
+    r = _hand_made()
+    assert r.worst == "critical" and not r.silent
+    assert [c.name for c in r.cannot_tell] == ["drift"]
+    assert Findings().worst is None and Findings().silent
+    assert math.isnan(FX._r(float("nan")))
+
+
+# ------------------------------------------------------------------ bundled sample
+
+
+def test_bundled_sample_run_is_silent():
+    """On the bundled real sample run (bf16 engine, fp32 trainer, version lag) nothing is above info."""
+    p = Path(FX.__file__).parent / "sample_data" / "sample_run_long.parquet"
+    if not p.is_file():
+        pytest.skip("bundled sample run not generated yet")
+    res = run_forensics(load_dataset([p]))
+    assert res.silent, [(f.kind, f.title) for f in res.findings]
+    assert res.status("misalignment").status == "clear"
