@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -18,6 +19,7 @@ from entr_diag.metrics import METRIC_NAMES, MismatchMetrics
 __all__ = ["render_fit"]
 
 _MAX_STEP_ROWS = 12
+_SHORT = {"share_abs_delta_gt_log2": "|d|>log2", "log_ppl_diff": "log_ppl_diff"}
 
 
 def _g(x: float | None, digits: int = 3) -> str:
@@ -31,6 +33,11 @@ def _ci(ci: tuple[float, float], digits: int = 3) -> str:
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "-"
     return f"[{_g(lo, digits)}, {_g(hi, digits)}]"
+
+
+def _table(title: str) -> Table:
+    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                 title_justify="left")
 
 
 def _pct(x: float) -> str:
@@ -49,30 +56,34 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     console.print()
 
     # ---- bins
-    t = Table(title="Entropy bins (nats); intervals: 95% sequence-block bootstrap")
-    for col in ("H range", "tokens", "seqs", "mean H", "mean delta", "mean delta^2",
-                "95% CI", "mean |delta|", "p95 |delta|", "p<1e-3", "mean z^2", "fit"):
-        t.add_column(col, justify="right" if col not in ("H range", "fit") else "left")
+    t = _table("Entropy bins (H in nats; 95% intervals: sequence-block bootstrap)")
+    for col in ("H from", "tokens", "seqs", "mean H", "mean d", "mean d^2",
+                "95% CI", "mean |d|", "p95 |d|", "p<1e-3", "mean z^2", "fit"):
+        t.add_column(col, justify="left" if col == "fit" else "right", no_wrap=True)
     for b in result.bins:
         t.add_row(
-            f"{_g(b.h_lo, 2)}-{_g(b.h_hi, 2)}",
+            _g(b.h_lo, 2),
             str(b.tokens),
             str(b.sequences),
             _g(b.mean_h),
-            _g(b.mean_delta),
+            _g(b.mean_delta, 2),
             _g(b.mean_delta2),
-            _ci(b.mean_delta2_ci),
+            _ci(b.mean_delta2_ci, 2),
             _g(b.mean_abs_delta),
             _g(b.p95_abs_delta),
             _pct(b.share_p_lt_1e3),
             _g(b.mean_z2),
-            "law" if b.in_fit else "",
+            "*" if b.in_fit else "",
         )
     console.print(t)
+    console.print("d = delta = train_logprob - infer_logprob; z = d / sqrt(H + eps); "
+                  "p<1e-3: share of tokens whose sampled-token probability is below 1e-3; "
+                  "fit *: bin used by the law fits; a bin spans H from its 'H from' to the next "
+                  f"bin's (last bin up to {_g(result.bins[-1].h_hi, 2)} nats).", soft_wrap=True)
 
     # ---- laws
     laws = result.laws
-    lt = Table(title=f"Laws fitted on {laws.power.n_bins} law-regime bins "
+    lt = _table(f"Laws fitted on {laws.power.n_bins} law-regime bins "
                      f"(H {_g(laws.power.h_min, 2)}-{_g(laws.power.h_max, 2)} nats)")
     for col in ("law", "k", "k 95% CI", "alpha / c", "95% CI", "weighted R^2", "chi2/dof"):
         lt.add_column(col)
@@ -113,7 +124,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
             f"{_pct(g.delta2_mass_share_below_h_star)} of delta^2 mass.",
             soft_wrap=True,
         )
-        pt = Table(title="Flagged tokens by sampled-token probability p")
+        pt = _table("Flagged tokens by sampled-token probability p = exp(infer_logprob)")
         for col in ("p bin", "tokens", "share of flagged", "share of delta^2 mass"):
             pt.add_column(col)
         for pb in g.by_p:
@@ -127,7 +138,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     st = result.strata
     rows = list(st.staleness) + list(st.step)
     if rows:
-        tt = Table(title="Power law per stratum (law-regime bins)")
+        tt = _table("Power law per stratum (law-regime bins)")
         for col in ("stratum", "tokens", "bins", "alpha", "alpha 95% CI", "k", "k 95% CI",
                     "k (k H)", "note"):
             tt.add_column(col)
@@ -140,11 +151,11 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
 
     # ---- metrics
     if metrics is not None:
-        mt = Table(title="Mismatch metrics (verl / slime names)")
-        mt.add_column("step")
-        mt.add_column("tokens")
+        mt = _table("Mismatch metrics (verl / slime names)")
+        mt.add_column("step", no_wrap=True)
+        mt.add_column("tokens", justify="right", no_wrap=True)
         for name in METRIC_NAMES:
-            mt.add_column(name)
+            mt.add_column(_SHORT.get(name, name), justify="right")
         sets = [("all", metrics.overall)]
         ps = list(metrics.per_step)
         if len(ps) > _MAX_STEP_ROWS:
@@ -154,6 +165,8 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
         for label, m in sets:
             mt.add_row(label, str(m.tokens), *[_g(getattr(m, n), 4) for n in METRIC_NAMES])
         console.print(mt)
+        console.print("|d|>log2 = share_abs_delta_gt_log2; ess = 1/mean((w/mean w)^2), w = r "
+                      "per token; log-ratios clamped to +/-20 before exp (verl).", soft_wrap=True)
         if len(metrics.per_step) > _MAX_STEP_ROWS:
             console.print(f"(per-step rows subsampled: {len(metrics.per_step)} steps in total; "
                           "all of them are in the JSON)", soft_wrap=True)
