@@ -107,7 +107,7 @@ p.how { color:var(--muted); font-size:12.5px; margin:2px 0 10px; }
 p.how b { color:#374151; }
 .unavailable { color:var(--muted); font-style:italic; background:#f3f4f6;
                border:1px dashed #d1d5db; border-radius:6px; padding:10px 14px; margin:8px 0; }
-.grid2 { display:grid; grid-template-columns:1fr 1fr; gap:18px; }
+.grid2 { display:grid; grid-template-columns:minmax(0,1fr) minmax(0,1fr); gap:18px; }
 @media (max-width: 1000px) { .grid2 { grid-template-columns:1fr; } }
 .fig { width:100%; min-height:200px; }
 table { border-collapse:collapse; font-size:12.5px; margin:6px 0 10px; }
@@ -306,6 +306,14 @@ def _table(
         )
         body.append(f"<tr>{tds}</tr>")
     return f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+
+
+class _Id(str):
+    """A key (seq_id, position, step, token_id) shown verbatim, without number formatting."""
+
+
+def _idv(x: Any) -> Any:
+    return None if x is None else _Id(x)
 
 
 def _kv_table(items: Iterable[tuple[str, Any]]) -> str:
@@ -604,8 +612,10 @@ def _scaling_fig(fit: dict | None) -> go.Figure:
     # power law is also extended, thin and dotted, over the bins outside it for reference
     h_range = _get(fit, "laws", "power", "h_range")
     f_lo, f_hi = min(lx), max(lx)
-    if isinstance(h_range, Sequence) and len(h_range) == 2 and all(
-        _is_num(v) and v > 0 for v in h_range
+    if (
+        isinstance(h_range, Sequence)
+        and len(h_range) == 2
+        and all(_is_num(v) and v > 0 for v in h_range)
     ):
         f_lo = max(f_lo, math.log10(h_range[0]))
         f_hi = min(f_hi, math.log10(h_range[1]))
@@ -712,7 +722,7 @@ def _decade_ticks(
     return vals, texts
 
 
-def _density_fig(prof: dict, params: Mapping[str, Any]) -> go.Figure:
+def _density_fig(prof: dict, params: Mapping[str, Any], h_star: Any = None) -> go.Figure:
     d = _pick(prof, "density_2d", "density")
     if not d:
         raise ReportUnavailable("no density profile was computed")
@@ -777,6 +787,18 @@ def _density_fig(prof: dict, params: Mapping[str, Any]) -> go.Figure:
                 line=dict(color="#f97316", width=2, dash="dash"),
             )
         )
+    if _is_num(h_star) and h_star > 0 and xe[0] <= math.log10(h_star) <= xe[-1]:
+        fig.add_vline(x=math.log10(h_star), line=dict(color="#b91c1c", width=1.5, dash="dash"))
+        fig.add_annotation(
+            x=math.log10(h_star),
+            y=1,
+            yref="paper",
+            xanchor="left",
+            yanchor="bottom",
+            showarrow=False,
+            text=f" H* = {_f(h_star)}",
+            font=dict(color="#b91c1c", size=12),
+        )
     xt = _decade_ticks(
         xe[1] if i0 == 0 else xe[0], xe[-1], (xe[0] + xe[1]) / 2 if i0 == 0 else None
     )
@@ -820,6 +842,7 @@ def _prob_fig(prof: dict) -> go.Figure:
     centers = _log_centers(d["edges"])
     by_lo = {b["p_lo"]: i for i, b in enumerate(d["bins"])}
     xs = [centers[by_lo[b["p_lo"]]] for b in bins]
+    n_total = d.get("n_tokens") or sum(b["tokens"] for b in bins)
     label = [
         (f"p < {_f(b['p_hi'])}" if b["p_lo"] == 0 else f"p ∈ [{_f(b['p_lo'])}, {_f(b['p_hi'])})")
         + f"<br>tokens {b['tokens']:,}"
@@ -827,86 +850,72 @@ def _prob_fig(prof: dict) -> go.Figure:
     ]
     fig = make_subplots(
         rows=1,
-        cols=2,
-        horizontal_spacing=0.1,
-        subplot_titles=("mean |δ| and mean δ² (log)", "signed mean δ and share of δ² mass"),
+        cols=3,
+        horizontal_spacing=0.08,
+        subplot_titles=(
+            "mean |δ| and mean δ² (log scale)",
+            "signed mean δ",
+            "share of tokens and of δ² mass",
+        ),
     )
-    fig.update_layout(template=_TEMPLATE, height=420, margin=dict(t=60))
+    fig.update_layout(template=_TEMPLATE, height=400, margin=dict(t=50, b=100))
+    series = (
+        (1, "mean_abs_delta", "mean |δ| (nats)", "#2563eb"),
+        (1, "mean_delta_sq", "mean δ² (nats²)", "#7c3aed"),
+        (2, "mean_delta", "mean δ, signed (nats)", "#dc2626"),
+    )
+    for col, key, name, color in series:
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=_nums(b.get(key) for b in bins),
+                name=name,
+                mode="lines+markers",
+                marker=dict(size=5, color=color),
+                line=dict(color=color),
+                text=label,
+                hovertemplate="%{text}<br>" + name + " %{y:.3g}<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
     fig.add_trace(
         go.Scatter(
             x=xs,
-            y=_nums(b["mean_abs_delta"] for b in bins),
-            name="mean |δ|",
+            y=[b["tokens"] / n_total if n_total else None for b in bins],
+            name="share of tokens",
             mode="lines+markers",
+            marker=dict(size=5, color="#6b7280"),
+            line=dict(color="#6b7280", dash="dot"),
             text=label,
-            hovertemplate="%{text}<br>mean |δ| %{y:.3g}<extra></extra>",
+            hovertemplate="%{text}<br>share of tokens %{y:.2%}<extra></extra>",
         ),
         row=1,
-        col=1,
+        col=3,
     )
     fig.add_trace(
         go.Scatter(
-            x=xs,
-            y=_nums(b["mean_delta_sq"] for b in bins),
-            name="mean δ²",
-            mode="lines+markers",
-            text=label,
-            hovertemplate="%{text}<br>mean δ² %{y:.3g}<extra></extra>",
-        ),
-        row=1,
-        col=1,
-    )
-    fig.add_trace(
-        go.Bar(
             x=xs,
             y=_nums(b.get("delta_sq_share") for b in bins),
             name="share of δ² mass",
-            marker_color="rgba(148,163,184,0.55)",
-            yaxis="y3",
-            hovertext=label,
-            width=[x * 0.5 for x in xs],
-            hovertemplate="%{hovertext}<br>share of δ² mass %{y:.2%}<extra></extra>",
-        ),
-        row=1,
-        col=2,
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=xs,
-            y=_nums(b["mean_delta"] for b in bins),
-            name="mean δ (signed)",
             mode="lines+markers",
-            marker_color="#dc2626",
+            marker=dict(size=5, color="#d97706"),
+            line=dict(color="#d97706"),
+            fill="tozeroy",
+            fillcolor="rgba(217,119,6,0.12)",
             text=label,
-            hovertemplate="%{text}<br>mean δ %{y:.3g}<extra></extra>",
+            hovertemplate="%{text}<br>share of δ² mass %{y:.2%}<extra></extra>",
         ),
         row=1,
-        col=2,
+        col=3,
     )
     fig.update_xaxes(
-        type="log",
-        title_text="sampled-token probability p = exp(infer_logprob)",
-        exponentformat="power",
+        type="log", title_text="p = exp(infer_logprob)", exponentformat="power", dtick=1
     )
-    fig.update_yaxes(
-        type="log", exponentformat="power", dtick=1, title_text="nats / nats²", row=1, col=1
-    )
-    fig.update_yaxes(
-        title_text="mean δ (nats)", zeroline=True, zerolinecolor="#9ca3af", row=1, col=2
-    )
-    fig.update_layout(
-        yaxis3=dict(
-            overlaying="y2",
-            side="right",
-            showgrid=False,
-            tickformat=".0%",
-            title=dict(text="share of δ² mass"),
-            rangemode="tozero",
-            anchor="x2",
-        ),
-        legend=dict(orientation="h", y=-0.22, x=0),
-        margin=dict(b=90, r=70),
-    )
+    fig.update_yaxes(type="log", exponentformat="power", dtick=1, row=1, col=1)
+    fig.update_yaxes(zeroline=True, zerolinecolor="#9ca3af", row=1, col=2)
+    fig.update_yaxes(tickformat=".0%", rangemode="tozero", row=1, col=3)
+    fig.update_layout(legend=dict(orientation="h", y=-0.3, x=0))
     return fig
 
 
@@ -915,6 +924,30 @@ def _prob_fig(prof: dict) -> go.Figure:
 
 def _gate_name(g: Mapping[str, Any]) -> str:
     return str(_pick(g, "label", "spec", "name", default="gate"))
+
+
+def _gate_color(i: int, g: Mapping[str, Any]) -> str:
+    """Colour of the gate at index ``i`` of ``compare["gates"]`` (ENTR always blue); the
+    same in every gate figure."""
+    if _is_entr(g):
+        return _ENTR_COLOR
+    return _PALETTE[1 + (i - 1) % (len(_PALETTE) - 1)]
+
+
+_MATCHED_COLOR = "#111827"
+
+
+def _gate_legend(n: int) -> dict[str, Any]:
+    """Legend below a gate figure, sized for ``n`` entries in two columns."""
+    return dict(
+        orientation="h",
+        x=0,
+        y=-0.2,
+        yanchor="top",
+        entrywidth=0.5,
+        entrywidthmode="fraction",
+        font=dict(size=11),
+    )
 
 
 def _is_entr(g: Mapping[str, Any]) -> bool:
@@ -976,7 +1009,7 @@ def _keep_vs_entropy_fig(compare: dict | None) -> go.Figure:
                 customdata=[[str(p[2]), p[3]] for p in pts],
                 line=dict(
                     width=3.5 if entr else 1.6,
-                    color=_ENTR_COLOR if entr else _PALETTE[1 + i % (len(_PALETTE) - 1)],
+                    color=_gate_color(i, g),
                 ),
                 marker=dict(size=6 if entr else 4),
                 hovertemplate="H bin %{customdata[0]}<br>tokens %{customdata[1]:,}"
@@ -987,7 +1020,7 @@ def _keep_vs_entropy_fig(compare: dict | None) -> go.Figure:
         raise ReportUnavailable("the gates carry no keep rate per entropy bin")
     fig.update_xaxes(type="log", title_text="entropy H (nats)", exponentformat="power")
     fig.update_yaxes(title_text="keep rate (share of tokens kept)", tickformat=".1~%")
-    fig.update_layout(legend=dict(orientation="h", y=-0.22, x=0), margin=dict(b=90, t=20))
+    fig.update_layout(legend=_gate_legend(len(fig.data)), margin=dict(b=200, t=20), height=560)
     return fig
 
 
@@ -1047,26 +1080,36 @@ def _disagreement_fig(compare: dict | None) -> go.Figure:
     fig = _fig_base(height=380)
     for key, label, color in (
         ("only_entr_keeps", "only ENTR keeps", _ENTR_COLOR),
-        ("only_other_keeps", "only the fixed band keeps", "#dc2626"),
+        ("only_other_keeps", f"only the fixed band keeps (c = {_f(_get(m, 'c'))})", "#dc2626"),
     ):
         ys = be.get(key) or []
         pts = [
-            (x, y, k) for x, y, k in zip(xs, ys, keys, strict=False) if x is not None and _is_num(y)
+            (x, y, str(k))
+            for x, y, k in zip(xs, ys, keys, strict=False)
+            if x is not None and _is_num(y)
         ]
         fig.add_trace(
-            go.Bar(
-                x=[str(p[2]) for p in pts],
+            go.Scatter(
+                x=[p[0] for p in pts],
                 y=[p[1] for p in pts],
-                name=label,
-                marker_color=color,
-                hovertemplate="H %{x}<br>%{y:,} tokens<extra>" + label + "</extra>",
+                customdata=[p[2] for p in pts],
+                name=_e(label),
+                mode="lines+markers",
+                line=dict(color=color, shape="hvh"),
+                marker=dict(size=5, color=color),
+                fill="tozeroy",
+                hovertemplate="H bin %{customdata}<br>%{y:,} tokens<extra>"
+                + _e(label)
+                + "</extra>",
             )
         )
     fig.update_layout(
-        barmode="group", legend=dict(orientation="h", y=1.08, x=0), margin=dict(t=40, b=90)
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0), margin=dict(t=40)
     )
-    fig.update_xaxes(title_text="entropy bin H (nats)", type="category", tickangle=-45)
-    fig.update_yaxes(title_text="tokens")
+    fig.update_xaxes(
+        title_text="entropy H (nats, bin centre)", type="log", exponentformat="power", dtick=1
+    )
+    fig.update_yaxes(title_text="tokens", rangemode="tozero")
     return fig
 
 
@@ -1135,10 +1178,13 @@ def _noise_vs_expl_fig(compare: dict | None) -> go.Figure:
     m = _get(compare, "matched", "fixed")
     if isinstance(m, Mapping):
         allg.append(dict(m, label=f"{_gate_name(m)} (matched)"))
-    for g in allg:
+    for i, g in enumerate(allg):
         na, ed = g.get("noise_admitted"), g.get("exploration_discarded")
         if _is_num(na) and _is_num(ed):
-            pts.append((_gate_name(g), ed, na, _is_entr(g)))
+            matched = i == len(gates)
+            color = _MATCHED_COLOR if matched else _gate_color(i, g)
+            symbol = "star" if _is_entr(g) else ("diamond" if matched else "circle")
+            pts.append((_gate_name(g), ed, na, _is_entr(g), color, symbol))
     if not pts:
         reasons = (compare or {}).get("null_reasons") or {}
         why = "; ".join(str(v) for v in reasons.values())
@@ -1146,7 +1192,7 @@ def _noise_vs_expl_fig(compare: dict | None) -> go.Figure:
             why or "the gates carry no noise-admitted / exploration-discarded shares"
         )
     fig = _fig_base(height=430)
-    for i, (name, ed, na, entr) in enumerate(pts):
+    for name, ed, na, entr, color, symbol in pts:
         fig.add_trace(
             go.Scatter(
                 x=[ed],
@@ -1154,26 +1200,30 @@ def _noise_vs_expl_fig(compare: dict | None) -> go.Figure:
                 mode="markers",
                 name=_e(name),
                 marker=dict(
-                    size=15 if entr else 10,
-                    symbol="star" if entr else "circle",
-                    color=_ENTR_COLOR if entr else _PALETTE[1 + i % (len(_PALETTE) - 1)],
+                    size=16 if entr else 11,
+                    symbol=symbol,
+                    color=color,
                     line=dict(width=1, color="white"),
                 ),
                 hovertemplate=_e(name) + "<br>exploration discarded %{x:.3%}"
                 "<br>noise admitted %{y:.3%}<extra></extra>",
             )
         )
+    # pad both axes so markers at 0 (ENTR often sits at the origin) are not cut by the axes
+    x_max = max(max(p[1] for p in pts), 1e-4)
+    y_max = max(max(p[2] for p in pts), 1e-4)
+    fig.update_traces(cliponaxis=False)
     fig.update_xaxes(
         title_text="exploration discarded (share of in-law tokens dropped)",
         tickformat=".2~%",
-        rangemode="tozero",
+        range=[-0.05 * x_max, 1.08 * x_max],
     )
     fig.update_yaxes(
         title_text="noise admitted (share of noise tokens kept)",
         tickformat=".1~%",
-        rangemode="tozero",
+        range=[-0.05 * y_max, 1.08 * y_max],
     )
-    fig.update_layout(legend=dict(orientation="h", y=-0.22, x=0), margin=dict(b=110, t=20))
+    fig.update_layout(legend=_gate_legend(len(fig.data)), margin=dict(b=200, t=20), height=560)
     return fig
 
 
@@ -1224,14 +1274,20 @@ def _sweep_fig(compare: dict | None) -> go.Figure:
                 row=1,
                 col=c,
             )
-        fig.update_xaxes(title_text=_e(str(v.get("parameter", k))), type="log", row=1, col=c)
-        if k == "tau" and _is_num(params.get("tau")):
+        fig.update_xaxes(
+            title_text=_e(str(v.get("parameter", k))) + (" (nats)" if k == "c" else ""),
+            type="log",
+            dtick="D2",
+            row=1,
+            col=c,
+        )
+        # shapes on a log axis take data values (annotations would take log10)
+        if k == "tau" and _is_num(params.get("tau")) and params["tau"] > 0:
+            fig.add_vline(x=params["tau"], line=dict(color="#6b7280", dash="dot"), row=1, col=c)
+        c_m = _get(compare, "matched", "c")
+        if k == "c" and _is_num(c_m) and c_m > 0:
             fig.add_vline(
-                x=math.log10(params["tau"]), line=dict(color="#6b7280", dash="dot"), row=1, col=c
-            )
-        if k == "c" and _is_num(_get(compare, "matched", "c")):
-            fig.add_vline(
-                x=math.log10(compare["matched"]["c"]),
+                x=c_m,
                 line=dict(color="#6b7280", dash="dot"),
                 row=1,
                 col=c,
@@ -1264,7 +1320,15 @@ def _metrics_fig(metrics: dict | None) -> go.Figure:
         shared_xaxes=True,
         vertical_spacing=0.14,
         horizontal_spacing=0.09,
-        subplot_titles=[t for _, t in panels],
+        subplot_titles=[
+            t
+            + (
+                f" · overall {_f(_get(metrics, 'overall', k))}"
+                if _is_num(_get(metrics, "overall", k))
+                else ""
+            )
+            for k, t in panels
+        ],
     )
     fig.update_layout(template=_TEMPLATE, height=520, showlegend=False, margin=dict(t=50))
     steps = [r["step"] for r in rows]
@@ -1337,7 +1401,7 @@ def _masked_share_fig(compare: dict | None) -> go.Figure:
                 marker=dict(size=4),
                 line=dict(
                     width=3.5 if entr else 1.6,
-                    color=_ENTR_COLOR if entr else _PALETTE[1 + i % (len(_PALETTE) - 1)],
+                    color=_gate_color(i, g),
                 ),
                 hovertemplate="step %{x}<br>masked %{y:.3%}<extra>"
                 + _e(_gate_name(g))
@@ -1352,7 +1416,7 @@ def _masked_share_fig(compare: dict | None) -> go.Figure:
     fig.update_yaxes(
         title_text="masked share (tokens dropped)", tickformat=".2~%", rangemode="tozero"
     )
-    fig.update_layout(legend=dict(orientation="h", y=-0.22, x=0), margin=dict(b=100, t=20))
+    fig.update_layout(legend=_gate_legend(len(fig.data)), margin=dict(b=200, t=20), height=560)
     return fig
 
 
@@ -1366,8 +1430,8 @@ def _strata_fig(fit: dict | None) -> go.Figure:
     panels = [
         (kind, title, [r for r in strata.get(kind) or [] if isinstance(r, Mapping)])
         for kind, title in (
-            ("staleness", "per staleness bucket (train − policy version)"),
-            ("step", "per step range"),
+            ("staleness", "staleness buckets"),
+            ("step", "step ranges"),
         )
     ]
     panels = [p for p in panels if any(_is_num(_pick(r, "k_proportional", "k")) for r in p[2])]
@@ -1479,7 +1543,12 @@ def _switch_fig(prof: dict) -> go.Figure:
     )
     fig.update_yaxes(title_text="mean |δ| (nats)", secondary_y=False, rangemode="tozero")
     fig.update_yaxes(
-        title_text="mean entropy H (nats)", secondary_y=True, showgrid=False, rangemode="tozero"
+        title_text="mean entropy H (nats)",
+        secondary_y=True,
+        showgrid=False,
+        rangemode="tozero",
+        tickmode="auto",
+        nticks=6,
     )
     fig.update_layout(legend=dict(orientation="h", y=-0.22), margin=dict(b=80))
     return fig
@@ -1514,10 +1583,10 @@ def _offenders_html(prof: dict) -> str:
     tok_rows = [
         (
             i + 1,
-            r.get("seq_id"),
-            r.get("position"),
-            r.get("step"),
-            r.get("token_id"),
+            _idv(r.get("seq_id")),
+            _idv(r.get("position")),
+            _idv(r.get("step")),
+            _idv(r.get("token_id")),
             r.get("entropy"),
             r.get("p"),
             r.get("delta"),
@@ -1528,8 +1597,8 @@ def _offenders_html(prof: dict) -> str:
     seq_rows = [
         (
             i + 1,
-            r.get("seq_id"),
-            r.get("step"),
+            _idv(r.get("seq_id")),
+            _idv(r.get("step")),
             r.get("tokens"),
             r.get("mean_abs_delta"),
             r.get("max_abs_delta"),
@@ -1537,6 +1606,7 @@ def _offenders_html(prof: dict) -> str:
         for i, r in enumerate(d.get("sequences") or [])
     ]
     return (
+        '<div class="grid2 offenders"><div>'
         f"<h3>Top tokens by score = {_e(kind)} (eps = {_e(_f(d.get('eps')))})</h3>"
         '<p class="how"><b>How to read this:</b> the tokens ENTR would reject first; '
         "small p with small H is the low-entropy noise signature. Keys join back to the "
@@ -1546,7 +1616,7 @@ def _offenders_html(prof: dict) -> str:
             tok_rows,
             {0, 2, 3, 4, 5, 6, 7, 8},
         )
-        + "<h3>Top sequences by mean |δ|</h3>"
+        + "</div><div><h3>Top sequences by mean |δ|</h3>"
         '<p class="how"><b>How to read this:</b> whole trajectories with the largest '
         "typical mismatch; a high max with a low mean points to a single bad token.</p>"
         + _table(
@@ -1554,6 +1624,7 @@ def _offenders_html(prof: dict) -> str:
             seq_rows,
             {0, 2, 3, 4, 5},
         )
+        + "</div></div>"
     )
 
 
@@ -1636,10 +1707,10 @@ def build_report_html(
     doc.add("</div><div>")
     doc.add(
         doc.figure_block(
-            lambda: _density_fig(profiles, params),
+            lambda: _density_fig(profiles, params, _get(fit, "breakpoint", "h_star")),
             "token counts (color, log scale) of entropy H against |δ|; the bulk should rise "
             "with H; a cloud of large |δ| at tiny H is the noise regime. The dashed line is the "
-            "ENTR bound |δ| = √(τ(H+ε)) when τ is known.",
+            "ENTR bound |δ| = √(τ(H+ε)), the red line H*.",
             "Token density of (H, |δ|)",
         )
     )
@@ -1651,8 +1722,9 @@ def build_report_html(
         doc.figure_block(
             lambda: _prob_fig(profiles),
             "bins of p = exp(infer_logprob); numeric noise on rarely sampled tokens shows as "
-            "δ² growing like 1/p at small p (left), and the small-p bins carrying a large share of "
-            "the δ² mass (right, bars); a signed mean far from 0 is a systematic bias.",
+            "δ² far above the rest at small p (left); a signed mean far from 0 is a systematic "
+            "bias (middle); small-p bins holding a much larger share of the δ² mass than of the "
+            "tokens carry the noise (right).",
         )
     )
     doc.add("</section>")
@@ -1723,8 +1795,10 @@ def build_report_html(
     doc.add(
         doc.figure_block(
             lambda: _strata_fig(fit),
-            "the law's slope k (95% interval) per staleness bucket; k growing with staleness means "
-            "policy drift adds to the numeric mismatch.",
+            "the slope k of δ² = k·H (95% interval) per staleness bucket "
+            "(train_version − policy_version) and per step range; k growing with staleness "
+            "means policy drift adds to the numeric mismatch, k drifting over steps means the "
+            "mismatch changed during training.",
             "Fitted k per stratum",
         )
     )

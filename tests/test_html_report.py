@@ -1,0 +1,552 @@
+"""HTML post-mortem report: structure, self-containment, escaping, unavailable sections, and a
+real headless-Chromium render (every figure drawn, no console error)."""
+
+from __future__ import annotations
+
+import html as html_mod
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import plotly.offline
+import pytest
+
+from entr_diag.report.html_report import build_report_html, write_report
+
+SECTION_IDS = ("summary", "scaling", "prob", "gates", "training", "switches", "offenders")
+PLOTLY_MARK = "plotly.js v"  # the banner comment of the embedded bundle
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def _summary(files=("run/step_0001.parquet",)) -> dict:
+    return {
+        "tool_version": "0.1.0",
+        "created_at": "2026-11-30T12:00:00+00:00",
+        "inputs": {
+            "files": list(files),
+            "layout": "long",
+            "tokens_total": 1200,
+            "tokens_valid": 1000,
+            "sequences": 10,
+        },
+        "mapping": {"train_logprob": "old_log_probs", "infer_logprob": "rollout_log_probs"},
+        "exclusions": {"sentinel_logprob": 150, "non_finite_logprob": 50},
+        "entropy_source": "inference",
+        "parameters": {"tau": 4.0, "eps": 0.01, "bins": 6},
+    }
+
+
+def _fit() -> dict:
+    hs = [1e-3, 1e-2, 3e-2, 0.1, 0.5, 2.0]
+    bins = []
+    for i, h in enumerate(hs):
+        y = 0.02 * h + (0.05 if h < 0.02 else 0.0)
+        bins.append(
+            {
+                "index": i,
+                "h_lo": h / 2,
+                "h_hi": h * 2,
+                "tokens": 100,
+                "sequences": 10,
+                "mean_h": h,
+                "mean_delta2": y,
+                "mean_delta2_ci": [0.8 * y, 1.2 * y],
+                "in_fit": h >= 0.02,
+            }
+        )
+    return {
+        "parameters": {"tau": 4.0, "eps": 0.01},
+        "bins": bins,
+        "laws": {
+            "proportional": {"k": 0.02, "k_ci": [0.018, 0.022]},
+            "affine": {"k": 0.02, "k_ci": [0.018, 0.022], "c": 1e-5},
+            "power": {
+                "k": 0.02,
+                "k_ci": [0.018, 0.022],
+                "alpha": 1.0,
+                "alpha_ci": [0.95, 1.05],
+                "h_range": [0.02, 4.0],
+            },
+        },
+        "breakpoint": {"h_star": 0.02, "h_star_ci": [0.015, 0.03]},
+        "regime": {
+            "share_below_h_star": 0.2,
+            "delta2_mass_share_below_h_star": 0.6,
+            "flagged_tokens": 17,
+            "share_flagged": 0.017,
+            "delta2_mass_share_flagged": 0.38,
+            "rule": "H < H* and delta^2/(H + 0.01) > 4",
+        },
+        "strata": {
+            "staleness": [
+                {
+                    "label": "0",
+                    "tokens": 500,
+                    "k": 0.02,
+                    "k_proportional": 0.02,
+                    "k_proportional_ci": [0.018, 0.022],
+                },
+                {
+                    "label": "1",
+                    "tokens": 500,
+                    "k": 0.03,
+                    "k_proportional": 0.03,
+                    "k_proportional_ci": [0.025, 0.035],
+                },
+            ],
+            "step": [],
+            "notices": ["step strata skipped: no step column"],
+        },
+        "verdict": {
+            "text": "law holds: alpha = 1.00 [0.95, 1.05]",
+            "law": "holds",
+            "noise_regime": True,
+        },
+    }
+
+
+def _metrics() -> dict:
+    per_step = [
+        {"step": s, "tokens": 100, "kl": 1e-3 * s, "k3_kl": 5e-4, "chi2_token": 0.01, "ess": 0.99}
+        for s in range(5)
+    ]
+    return {"overall": dict(per_step[0]), "per_step": per_step}
+
+
+def _gate(name: str, label: str, kept: int, agreement: bool) -> dict:
+    edges = [0.0, 0.01, 0.1, 1.0, 10.0]
+    g = {
+        "name": name,
+        "spec": label,
+        "label": label,
+        "level": "token",
+        "n_tokens": 1000,
+        "kept_tokens": kept,
+        "kept_share": kept / 1000,
+        "dropped_tokens": 1000 - kept,
+        "kept_sequence_share": 1.0,
+        "keep_by_entropy": {
+            "keys": ["a", "b", "c", "d"],
+            "edges": edges,
+            "n": [250] * 4,
+            "kept": [240] * 4,
+            "keep_rate": [0.96] * 4,
+        },
+        "keep_by_step": {
+            "keys": [0, 1, 2],
+            "n": [300, 300, 400],
+            "kept": [290] * 3,
+            "keep_rate": [0.97, 0.96, 0.95],
+        },
+        "noise_admitted": 0.1,
+        "exploration_discarded": 0.01,
+        "agreement_vs_entr": None,
+    }
+    if agreement:
+        four = {
+            "both_keep": [200] * 4,
+            "only_entr_keeps": [10, 5, 20, 40],
+            "only_other_keeps": [30, 5, 1, 0],
+            "both_drop": [10] * 4,
+        }
+        g["agreement_vs_entr"] = {
+            "both_keep": 800,
+            "only_entr_keeps": 75,
+            "only_other_keeps": 36,
+            "both_drop": 89,
+            "by_entropy": {"keys": ["a", "b", "c", "d"], "edges": edges, **four},
+        }
+    return g
+
+
+def _compare() -> dict:
+    return {
+        "parameters": {"tau": 4.0, "eps": 0.01},
+        "gates": [
+            _gate("entr", "ENTR tau=4", 950, False),
+            _gate("fixed", "fixed c=0.5", 900, True),
+        ],
+        "matched": {
+            "c": 0.3,
+            "entr_dropped": 50,
+            "fixed_dropped": 50,
+            "fixed": _gate("fixed", "fixed c=0.3", 950, True),
+        },
+        "sweep": {
+            "tau": {
+                "parameter": "tau",
+                "gate": "entr",
+                "values": [0.5, 1, 2, 4, 8],
+                "keep_rate": [0.8, 0.85, 0.9, 0.95, 0.97],
+                "noise_admitted": [0.01, 0.02, 0.05, 0.1, 0.2],
+                "exploration_discarded": [0.05, 0.03, 0.02, 0.01, 0.005],
+            },
+        },
+        "null_reasons": {},
+    }
+
+
+def _profiles() -> dict:
+    import polars as pl
+
+    from entr_diag.profiles import compute_profiles
+
+    rng = np.random.default_rng(0)
+    n = 2000
+    seq = rng.integers(0, 20, n)
+    il = -rng.exponential(1.0, n)
+    d = rng.normal(0, 0.05, n)
+    lf = (
+        pl.DataFrame(
+            {
+                "seq_id": seq.astype(str),
+                "infer_logprob": il,
+                "train_logprob": il + d,
+                "entropy": rng.exponential(0.5, n),
+                "step": seq // 5,
+                "token_id": rng.integers(0, 100, n),
+            }
+        )
+        .with_columns(
+            pl.col("seq_id").hash().alias("seq_key"),
+            pl.int_range(pl.len()).over("seq_id").cast(pl.Int64).alias("position"),
+            (pl.col("train_logprob") - pl.col("infer_logprob")).alias("delta"),
+        )
+        .with_columns((pl.col("position") >= 40).cast(pl.Int64).alias("policy_version"))
+        .lazy()
+    )
+    return compute_profiles(lf).to_dict()
+
+
+@pytest.fixture(scope="module")
+def full_html() -> str:
+    findings = [
+        {
+            "kind": "noise_regime",
+            "severity": "warning",
+            "message": "1.7% of tokens carry 38% of the delta^2 mass",
+            "evidence": {"h_star": 0.02},
+        }
+    ]
+    return build_report_html(
+        summary=_summary(),
+        fit=_fit(),
+        metrics=_metrics(),
+        compare=_compare(),
+        profiles=_profiles(),
+        findings=findings,
+    )
+
+
+def _has(text: str, part: str) -> bool:
+    """``part in text`` without pytest diffing megabytes of HTML on failure."""
+    return part in text
+
+
+def _figure_count(h: str) -> int:
+    return h.count('data-entr-figure="1"')
+
+
+def _unavailable(h: str) -> list[str]:
+    return re.findall(r'<div class="unavailable">unavailable: ([^<]*)</div>', h)
+
+
+# ----------------------------------------------------------------------------- structure
+
+
+def test_every_section_present_with_how_to_read(full_html):
+    """All seven sections and the findings appear; every figure has a "how to read" line."""
+    for sid in (*SECTION_IDS, "findings"):
+        assert _has(full_html, f'id="{sid}"')
+    n = _figure_count(full_html)
+    assert n == 11
+    assert full_html.count("<b>How to read this:</b>") >= n
+    assert _unavailable(full_html) == []
+
+
+def test_plotly_embedded_once_and_no_network(full_html):
+    """plotly.js is inlined exactly once; nothing is loaded from the network (no src/href URL,
+    no MathJax)."""
+    assert full_html.count(PLOTLY_MARK) == 1
+    assert not _has(full_html, "<script src")
+    # outside the plotly.js bundle (whose strings name map-tile servers it never fetches
+    # here), no attribute points at the network
+    js = plotly.offline.get_plotlyjs()
+    assert full_html.count(js) == 1
+    rest = full_html.replace(js, "")
+    assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', rest)
+    assert not _has(rest, "MathJax") and not _has(rest, "cdn.")
+    assert full_html.count("Plotly.newPlot(") == _figure_count(full_html)
+
+
+def test_summary_carries_inputs_and_verdicts(full_html):
+    """The summary states the verdict, the regime, the gate comparison and the inputs."""
+    assert _has(full_html, "law holds: alpha = 1.00 [0.95, 1.05]")
+    assert _has(full_html, "H* = 0.02 nats [0.015, 0.03]")
+    assert _has(full_html, "the fixed band dropping as many tokens (c = 0.3 nats)")
+    for s in ("run/step_0001.parquet", "old_log_probs", "sentinel_logprob", "2026-11-30T12:00:00"):
+        assert _has(full_html, s)
+    assert _has(full_html, "inference")
+
+
+def test_offender_tables_rendered(full_html):
+    """The worst-offender tables list tokens and sequences with their keys."""
+    seg = full_html[full_html.index('id="offenders"') :]
+    assert _has(seg, "Top tokens by score = delta^2/(H+eps)")
+    assert seg.count("<tr>") >= 2 * 20
+
+
+def test_text_is_escaped():
+    """File names, findings and gate labels are HTML-escaped (no markup injection)."""
+    evil = "<script>alert(1)</script>"
+    comp = _compare()
+    comp["gates"][1]["label"] = evil
+    h = build_report_html(
+        summary=_summary(files=[evil]),
+        fit=_fit(),
+        metrics=None,
+        compare=comp,
+        profiles={},
+        findings=[{"kind": "x", "severity": "error", "message": evil, "evidence": evil}],
+    )
+    assert not _has(h, evil)
+    assert _has(h, html_mod.escape(evil))
+
+
+def test_missing_results_say_unavailable():
+    """Without fit, metrics, compare and profiles every figure is an "unavailable" note."""
+    h = build_report_html(summary=_summary(), fit=None, metrics=None, compare=None, profiles={})
+    assert _figure_count(h) == 0
+    notes = _unavailable(h)
+    assert len(notes) >= 10
+    assert all(n.strip() for n in notes)
+    assert 'id="findings"' not in h
+
+
+def test_unavailable_reasons_from_profiles():
+    """A profile that could not be computed shows its own reason."""
+    prof = _profiles()
+    prof["version_switch"] = {
+        "available": False,
+        "reason": "the data carry no policy_version column",
+    }
+    h = build_report_html(
+        summary=_summary(), fit=_fit(), metrics=_metrics(), compare=_compare(), profiles=prof
+    )
+    assert _has(h, "unavailable: the data carry no policy_version column")
+
+
+def test_json_nulls_are_tolerated():
+    """NaN written as null by the JSON writer (None here) never crashes the renderer."""
+    fit = _fit()
+    fit["bins"][0]["mean_delta2_ci"] = [None, None]
+    fit["laws"]["affine"]["c"] = None
+    comp = _compare()
+    comp["gates"][0]["noise_admitted"] = None
+    comp["gates"][0]["keep_by_entropy"]["keep_rate"][0] = None
+    h = build_report_html(
+        summary=_summary(),
+        fit=fit,
+        metrics=_metrics(),
+        compare=comp,
+        profiles=json.loads(json.dumps(_profiles())),
+    )
+    assert _figure_count(h) >= 10
+
+
+def test_write_report_atomic(tmp_path, full_html):
+    """write_report writes the whole file and leaves no temporary file behind."""
+    out = write_report(tmp_path / "r.html", full_html)
+    assert out.read_text(encoding="utf-8") == full_html
+    assert [p.name for p in tmp_path.iterdir()] == ["r.html"]
+
+
+def test_size_does_not_grow_with_tokens(full_html):
+    """The report is a few MB: plotly.js plus figures built from aggregates."""
+    assert len(full_html.encode()) < 6_000_000
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def synth_html(tmp_path_factory) -> str:
+    """A report of a tiny synthetic run built through the library, as the CLI does."""
+    from entr_diag.compare import compare_gates
+    from entr_diag.fit import fit_scaling_law
+    from entr_diag.io.load import load_dataset
+    from entr_diag.metrics import compute_metrics
+    from entr_diag.profiles import compute_profiles
+    from entr_diag.synth import SynthSpec, write_synth
+
+    path = tmp_path_factory.mktemp("synth") / "run.parquet"
+    write_synth(path, SynthSpec(n_tokens=30_000, seed=3, dirty=True))
+    ds = load_dataset([path])
+    fit = fit_scaling_law(ds.lf, bins=20, n_boot=50, seed=0)
+    fd = fit.to_dict()
+    bp = fd["breakpoint"]
+    cmp_ = compare_gates(
+        ds.lf,
+        h_star=None if bp is None else bp["h_star"],
+        law_k=fd["laws"]["power"]["k"],
+        law_alpha=fd["laws"]["power"]["alpha"],
+    )
+    desc = ds.describe()
+    acc = desc["accounting"]
+    summary = {
+        "tool_version": "test",
+        "created_at": "2026-11-30T12:00:00+00:00",
+        "inputs": {
+            "files": [f["path"] for f in desc["files"]],
+            "layout": desc["layout"],
+            "tokens_total": acc.get("tokens_total"),
+            "tokens_valid": acc.get("tokens_valid"),
+            "sequences": acc.get("sequences_valid"),
+        },
+        "mapping": desc["mapping"],
+        "exclusions": acc.get("exclusions"),
+        "entropy_source": desc["entropy_source"],
+        "parameters": {"tau": 4.0, "eps": 0.01},
+    }
+    return build_report_html(
+        summary=summary,
+        fit=fd,
+        metrics=compute_metrics(ds.lf).to_dict(),
+        compare=cmp_.to_dict(),
+        profiles=compute_profiles(ds.lf).to_dict(),
+    )
+
+
+def test_synth_run_renders_every_figure(synth_html):
+    """On a synthetic run with steps, versions and a planted regime no figure is unavailable."""
+    assert _unavailable(synth_html) == []
+    assert _figure_count(synth_html) == 11
+    assert _has(synth_html, "noise regime")
+
+
+# ----------------------------------------------------------------------------- browser
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        p = shutil.which(name)
+        if p:
+            return p
+    return None
+
+
+_PROBE = """<script>
+window.__entrErrors = [];
+window.addEventListener("error", function (e) {
+  window.__entrErrors.push("error: " + (e.message || (e.target && e.target.outerHTML) || e));
+}, true);
+window.addEventListener("unhandledrejection", function (e) {
+  window.__entrErrors.push("unhandledrejection: " + String(e.reason));
+});
+(function () {
+  var orig = console.error;
+  console.error = function () {
+    window.__entrErrors.push("console.error: " + Array.prototype.join.call(arguments, " "));
+    return orig.apply(console, arguments);
+  };
+})();
+window.addEventListener("load", function () {
+  setTimeout(function () {
+    var pre = document.createElement("pre");
+    pre.id = "entr-probe";
+    pre.textContent = JSON.stringify(window.__entrErrors);
+    document.body.appendChild(pre);
+  }, 500);
+});
+</script>"""
+
+
+def render_in_chromium(
+    html_text: str, workdir: Path, *, screenshot: Path | None = None, window: str = "1400,4000"
+) -> tuple[str, str]:
+    """Load ``html_text`` in headless Chromium (no network) and return (DOM after scripts,
+    stderr). A probe injected first in <head> records JS errors, unhandled rejections and
+    console.error calls into ``<pre id="entr-probe">``."""
+    browser = _chromium()
+    assert browser is not None
+    page = workdir / "page.html"
+    page.write_text(html_text.replace("<head>", "<head>" + _PROBE, 1), encoding="utf-8")
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--mute-audio",
+        f"--user-data-dir={workdir / 'profile'}",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        f"--window-size={window}",
+        "--virtual-time-budget=15000",
+        "--enable-logging=stderr",
+        "--v=0",
+    ]
+    if screenshot is not None:
+        flags.append(f"--screenshot={screenshot}")
+    else:
+        flags.append("--dump-dom")
+    proc = subprocess.run(
+        [browser, *flags, page.as_uri()], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, proc.stderr
+
+
+def _need_chromium() -> None:
+    if _chromium() is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("CI=true but no chromium on PATH: install Debian's `chromium` package")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+
+
+def _probe_errors(dom: str) -> list[str]:
+    m = re.search(r'<pre id="entr-probe">(.*?)</pre>', dom, re.S)
+    assert m, "the page never finished loading (probe missing)"
+    return json.loads(html_mod.unescape(m.group(1)))
+
+
+@pytest.mark.browser
+def test_browser_probe_catches_errors(tmp_path):
+    """The probe used below does report a thrown error and a console.error (no false pass)."""
+    _need_chromium()
+    page = (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body><p>x</p>"
+        "<script>console.error('bad thing');</script>"
+        "<script>throw new Error('boom');</script></body></html>"
+    )
+    dom, _ = render_in_chromium(page, tmp_path)
+    errors = _probe_errors(dom)
+    assert any("bad thing" in e for e in errors)
+    assert any("boom" in e for e in errors)
+
+
+@pytest.mark.browser
+def test_report_renders_in_headless_chromium(synth_html, tmp_path):
+    """Chromium loads the report with no console error and every plotly figure drew its SVG."""
+    _need_chromium()
+    dom, stderr = render_in_chromium(synth_html, tmp_path)
+    errors = _probe_errors(dom)
+    assert errors == []
+    console = [ln for ln in stderr.splitlines() if "CONSOLE" in ln and "ERROR" in ln.upper()]
+    assert console == [], console
+    # every figure div holds a rendered plotly SVG
+    ids = re.findall(r'<div class="fig[^"]*" id="(fig-\d+)" data-entr-figure="1"', synth_html)
+    assert len(ids) == 11
+    starts = [dom.index(f'id="{fid}"') for fid in ids] + [len(dom)]
+    for fid, a, b in zip(ids, starts[:-1], starts[1:], strict=True):
+        assert 'class="main-svg"' in dom[a:b], f"{fid} did not render"
