@@ -98,6 +98,9 @@ TRUNC_BIAS_SHARE = 0.2
 TRUNC_LAW_H_MIN = 0.1
 #: truncated sampling: Kendall tau p-value of (entropy, -mean delta) across bins
 TRUNC_TREND_P = 0.01
+#: truncated sampling: a bias share this large is one-sided enough without the entropy trend
+#: (top-p saturates: -mean delta tends to -log(top_p) at high entropy and is not monotone)
+TRUNC_STRONG_SHARE = 0.5
 
 #: sequence outliers: sequences shorter than this are not scored
 OUTLIER_MIN_TOKENS = 16
@@ -660,8 +663,12 @@ def _check_truncation(ctx: _Ctx) -> _Result:
     with top_p.
 
     Fires when, above TRUNC_H_MIN nats, mean delta < 0 and mean^2 / E[delta^2] >=
-    TRUNC_BIAS_SHARE, and -mean delta rises with entropy across bins above TRUNC_TREND_H_MIN
-    (Kendall tau, p < TRUNC_TREND_P).
+    TRUNC_BIAS_SHARE, and either -mean delta rises with entropy across bins above
+    TRUNC_TREND_H_MIN (Kendall tau, p < TRUNC_TREND_P) or the bias share reaches
+    TRUNC_STRONG_SHARE (top-p saturates near -log(top_p) at high entropy, so the trend need
+    not be monotone). Evidence also counts engine logprobs of exactly 0.0 where the trainer's
+    is clearly negative: a one-token nucleus renormalised to probability 1, which the loader
+    excludes as ``zero_placeholder``.
     """
     name = "truncated_sampling"
     if not ctx.has("entropy"):
@@ -705,20 +712,29 @@ def _check_truncation(ctx: _Ctx) -> _Result:
         "mean_delta_per_bin": [_r(x, 3) for x in bins["m"].to_list()],
         "h_min_nats": TRUNC_H_MIN,
     }
-    if m_hi < 0 and share >= TRUNC_BIAS_SHARE and math.isfinite(p) and tau > 0 and (
-        p < TRUNC_TREND_P
-    ):
+    ev.update(_engine_zero_share(ctx))
+    trend = math.isfinite(p) and tau > 0 and p < TRUNC_TREND_P
+    if m_hi < 0 and share >= TRUNC_BIAS_SHARE and (trend or share >= TRUNC_STRONG_SHARE):
+        zero_note = (
+            f" {ev['engine_logprob_exactly_zero_tokens']} loss-masked tokens have an engine "
+            "logprob of exactly 0.0 (a one-token nucleus), excluded as zero placeholders."
+            if ev.get("engine_logprob_exactly_zero_tokens") else ""
+        )
+        trend_txt = (
+            f"-mean delta rises with entropy (Kendall tau {tau:.2f}, p = {p:.2g})"
+            if trend else f"the bias dominates the spread (Kendall tau {tau:.2f}, p = {p:.2g})"
+        )
         f = Finding(
             kind=name,
             severity="warning",
-            title="One-sided delta growing with entropy: truncated sampling on the engine side?",
+            title="One-sided negative delta at high entropy: truncated sampling on the engine side?",
             message=(
                 f"Above {TRUNC_H_MIN:g} nats, mean delta is {m_hi:.3g} nats and carries "
-                f"{share:.0%} of E[delta^2] ({neg_share:.0%} of deltas negative); -mean delta rises with entropy (Kendall tau "
-                f"{tau:.2f}, p = {p:.2g}). That is the renormalisation of a top-p / top-k / "
+                f"{share:.0%} of E[delta^2] ({neg_share:.0%} of deltas negative); {trend_txt}. "
+                "That is the renormalisation of a top-p / top-k / "
                 f"min-p support by the engine only. Law on raw delta: k = {ev['k_raw']}, "
                 f"alpha = {ev['alpha_raw']}; on de-biased delta: k = {ev['k_debiased']}, "
-                f"alpha = {ev['alpha_debiased']}."
+                f"alpha = {ev['alpha_debiased']}.{zero_note}"
             ),
             evidence=ev,
             check=(
@@ -733,6 +749,24 @@ def _check_truncation(ctx: _Ctx) -> _Result:
         f"mean delta above {TRUNC_H_MIN:g} nats is {m_hi:.3g} (bias share {share:.1%} of "
         f"E[delta^2])",
     )
+
+
+def _engine_zero_share(ctx: _Ctx) -> dict[str, Any]:
+    """Loss-masked tokens whose engine logprob is exactly 0.0 while the trainer's is clearly
+    negative (the loader's ``zero_placeholder`` on the inference side): with truncated
+    sampling this is a nucleus of one token, renormalised to probability 1."""
+    raw = getattr(ctx.ds, "raw", None)
+    if raw is None:
+        return {}
+    reason = pl.col("reason")
+    masked = ~reason.is_in(list(_NOT_MASKED)).fill_null(False)
+    z = ((reason == "zero_placeholder") & (pl.col("infer_logprob") == 0.0)).fill_null(False)
+    r = raw.select(z.sum().alias("z"), masked.sum().alias("m")).collect(
+        engine="streaming").row(0)
+    return {
+        "engine_logprob_exactly_zero_tokens": int(r[0] or 0),
+        "engine_logprob_exactly_zero_share": _r((r[0] or 0) / r[1]) if r[1] else 0.0,
+    }
 
 
 def _check_outliers(ctx: _Ctx) -> _Result:
@@ -1110,38 +1144,52 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     il = pl.col("infer_logprob")
     il_nf = (il.is_null() | ~il.is_finite().fill_null(False)) & nf
     ph = reason.is_in(list(PLACEHOLDER_REASONS)).fill_null(False)
+    ph_zero = ph & (reason == "zero_placeholder") & (il == 0.0).fill_null(False)
     pos = pl.col("position")
-    first_nf = pos.filter(masked & nf).min()
-    ph_pos = pos.filter(masked & ph).sort()
+    ph_pos = pos.filter(ph).sort()
     r1 = CORRUPT_MIN_RUN - 1
-    per = (
-        raw.group_by("seq_key")
+    # sequences with bad masked rows (few rows): counts, first non-finite position, runs
+    bad = (
+        raw.filter(masked & (nf | ph))
+        .group_by("seq_key")
         .agg(
             pl.col("seq_id").first(),
-            (masked & nf).sum().alias("n_nf"),
-            (masked & il_nf).sum().alias("n_nf_infer"),
-            first_nf.alias("first_nf"),
-            (masked & (pos >= first_nf)).sum().alias("n_after"),
-            (masked & ph).sum().alias("n_ph"),
+            nf.sum().alias("n_nf"),
+            il_nf.sum().alias("n_nf_infer"),
+            pl.when(nf).then(pos).min().alias("first_nf"),
+            ph.sum().alias("n_ph"),
+            ph_zero.sum().alias("n_ph_zero"),
             ((ph_pos.shift(-r1) - ph_pos) == r1).any().alias("ph_run"),
-            masked.sum().alias("n_masked"),
         )
+    )
+    # last position of a finite masked row, per sequence (a plain streaming max)
+    last_ok = (
+        raw.filter(masked & ~nf).group_by("seq_key").agg(pos.max().alias("last_ok"))
+    )
+    per = (
+        bad.join(last_ok, on="seq_key", how="left")
         .with_columns(
-            pl.when((pl.col("n_nf") >= CORRUPT_MIN_RUN) & (pl.col("n_after") == pl.col("n_nf")))
+            pl.when(
+                (pl.col("n_nf") >= CORRUPT_MIN_RUN)
+                & (pl.col("last_ok").is_null() | (pl.col("last_ok") < pl.col("first_nf")))
+            )
             .then(pl.col("n_nf")).otherwise(0).alias("suffix_len"),
             pl.col("ph_run").fill_null(False),
         )
     )
+    # one row per sequence that has bad masked rows: small, collected once
+    per = per.collect(engine="streaming").lazy()
     summary = per.select(
-        pl.len().alias("n_seq"),
         (pl.col("suffix_len") > 0).sum().alias("n_suffix"),
         pl.col("suffix_len").sum().alias("tok_suffix"),
         pl.col("n_nf_infer").filter(pl.col("suffix_len") > 0).sum().alias("tok_suffix_infer"),
         pl.col("suffix_len").filter(pl.col("suffix_len") > 0).median().alias("suffix_median"),
         pl.col("ph_run").sum().alias("n_run"),
         pl.col("n_ph").filter(pl.col("ph_run")).sum().alias("tok_run"),
+        pl.col("n_ph_zero").filter(pl.col("ph_run")).sum().alias("tok_run_zero"),
         pl.col("n_nf").sum().alias("tok_nf"),
         pl.col("n_ph").sum().alias("tok_ph"),
+        pl.len().alias("n_bad_seq"),
     )
     ex_suffix = (
         per.filter(pl.col("suffix_len") > 0).sort("suffix_len", descending=True)
@@ -1151,12 +1199,14 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         per.filter(pl.col("ph_run")).sort("n_ph", descending=True)
         .select("seq_id", "n_ph").head(OUTLIER_LIST)
     )
-    s_df, es, er = pl.collect_all([summary, ex_suffix, ex_run], engine="streaming")
+    s_df, es, er = (q.collect() for q in (summary, ex_suffix, ex_run))
     s = {k: (0 if v is None else v) for k, v in s_df.row(0, named=True).items()}
     n_suffix, n_run = int(s["n_suffix"]), int(s["n_run"])
     scattered = int(s["tok_nf"]) - int(s["tok_suffix"]) + int(s["tok_ph"]) - int(s["tok_run"])
+    acc = getattr(ctx.ds, "accounting", None)
     ev = {
-        "sequences": int(s["n_seq"]),
+        "sequences": int(acc.sequences_total) if acc is not None else -1,
+        "sequences_with_bad_masked_rows": int(s["n_bad_seq"]),
         "sequences_with_nonfinite_suffix": n_suffix,
         "nonfinite_suffix_tokens": int(s["tok_suffix"]),
         "nonfinite_suffix_tokens_infer_side": int(s["tok_suffix_infer"]),
@@ -1165,6 +1215,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         "suffix_examples_start_position": [int(x) for x in es["first_nf"].to_list()],
         "sequences_with_placeholder_run": n_run,
         "placeholder_tokens_in_runs": int(s["tok_run"]),
+        "placeholder_run_tokens_engine_exact_zero": int(s["tok_run_zero"]),
         "placeholder_run_examples_seq_id": [str(x) for x in er["seq_id"].to_list()],
         "scattered_bad_tokens": scattered,
         "min_run": CORRUPT_MIN_RUN,
@@ -1188,6 +1239,11 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
             f"{n_run} sequence(s) hold runs of >= {CORRUPT_MIN_RUN} placeholder values "
             f"(0.0 / +1.0 / -9999) inside the loss mask ({int(s['tok_run'])} tokens), e.g. "
             f"seq_id {', '.join(ev['placeholder_run_examples_seq_id'][:3])}"
+            + (
+                f" ({int(s['tok_run_zero'])} of them exact 0.0 engine logprobs, which a "
+                "one-token top-p / top-k nucleus also produces: see truncated_sampling)"
+                if int(s["tok_run_zero"]) else ""
+            )
         )
     f = Finding(
         kind=name,
