@@ -35,6 +35,8 @@ app = typer.Typer(
 )
 
 stdout = Console(highlight=False, soft_wrap=False)
+if not stdout.is_terminal:  # piped or redirected: wide enough for the bin tables
+    stdout = Console(highlight=False, soft_wrap=False, width=120)
 stderr = Console(stderr=True, highlight=False)
 
 # ----------------------------------------------------------------- shared options
@@ -240,7 +242,9 @@ def fit(
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
-        _write_json(json_path, envelope("fit", ds.describe(), params, **fit_res.to_dict(),
+        fd = fit_res.to_dict()
+        params.update(fd.pop("parameters", {}))
+        _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
                                         metrics=metrics.to_dict()), quiet)
 
 
@@ -393,7 +397,9 @@ def compare(
             from entr_diag.atomic import write_with
             from entr_diag.compare import decisions_frame
 
-            gates = [res.entr_spec, *res.panel_specs] if hasattr(res, "entr_spec") else None
+            gates = list(res.gate_specs)
+            if res.matched_spec is not None:
+                gates.append(res.matched_spec)
             lf = decisions_frame(ds.lf, gates)
             write_with(export, lambda tmp: lf.sink_parquet(tmp, compression="zstd"))
             if not quiet:
