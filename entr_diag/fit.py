@@ -44,8 +44,9 @@ sampling distribution: ``E[delta^2 | H] ~= k H``. :func:`fit_scaling_law` checks
 5. **Laws** on the display bins of the law regime: lower edge >= the upper end of H\\*'s
    interval (a bin straddling the break would be dominated by its few noise tokens), or
    >= H\\* if that leaves fewer than 3 bins, or every bin with H >= 1e-6 without a break;
-   the finer breakpoint bins if fewer than 3 display bins qualify: proportional ``delta^2 = k H`` (linear space), affine ``k H + c`` (linear
-   space), power ``k H^alpha`` (log-log). Goodness of fit: weighted R^2 and chi^2 per
+   the finer breakpoint bins if fewer than 3 display bins qualify: proportional
+   ``delta^2 = k H`` (linear space), affine ``k H + c`` (linear space), power
+   ``k H^alpha`` (log-log). Goodness of fit: weighted R^2 and chi^2 per
    degree of freedom. Robust companion: Theil-Sen slope of the log-log bin means
    (``scipy.stats.theilslopes``) for the power law and the median of
    ``mean delta^2 / mean H`` for k; a disagreement is flagged when the robust alpha lies
@@ -122,6 +123,8 @@ MIN_EXCESS: float = 1.5
 MIN_LAW_SHARE: float = 0.2
 #: A break must be favoured (delta BIC > BIC_MARGIN) in at least this share of replicates.
 MIN_SUPPORT: float = 0.5
+#: Fewest bootstrap replicates accepted.
+MIN_BOOT: int = 100
 #: Verdict tolerance on alpha around 1.
 ALPHA_TOL: float = 0.2
 #: Verdict: alpha within 1 +/- ALPHA_EXACT counts as 1 even when a very narrow interval misses 1.
@@ -465,6 +468,13 @@ def _nanvar(R: np.ndarray) -> np.ndarray:
     return np.where(cnt >= 2, var, np.nan)
 
 
+def _median_finite(a: np.ndarray) -> float:
+    """Median of the finite positive entries (1.0 when there is none)."""
+    a = np.asarray(a, dtype=np.float64)
+    a = a[np.isfinite(a) & (a > 0)]
+    return float(np.median(a)) if a.size else 1.0
+
+
 def _wline(X: np.ndarray, Y: np.ndarray, Wt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Weighted LS line per column: X, Y, Wt of shape (n, R); returns slope, intercept (R,).
 
@@ -536,21 +546,19 @@ class _BinData:
         inverse-variance weights would favour bins that fluctuate low and bias k down. The
         common scale c keeps chi^2 per dof interpretable."""
         _, LYr = self.log_reps()
-        c = np.nanmedian(_nanvar(LYr) * self.n) if self.n.size else np.nan
-        c = c if np.isfinite(c) and c > 0 else 1.0
+        c = _median_finite(_nanvar(LYr) * self.n)
         return self.n / c
 
     def w_lin(self, pred: np.ndarray) -> np.ndarray:
         """Weights of the linear-space fits: tokens / (c pred^2), pred the power-law value
         (var of a mean of delta^2 ~ its square / tokens); c as in :meth:`w_log`."""
         pred = np.maximum(pred, 1e-300)
-        c = np.nanmedian(_nanvar(self.D2r) * self.n / pred**2) if self.n.size else np.nan
-        c = c if np.isfinite(c) and c > 0 else 1.0
+        c = _median_finite(_nanvar(self.D2r) * self.n / pred**2)
         return self.n / (c * pred**2)
 
     def subset(self, sel) -> _BinData:
-        return _BinData(self.idx[sel], self.n[sel], self.lo[sel], self.hi[sel], self.h[sel], self.d2[sel],
-                        self.Hr[sel], self.D2r[sel])
+        return _BinData(self.idx[sel], self.n[sel], self.lo[sel], self.hi[sel], self.h[sel],
+                        self.d2[sel], self.Hr[sel], self.D2r[sel])
 
 
 def _fit_power(bd: _BinData) -> tuple[float, float, np.ndarray, np.ndarray, float, float]:
@@ -695,7 +703,9 @@ def _search_break(
         bic_break=float(bics_arr[best]),
         delta_bic=delta_bic,
         excess_ratio=math.exp(excess),
-        excess_ratio_ci=(math.exp(ex_ci[0]), math.exp(ex_ci[1])) if np.isfinite(ex_ci[0]) else _CI_NAN,
+        excess_ratio_ci=(
+            (math.exp(ex_ci[0]), math.exp(ex_ci[1])) if np.isfinite(ex_ci[0]) else _CI_NAN
+        ),
         support=support,
         found=found,
         reason=reason,
@@ -863,7 +873,8 @@ def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSear
             why.append("alpha far from 1")
         law, head = "does_not_hold", f"law does not hold: {a_txt} ({'; '.join(why)})"
     elif not np.isfinite(lo):
-        law, head = "holds_approximately", f"law undetermined: alpha = {power.alpha:.2f} (no interval)"
+        law = "holds_approximately"
+        head = f"law undetermined: alpha = {power.alpha:.2f} (no interval)"
     else:
         law, head = "holds_approximately", f"law holds approximately: {a_txt} (interval excludes 1)"
     head += f", k = {_fmt(power.k)}"
@@ -923,16 +934,21 @@ def fit_scaling_law(
     ``n_boot`` bootstrap replicates over ``n_blocks`` sequence blocks, ``seed`` fixed.
     Returns a :class:`FitResult` (see the module docstring for every rule).
 
-    Raises :class:`FitError` when the frame has no entropy column or fewer than 3 entropy
-    bins have enough tokens (>= 10 tokens in >= 2 sequence blocks with H >= 1e-6);
-    :class:`ParameterError` for invalid parameters.
+    Raises :class:`FitError` when the frame has no entropy column, no token with a finite
+    entropy, all tokens in one sequence block, delta = 0 everywhere, or fewer than 3 entropy
+    bins with enough tokens (>= 10 tokens in >= 2 sequence blocks with H >= 1e-6);
+    :class:`ParameterError` for invalid parameters (``n_boot < 100``, ``tau <= 0``,
+    ``eps < 0``, ``bins < 1``, ``bin_edges`` not "quantile"/"log", ``n_blocks < 2``).
     """
     if not (eps >= 0 and math.isfinite(eps)):
         raise ParameterError(f"eps must be >= 0, got {eps!r}.")
     if not (tau > 0 and math.isfinite(tau)):
         raise ParameterError(f"tau must be > 0, got {tau!r}.")
-    if int(n_boot) != n_boot or n_boot < 0:
-        raise ParameterError(f"n_boot must be a non-negative integer, got {n_boot!r}.")
+    if int(n_boot) != n_boot or n_boot < MIN_BOOT:
+        raise ParameterError(
+            f"n_boot must be an integer >= {MIN_BOOT} (intervals and the breakpoint test are "
+            f"bootstrap percentiles), got {n_boot!r}."
+        )
     lfu = usable(lf)
     names = lf.collect_schema().names()
     B = int(n_blocks)
@@ -941,7 +957,9 @@ def fit_scaling_law(
     queries = [fine_query(lfu, n_blocks=B, eps=eps)]
     has_step = "step" in names
     if has_step and with_strata:
-        queries.append(lfu.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi")))
+        queries.append(
+            lfu.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
+        )
     res = pl.collect_all(queries, engine="streaming")
     agg = FineAggregate(table=res[0], n_blocks=B, eps=eps)
     if agg.n_tokens == 0:
@@ -951,7 +969,7 @@ def fit_scaling_law(
     nb = binning.n_bins
     S = coarse_block_sums(agg, binning)
     boot = _Boot(S["n"].sum(axis=0), n_boot, seed)
-    if boot.W.shape[0] == 0 and n_boot > 0:
+    if boot.W.shape[0] == 0:
         raise FitError(
             "All tokens fall into one sequence block: the sequence bootstrap needs tokens "
             "from at least 2 sequences."
@@ -962,6 +980,18 @@ def fit_scaling_law(
     D2r = _div(tot["s_d2"][1], tot["n"][1])
     bd_all = _eligible(S, tot, boot, binning)
     if bd_all.idx.size < 3:
+        zero = binning.has_zero_bin
+        n_pos = int(n0[1:].sum() if zero else n0.sum())
+        if n_pos == 0:
+            raise FitError(
+                f"Every token has entropy below {H_MIN:g} nats: the law cannot be fitted on a "
+                "log entropy axis; check that the entropy column holds nats, not a mask."
+            )
+        if not np.nansum(tot["s_d2"][0]) > 0:
+            raise FitError(
+                "delta = train_logprob - infer_logprob is 0 for every token: train and "
+                "inference log-probabilities are identical, so there is no mismatch to fit."
+            )
         raise FitError(
             f"Only {bd_all.idx.size} entropy bin(s) hold enough tokens (need 3 bins with >= "
             f"{MIN_BIN_TOKENS} tokens from >= 2 sequence blocks and H >= {H_MIN:g} nats); "

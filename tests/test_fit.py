@@ -329,6 +329,17 @@ def test_bad_parameters_raise():
         fit_scaling_law(lf, tau=0)
     with pytest.raises(ParameterError):
         fit_scaling_law(lf, bin_edges="linear")
+    with pytest.raises(ParameterError, match="n_boot"):
+        fit_scaling_law(lf, n_boot=10)
+
+
+def test_degenerate_inputs_raise_fit_error_with_cause():
+    """delta == 0 everywhere or entropy == 0 everywhere give a FitError naming the cause."""
+    _, lf = synth(n_tokens=20_000, seed=5, h_star=None)
+    with pytest.raises(FitError, match="identical"):
+        fit_scaling_law(lf.with_columns(pl.lit(0.0).alias("delta")))
+    with pytest.raises(FitError, match="below 1e-06 nats"):
+        fit_scaling_law(lf.with_columns(pl.lit(0.0).alias("entropy")))
 
 
 def test_log_edges_work():
