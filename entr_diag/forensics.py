@@ -112,6 +112,9 @@ OUTLIER_SHARE_WARN = 0.05
 #: sequence outliers: at most this share of scored sequences may be flagged (more is not an
 #: outlier population but a broad tail, left to the fit)
 OUTLIER_MAX_SEQ_SHARE = 0.05
+#: sequence outliers: flagged sequences carrying less than this share of sum delta^2 are
+#: reported in the status reason only (heavy-tailed clean runs always have a few)
+OUTLIER_MIN_SHARE = 0.01
 #: sequence outliers: number of seq_ids listed
 OUTLIER_LIST = 10
 
@@ -868,6 +871,12 @@ def _check_outliers(ctx: _Ctx) -> _Result:
             name,
             f"{n_out} of {n_seq} sequences ({seq_share:.1%}) above robust z {OUTLIER_Z:g}: a "
             "broad tail rather than a few outlier sequences",
+        )
+    if share_d2 < OUTLIER_MIN_SHARE:
+        return _clear(
+            name,
+            f"{n_out} of {n_seq} sequences above robust z {OUTLIER_Z:g} but they carry only "
+            f"{share_d2:.2%} of sum delta^2 (e.g. seq_id {', '.join(ev['top_seq_ids'][:3])})",
         )
     sev = "warning" if share_d2 >= OUTLIER_SHARE_WARN else "info"
     f = Finding(

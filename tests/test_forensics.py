@@ -152,6 +152,77 @@ def test_truncated_sampling(tmp_path, base):
     assert res.status("one_sided_temperature").status == "clear"
 
 
+# ------------------------------------------------------------------ logit-level toys
+
+
+def _logit_run(kind: str, *, n_seq=240, seq_len=100, vocab=128, seed=0, temperature=0.7, top_p=0.9):
+    """A toy run from real softmaxes: random logits (scales spread the entropy), a bf16-rounded
+    engine, and optionally an engine-side temperature or top-p renormalisation."""
+    rng = np.random.default_rng(seed)
+    n = n_seq * seq_len
+    scale = np.exp(rng.uniform(np.log(0.3), np.log(8.0), n))[:, None]
+    z = rng.standard_normal((n, vocab)) * scale
+    def lsm(x):
+        m = x.max(1, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(1, keepdims=True))
+    lp_train = lsm(z)
+    # bf16-like engine: logits rounded to 8 mantissa bits, plus small kernel noise
+    zi = z.astype(np.float32).view(np.uint32)
+    zi = ((zi + 0x8000) & 0xFFFF0000).view(np.float32).astype(np.float64)
+    zi = zi + rng.standard_normal(zi.shape) * 0.01
+    if kind == "temperature":
+        zi = zi / temperature
+    lp_inf = lsm(zi)
+    if kind == "top_p":
+        p = np.exp(lp_inf)
+        order = np.argsort(-p, 1)
+        ps = np.take_along_axis(p, order, 1)
+        keep_sorted = (np.cumsum(ps, 1) - ps) < top_p
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, 1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(1, keepdims=True)
+        with np.errstate(divide="ignore"):
+            lp_inf = np.where(p > 0, np.log(p), -np.inf)
+    pi = np.exp(lp_inf)
+    ent = -(pi * np.where(pi > 0, lp_inf, 0.0)).sum(1)
+    y = np.minimum((np.cumsum(pi, 1) < rng.random(n)[:, None]).sum(1), vocab - 1)
+    idx = np.arange(n)
+    return pl.DataFrame({
+        "seq_id": idx // seq_len, "position": idx % seq_len, "step": (idx // seq_len) * 8 // n_seq,
+        "train_logprob": lp_train[idx, y], "infer_logprob": np.minimum(lp_inf[idx, y], 0.0),
+        "entropy": ent,
+    })
+
+
+def test_logit_level_clean_is_silent(tmp_path):
+    """bf16-vs-fp32 logits on the same softmax give no finding above info."""
+    res = run_forensics(_load(tmp_path, _logit_run("clean")))
+    assert res.silent, [f.title for f in res.findings]
+
+
+def test_logit_level_temperature(tmp_path):
+    """An engine sampling at T = 0.7 (tempered logprobs) gives slope ~1/T at fixed entropy."""
+    res = run_forensics(_load(tmp_path, _logit_run("temperature")))
+    f = res.by_kind("one_sided_temperature")
+    assert f is not None and f.severity == "warning"
+    assert f.evidence["implied_temperature"] == pytest.approx(0.7, abs=0.05)
+    assert res.by_kind("truncated_sampling") is None
+
+
+def test_logit_level_top_p(tmp_path):
+    """Engine-side top-p 0.9 renormalisation: one-sided delta near log(0.9), exact-zero logprobs."""
+    res = run_forensics(_load(tmp_path, _logit_run("top_p")))
+    f = res.by_kind("truncated_sampling")
+    assert f is not None and f.severity == "warning"
+    ev = f.evidence
+    assert ev["mean_delta_above_h_min"] == pytest.approx(math.log(0.9), abs=0.03)
+    assert ev["bias_share_above_h_min"] > 0.8
+    assert ev["engine_logprob_exactly_zero_tokens"] > 0
+    assert ev["k_debiased"] < 0.1 * ev["k_raw"]
+    assert res.by_kind("one_sided_temperature") is None
+
+
 # ------------------------------------------------------------------ sequence outliers
 
 
