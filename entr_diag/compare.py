@@ -7,15 +7,20 @@ present. Nothing here collects the token frame: every pass is a polars ``select`
 ``group_by`` collected with ``engine="streaming"`` into a small table (bins x categories,
 one row per sequence for sequence gates, one row per step).
 
-Passes over the data for :func:`compare_gates`:
+Passes over the data for :func:`compare_gates` (each a streaming ``group_by``/``select``):
 
-1. totals (token count, entropy range, ENTR drop count);
+1. totals and both sweeps: counts by (number of sweep taus below the ENTR score, number of
+   sweep c's below ``|delta|``, category), so every sweep value is read off cumulative
+   sums of one small table;
 2. a few histogram-refinement passes reading one column each: M2PO's global cut
    (:func:`resolve_m2po_cut`) and the matched fixed band's ``c``
-   (:func:`matched_fixed_c`) - both exact order statistics found with memory bounded by
-   the histogram size (1024 bins) or 65 536 distinct values, whichever comes first;
-3. one ``collect_all`` of the main aggregations, on the frame with every per-token keep
-   decision attached (sequence gates: one ``group_by("seq_key")`` joined back).
+   (:func:`matched_fixed_c`) - exact order statistics found with memory bounded by the
+   histogram size (1024 bins) or 65 536 distinct values, whichever comes first;
+3. one row per sequence (``group_by("seq_key", "step")``): token count, kept tokens of
+   every token gate, the statistics of every sequence gate -> kept / intact sequences and
+   per-step keep rates (memory O(sequences));
+4. keep counts by (entropy bin, p bin, staleness bucket, category) for every gate, with
+   the sequence gates' decisions joined back from the per-sequence table of pass 3.
 
 Definitions (also returned in ``CompareResult.definitions``):
 
@@ -38,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 import numpy as np
@@ -330,10 +335,23 @@ class CompareResult:
     sweep: dict[str, SweepResult]
     definitions: dict[str, str]
     null_reasons: dict[str, str]
+    #: the gate specs behind ``gates`` (ENTR first) and the matched band; not in to_dict()
+    gate_specs: tuple[GateSpec, ...] = field(default=(), repr=False, compare=False)
+    matched_spec: FixedBand | None = field(default=None, repr=False, compare=False)
 
     @property
     def entr(self) -> GateResult:
         return self.gates[0]
+
+    @property
+    def entr_spec(self) -> EntrGate:
+        """The ENTR gate spec compared (for :func:`decisions_frame`)."""
+        return self.gate_specs[0]  # type: ignore[return-value]
+
+    @property
+    def panel_specs(self) -> tuple[GateSpec, ...]:
+        """The panel's gate specs, in order (for :func:`decisions_frame`)."""
+        return self.gate_specs[1:]
 
     def to_dict(self) -> dict:
         """Plain-Python dict: ``parameters``, ``n_tokens``, ``n_sequences``, ``n_noise``,
@@ -461,19 +479,28 @@ def decision_column(gate: GateSpec) -> str:
     return f"keep[{gate.spec()}]"
 
 
-def _attach_decisions(
-    lf: pl.LazyFrame, gates: Sequence[GateSpec], names: Sequence[str], keep_order: bool = False
-) -> tuple[pl.LazyFrame, dict[int, float]]:
-    """``lf`` with one Boolean column per gate (``names[i]``), plus resolved M2PO cuts.
-
-    Sequence gates: their per-sequence statistics come from ONE ``group_by("seq_key")``
-    joined back on ``seq_key`` (a table of one row per sequence). M2PO: the cut is resolved
-    eagerly here (:func:`resolve_m2po_cut`), then compared per token.
-    """
+def _token_keep_exprs(
+    lf: pl.LazyFrame, gates: Sequence[GateSpec]
+) -> tuple[dict[int, pl.Expr], dict[int, float]]:
+    """Per-token keep expressions of the non-sequence gates (M2PO cuts resolved here)."""
+    exprs: dict[int, pl.Expr] = {}
     cuts: dict[int, float] = {}
-    exprs: list[pl.Expr] = []
+    for i, g in enumerate(gates):
+        if isinstance(g, SequenceGate):
+            continue
+        if isinstance(g, M2PO):
+            cuts[i] = resolve_m2po_cut(lf, g)
+            exprs[i] = g.keep_expr_with_cut(cuts[i])
+        else:
+            exprs[i] = g.keep_expr()
+    return exprs, cuts
+
+
+def _seq_stat_aggs(gates: Sequence[GateSpec]) -> tuple[list[pl.Expr], dict[int, pl.Expr]]:
+    """Aggregations over one sequence for every sequence gate, and each gate's keep rule on
+    the aggregated columns (``{gate index: expr}``, evaluated on the per-sequence table)."""
     aggs: list[pl.Expr] = []
-    tmp: list[str] = []
+    rules: dict[int, pl.Expr] = {}
     for i, g in enumerate(gates):
         if isinstance(g, SequenceGate):
             stats = {}
@@ -481,25 +508,37 @@ def _attach_decisions(
                 col = f"__seq{i}_{k}"
                 aggs.append(e.alias(col))
                 stats[k] = pl.col(col)
-                tmp.append(col)
-            exprs.append(g.keep_from(stats).alias(names[i]))
-        elif isinstance(g, M2PO):
-            cut = resolve_m2po_cut(lf, g)
-            cuts[i] = cut
-            exprs.append(g.keep_expr_with_cut(cut).alias(names[i]))
-        else:
-            exprs.append(g.keep_expr().alias(names[i]))
+            rules[i] = g.keep_from(stats)
+    return aggs, rules
+
+
+def _attach_decisions(
+    lf: pl.LazyFrame, gates: Sequence[GateSpec], names: Sequence[str], keep_order: bool = False
+) -> tuple[pl.LazyFrame, dict[int, float]]:
+    """``lf`` with one Boolean column per gate (``names[i]``), plus resolved M2PO cuts.
+
+    Sequence gates: their per-sequence statistics come from ONE ``group_by("seq_key")``,
+    collected eagerly (one row per sequence: memory O(sequences), not O(tokens)) and joined
+    back on ``seq_key``. M2PO: the cut is resolved eagerly here
+    (:func:`resolve_m2po_cut`), then compared per token.
+    """
+    tok, cuts = _token_keep_exprs(lf, gates)
+    aggs, rules = _seq_stat_aggs(gates)
     out = lf
-    if aggs:
+    if rules:
+        seq = (
+            lf.group_by("seq_key")
+            .agg(aggs)
+            .select("seq_key", *[r.alias(names[i]) for i, r in rules.items()])
+            .collect(engine="streaming")
+        )
         out = out.join(
-            lf.group_by("seq_key").agg(aggs),
+            seq.lazy(),
             on="seq_key",
             how="left",
             maintain_order="left" if keep_order else "none",
         )
-    out = out.with_columns(exprs)
-    if tmp:
-        out = out.drop(tmp)
+    out = out.with_columns([e.alias(names[i]) for i, e in tok.items()])
     return out, cuts
 
 
@@ -573,7 +612,18 @@ def _count_above(expr: pl.Expr, values: Sequence[float]) -> pl.Expr:
 
 
 def _bin_labels(edges: Sequence[float]) -> tuple[str, ...]:
-    return tuple(f"[{a:.3g},{b:.3g})" for a, b in zip(edges[:-1], edges[1:], strict=True))
+    """``"[a,b)"`` per bin; the first bin reads ``"<b"`` unless its lower edge is 0 and the
+    last ``">=a"``, because values beyond the outer edges are counted in the end bins."""
+    m = len(edges) - 1
+    out = []
+    for j, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
+        if j == m - 1 and m > 1:
+            out.append(f">={a:.3g}")
+        elif j == 0 and a > 0:
+            out.append(f"<{b:.3g}")
+        else:
+            out.append(f"[{a:.3g},{b:.3g})")
+    return tuple(out)
 
 
 def _check_edges(edges: Any, what: str) -> np.ndarray:
@@ -679,42 +729,8 @@ def compare_gates(
         ]
     )
 
-    # ---- pass 1: totals
+    # ---- token categories (noise / law-scale / other), known before any pass
     H = pl.col("entropy")
-    tot = (
-        lf.select(
-            n=pl.len(),
-            h_null=H.null_count() + H.is_nan().sum(),
-            h_max=H.max(),
-            h_min_pos=H.filter(H > 0).min(),
-            entr_kept=entr.keep_expr().sum(),
-        )
-        .collect(engine="streaming")
-        .row(0, named=True)
-    )
-    n_tok = int(tot["n"])
-    if n_tok == 0:
-        raise InputError("compare: the token frame holds no valid loss-masked token.")
-    if tot["h_null"]:
-        raise InputError(
-            f"compare: {tot['h_null']} token(s) have a null/NaN entropy; ENTR needs an entropy "
-            "for every token (exclude them when loading)."
-        )
-    e_edges = (
-        default_entropy_edges(tot["h_min_pos"], tot["h_max"])
-        if entropy_edges is None
-        else _check_edges(entropy_edges, "entropy_edges")
-    )
-    entr_dropped = n_tok - int(tot["entr_kept"])
-
-    # ---- pass 2: matched c (and M2PO cuts inside _attach_decisions)
-    c_match = matched_fixed_c(lf, n_tok - entr_dropped)
-    matched_gate = FixedBand(c=c_match)
-    all_gates = (*gates, matched_gate)
-    names = [f"__k{i}" for i in range(len(all_gates))]
-    df, _cuts = _attach_decisions(lf, all_gates, names)
-
-    # ---- categories, bins, sweep indices
     d2 = pl.col("delta") ** 2
     null_reasons: dict[str, str] = {}
     if h_star is None:
@@ -725,7 +741,7 @@ def compare_gates(
         )
         law_region = pl.lit(True)
     else:
-        is_noise = (H < h_star) & (d2 / (H + flag_eps) > flag_tau)
+        is_noise = (H < h_star) & (entr_score_expr(flag_eps) > flag_tau)
         law_region = H >= h_star
     if law_k is None:
         is_law = pl.lit(False)
@@ -741,9 +757,96 @@ def compare_gates(
         .then(pl.lit(_CAT_LAW, dtype=pl.Int8))
         .otherwise(pl.lit(_CAT_OTHER, dtype=pl.Int8))
     )
+
+    # ---- pass 1: totals and both sweeps (histograms of the ENTR score and of |delta| on
+    # edges placed at the sweep values, split by category)
+    sweept = (
+        lf.group_by(
+            _count_above(entr_score_expr(entr.eps), taus).alias("__ti"),
+            _count_above(pl.col("delta").abs(), cs).alias("__ci"),
+            cat.alias("__cat"),
+        )
+        .agg(
+            n=pl.len(),
+            h_null=H.null_count() + H.is_nan().sum(),
+            h_max=H.max(),
+            h_min_pos=H.filter(H > 0).min(),
+            entr_kept=entr.keep_expr().sum(),
+        )
+        .collect(engine="streaming")
+    )
+    n_tok = int(sweept["n"].sum())
+    if n_tok == 0:
+        raise InputError("compare: the token frame holds no valid loss-masked token.")
+    h_null = int(sweept["h_null"].sum())
+    if h_null:
+        raise InputError(
+            f"compare: {h_null} token(s) have a null/NaN entropy; ENTR needs an entropy "
+            "for every token (exclude them when loading)."
+        )
+    e_edges = (
+        default_entropy_edges(sweept["h_min_pos"].min(), sweept["h_max"].max())
+        if entropy_edges is None
+        else _check_edges(entropy_edges, "entropy_edges")
+    )
+    entr_dropped = n_tok - int(sweept["entr_kept"].sum())
+    taut = sweept.group_by("__ti", "__cat").agg(pl.col("n").sum())
+    ct = sweept.group_by("__ci", "__cat").agg(pl.col("n").sum())
+
+    # ---- pass 2: matched c and M2PO cuts (histogram refinement on one column)
+    c_match = matched_fixed_c(lf, n_tok - entr_dropped)
+    matched_gate = FixedBand(c=c_match)
+    all_gates = (*gates, matched_gate)
+    names = [f"__k{i}" for i in range(len(all_gates))]
+    tok, _cuts = _token_keep_exprs(lf, all_gates)
+    seq_aggs, seq_rules = _seq_stat_aggs(all_gates)
+
+    # ---- pass 3: one row per sequence: token count, kept tokens of each token gate, the
+    # statistics of each sequence gate (memory O(sequences))
+    step_key = [pl.col("step")] if has_step else [pl.lit(0, dtype=pl.Int64).alias("step")]
+    per_seq = (
+        lf.group_by(pl.col("seq_key"), *step_key)
+        .agg(
+            [pl.len().alias("__n")] + [e.sum().alias(f"__t{i}") for i, e in tok.items()] + seq_aggs
+        )
+        .collect(engine="streaming")
+        .with_columns([r.alias(names[i]) for i, r in seq_rules.items()])
+        .with_columns(
+            [pl.col(f"__t{i}").alias(f"kept{i}") for i in tok]
+            + [
+                pl.when(pl.col(names[i])).then(pl.col("__n")).otherwise(0).alias(f"kept{i}")
+                for i in seq_rules
+            ]
+        )
+    )
+    seq_step = (
+        per_seq.group_by("step")
+        .agg(
+            [pl.len().alias("n_seq"), pl.col("__n").sum().alias("n")]
+            + [pl.col(f"kept{i}").sum() for i in range(len(names))]
+            + [(pl.col(f"kept{i}") > 0).sum().alias(f"any{i}") for i in range(len(names))]
+            + [
+                (pl.col(f"kept{i}") == pl.col("__n")).sum().alias(f"all{i}")
+                for i in range(len(names))
+            ]
+        )
+        .sort("step", nulls_last=True)
+    )
+    stept = seq_step if has_step else None
+    seqt = seq_step.select(pl.exclude("step").sum())
+
+    # ---- pass 4: keep counts by (entropy bin, p bin, staleness bucket, category); sequence
+    # gates' decisions joined back from the per-sequence table
+    df = lf
+    if seq_rules:
+        df = df.join(
+            per_seq.select("seq_key", *[names[i] for i in seq_rules]).lazy(),
+            on="seq_key",
+            how="left",
+        )
+    df = df.with_columns([e.alias(names[i]) for i, e in tok.items()])
     if has_stale:
         s = pl.col("staleness")
-        sb = pl.lit(None, dtype=pl.Int8)
         chain = None
         for j, (_lab, lo_, hi_) in enumerate(STALENESS_BUCKETS):
             cond = (s >= lo_) & (s <= hi_)
@@ -753,14 +856,6 @@ def compare_gates(
         sb = chain.otherwise(pl.lit(None, dtype=pl.Int8))  # type: ignore[union-attr]
     else:
         sb = pl.lit(None, dtype=pl.Int8)
-    df = df.with_columns(
-        __cat=cat,
-        __eb=_bin_index(H, e_edges),
-        __pb=_bin_index(pl.col("infer_logprob").exp(), p_e),
-        __sb=sb,
-        __ti=_count_above(entr_score_expr(entr.eps), taus),
-        __ci=_count_above(pl.col("delta").abs(), cs),
-    )
     k0 = pl.col(names[0])
     gate_aggs: list[pl.Expr] = [pl.len().alias("n")]
     for i, nm in enumerate(names):
@@ -776,36 +871,19 @@ def compare_gates(
             g.removed_mass_expr().sum().alias(f"rmass{i}"),
             pl.col("delta").exp().sum().alias(f"rsum{i}"),
         ]
-    q_main = df.group_by(["__eb", "__pb", "__sb", "__cat"]).agg(gate_aggs)
-    q_step = (
-        df.group_by("step").agg(
-            [pl.len().alias("n")]
-            + [pl.col(nm).sum().alias(f"kept{i}") for i, nm in enumerate(names)]
+    main = (
+        df.group_by(
+            _bin_index(H, e_edges).alias("__eb"),
+            _bin_index(pl.col("infer_logprob").exp(), p_e).alias("__pb"),
+            sb.alias("__sb"),
+            cat.alias("__cat"),
         )
-        if has_step
-        else None
+        .agg(gate_aggs)
+        .collect(engine="streaming")
     )
-    q_seq = (
-        df.group_by("seq_key")
-        .agg(
-            [pl.col(nm).any().alias(f"any{i}") for i, nm in enumerate(names)]
-            + [pl.col(nm).all().alias(f"all{i}") for i, nm in enumerate(names)]
-        )
-        .select(
-            [pl.len().alias("n")]
-            + [pl.col(f"any{i}").sum() for i in range(len(names))]
-            + [pl.col(f"all{i}").sum() for i in range(len(names))]
-        )
-    )
-    q_tau = df.group_by(["__ti", "__cat"]).agg(pl.len().alias("n"))
-    q_c = df.group_by(["__ci", "__cat"]).agg(pl.len().alias("n"))
-    queries = [q_main, q_seq, q_tau, q_c] + ([q_step] if q_step is not None else [])
-    res = pl.collect_all(queries, engine="streaming")
-    main, seqt, taut, ct = res[0], res[1], res[2], res[3]
-    stept = res[4].sort("step") if q_step is not None else None
 
     # ---- assemble
-    n_seq = int(seqt["n"][0])
+    n_seq = int(seqt["n_seq"][0])
     n_eb, n_pb = len(e_edges) - 1, len(p_e) - 1
 
     def by(key: str, col: str, size: int, frame: pl.DataFrame = main) -> np.ndarray:
@@ -972,7 +1050,8 @@ def compare_gates(
 
     definitions = {
         "noise_token": (
-            f"a token below the entropy breakpoint (H < H* = {h_star}) whose log-ratio breaks "
+            f"a token below the entropy breakpoint (H < H* = {h_star:.4g} nats) whose log-ratio "
+            "breaks "
             f"the entropy-normalized bound: delta^2 / (H + {flag_eps:g}) > {flag_tau:g}"
             if h_star is not None
             else "undefined: no entropy breakpoint H* was given"
@@ -981,7 +1060,7 @@ def compare_gates(
         "law_scale_token": (
             "a token at or above H* (every token when there is no breakpoint) whose log-ratio "
             f"is within the fitted law's 99% range: delta^2 <= {CHI2_1_99:.4g} * k * H^alpha "
-            f"(k = {law_k}, alpha = {law_alpha:g}; {CHI2_1_99:.4g} = 99% quantile of chi2 with "
+            f"(k = {law_k:.4g}, alpha = {law_alpha:.4g}; {CHI2_1_99:.4g} = 99% quantile of chi2 with "
             "1 dof)"
             if law_k is not None
             else "undefined: no fitted law (law_k) was given"
@@ -1030,4 +1109,6 @@ def compare_gates(
         sweep=sweeps,
         definitions=definitions,
         null_reasons=null_reasons,
+        gate_specs=gates,
+        matched_spec=matched_gate,
     )

@@ -182,6 +182,22 @@ class TestHandCase:
         # every token is a candidate: A1 (d^2 .04 <= .0066?) no; A2 (H=0) no; C0 no
         assert r.n_exploration == 4
 
+    def test_specs_for_export(self):
+        """The result carries its gate specs, so decisions_frame can export the same gates."""
+        r = run_tiny()
+        assert r.entr_spec == EntrGate(tau=4, eps=0.01)
+        assert r.panel_specs == PANEL
+        assert r.matched_spec == FixedBand(c=1.0)
+        out = decisions_frame(TINY.lazy(), [r.entr_spec, *r.panel_specs]).collect()
+        for g, spec in zip(r.gates, r.gate_specs, strict=True):
+            assert out[decision_column(spec)].sum() == g.kept_tokens
+
+    def test_bin_labels(self):
+        """End bins are labelled open-ended when values beyond the edges fall in them."""
+        r = run_tiny(entropy_edges=[0.05, 0.2, 1.5, 3])
+        assert r.entr.keep_by_entropy.keys == ("<0.2", "[0.2,1.5)", ">=1.5")
+        assert r.entr.keep_by_entropy.n == (3, 4, 1)
+
     def test_sweep_disabled(self):
         assert run_tiny(sweep_tau=[], sweep_c=[]).sweep == {}
 
@@ -369,6 +385,14 @@ class TestSynth:
         assert flagged.item(0, 1) == r.n_noise
         assert flagged.item(0, 0) > 0.95
 
+    def test_noise_count_matches_regime_flag(self, planted):
+        """The noise tokens counted here are the tokens entr_diag.regime flags."""
+        from entr_diag.regime import noise_flag_expr
+
+        spec, lf, r = planted
+        n = lf.select(noise_flag_expr(spec.h_star, 4.0, 0.01).sum()).collect().item()
+        assert n == r.n_noise
+
     def test_sweep_matches_gate(self, planted):
         """The one-pass sweep at tau = 4 equals ENTR's own keep share."""
         _, _, r = planted
@@ -423,6 +447,12 @@ class TestSynth:
             assert s in out, s
         assert f"{100 * r.matched.fixed.noise_admitted:.1f}%" in out
         assert max(len(line) for line in out.splitlines()) <= 120
+        narrow = io.StringIO()
+        render_compare(r, Console(file=narrow, width=80, color_system=None))
+        lines = narrow.getvalue().splitlines()
+        assert max(len(line) for line in lines) <= 80
+        assert "…" not in narrow.getvalue()  # numbers are never truncated
+        assert f"{r.entr.kept_tokens:,}" in narrow.getvalue()
         # also renders from the plain dict (e.g. JSON read back)
         buf2 = io.StringIO()
         render_compare(
