@@ -388,7 +388,7 @@ def synth_html(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("synth") / "run.parquet"
     write_synth(path, SynthSpec(n_tokens=30_000, seed=3, dirty=True))
     ds = load_dataset([path])
-    fit = fit_scaling_law(ds.lf, bins=20, n_boot=50, seed=0)
+    fit = fit_scaling_law(ds.lf, bins=20, n_boot=100, seed=0)
     fd = fit.to_dict()
     bp = fd["breakpoint"]
     cmp_ = compare_gates(

@@ -115,6 +115,9 @@ th, td { border-bottom:1px solid var(--line); padding:4px 10px; text-align:left;
          vertical-align:top; }
 th { background:#f1f5f9; font-weight:600; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
+td.num { white-space:nowrap; }
+.grid2.offenders { grid-template-columns:minmax(0,3fr) minmax(0,2fr); }
+.offenders th, .offenders td { padding:4px 7px; }
 table.kv th { width:190px; background:none; color:var(--muted); font-weight:500; }
 .scroll { overflow-x:auto; }
 code { font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace; font-size:12px;
@@ -1186,6 +1189,34 @@ def _noise_vs_expl_fig(compare: dict | None) -> go.Figure:
             symbol = "star" if _is_entr(g) else ("diamond" if matched else "circle")
             pts.append((_gate_name(g), ed, na, _is_entr(g), color, symbol))
     if not pts:
+        expl = [
+            (_gate_name(g), g["exploration_discarded"], i)
+            for i, g in enumerate(gates)
+            if _is_num(g.get("exploration_discarded"))
+        ]
+        if expl:
+            # no noise regime: only the exploration side of the trade-off exists
+            fig = _fig_base(height=430)
+            fig.add_trace(
+                go.Bar(
+                    x=[_e(n) for n, _, _ in expl],
+                    y=[v for _, v, _ in expl],
+                    marker_color=[_gate_color(i, gates[i]) for _, _, i in expl],
+                    hovertemplate="%{x}<br>exploration discarded %{y:.3%}<extra></extra>",
+                )
+            )
+            fig.update_yaxes(title_text="exploration discarded", tickformat=".2~%")
+            fig.update_xaxes(tickangle=-30)
+            fig.update_layout(
+                showlegend=False,
+                margin=dict(b=120, t=40),
+                title=dict(
+                    text="no noise regime, so no noise admitted: exploration discarded only",
+                    font=dict(size=12, color="#6b7280"),
+                    x=0.01,
+                ),
+            )
+            return fig
         reasons = (compare or {}).get("null_reasons") or {}
         why = "; ".join(str(v) for v in reasons.values())
         raise ReportUnavailable(
