@@ -326,7 +326,7 @@ class Breakpoint:
 
     h_star: float
     h_star_ci: tuple[float, float]
-    bins_below: int
+    search_bins_below: int  # breakpoint-search bins below H* (finer than the display bins)
     left_slope: float  # log-log slope of the low segment (nan for a single bin)
     delta_bic: float
     excess_ratio: float
@@ -722,7 +722,7 @@ def _search_break(
     bp = Breakpoint(
         h_star=float(h_lo[s_best]),
         h_star_ci=h_ci,
-        bins_below=s_best,
+        search_bins_below=s_best,
         left_slope=left_slopes[best],
         delta_bic=delta_bic,
         excess_ratio=search.excess_ratio,
