@@ -1094,7 +1094,6 @@ def compare_gates(
         "law_scale_quantile": 0.99,
         "law_scale_factor": CHI2_1_99,
         "m2po_cuts": {all_gates[i].spec(): v for i, v in _cuts.items()},
-        "entropy_source_column": "entropy",
     }
     return CompareResult(
         parameters=parameters,

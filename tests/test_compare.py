@@ -371,6 +371,37 @@ class TestSynth:
         assert r.entr.exploration_discarded < m.fixed.exploration_discarded
         assert m.fixed.noise_admitted > 0.05 and m.fixed.exploration_discarded > 0.005
 
+    def test_ground_truth_at_matched_budget(self, planted):
+        """Against the planted truth (is_noise), not the flag: at the matched budget ENTR
+        keeps fewer planted noise tokens and drops fewer law tokens above H*."""
+        spec, lf, r = planted
+        e, f = r.entr_spec.keep_expr(), r.matched_spec.keep_expr()
+        noise, law = pl.col("is_noise"), ~pl.col("is_noise") & (pl.col("entropy") >= spec.h_star)
+        t = lf.select(
+            e_noise=e.filter(noise).mean(),
+            f_noise=f.filter(noise).mean(),
+            e_law=(~e).filter(law).mean(),
+            f_law=(~f).filter(law).mean(),
+        ).collect()
+        assert t["e_noise"][0] < t["f_noise"][0] - 0.05
+        assert t["e_law"][0] < t["f_law"][0]
+
+    def test_entr_beats_matched_band_at_other_tau(self, planted):
+        """At tau = 8 (flag still at 4, so ENTR admits some flagged noise) ENTR still admits
+        less noise and discards less exploration than the band matched to it."""
+        spec, lf, _ = planted
+        r = compare_gates(
+            lf,
+            entr=EntrGate(tau=8.0),
+            panel=[],
+            h_star=spec.h_star,
+            law_k=spec.k,
+            sweep_tau=[],
+            sweep_c=[],
+        )
+        assert 0 < r.entr.noise_admitted < r.matched.fixed.noise_admitted
+        assert r.entr.exploration_discarded < r.matched.fixed.exploration_discarded
+
     def test_noise_tokens_are_planted_noise(self, planted):
         """Flagged noise tokens are (almost all) planted noise: the definition is meaningful."""
         spec, lf, r = planted
