@@ -678,8 +678,8 @@ def compare_gates(
         optional.
     entr : the ENTR gate (default ``EntrGate()``: tau 4, eps 0.01).
     panel : gates compared with ENTR (default :data:`~entr_diag.gates.DEFAULT_PANEL`).
-    h_star : entropy breakpoint H* of the noise regime (nats), e.g. ``FitResult.h_star``;
-        None = no noise regime.
+    h_star : entropy breakpoint H* of the noise regime (nats), ``FitResult.breakpoint.h_star``;
+        None = no noise regime (the fit found no break).
     law_k, law_alpha : fitted law ``E[delta^2 | H] = law_k * H**law_alpha``; ``law_k`` None
         disables "exploration discarded".
     flag_tau, flag_eps : the noise-token flag ``delta^2 / (H + flag_eps) > flag_tau``.
