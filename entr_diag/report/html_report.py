@@ -108,7 +108,9 @@ p.how b { color:#374151; }
 .unavailable { color:var(--muted); font-style:italic; background:#f3f4f6;
                border:1px dashed #d1d5db; border-radius:6px; padding:10px 14px; margin:8px 0; }
 .grid2 { display:grid; grid-template-columns:minmax(0,1fr) minmax(0,1fr); gap:18px; }
-@media (max-width: 1000px) { .grid2 { grid-template-columns:1fr; } }
+.grid3 { display:grid; grid-template-columns:minmax(0,1.3fr) minmax(0,1fr) minmax(0,1fr);
+         gap:18px; }
+@media (max-width: 1000px) { .grid2, .grid3 { grid-template-columns:1fr; } }
 .fig { width:100%; min-height:200px; }
 table { border-collapse:collapse; font-size:12.5px; margin:6px 0 10px; }
 th, td { border-bottom:1px solid var(--line); padding:4px 10px; text-align:left;
@@ -118,7 +120,7 @@ td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 td.num { white-space:nowrap; }
 .grid2.offenders { grid-template-columns:minmax(0,3fr) minmax(0,2fr); }
 .offenders th, .offenders td { padding:4px 7px; }
-table.kv th { width:190px; background:none; color:var(--muted); font-weight:500; }
+table.kv th { width:170px; background:none; color:var(--muted); font-weight:500; }
 .scroll { overflow-x:auto; }
 code { font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace; font-size:12px;
        background:#f1f5f9; padding:1px 4px; border-radius:3px; }
@@ -456,8 +458,10 @@ def _summary_section(summary: dict, fit: dict | None, compare: dict | None) -> s
     shown_files = [str(x) for x in files[:50]]
     more = f" (+{len(files) - 50} more)" if len(files) > 50 else ""
     inp = _kv_table(
-        [
+        kv
+        for kv in [
             ("files", ", ".join(shown_files) + more if files else None),
+            ("bundled sample run", True if inputs.get("bundled_sample") else None),
             ("layout", inputs.get("layout")),
             ("tokens (total rows)", inputs.get("tokens_total")),
             ("tokens (valid, loss-masked)", inputs.get("tokens_valid")),
@@ -466,6 +470,7 @@ def _summary_section(summary: dict, fit: dict | None, compare: dict | None) -> s
             ("tool version", summary.get("tool_version")),
             ("report created", summary.get("created_at")),
         ]
+        if kv[0] != "bundled sample run" or kv[1]
     )
     excl = summary.get("exclusions") or {}
     excl_html = (
@@ -486,9 +491,10 @@ def _summary_section(summary: dict, fit: dict | None, compare: dict | None) -> s
     return (
         '<section class="card" id="summary"><h2>1. Summary</h2>'
         f"{verdict}"
-        '<div class="grid2"><div><h3>Inputs</h3>'
+        '<div class="grid3"><div><h3>Inputs</h3>'
         f"{inp}<h3>Exclusions by reason</h3>{excl_html}</div>"
-        f"<div><h3>Column mapping</h3>{map_html}<h3>Parameters</h3>{params_html}</div></div>"
+        f"<div><h3>Column mapping</h3>{map_html}</div>"
+        f"<div><h3>Parameters</h3>{params_html}</div></div>"
         "</section>"
     )
 
