@@ -83,6 +83,10 @@ SLOPE_TOL = 0.05
 #: temperature: below this within-bin correlation of the two columns the slope means nothing
 #: (misaligned or unrelated columns), the check cannot tell
 TEMP_MIN_CORR = 0.5
+#: temperature: the slope is measured on the freshest tokens (smallest staleness: a policy
+#: that sharpens between versions tilts the slope like a temperature) when they number at
+#: least this many, else on all tokens
+TEMP_MIN_FRESH_TOKENS = 1000
 
 #: truncated sampling: entropy (nats) above which the one-sided bias is measured
 TRUNC_H_MIN = 0.3
@@ -128,8 +132,6 @@ DRIFT_MIN_GROWTH = 1.25
 #: staleness: p-value and growth of mean |delta| per version of lag (factor, info)
 STALENESS_P = 1e-3
 STALENESS_MIN_GROWTH = 1.05
-#: staleness: growth of mean |delta| from lag 0 to the largest lag that makes a warning
-STALENESS_WARN_GROWTH = 2.0
 
 #: corrupt rows: a sequence is reported when its loss-masked tokens end in at least this many
 #: non-finite logprobs, or hold a run of at least this many consecutive placeholder values
@@ -309,8 +311,10 @@ class _Ctx:
         )
         x, y = pl.col("train_logprob"), pl.col("infer_logprob")
         blocks = (
-            lf.with_columns((pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block"))
-            .group_by("bin", "block")
+            lf.with_columns(
+                (pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block"), stale.alias("_stale")
+            )
+            .group_by("bin", "block", "_stale")
             .agg(
                 pl.len().alias("n"),
                 x.sum().alias("sx"),
@@ -331,7 +335,8 @@ class _Ctx:
 
     @property
     def blocks(self) -> pl.DataFrame:
-        """Rows per (bin, block): n, sums of x=train_logprob, y=infer_logprob and products."""
+        """Rows per (bin, block, _stale): n, sums of x=train_logprob, y=infer_logprob and
+        their products."""
         if self._blocks is None:
             self._load()
         return self._blocks  # type: ignore[return-value]
@@ -586,11 +591,21 @@ def _check_temperature(ctx: _Ctx) -> _Result:
     The test pools the centred sums within entropy bins (so the spread of entropy across the
     batch cannot tilt the slope), takes the slope of infer on train and the reciprocal slope of
     train on infer, and fires when both lie on the same side of [1 - SLOPE_TOL, 1 + SLOPE_TOL]
-    by Z_CLEAR jackknife standard errors (blocks of whole sequences).
+    by Z_CLEAR jackknife standard errors (blocks of whole sequences). Only the freshest tokens
+    (smallest staleness) are used when there are enough: RL sharpens the policy between
+    versions, which tilts the slope of stale tokens exactly like a temperature would.
     """
     name = "one_sided_temperature"
     blk = ctx.blocks
-    if int(blk["n"].sum()) < MISALIGN_MIN_PAIRS:
+    used = "all tokens"
+    if ctx.has("staleness") and blk["_stale"].drop_nulls().len():
+        s_min = int(blk["_stale"].drop_nulls().min())
+        fresh = blk.filter(pl.col("_stale") == s_min)
+        if int(fresh["n"].sum()) >= TEMP_MIN_FRESH_TOKENS:
+            blk, used = fresh, f"staleness {s_min} tokens"
+    blk = blk.group_by("bin", "block").agg(pl.col("n", "sx", "sy", "sxx", "syy", "sxy").sum())
+    n_used = int(blk["n"].sum())
+    if n_used < MISALIGN_MIN_PAIRS:
         return _cannot(name, f"fewer than {MISALIGN_MIN_PAIRS} valid tokens")
     b, se_b, rb, se_r, nk = _pooled_slopes(blk)
     if not (math.isfinite(b) and math.isfinite(rb)):
@@ -621,6 +636,8 @@ def _check_temperature(ctx: _Ctx) -> _Result:
         "mean_delta_highest_entropy_bin": _r(m_hi),
         "sequence_blocks": nk,
         "within_entropy_bins": bool(ctx.has("entropy")),
+        "tokens_used": n_used,
+        "tokens_selection": used,
     }
     above = lo - Z_CLEAR * se_lo > 1 + SLOPE_TOL
     below = hi + Z_CLEAR * se_hi < 1 - SLOPE_TOL
@@ -643,14 +660,15 @@ def _check_temperature(ctx: _Ctx) -> _Result:
                 "both sides read the same generation config."
             ),
         )
-        return _found(f, f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g})")
+        return _found(f, f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g}) on {used}")
     if not ctx.has("entropy"):
         return _clear(
             name,
-            f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g}) consistent with 1; pooled over all "
-            "tokens (no entropy column, so the entropy-dependent offset is not checked)",
+            f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g}) on {used} consistent with 1; pooled "
+            "(no entropy column, so the entropy-dependent offset is not checked)",
         )
-    return _clear(name, f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g}) consistent with 1")
+    return _clear(
+        name, f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g}) on {used} consistent with 1")
 
 
 def _check_truncation(ctx: _Ctx) -> _Result:
@@ -782,15 +800,23 @@ def _check_outliers(ctx: _Ctx) -> _Result:
     DeepSeek) under verl and slime, where "routing replay" was introduced for this reason.
 
     Score: per sequence, log(mean |delta| / mean expected |delta|), the expectation being the
-    mean |delta| of each token's entropy bin; robust z over sequences with at least
+    mean |delta| of each token's (entropy bin, staleness) cell, so neither low-entropy noise
+    tokens nor stale sequences pass for outliers; robust z over sequences with at least
     OUTLIER_MIN_TOKENS tokens (median and 1.4826 MAD). Sequences above OUTLIER_Z are listed,
     with the share of sum delta^2 they carry and the law (k) with and without them.
     """
     name = "sequence_outliers"
-    bins = ctx.bins()
-    amap = dict(zip(bins["bin"].to_list(), bins["a"].to_list(), strict=True))
-    lf = ctx._with_bin().with_columns(
-        pl.col("bin").replace_strict(amap, default=None, return_dtype=pl.Float64).alias("_ea")
+    # expected |delta| per (entropy bin, staleness): a stale sequence is not an outlier
+    expect = (
+        ctx.cells.group_by("bin", "_stale")
+        .agg(pl.col("n", "sad").sum())
+        .select("bin", "_stale", (pl.col("sad") / pl.col("n")).alias("_ea"))
+    )
+    stale = pl.col("staleness") if ctx.has("staleness") else pl.lit(0, dtype=pl.Int64)
+    lf = (
+        ctx._with_bin()
+        .with_columns(stale.alias("_stale"))
+        .join(expect.lazy(), on=["bin", "_stale"], how="left", nulls_equal=True)
     )
     has_h = ctx.has("entropy")
     h = pl.col("entropy") if has_h else pl.lit(0.0)
@@ -809,7 +835,9 @@ def _check_outliers(ctx: _Ctx) -> _Result:
     )
     med = pl.col("x").median()
     mad = (pl.col("x") - med).abs().median() * 1.4826
-    scored = per.with_columns(((pl.col("x") - med) / mad).alias("z"))
+    # one row per sequence: collected once, the rest is on this small frame
+    scored = per.collect(engine="streaming").lazy().with_columns(
+        ((pl.col("x") - med) / mad).alias("z"))
     summary = scored.select(
         pl.len().alias("n_seq"),
         pl.col("sd2").sum().alias("sd2_all"),
@@ -842,10 +870,11 @@ def _check_outliers(ctx: _Ctx) -> _Result:
     k_with = k_without = float("nan")
     if has_h:
         out_keys = top_df["seq_key"]
-        b_all = lf.group_by("bin").agg(
+        lfb = ctx._with_bin()
+        b_all = lfb.group_by("bin").agg(
             pl.len().alias("n"), pl.col("entropy").mean().alias("h"),
             (pl.col("delta") ** 2).mean().alias("q"))
-        b_wo = lf.filter(~pl.col("seq_key").is_in(out_keys.implode())).group_by("bin").agg(
+        b_wo = lfb.filter(~pl.col("seq_key").is_in(out_keys.implode())).group_by("bin").agg(
             pl.len().alias("n"), pl.col("entropy").mean().alias("h"),
             (pl.col("delta") ** 2).mean().alias("q"))
         ba, bw = pl.collect_all([b_all, b_wo], engine="streaming")
@@ -1069,12 +1098,14 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     policy_version. Then part of the measured "mismatch" is genuine policy change between the
     sampling weights and the trained ones (off-policyness), not engine numerics; both are
     mixed in delta (METHOD.md, "The setting"). Asynchronous trainers (AReaL, PipelineRL,
-    slime async, verl one-step-off) all show it; it is expected, so a moderate effect is
-    reported as info and a large one (x STALENESS_WARN_GROWTH from the smallest to the
-    largest lag) as a warning: fit the law on fresh tokens or per staleness bucket.
+    slime async, verl one-step-off) all show it; it is expected of an off-policy run, not a
+    bug, so it is reported as info: read the law per staleness bucket or on fresh tokens.
 
-    Test: the staleness coefficient of :func:`_joint_trend` (per version of lag, at fixed
-    entropy bin and step).
+    Test: the staleness coefficient of :func:`_joint_trend` (log growth per version of lag,
+    at fixed entropy bin and step) gives the p-value; the evidence also gives, per staleness
+    value, the ratio of mean |delta| to the freshest tokens' at equal entropy bin and step
+    (one fixed-effects fit with a dummy per staleness value: the growth is rarely
+    log-linear, policy drift dominates from the first version of lag on).
     """
     name = "staleness"
     if not ctx.has("staleness"):
@@ -1109,17 +1140,20 @@ def _check_staleness(ctx: _Ctx) -> _Result:
         "p_value": _r(p),
         "within_entropy_bins": bool(ctx.has("entropy")),
     }
+    ratios = _staleness_ratios(ctx)
+    ev["ratio_to_freshest_per_staleness"] = [_r(x, 3) for x in ratios.values()]
+    ev["ratio_staleness_values"] = list(ratios)
     if t.beta_stale > 0 and p < STALENESS_P and per_v >= STALENESS_MIN_GROWTH:
-        sev = "warning" if total >= STALENESS_WARN_GROWTH else "info"
+        rtxt = ", ".join(f"x{v:.3g} at lag {k}" for k, v in ratios.items() if k != smin)
         f = Finding(
             kind=name,
-            severity=sev,
+            severity="info",
             title=f"|delta| grows with staleness (x{per_v:.3g} per version of lag)",
             message=(
-                f"At fixed entropy and step, mean |delta| grows by x{per_v:.3g} per version of "
-                f"lag (x{total:.3g} from lag {smin} to {smax}, p = {p:.2g}): part of delta is "
-                "policy change between sampling and training, not engine mismatch. Compare "
-                "gates and the law per staleness bucket, or on staleness-0 tokens."
+                f"At fixed entropy and step, mean |delta| grows with the version lag "
+                f"(p = {p:.2g}): {rtxt or 'see evidence'} relative to lag {smin}. Part of "
+                "delta is policy change between sampling and training, not engine mismatch: "
+                "read the law and the gates per staleness bucket, or on the freshest tokens."
             ),
             evidence=ev,
             check=(
@@ -1130,6 +1164,28 @@ def _check_staleness(ctx: _Ctx) -> _Result:
         )
         return _found(f, f"x{per_v:.3g} per version, p = {p:.2g}")
     return _clear(name, f"mean |delta| changes by x{per_v:.3g} per version of lag (p = {p:.2g})")
+
+
+def _staleness_ratios(ctx: _Ctx) -> dict[int, float]:
+    """Mean |delta| per staleness value relative to the freshest tokens, at equal entropy bin
+    and step: exp of the dummy coefficients of a fixed-effects fit on the cells."""
+    c = (
+        ctx.cells.drop_nulls(["_step", "_stale"])
+        .filter(pl.col("n") >= MIN_CELL_TOKENS, pl.col("sad") > 0)
+        .with_columns((pl.col("sad") / pl.col("n")).log().alias("y"))
+    )
+    vals = sorted(int(v) for v in c["_stale"].unique().to_list())
+    if len(vals) < 2:
+        return {}
+    st = c["_stale"].to_numpy()
+    X = np.column_stack([(st == v).astype(float) for v in vals[1:]])
+    grp = c["bin"].to_numpy().astype(np.int64) * 1_000_003 + c["_step"].to_numpy().astype(
+        np.int64)
+    beta, _, _, _ = _fe_ols(grp, X, c["y"].to_numpy(), c["n"].to_numpy().astype(float))
+    out = {vals[0]: 1.0}
+    for v, b in zip(vals[1:], beta, strict=True):
+        out[v] = float(math.exp(b)) if math.isfinite(b) else float("nan")
+    return out
 
 
 def _check_corrupt(ctx: _Ctx) -> _Result:
@@ -1277,7 +1333,9 @@ def _check_floor(ctx: _Ctx) -> _Result:
     kernels, padding) differ by the trainer's own nondeterminism; engine-vs-trainer delta can
     only be fixed down to that floor. The ratio mean delta^2 / mean floor^2 says how much of
     the mismatch is engine-specific (verl exposes both ``old_log_probs`` and ``log_probs`` on
-    the first on-policy mini-batch for this comparison). Always info.
+    the first on-policy mini-batch for this comparison). Measured on the freshest tokens when
+    there are enough (policy drift between versions is in delta but not in the floor).
+    Always info.
     """
     name = "trainer_noise_floor"
     if not ctx.has("train_logprob_recompute"):
@@ -1286,6 +1344,16 @@ def _check_floor(ctx: _Ctx) -> _Result:
         )
     e = pl.col("train_logprob") - pl.col("train_logprob_recompute")
     ok = pl.col("train_logprob_recompute").is_finite().fill_null(False)
+    lf = ctx.lf
+    used = "all tokens"
+    if ctx.has("staleness"):
+        # engine mismatch proper: the freshest tokens (policy drift adds to delta, not floor)
+        s_min = ctx.cells["_stale"].drop_nulls().min()
+        if s_min is not None:
+            n_fresh = int(ctx.cells.filter(pl.col("_stale") == s_min)["n"].sum())
+            if n_fresh >= TEMP_MIN_FRESH_TOKENS:
+                lf = lf.filter(pl.col("staleness") == int(s_min))
+                used = f"staleness {int(s_min)} tokens"
     sel = [
         ok.sum().alias("n"),
         (e * e).filter(ok).mean().alias("floor2"),
@@ -1293,7 +1361,7 @@ def _check_floor(ctx: _Ctx) -> _Result:
         e.abs().filter(ok).mean().alias("floor_abs"),
         pl.col("delta").abs().filter(ok).mean().alias("delta_abs"),
     ]
-    r = ctx.lf.select(sel).collect(engine="streaming").row(0, named=True)
+    r = lf.select(sel).collect(engine="streaming").row(0, named=True)
     n = int(r["n"] or 0)
     if n == 0:
         return _cannot(name, "train_logprob_recompute has no finite value on valid tokens")
@@ -1301,27 +1369,37 @@ def _check_floor(ctx: _Ctx) -> _Result:
     ratio = d2 / f2 if f2 > 0 else float("inf")
     ev = {
         "tokens": n,
+        "tokens_selection": used,
         "mean_floor2": _r(f2),
         "mean_delta2": _r(d2),
         "ratio_delta2_to_floor2": _r(ratio),
         "mean_abs_floor": _r(float(r["floor_abs"])),
         "mean_abs_delta": _r(float(r["delta_abs"])),
     }
-    if ratio < FLOOR_RATIO_AT_FLOOR:
+    if f2 == 0:
+        title = "The trainer's recomputation is bit-identical: no self-noise floor"
         msg = (
-            f"engine-vs-trainer mean delta^2 ({d2:.3g}) is only {ratio:.3g}x the trainer's own "
-            f"recompute noise ({f2:.3g}): the mismatch is at the floor, a gate at this scale "
-            "removes noise the trainer itself has."
+            f"train_logprob and train_logprob_recompute are identical on {n} tokens ({used}): "
+            f"all of the engine-vs-trainer mean delta^2 ({d2:.3g}) is engine-specific (or the "
+            "recompute column is a copy)."
+        )
+    elif ratio < FLOOR_RATIO_AT_FLOOR:
+        title = f"Mismatch is at the trainer's self-noise floor ({ratio:.3g}x)"
+        msg = (
+            f"engine-vs-trainer mean delta^2 ({d2:.3g}, {used}) is only {ratio:.3g}x the "
+            f"trainer's own recompute noise ({f2:.3g}): a gate at this scale removes noise the "
+            "trainer itself has."
         )
     else:
+        title = f"Mismatch is {ratio:.3g}x the trainer's self-noise floor"
         msg = (
-            f"engine-vs-trainer mean delta^2 ({d2:.3g}) is {ratio:.3g}x the trainer's own "
-            f"recompute noise ({f2:.3g}): most of the mismatch is engine-specific."
+            f"engine-vs-trainer mean delta^2 ({d2:.3g}, {used}) is {ratio:.3g}x the trainer's "
+            f"own recompute noise ({f2:.3g}): most of the mismatch is engine-specific."
         )
     f = Finding(
         kind=name,
         severity="info",
-        title=f"Mismatch is {ratio:.3g}x the trainer's self-noise floor",
+        title=title,
         message=msg,
         evidence=ev,
         check=(
@@ -1329,7 +1407,7 @@ def _check_floor(ctx: _Ctx) -> _Result:
             "engine; for a large ratio: engine precision / kernels vs the trainer's."
         ),
     )
-    return _found(f, f"ratio {ratio:.3g}")
+    return _found(f, f"ratio {ratio:.3g} on {used}")
 
 
 _CHECK_FUNCS: dict[str, Callable[[_Ctx], _Result]] = {

@@ -281,7 +281,11 @@ def test_staleness_found(tmp_path):
     df = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, staleness_gain=1.0, h_star=None))
     res = run_forensics(_load(tmp_path, df), checks=["staleness", "drift"])
     f = res.by_kind("staleness")
-    assert f is not None
+    assert f is not None and f.severity == "info"
+    ratios = dict(zip(f.evidence["ratio_staleness_values"],
+                      f.evidence["ratio_to_freshest_per_staleness"], strict=True))
+    assert ratios[0] == 1.0
+    assert ratios[3] == pytest.approx(2.0, rel=0.15)
     # planted |delta| growth: sqrt(1 + s), i.e. x1.41 at lag 1, x2 at lag 3
     assert 1.15 < f.evidence["growth_per_version"] < 1.45
     assert f.evidence["p_value"] < 1e-6
