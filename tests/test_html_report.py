@@ -550,3 +550,37 @@ def test_report_renders_in_headless_chromium(synth_html, tmp_path):
     starts = [dom.index(f'id="{fid}"') for fid in ids] + [len(dom)]
     for fid, a, b in zip(ids, starts[:-1], starts[1:], strict=True):
         assert 'class="main-svg"' in dom[a:b], f"{fid} did not render"
+
+
+def test_forensics_findings_dict_rendered():
+    """Findings.to_dict() (findings + check statuses) renders with title, evidence and checks."""
+    findings = {
+        "findings": [
+            {
+                "kind": "misalignment",
+                "severity": "critical",
+                "title": "logprobs shifted by one token",
+                "message": "train and infer logprobs match best at lag +1",
+                "evidence": {"best_lag": 1, "mean_abs_diff": [0.1, 2.6]},
+                "check": "the response slicing in the trainer",
+            }
+        ],
+        "checks": {
+            "misalignment": {"status": "found", "reason": "lag +1 fits best"},
+            "trainer_noise_floor": {"status": "cannot_tell", "reason": "no recompute column"},
+        },
+    }
+    h = build_report_html(
+        summary=_summary(), fit=None, metrics=None, compare=None, profiles={}, findings=findings
+    )
+    seg = h[h.index('id="findings"') : h.index('id="summary"')]
+    for s in (
+        "logprobs shifted by one token",
+        "best_lag = 1",
+        "what to check: the response slicing in the trainer",
+        "cannot_tell",
+        "no recompute column",
+        'class="sev-critical"',
+    ):
+        assert _has(seg, s), s
+    assert h.index('id="findings"') < h.index('id="summary"')

@@ -348,8 +348,28 @@ def _log_centers(edges: Sequence[float]) -> list[float]:
 # ----------------------------------------------------------------------------- findings
 
 
-def _findings_section(findings: list | None) -> str:
-    if not findings:
+def _evidence_html(ev: Any) -> str:
+    if ev in (None, "", {}, []):
+        return ""
+    if isinstance(ev, Mapping):
+        items = ", ".join(
+            f"{k} = {v if isinstance(v, str) else _f(v) if not isinstance(v, (list, dict)) else json.dumps(v, default=str)}"
+            for k, v in ev.items()
+        )
+    else:
+        items = ev if isinstance(ev, str) else json.dumps(ev, default=str, sort_keys=True)
+    return f'<div class="evidence">evidence: {_e(items)}</div>'
+
+
+def _findings_section(findings: Any) -> str:
+    """Findings of the forensics (``Findings.to_dict()``: {findings: [...], checks: {...}}, or
+    a plain list of {kind, severity, title?, message, evidence, check?})."""
+    checks: Mapping[str, Any] = {}
+    if isinstance(findings, Mapping):
+        checks = findings.get("checks") or {}
+        findings = findings.get("findings") or []
+    findings = list(findings or [])
+    if not findings and not checks:
         return ""
     items = []
     for f in findings:
@@ -357,21 +377,29 @@ def _findings_section(findings: list | None) -> str:
             f = {"message": f}
         sev = str(f.get("severity") or "info").lower()
         sev_cls = "".join(ch for ch in sev if ch.isalnum())
-        ev = f.get("evidence")
-        ev_html = ""
-        if ev not in (None, "", {}, []):
-            ev_s = ev if isinstance(ev, str) else json.dumps(ev, default=str, sort_keys=True)
-            ev_html = f'<div class="evidence">evidence: {_e(ev_s)}</div>'
         kind = f.get("kind")
         kind_html = f"<code>{_e(kind)}</code> " if kind else ""
+        title = f.get("title")
+        title_html = f"<b>{_e(title)}</b><br>" if title else ""
+        check = f.get("check")
+        check_html = f'<div class="evidence">what to check: {_e(check)}</div>' if check else ""
         items.append(
             f'<li class="sev-{_e(sev_cls)}"><span class="badge">{_e(sev)}</span>{kind_html}'
-            f"{_e(f.get('message', ''))}{ev_html}</li>"
+            f"{title_html}{_e(f.get('message', ''))}{_evidence_html(f.get('evidence'))}"
+            f"{check_html}</li>"
         )
-    return (
-        '<section class="card" id="findings"><h2>Findings</h2>'
-        f'<ul class="findings">{"".join(items)}</ul></section>'
+    body = (
+        f'<ul class="findings">{"".join(items)}</ul>'
+        if items
+        else ("<p>No cause of mismatch was found by the checks below.</p>")
     )
+    if checks:
+        rows = [
+            (name, _get(st, "status") or "", _get(st, "reason") or "")
+            for name, st in checks.items()
+        ]
+        body += "<h3>Checks</h3>" + _table(["check", "status", "why"], rows)
+    return f'<section class="card" id="findings"><h2>Findings</h2>{body}</section>'
 
 
 # ----------------------------------------------------------------------------- 1 summary
@@ -1686,7 +1714,7 @@ def build_report_html(
     metrics: dict | None,
     compare: dict | None,
     profiles: dict,
-    findings: list | None = None,
+    findings: list | dict | None = None,
 ) -> str:
     """Render the post-mortem report as one self-contained HTML document.
 
@@ -1695,8 +1723,9 @@ def build_report_html(
     {files, layout, tokens_total, tokens_valid, sequences}, ``mapping``, ``exclusions``
     {reason: count}, ``entropy_source``, ``parameters``), ``fit`` (``FitResult``), ``metrics``
     (``MismatchMetrics``), ``compare`` (``CompareResult``), ``profiles``
-    (:class:`entr_diag.profiles.Profiles`) and ``findings`` (list of {kind, severity,
-    message, evidence}). Any of fit/metrics/compare may be None: the sections that need it
+    (:class:`entr_diag.profiles.Profiles`) and ``findings`` (``Findings.to_dict()`` of
+    :mod:`entr_diag.forensics`, i.e. {findings: [{kind, severity, title, message, evidence,
+    check}], checks: {name: {status, reason}}}, or just the list of findings). Any of fit/metrics/compare may be None: the sections that need it
     say "unavailable: <reason>". Returns a str (UTF-8 HTML, plotly.js embedded once, about
     5 MB of which the figures are a few hundred kB whatever the token count).
     """
@@ -1715,7 +1744,8 @@ def build_report_html(
     )
     nfiles = len((summary.get("inputs") or {}).get("files") or [])
     toc = "".join(f'<a href="#{k}">{i}. {_e(t)}</a>' for i, (k, t) in enumerate(_SECTIONS, 1))
-    if findings:
+    findings_html = _findings_section(findings)
+    if findings_html:
         toc = '<a href="#findings">Findings</a>' + toc
     doc.add(
         '<header class="top"><h1>entr-diag post-mortem: train-inference log-ratio mismatch</h1>'
@@ -1724,7 +1754,7 @@ def build_report_html(
         f"{_e(created)} · method: {PAPER} (ENTR)</div></header>"
         f'<nav class="toc">{toc}</nav><main>'
     )
-    doc.add(_findings_section(findings))
+    doc.add(findings_html)
     doc.add(_summary_section(summary, fit, compare))
 
     # 2 scaling law
