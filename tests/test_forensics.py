@@ -391,6 +391,35 @@ def test_render_most_severe_first():
     assert "2 finding(s), 1 above info" in out
 
 
+GOLDEN = """\
+Mismatch forensics: 2 finding(s), 1 above info
+┏━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━┓
+┃ severity ┃ finding                       ┃ evidence                 ┃
+┡━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━┩
+│ CRITICAL │ Shifted by +1  [misalignment] │ likely_shift = 1         │
+│          │ lag +1 fits                   │ mean_abs_diff_lag0 = 2.5 │
+│          │ Check: slicing                │ ids = [a, b]             │
+├──────────┼───────────────────────────────┼──────────────────────────┤
+│ INFO     │ Stale  [staleness]            │ growth_per_version = 1.1 │
+│          │ grows with lag                │                          │
+│          │ Check: the lag                │                          │
+└──────────┴───────────────────────────────┴──────────────────────────┘
+                   Forensic checks
+ check        ┃ status      ┃ why
+━━━━━━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━
+ misalignment │ found       │ lag +1 fits 20x better
+ drift        │ cannot_tell │ no step column
+"""
+
+
+def test_render_golden():
+    """The rendering of a fixed Findings at width 120 matches the golden text (lines
+    compared without trailing spaces)."""
+    c = _console()
+    render_findings(_hand_made(), c)
+    assert "\n".join(line.rstrip() for line in c.file.getvalue().split("\n")) == GOLDEN
+
+
 def test_render_from_dict_equals_object():
     """Rendering the to_dict() gives the same text as rendering the object."""
     a, b = _console(), _console()
@@ -413,6 +442,49 @@ def test_findings_properties():
     assert [c.name for c in r.cannot_tell] == ["drift"]
     assert Findings().worst is None and Findings().silent
     assert math.isnan(FX._r(float("nan")))
+
+
+# ------------------------------------------------------------------ invariances
+
+
+def test_row_order_does_not_change_results(tmp_path, base):
+    """Shuffling the rows of a run with findings leaves statuses and evidence unchanged."""
+    df = _with_delta(base, DELTA * (1 + 0.1 * pl.col("step")))
+    a = run_forensics(_load(tmp_path, df, "a.parquet")).to_dict()
+    b = run_forensics(_load(tmp_path, df.sample(fraction=1.0, shuffle=True, seed=1),
+                            "b.parquet")).to_dict()
+    assert {k: v["status"] for k, v in a["checks"].items()} == {
+        k: v["status"] for k, v in b["checks"].items()}
+    assert [f["kind"] for f in a["findings"]] == [f["kind"] for f in b["findings"]]
+    for fa, fb in zip(a["findings"], b["findings"], strict=True):
+        for k, v in fa["evidence"].items():
+            if isinstance(v, float) and "p" not in k.split("_"):
+                assert fb["evidence"][k] == pytest.approx(v, rel=1e-3, abs=1e-9), k
+
+
+def test_nested_layout_matches_long(tmp_path):
+    """The same synthetic run in the nested layout gives the same statuses as the long one."""
+    from entr_diag.synth import write_synth
+
+    spec = SynthSpec(n_tokens=N_TOKENS, seed=7)
+    pl_, pn = tmp_path / "long.parquet", tmp_path / "nested.parquet"
+    write_synth(pl_, spec, layout="long")
+    write_synth(pn, spec, layout="nested")
+    a = run_forensics(load_dataset([pl_]))
+    b = run_forensics(load_dataset([pn]))
+    assert a.silent and b.silent
+    assert [(c.name, c.status) for c in a.checks] == [(c.name, c.status) for c in b.checks]
+
+
+def test_without_entropy_cannot_tell(tmp_path, base):
+    """Without entropy the entropy-bound checks say so; the others still run."""
+    res = run_forensics(_load(tmp_path, base.drop("entropy")))
+    st = {c.name: c for c in res.checks}
+    assert st["truncated_sampling"].status == "cannot_tell"
+    assert st["drift"].status == "cannot_tell" and "entropy" in st["drift"].reason
+    assert st["misalignment"].status == "clear"
+    assert st["one_sided_temperature"].status == "clear"
+    assert res.silent
 
 
 # ------------------------------------------------------------------ bundled sample
