@@ -489,11 +489,12 @@ def _check_misalignment(ctx: _Ctx) -> _Result:
     if mad[best] < MISALIGN_RATIO * mad[0]:
         # lag L: train_logprob[t] matches infer_logprob[t + L]
         where = (
-            "infer_logprob[t+1] (the inference array is one token AHEAD: it lacks the first "
-            "entry or the trainer's array has an extra leading one)"
+            "infer_logprob[t+1] (the inference array lags one token behind: it has an extra "
+            "leading entry, e.g. a prompt/BOS logprob, or the trainer's array lacks its first)"
             if best == 1
-            else "infer_logprob[t-1] (the inference array is one token BEHIND: it has an extra "
-            "leading entry, e.g. a prompt/BOS logprob, or the trainer's array lacks one)"
+            else "infer_logprob[t-1] (the inference array runs one token ahead: it lacks its "
+            "first entry, or the trainer's array has an extra leading one, e.g. logits not "
+            "shifted against labels)"
         )
         ev["likely_shift"] = best
         f = Finding(
@@ -1460,8 +1461,11 @@ def run_forensics(ds: Any, *, checks: Sequence[str] | None = None) -> Findings:
 def detect_misalignment(ds: Any) -> Finding | None:
     """Off-by-one check alone: the finding (severity ``critical``) or ``None``.
 
-    Raises nothing for a misaligned input: the caller decides (the CLI stops with exit code 2
-    naming ``finding.evidence["likely_shift"]`` unless ``--allow-misaligned``).
+    ``finding.evidence["likely_shift"] == L`` means train_logprob[t] pairs with
+    infer_logprob[t + L] (L = +1: the inference array has an extra leading entry; L = -1: it
+    lacks its first entry); realigning means reading infer_logprob shifted by -L within each
+    sequence. Raises nothing for a misaligned input: the caller decides (the CLI stops with
+    exit code 2 naming the shift unless ``--allow-misaligned``).
     """
     _, f = _check_misalignment(_Ctx(ds))
     return f
