@@ -83,10 +83,11 @@ SLOPE_TOL = 0.05
 #: temperature: below this within-bin correlation of the two columns the slope means nothing
 #: (misaligned or unrelated columns), the check cannot tell
 TEMP_MIN_CORR = 0.5
-#: temperature: the slope is measured on the freshest tokens (smallest staleness: a policy
-#: that sharpens between versions tilts the slope like a temperature) when they number at
-#: least this many, else on all tokens
-TEMP_MIN_FRESH_TOKENS = 1000
+#: temperature / drift / trainer floor: engine-side effects are measured on the freshest
+#: tokens (smallest staleness; policy change between versions adds to delta: a sharpening
+#: policy tilts the slope like a temperature, a changing learning rate moves |delta| over
+#: steps) when they number at least this many, else on all tokens
+FRESH_MIN_TOKENS = 1000
 
 #: truncated sampling: entropy (nats) above which the one-sided bias is measured
 TRUNC_H_MIN = 0.3
@@ -602,7 +603,7 @@ def _check_temperature(ctx: _Ctx) -> _Result:
     if ctx.has("staleness") and blk["_stale"].drop_nulls().len():
         s_min = int(blk["_stale"].drop_nulls().min())
         fresh = blk.filter(pl.col("_stale") == s_min)
-        if int(fresh["n"].sum()) >= TEMP_MIN_FRESH_TOKENS:
+        if int(fresh["n"].sum()) >= FRESH_MIN_TOKENS:
             blk, used = fresh, f"staleness {s_min} tokens"
     blk = blk.group_by("bin", "block").agg(pl.col("n", "sx", "sy", "sxx", "syy", "sxy").sum())
     n_used = int(blk["n"].sum())
@@ -948,7 +949,8 @@ class _Trend:
 
 
 def _joint_trend(ctx: _Ctx) -> _Trend:
-    """log(mean |delta|) per cell = a_bin + b_step * step/(run length) + b_stale * staleness.
+    """log(mean |delta|) per cell = a_bin + b_step * step/(run length) + b_stale * staleness
+    (used by the staleness check; drift has its own model, :func:`_drift_trend`).
 
     Cells are (entropy bin, step, staleness) with at least MIN_CELL_TOKENS tokens, weighted by
     their token counts. Fixing the entropy bin keeps a sharpening / flattening policy from
@@ -991,20 +993,55 @@ def _joint_trend(ctx: _Ctx) -> _Trend:
     for i, nm in enumerate(names):
         out[f"beta_{nm}"], out[f"se_{nm}"], out[f"p_{nm}"] = (
             float(beta[i]), float(se[i]), float(pv[i]))
-    # per-step level: residual of y after bin effects and the staleness term, step term kept
+    ctx._trend = _Trend(True, "", cells=int(c.height), step_span=(int(s0), int(s1)), **out)
+    return ctx._trend
+
+
+def _drift_trend(ctx: _Ctx) -> tuple[_Trend, str]:
+    """log(mean |delta|) per (bin, step, staleness) cell = a_(bin, staleness) + b * step / span.
+
+    On the freshest tokens when they number FRESH_MIN_TOKENS and cover DRIFT_MIN_STEPS steps
+    (engine mismatch proper), else on all tokens with one intercept per (bin, staleness).
+    Returns the trend (``beta_step`` etc.; ``step_level`` the per-step adjusted level) and a
+    description of the tokens used.
+    """
+    c = (
+        ctx.cells.drop_nulls(["_step", "_stale"])
+        .filter(pl.col("n") >= MIN_CELL_TOKENS, pl.col("sad") > 0)
+        .with_columns((pl.col("sad") / pl.col("n")).log().alias("y"))
+    )
+    used = "all tokens"
+    if ctx.has("staleness") and c.height:
+        s_min = c["_stale"].min()
+        fresh = c.filter(pl.col("_stale") == s_min)
+        if (int(fresh["n"].sum()) >= FRESH_MIN_TOKENS
+                and fresh["_step"].n_unique() >= DRIFT_MIN_STEPS):
+            c, used = fresh, f"staleness {int(s_min)} tokens"  # type: ignore[arg-type]
+    if c.height == 0:
+        return _Trend(False, f"no cell holds >= {MIN_CELL_TOKENS} tokens"), used
+    st = c["_step"].to_numpy().astype(float)
+    s0, s1 = float(st.min()), float(st.max())
+    if s1 <= s0:
+        return _Trend(False, "a single step"), used
+    x = (st - s0) / (s1 - s0)
+    y = c["y"].to_numpy()
+    w = c["n"].to_numpy().astype(float)
+    grp = c["bin"].to_numpy().astype(np.int64) * 1_000_003 + c["_stale"].to_numpy().astype(
+        np.int64)
+    beta, se, pv, _ = _fe_ols(grp, x[:, None], y, w)
+    if not np.isfinite(beta[0]):
+        return _Trend(False, "no entropy bin is populated at several steps"), used
     adj = y.copy()
-    if "stale" in names:
-        adj = adj - beta[names.index("stale")] * c["_stale"].to_numpy().astype(float)
     for g in np.unique(grp):
         m = grp == g
         adj[m] = adj[m] - np.sum(w[m] * adj[m]) / w[m].sum()
     ust = np.unique(st)
     level = tuple(float(np.sum(w[st == u] * adj[st == u]) / w[st == u].sum()) for u in ust)
-    ctx._trend = _Trend(
+    return _Trend(
         True, "", cells=int(c.height), step_span=(int(s0), int(s1)),
-        steps=tuple(int(u) for u in ust), step_level=level, **out,
-    )
-    return ctx._trend
+        beta_step=float(beta[0]), se_step=float(se[0]), p_step=float(pv[0]),
+        steps=tuple(int(u) for u in ust), step_level=level,
+    ), used
 
 
 def _check_drift(ctx: _Ctx) -> _Result:
@@ -1017,10 +1054,10 @@ def _check_drift(ctx: _Ctx) -> _Result:
     after a few hundred steps with ever-growing rollout-vs-train KL. Entropy changes alone
     (a sharpening policy) move mean |delta| through the scaling law, not within a bin.
 
-    Test: the step coefficient of :func:`_joint_trend` (log growth of mean |delta| over the
-    run, at fixed entropy bin and staleness), and a Kendall tau across steps of the per-step
-    adjusted level. Fires when p < DRIFT_P, Kendall p < 0.01 and the growth over the run is
-    at least DRIFT_MIN_GROWTH.
+    Test: :func:`_drift_trend` (log growth of mean |delta| over the run at fixed entropy bin,
+    on the freshest tokens, else at fixed staleness), and a Kendall tau across steps of the
+    per-step adjusted level. Fires when p < DRIFT_P, Kendall p < 0.01 and the growth over the
+    run is at least DRIFT_MIN_GROWTH.
     """
     name = "drift"
     if not ctx.has("step"):
@@ -1032,7 +1069,7 @@ def _check_drift(ctx: _Ctx) -> _Result:
     n_steps = ctx.cells["_step"].drop_nulls().n_unique()
     if n_steps < DRIFT_MIN_STEPS:
         return _cannot(name, f"{n_steps} step(s) (need {DRIFT_MIN_STEPS})")
-    t = _joint_trend(ctx)
+    t, used = _drift_trend(ctx)
     if not t.ok or not math.isfinite(t.beta_step):
         return _cannot(name, t.why or "the step does not vary within entropy bins")
     ust, level = np.array(t.steps), np.array(t.step_level)
@@ -1058,6 +1095,7 @@ def _check_drift(ctx: _Ctx) -> _Result:
         "kendall_p": _r(ptau),
         "adjusted_log_level_per_step": [_r(x, 3) for x in level],
         "cells": t.cells,
+        "tokens_selection": used,
         "mean_entropy_first_step": _r(hs[0]) if len(hs) else float("nan"),
         "mean_entropy_last_step": _r(hs[-1]) if len(hs) else float("nan"),
         "mean_entropy_slope_per_step": _r(h_trend),
@@ -1071,7 +1109,7 @@ def _check_drift(ctx: _Ctx) -> _Result:
             severity="warning",
             title=f"Mismatch drifts up over training: mean |delta| x{growth:.2f} at fixed entropy",
             message=(
-                f"At fixed entropy and staleness, mean |delta| grows by a factor {growth:.2f} "
+                f"At fixed entropy ({used}), mean |delta| grows by a factor {growth:.2f} "
                 f"from step {s0} to {s1} (p = {p:.2g}; Kendall tau of the per-step "
                 f"adjusted level {tau:.2f}, p = {ptau:.2g}). Mean entropy went from "
                 f"{hs[0]:.3g} to {hs[-1]:.3g} nats, which the binning already accounts for."
@@ -1088,7 +1126,7 @@ def _check_drift(ctx: _Ctx) -> _Result:
     return _clear(
         name,
         f"mean |delta| at fixed entropy changes by x{growth:.3g} over {len(ust)} steps "
-        f"(p = {p:.2g})",
+        f"(p = {p:.2g}, {used})",
     )
 
 
@@ -1352,7 +1390,7 @@ def _check_floor(ctx: _Ctx) -> _Result:
         s_min = ctx.cells["_stale"].drop_nulls().min()
         if s_min is not None:
             n_fresh = int(ctx.cells.filter(pl.col("_stale") == s_min)["n"].sum())
-            if n_fresh >= TEMP_MIN_FRESH_TOKENS:
+            if n_fresh >= FRESH_MIN_TOKENS:
                 lf = lf.filter(pl.col("staleness") == int(s_min))
                 used = f"staleness {int(s_min)} tokens"
     sel = [
