@@ -584,3 +584,32 @@ def test_forensics_findings_dict_rendered():
     ):
         assert _has(seg, s), s
     assert h.index('id="findings"') < h.index('id="summary"')
+
+
+def _mangle(o, rng, p):
+    """Randomly drop keys and null numbers, as a result of an unexpected shape would."""
+    if isinstance(o, dict):
+        return {k: _mangle(v, rng, p) for k, v in o.items() if rng.random() >= p / 2}
+    if isinstance(o, list):
+        return [_mangle(v, rng, p) for v in o]
+    if isinstance(o, (int, float)) and not isinstance(o, bool) and rng.random() < p:
+        return rng.choice([None, float("nan"), 0, -1.0, float("inf")])
+    return o
+
+
+def test_malformed_results_never_crash_the_report():
+    """Missing keys or nulls in any result make single figures say unavailable, never crash."""
+    import random
+
+    base = {
+        "summary": _summary(),
+        "fit": _fit(),
+        "metrics": _metrics(),
+        "compare": _compare(),
+        "profiles": _profiles(),
+    }
+    for seed in range(25):
+        rng = random.Random(seed)
+        kw = {k: _mangle(v, rng, 0.25) for k, v in base.items()}
+        h = build_report_html(**kw)
+        assert _has(h, 'id="offenders"')

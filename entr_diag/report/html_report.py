@@ -286,9 +286,30 @@ class _Doc:
             fig = build()
         except ReportUnavailable as exc:
             return f'{head}<div class="unavailable">unavailable: {_e(exc)}</div>'
+        except _SHAPE_ERRORS as exc:
+            return f'{head}<div class="unavailable">unavailable: {_e(_shape_reason(exc))}</div>'
         return f'{head}<p class="how"><b>How to read this:</b> {_e(how)}</p>' + self.figure_html(
             fig
         )
+
+
+#: Errors that mean "a result dict does not have the shape this renderer expects" (a key
+#: missing, a null where a number was expected). One figure or table then says so instead
+#: of the whole report failing; the tests assert no such note on real results.
+_SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError, AttributeError)
+
+
+def _shape_reason(exc: BaseException) -> str:
+    what = f"missing key {exc}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
+    return f"the results do not have the expected shape ({what})"
+
+
+def _safe(render: Callable[[], str]) -> str:
+    """Run an HTML-producing renderer; a shape error becomes an unavailable note."""
+    try:
+        return render()
+    except _SHAPE_ERRORS as exc:
+        return _unavail(_shape_reason(exc))
 
 
 def _unavail(reason: str) -> str:
@@ -1744,7 +1765,7 @@ def build_report_html(
     )
     nfiles = len((summary.get("inputs") or {}).get("files") or [])
     toc = "".join(f'<a href="#{k}">{i}. {_e(t)}</a>' for i, (k, t) in enumerate(_SECTIONS, 1))
-    findings_html = _findings_section(findings)
+    findings_html = _safe(lambda: _findings_section(findings))
     if findings_html:
         toc = '<a href="#findings">Findings</a>' + toc
     doc.add(
@@ -1755,7 +1776,7 @@ def build_report_html(
         f'<nav class="toc">{toc}</nav><main>'
     )
     doc.add(findings_html)
-    doc.add(_summary_section(summary, fit, compare))
+    doc.add(_safe(lambda: _summary_section(summary, fit, compare)))
 
     # 2 scaling law
     doc.add(
@@ -1798,7 +1819,7 @@ def build_report_html(
 
     # 4 gates
     doc.add('<section class="card" id="gates"><h2>4. Trust-region gates</h2>')
-    doc.add("<h3>Overview</h3>" + _gate_summary_html(compare))
+    doc.add("<h3>Overview</h3>" + _safe(lambda: _gate_summary_html(compare)))
     doc.add('<div class="grid2"><div>')
     doc.add(
         doc.figure_block(
@@ -1818,7 +1839,7 @@ def build_report_html(
         )
     )
     doc.add("</div></div><h3>Agreement with ENTR</h3>")
-    doc.add(_agreement_html(compare))
+    doc.add(_safe(lambda: _agreement_html(compare)))
     doc.add(
         doc.figure_block(
             lambda: _disagreement_fig(compare),
@@ -1881,12 +1902,12 @@ def build_report_html(
             "mismatch more.",
         )
     )
-    doc.add(_switch_caption(profiles))
+    doc.add(_safe(lambda: _switch_caption(profiles)))
     doc.add("</section>")
 
     # 7 offenders
     doc.add('<section class="card" id="offenders"><h2>7. Worst offenders</h2>')
-    doc.add(_offenders_html(profiles))
+    doc.add(_safe(lambda: _offenders_html(profiles)))
     doc.add("</section>")
     doc.add(
         f"</main><footer>entr-diag {_e(summary.get('tool_version', '?'))} · "
