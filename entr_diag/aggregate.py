@@ -1,15 +1,22 @@
-"""One-pass, mergeable aggregates of the canonical token frame (docs/CONTRACT.md).
+"""Mergeable aggregates of the canonical token frame (docs/CONTRACT.md).
 
 The scaling-law fit of arXiv:2607.22186 (ENTR, earlier ESTR) needs, per entropy bin and per
-bootstrap block of whole sequences, a handful of sums. They are computed here in ONE
-streaming polars pass on a FIXED fine grid, so that
+bootstrap block of whole sequences, a handful of sums. They are computed by streaming polars
+aggregations whose results are small whatever the number of tokens, and which can be added
+across shards (``merge``: the aggregate of two halves of a frame, merged, equals the
+aggregate of the whole, up to float summation order):
 
-- memory is bounded whatever the number of tokens (the result has at most
-  ``(N_FINE + 1) * n_blocks`` rows, about 0.8 M for the defaults, usually far fewer);
-- aggregates of shards can be added (:meth:`FineAggregate.merge`): aggregating two halves of
-  a frame and merging gives the aggregate of the whole (up to float summation order);
-- the coarse bins shown to users (quantile or log-spaced edges) are unions of fine bins, so
-  choosing them needs no second pass over the tokens.
+1. :class:`FineAggregate` - one pass, sums per FINE entropy bin (4097 groups). Its token
+   counts choose the coarse bins (quantile or log edges) without another pass.
+2. :class:`BlockAggregate` - one pass, sums per (cell, sequence block), where the cells are
+   the common refinement of every coarse binning in use (display bins and breakpoint
+   bins: at most ~100 cells x ``n_blocks`` blocks, ~20 k groups).
+
+Why not a single (fine bin x block) pass: that table has up to 4097 x 200 = 0.8 M groups, and
+polars' streaming ``group_by`` was measured to grow its memory with the number of input rows
+once a group-by holds a few 100 k groups (15 M tokens: ~0.9 GB and rising), while ~20 k or
+~130 k groups stay flat (~0.4-0.5 GB, mostly the Parquet reader). Two passes with small key
+sets keep memory bounded.
 
 The fine grid
 -------------
@@ -38,6 +45,7 @@ import polars as pl
 from entr_diag.errors import FitError, ParameterError
 
 __all__ = [
+    "BlockAggregate",
     "H_MAX",
     "H_MIN",
     "N_FINE",
@@ -45,11 +53,16 @@ __all__ = [
     "SUM_COLUMNS",
     "CoarseBinning",
     "FineAggregate",
+    "aggregate_blocks",
     "aggregate_fine",
     "block_expr",
+    "block_query",
     "coarse_binning",
     "fine_bin_expr",
     "fine_edges",
+    "fine_query",
+    "joint_binning",
+    "usable",
 ]
 
 #: Lower end of the log-spaced fine grid (nats). Entropies below it share fine bin 0.
@@ -116,32 +129,57 @@ def _check_blocks(n_blocks: int) -> None:
         raise ParameterError(f"n_blocks must be an integer >= 2, got {n_blocks!r}.")
 
 
+def _sums(eps: float) -> list[pl.Expr]:
+    return [
+        pl.len().cast(pl.Int64).alias("n"),
+        pl.col("h").sum().alias("s_h"),
+        pl.col("d").sum().alias("s_d"),
+        (pl.col("d") ** 2).sum().alias("s_d2"),
+        pl.col("d").abs().sum().alias("s_absd"),
+        ((pl.col("d") ** 2) / (pl.col("h") + eps)).sum().alias("s_z2"),
+        (pl.col("lp") < math.log(P_LOW)).sum().cast(pl.Int64).alias("n_plow"),
+    ]
+
+
+def _inputs(lf: pl.LazyFrame, *key_exprs: pl.Expr) -> pl.LazyFrame:
+    return lf.select(
+        *key_exprs,
+        pl.col("entropy").alias("h"),
+        pl.col("delta").alias("d"),
+        pl.col("infer_logprob").alias("lp"),
+    )
+
+
+def _merge_tables(a: pl.DataFrame, b: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    return (
+        pl.concat([a, b])
+        .group_by(keys)
+        .agg([pl.col(c).sum() for c in SUM_COLUMNS])
+        .with_columns(pl.col("n").cast(pl.Int64), pl.col("n_plow").cast(pl.Int64))
+        .sort(keys)
+    )
+
+
 @dataclass(frozen=True)
 class FineAggregate:
-    """Sums per (fine entropy bin, sequence block): the one-pass aggregate of the fit.
+    """Sums per fine entropy bin: the first pass of the fit.
 
-    ``table`` is a small ``pl.DataFrame`` with one row per non-empty (fine, block) pair,
-    sorted by (fine, block): columns ``fine`` (Int32, 0..N_FINE), ``block`` (Int32,
-    0..n_blocks-1) and :data:`SUM_COLUMNS` (counts Int64/UInt32, sums Float64). Entropy
-    and delta in nats. ``eps`` is the one used for ``s_z2`` (z = delta / sqrt(H + eps)).
+    ``table`` is a ``pl.DataFrame`` with one row per non-empty fine bin, sorted: ``fine``
+    (Int32, 0..N_FINE) and :data:`SUM_COLUMNS` (counts Int64, sums Float64; entropy and
+    delta in nats). ``eps`` is the one used for ``s_z2`` (z = delta / sqrt(H + eps)).
     """
 
     table: pl.DataFrame
-    n_blocks: int
     eps: float
 
     def merge(self, other: FineAggregate) -> FineAggregate:
-        """Add two aggregates (e.g. of two shards of the token frame).
-
-        Raises :class:`ParameterError` when ``n_blocks`` or ``eps`` differ.
-        """
-        if other.n_blocks != self.n_blocks or other.eps != self.eps:
+        """Add two aggregates (e.g. of two shards). Raises :class:`ParameterError` when
+        ``eps`` differs."""
+        if other.eps != self.eps:
             raise ParameterError(
-                "Cannot merge aggregates built with different n_blocks or eps "
-                f"({self.n_blocks}, {self.eps}) vs ({other.n_blocks}, {other.eps})."
+                f"Cannot merge aggregates built with different eps ({self.eps} vs {other.eps})."
             )
-        table = _finish(pl.concat([self.table, other.table]).lazy()).collect()
-        return FineAggregate(table=table, n_blocks=self.n_blocks, eps=self.eps)
+        return FineAggregate(_merge_tables(self.table, other.table, ["fine"]), self.eps)
 
     @property
     def n_tokens(self) -> int:
@@ -152,64 +190,31 @@ class FineAggregate:
         """Tokens per fine bin, int64 array of length ``N_FINE + 1``."""
         out = np.zeros(N_FINE + 1, dtype=np.int64)
         if self.table.height:
-            np.add.at(out, self.table["fine"].to_numpy(), self.table["n"].to_numpy())
+            out[self.table["fine"].to_numpy()] = self.table["n"].to_numpy()
         return out
 
     def to_dict(self) -> dict:
         """Plain-Python summary (the grid, not the table)."""
-        return {
-            "fine_bins": N_FINE,
-            "h_min": H_MIN,
-            "h_max": H_MAX,
-            "n_blocks": self.n_blocks,
-            "eps": self.eps,
-            "tokens": self.n_tokens,
-            "rows": self.table.height,
-        }
+        return {"fine_bins": N_FINE, "h_min": H_MIN, "h_max": H_MAX, "eps": self.eps,
+                "tokens": self.n_tokens}
 
 
-def _finish(lf: pl.LazyFrame) -> pl.LazyFrame:
-    """Re-aggregate a (fine, block, sums) frame: used by :meth:`FineAggregate.merge`."""
+def fine_query(lf: pl.LazyFrame, *, eps: float = 0.01) -> pl.LazyFrame:
+    """The lazy query behind :func:`aggregate_fine`. ``lf`` must hold usable tokens
+    (:func:`usable`)."""
     return (
-        lf.group_by(["fine", "block"])
-        .agg([pl.col(c).sum() for c in SUM_COLUMNS])
-        .with_columns(pl.col("n").cast(pl.Int64), pl.col("n_plow").cast(pl.Int64))
-        .sort(["fine", "block"])
-    )
-
-
-def fine_query(lf: pl.LazyFrame, *, n_blocks: int = 200, eps: float = 0.01) -> pl.LazyFrame:
-    """The lazy query behind :func:`aggregate_fine` (to batch it with others in
-    ``pl.collect_all``). Expects columns entropy, delta, infer_logprob, seq_key."""
-    _check_blocks(n_blocks)
-    h = pl.col("entropy")
-    d = pl.col("delta")
-    return (
-        lf.select(
-            fine_bin_expr(h).alias("fine"),
-            block_expr(n_blocks).alias("block"),
-            h.alias("h"),
-            d.alias("d"),
-            pl.col("infer_logprob").alias("lp"),
-        )
-        .group_by(["fine", "block"])
-        .agg(
-            pl.len().cast(pl.Int64).alias("n"),
-            pl.col("h").sum().alias("s_h"),
-            pl.col("d").sum().alias("s_d"),
-            (pl.col("d") ** 2).sum().alias("s_d2"),
-            pl.col("d").abs().sum().alias("s_absd"),
-            ((pl.col("d") ** 2) / (pl.col("h") + eps)).sum().alias("s_z2"),
-            (pl.col("lp") < math.log(P_LOW)).sum().cast(pl.Int64).alias("n_plow"),
-        )
-        .sort(["fine", "block"])
+        _inputs(lf, fine_bin_expr().alias("fine"))
+        .group_by("fine")
+        .agg(_sums(eps))
+        .sort("fine")
     )
 
 
 def usable(lf: pl.LazyFrame) -> pl.LazyFrame:
     """Tokens the fit can use: entropy present, finite and >= 0, delta finite.
 
-    Raises :class:`FitError` when the frame has no ``entropy`` column.
+    Raises :class:`FitError` when the frame has no ``entropy`` column (or lacks delta,
+    infer_logprob or seq_key).
     """
     names = lf.collect_schema().names()
     missing = [c for c in ("entropy", "delta", "infer_logprob", "seq_key") if c not in names]
@@ -227,17 +232,16 @@ def usable(lf: pl.LazyFrame) -> pl.LazyFrame:
     return lf.filter(h.is_not_null() & h.is_finite() & (h >= 0) & pl.col("delta").is_finite())
 
 
-def aggregate_fine(lf: pl.LazyFrame, *, n_blocks: int = 200, eps: float = 0.01) -> FineAggregate:
-    """One streaming pass: sums per (fine entropy bin, sequence block).
+def aggregate_fine(lf: pl.LazyFrame, *, eps: float = 0.01) -> FineAggregate:
+    """One streaming pass: sums per fine entropy bin.
 
     ``lf``: canonical token frame (one row per valid loss-masked token; entropy, delta and
     infer_logprob in nats; seq_key UInt64). Tokens without a finite entropy are skipped.
-    Returns a :class:`FineAggregate` of at most ``(N_FINE + 1) * n_blocks`` rows.
-    Raises :class:`FitError` without an entropy column, :class:`ParameterError` for
-    ``n_blocks < 2``.
+    Returns a :class:`FineAggregate` of at most ``N_FINE + 1`` rows. Raises
+    :class:`FitError` without an entropy column.
     """
-    table = fine_query(usable(lf), n_blocks=n_blocks, eps=eps).collect(engine="streaming")
-    return FineAggregate(table=table, n_blocks=n_blocks, eps=eps)
+    table = fine_query(usable(lf), eps=eps).collect(engine="streaming")
+    return FineAggregate(table=table, eps=eps)
 
 
 # ----------------------------------------------------------------------------- coarse bins
@@ -269,11 +273,14 @@ class CoarseBinning:
         return np.where((fine >= self.starts[0]) & (fine < self.starts[-1]), j, -1)
 
     def expr(self, entropy: pl.Expr | None = None) -> pl.Expr:
-        """Polars expression: coarse-bin index (Int32) of each token's entropy (-1 outside)."""
+        """Polars expression: coarse-bin index (Int32) of each token's entropy (-1 outside).
+
+        Built as ``sum_j [fine >= starts[j]] - 1`` from elementwise comparisons: unlike
+        ``search_sorted`` or ``replace_strict`` (measured: the query then leaves the
+        streaming engine and memory grows with the input), this stays streaming."""
         f = fine_bin_expr(entropy)
-        starts = pl.Series("starts", self.starts.astype(np.int32), dtype=pl.Int32)
-        j = pl.lit(starts).search_sorted(f, side="right").cast(pl.Int32) - 1
-        inside = (f >= int(self.starts[0])) & (f < int(self.starts[-1]))
+        j = pl.sum_horizontal([(f >= int(st)).cast(pl.Int32) for st in self.starts[:-1]]) - 1
+        inside = f < int(self.starts[-1])
         return pl.when(inside).then(j).otherwise(pl.lit(-1, dtype=pl.Int32)).cast(pl.Int32)
 
 
@@ -333,14 +340,83 @@ def coarse_binning(counts: np.ndarray, bins: int = 30, edges: str = "quantile") 
     return CoarseBinning(starts=st, h_lo=h_lo, h_hi=h_hi, kind=edges, has_zero_bin=has_zero)
 
 
-def coarse_block_sums(agg: FineAggregate, binning: CoarseBinning) -> dict[str, np.ndarray]:
-    """Sum the fine aggregate into (n_bins, n_blocks) float arrays, one per :data:`SUM_COLUMNS`."""
+def joint_binning(*binnings: CoarseBinning) -> CoarseBinning:
+    """The common refinement of several coarse binnings: cells bounded by every edge."""
+    starts = np.unique(np.concatenate([b.starts for b in binnings]))
+    lo, hi = fine_edges()
+    return CoarseBinning(
+        starts=starts,
+        h_lo=lo[starts[:-1]],
+        h_hi=hi[starts[1:] - 1],
+        kind="joint",
+        has_zero_bin=any(b.has_zero_bin for b in binnings),
+    )
+
+
+@dataclass(frozen=True)
+class BlockAggregate:
+    """Sums per (cell of ``cells``, sequence block): the second pass of the fit.
+
+    ``table``: one row per non-empty (cell, block), sorted: ``cell`` (Int32), ``block``
+    (Int32, 0..n_blocks-1) and :data:`SUM_COLUMNS`. Mergeable with an aggregate of the same
+    cells, ``n_blocks`` and ``eps``.
+    """
+
+    table: pl.DataFrame
+    cells: CoarseBinning
+    n_blocks: int
+    eps: float
+
+    def merge(self, other: BlockAggregate) -> BlockAggregate:
+        """Add two aggregates built on the same cells, blocks and eps (else
+        :class:`ParameterError`)."""
+        if (other.n_blocks != self.n_blocks or other.eps != self.eps
+                or not np.array_equal(other.cells.starts, self.cells.starts)):
+            raise ParameterError(
+                "Cannot merge block aggregates built with different cells, n_blocks or eps."
+            )
+        table = _merge_tables(self.table, other.table, ["cell", "block"])
+        return BlockAggregate(table, self.cells, self.n_blocks, self.eps)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.table["n"].sum()) if self.table.height else 0
+
+
+def block_query(
+    lf: pl.LazyFrame, cells: CoarseBinning, *, n_blocks: int = 200, eps: float = 0.01
+) -> pl.LazyFrame:
+    """Lazy query behind :func:`aggregate_blocks` (``lf``: usable tokens)."""
+    _check_blocks(n_blocks)
+    return (
+        _inputs(lf, cells.expr().alias("cell"), block_expr(n_blocks).alias("block"))
+        .filter(pl.col("cell") >= 0)
+        .group_by(["cell", "block"])
+        .agg(_sums(eps))
+        .sort(["cell", "block"])
+    )
+
+
+def aggregate_blocks(
+    lf: pl.LazyFrame, cells: CoarseBinning, *, n_blocks: int = 200, eps: float = 0.01
+) -> BlockAggregate:
+    """One streaming pass: sums per (cell, sequence block); at most ``cells.n_bins *
+    n_blocks`` rows. Raises :class:`FitError` without an entropy column,
+    :class:`ParameterError` for ``n_blocks < 2``."""
+    table = block_query(usable(lf), cells, n_blocks=n_blocks, eps=eps).collect(engine="streaming")
+    return BlockAggregate(table, cells, n_blocks, eps)
+
+
+def coarse_block_sums(agg: BlockAggregate, binning: CoarseBinning) -> dict[str, np.ndarray]:
+    """Sum a block aggregate into (n_bins, n_blocks) float arrays, one per
+    :data:`SUM_COLUMNS`. ``binning``'s edges must be edges of ``agg.cells``."""
     t = agg.table
     nb, B = binning.n_bins, agg.n_blocks
     out = {c: np.zeros((nb, B), dtype=np.float64) for c in SUM_COLUMNS}
     if not t.height:
         return out
-    j = binning.coarse_of_fine(t["fine"].to_numpy())
+    cell_bin = binning.coarse_of_fine(agg.cells.starts[:-1])
+    j = cell_bin[t["cell"].to_numpy()]
     b = t["block"].to_numpy().astype(np.int64)
     ok = j >= 0
     flat = j[ok] * B + b[ok]

@@ -179,7 +179,9 @@ def compute_metrics(lf: pl.LazyFrame) -> MismatchMetrics:
     if has_step:
         queries.append(base.group_by("step").agg(_token_aggs()).sort("step"))
         queries.append(_per_seq(base, seq_keys).group_by("step").agg(_seq_aggs()).sort("step"))
-    res = pl.collect_all(queries, engine="streaming")
+    # one query at a time: pl.collect_all shares (caches) the common scan, which was
+    # measured to grow memory with the input
+    res = [q.collect(engine="streaming") for q in queries]
     tok = res[0].row(0, named=True)
     if not tok["n"]:
         raise FitError("No token to compute mismatch metrics on: the token frame is empty.")

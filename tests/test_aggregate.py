@@ -1,4 +1,4 @@
-"""One-pass mergeable aggregates (entr_diag.aggregate): grid, merge, row order, coarse bins."""
+"""Mergeable aggregates (entr_diag.aggregate): grid, merge, row order, coarse bins, cells."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from entr_diag.aggregate import (
     H_MIN,
     N_FINE,
     SUM_COLUMNS,
+    aggregate_blocks,
     aggregate_fine,
     coarse_binning,
     coarse_block_sums,
     fine_bin_expr,
     fine_edges,
+    joint_binning,
 )
 from entr_diag.errors import FitError, ParameterError
 
@@ -39,10 +41,16 @@ def _tokens(n: int = 3000, n_seq: int = 60, seed: int = 0) -> pl.DataFrame:
 
 
 def _assert_same(a: pl.DataFrame, b: pl.DataFrame) -> None:
-    assert a["fine"].to_list() == b["fine"].to_list()
-    assert a["block"].to_list() == b["block"].to_list()
+    keys = [c for c in a.columns if c not in SUM_COLUMNS]
+    for k in keys:
+        assert a[k].to_list() == b[k].to_list()
     for c in SUM_COLUMNS:
         np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-12, atol=1e-15)
+
+
+def _cells(df: pl.DataFrame, bins: int = 7):
+    counts = aggregate_fine(df.lazy()).counts_per_fine()
+    return joint_binning(coarse_binning(counts, bins), coarse_binning(counts, 3 * bins))
 
 
 def test_fine_bin_expr_matches_edges():
@@ -58,33 +66,43 @@ def test_fine_bin_expr_matches_edges():
 
 
 def test_counts_add_up():
-    """The aggregate holds every token once; sums equal direct sums."""
+    """The fine aggregate holds every token once; its sums equal direct sums."""
     df = _tokens()
-    agg = aggregate_fine(df.lazy(), n_blocks=16, eps=0.01)
+    agg = aggregate_fine(df.lazy(), eps=0.01)
     assert agg.n_tokens == df.height
     t = agg.table
     assert t["s_d2"].sum() == pytest.approx((df["delta"] ** 2).sum())
     assert t["s_z2"].sum() == pytest.approx((df["delta"] ** 2 / (df["entropy"] + 0.01)).sum())
     assert t["n_plow"].sum() == (df["infer_logprob"] < math.log(1e-3)).sum()
     assert agg.counts_per_fine().sum() == df.height
+    blocks = aggregate_blocks(df.lazy(), _cells(df), n_blocks=16)
+    assert blocks.n_tokens == df.height
+    assert blocks.table["s_d2"].sum() == pytest.approx((df["delta"] ** 2).sum())
 
 
-def test_row_order_does_not_change_the_aggregate():
-    """A shuffled frame gives the same aggregate table."""
+def test_row_order_does_not_change_the_aggregates():
+    """A shuffled frame gives the same fine and block aggregates."""
     df = _tokens()
-    a = aggregate_fine(df.lazy(), n_blocks=16).table
-    b = aggregate_fine(df.sample(fraction=1.0, shuffle=True, seed=7).lazy(), n_blocks=16).table
-    _assert_same(a, b)
+    sh = df.sample(fraction=1.0, shuffle=True, seed=7)
+    _assert_same(aggregate_fine(df.lazy()).table, aggregate_fine(sh.lazy()).table)
+    cells = _cells(df)
+    _assert_same(aggregate_blocks(df.lazy(), cells, n_blocks=16).table,
+                 aggregate_blocks(sh.lazy(), cells, n_blocks=16).table)
 
 
 def test_merge_of_halves_equals_whole():
     """Aggregating two shards and merging equals aggregating the union (fixed split)."""
     df = _tokens()
-    whole = aggregate_fine(df.lazy(), n_blocks=16)
-    a = aggregate_fine(df.head(1234).lazy(), n_blocks=16)
-    b = aggregate_fine(df.tail(df.height - 1234).lazy(), n_blocks=16)
-    _assert_same(a.merge(b).table, whole.table)
-    _assert_same(b.merge(a).table, whole.table)
+    a, b = df.head(1234), df.tail(df.height - 1234)
+    whole = aggregate_fine(df.lazy())
+    fa, fb = aggregate_fine(a.lazy()), aggregate_fine(b.lazy())
+    _assert_same(fa.merge(fb).table, whole.table)
+    _assert_same(fb.merge(fa).table, whole.table)
+    cells = _cells(df)
+    wb = aggregate_blocks(df.lazy(), cells, n_blocks=16)
+    ba = aggregate_blocks(a.lazy(), cells, n_blocks=16)
+    bb = aggregate_blocks(b.lazy(), cells, n_blocks=16)
+    _assert_same(ba.merge(bb).table, wb.table)
 
 
 @settings(max_examples=25, deadline=None)
@@ -93,18 +111,25 @@ def test_merge_any_split_property(mask):
     """For any split of the rows into two shards, merge(agg(A), agg(B)) == agg(A u B)."""
     df = _tokens(n=200, n_seq=12, seed=1)
     m = pl.Series(mask)
-    whole = aggregate_fine(df.lazy(), n_blocks=8)
-    merged = aggregate_fine(df.filter(m).lazy(), n_blocks=8).merge(
-        aggregate_fine(df.filter(~m).lazy(), n_blocks=8)
-    )
-    _assert_same(merged.table, whole.table)
+    a, b = df.filter(m).lazy(), df.filter(~m).lazy()
+    _assert_same(aggregate_fine(a).merge(aggregate_fine(b)).table, aggregate_fine(df.lazy()).table)
+    cells = _cells(df, bins=4)
+    merged = aggregate_blocks(a, cells, n_blocks=8).merge(aggregate_blocks(b, cells, n_blocks=8))
+    _assert_same(merged.table, aggregate_blocks(df.lazy(), cells, n_blocks=8).table)
 
 
 def test_merge_refuses_different_grids():
-    """Aggregates with different n_blocks or eps cannot be merged."""
-    df = _tokens(n=100)
+    """Aggregates with different eps, n_blocks or cells cannot be merged."""
+    df = _tokens(n=300)
     with pytest.raises(ParameterError):
-        aggregate_fine(df.lazy(), n_blocks=8).merge(aggregate_fine(df.lazy(), n_blocks=9))
+        aggregate_fine(df.lazy(), eps=0.01).merge(aggregate_fine(df.lazy(), eps=0.1))
+    cells = _cells(df)
+    with pytest.raises(ParameterError):
+        aggregate_blocks(df.lazy(), cells, n_blocks=8).merge(
+            aggregate_blocks(df.lazy(), cells, n_blocks=9))
+    with pytest.raises(ParameterError):
+        aggregate_blocks(df.lazy(), cells, n_blocks=8).merge(
+            aggregate_blocks(df.lazy(), _cells(df, bins=3), n_blocks=8))
 
 
 def test_blocks_hold_whole_sequences():
@@ -114,13 +139,26 @@ def test_blocks_hold_whole_sequences():
     assert blocks["seq_id"].n_unique() == blocks.height
 
 
+def test_joint_cells_reproduce_each_binning():
+    """Sums of the joint cells per coarse bin equal a direct aggregation on that binning."""
+    df = _tokens(n=5000, n_seq=100)
+    counts = aggregate_fine(df.lazy()).counts_per_fine()
+    b1, b2 = coarse_binning(counts, 7), coarse_binning(counts, 20, "log")
+    joint = aggregate_blocks(df.lazy(), joint_binning(b1, b2), n_blocks=16)
+    for b in (b1, b2):
+        direct = coarse_block_sums(aggregate_blocks(df.lazy(), b, n_blocks=16), b)
+        via = coarse_block_sums(joint, b)
+        for c in SUM_COLUMNS:
+            np.testing.assert_allclose(via[c], direct[c], rtol=1e-12, atol=1e-15)
+
+
 def test_quantile_bins_have_about_equal_counts():
     """Quantile coarse bins split the positive-entropy tokens evenly; H=0 gets its own bin."""
     df = _tokens(n=20000, n_seq=300)
-    agg = aggregate_fine(df.lazy(), n_blocks=16)
+    agg = aggregate_fine(df.lazy())
     b = coarse_binning(agg.counts_per_fine(), bins=10, edges="quantile")
     assert b.has_zero_bin and b.n_bins == 11
-    S = coarse_block_sums(agg, b)
+    S = coarse_block_sums(aggregate_blocks(df.lazy(), b, n_blocks=16), b)
     n = S["n"].sum(axis=1)
     assert n[0] == 20
     assert n.sum() == 20000
@@ -135,16 +173,16 @@ def test_log_bins_drop_empty_bins():
     df = pl.DataFrame({"seq_id": [str(i % 7) for i in range(100)], "entropy": h,
                        "delta": np.full(100, 0.01), "infer_logprob": np.full(100, -0.1)})
     df = df.with_columns(pl.col("seq_id").hash(seed=0).alias("seq_key"))
-    agg = aggregate_fine(df.lazy(), n_blocks=4)
+    agg = aggregate_fine(df.lazy())
     b = coarse_binning(agg.counts_per_fine(), bins=20, edges="log")
-    n = coarse_block_sums(agg, b)["n"].sum(axis=1)
+    n = coarse_block_sums(aggregate_blocks(df.lazy(), b, n_blocks=4), b)["n"].sum(axis=1)
     assert b.n_bins == 2 and list(n) == [50, 50]
 
 
 def test_coarse_expr_matches_numpy_mapping():
     """The polars coarse-bin expression assigns every token the bin of its fine bin."""
     df = _tokens(n=5000, n_seq=100)
-    agg = aggregate_fine(df.lazy(), n_blocks=16)
+    agg = aggregate_fine(df.lazy())
     b = coarse_binning(agg.counts_per_fine(), bins=7, edges="quantile")
     out = df.select(fine_bin_expr().alias("f"), b.expr().alias("c"))
     np.testing.assert_array_equal(b.coarse_of_fine(out["f"].to_numpy()), out["c"].to_numpy())
