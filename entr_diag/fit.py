@@ -10,10 +10,13 @@ sampling distribution: ``E[delta^2 | H] ~= k H``. :func:`fit_scaling_law` checks
    per-bin sequence counts, the |delta| histogram and the strata; (3) the noise regime
    (it needs H*). Coarse bins (``bins``, quantile or log edges) are unions of fine bins
    chosen from the pass-1 counts: quantile edges are approximate at fine-bin resolution
-   (0.41 % in H). Per bin: tokens, sequences (exact, ``n_unique`` in pass 2), mean H, mean delta, mean delta^2 with a 95 % interval, mean |delta|, p95 |delta|
-   (from a log-spaced histogram of |delta| in pass 2, 1024 bins on [1e-9, 100]
-   nats, geometric interpolation inside a bin: about 1.2 % resolution), share of tokens with
-   sampled-token probability p < 1e-3, and mean z^2 with z = delta / sqrt(H + eps).
+   (0.41 % in H). Per bin: tokens, sequences (exact, ``n_unique`` in pass 2: memory
+   O(sequences)), mean H, mean delta, mean delta^2 with a 95 % interval, mean |delta|,
+   p95 |delta| (from a log-spaced histogram of |delta| in pass 2, 1024 bins on
+   [1e-9, 100] nats, geometric interpolation inside a bin: about 1.2 % resolution), share
+   of tokens with sampled-token probability p < 1e-3, and mean z^2 with
+   z = delta / sqrt(H + eps). Each aggregation is collected on its own (one scan each):
+   ``pl.collect_all`` caches the shared scan and its memory then grows with the input.
 2. **Uncertainty.** Every interval is a percentile interval of a bootstrap that resamples
    the non-empty sequence blocks with replacement (``n_boot`` replicates, fixed ``seed``):
    sequences are resampled whole, never tokens. Fits are redone on every replicate.
@@ -23,8 +26,8 @@ sampling distribution: ``E[delta^2 | H] ~= k H``. :func:`fit_scaling_law` checks
    inverse bootstrap variance: for skewed delta^2 that variance rises with the bin's own
    upward fluctuation, which would bias k downwards.
 4. **Breakpoint H\\*.** Searched on finer bins than the display bins (``max(2 bins, 60)``
-   bins of the same edge kind, again unions of fine bins, so no extra pass): the break is
-   resolved to the width of these bins. In log-log space (x = ln mean H, y = ln mean
+   bins of the same edge kind, again unions of fine bins, summed from the same pass 2):
+   the break is resolved to the width of these bins. In log-log space (x = ln mean H, y = ln mean
    delta^2; bins with H >= 1e-6 and at least 10 tokens in 2 blocks) the single power law
    (2 parameters) is compared with a two-segment model: for a split s the ``s`` lowest
    bins get their own line (a level when s = 1) and the others the power law (2 + min(s, 2)
@@ -59,8 +62,8 @@ sampling distribution: ``E[delta^2 | H] ~= k H``. :func:`fit_scaling_law` checks
 8. **Verdict** (:data:`ALPHA_EXACT`, :data:`ALPHA_TOL`, :data:`R2_MIN`): the law holds when
    alpha's interval contains 1 or |alpha - 1| <= ALPHA_EXACT (with millions of tokens the
    interval gets narrower than any practical difference), holds approximately when it
-   misses 1 but stays within 1 +/- ALPHA_TOL,
-   and does not hold when it lies entirely outside 1 +/- ALPHA_TOL or weighted R^2 < R2_MIN.
+   misses 1 but stays within 1 +/- ALPHA_TOL, and does not hold when it lies entirely
+   outside 1 +/- ALPHA_TOL or the weighted R^2 of the power law is below R2_MIN.
 
 Results do not depend on row order or sharding except through float summation order.
 """

@@ -377,3 +377,16 @@ def test_render_fit_without_break_or_metrics():
     render_fit(r, None, console)
     out = console.file.getvalue()
     assert "Breakpoint: none" in out and "Mismatch metrics" not in out
+
+
+def test_render_fit_subsamples_long_step_series():
+    """With many steps the metrics table is subsampled and says so; strata stay <= 8 ranges."""
+    _, lf = synth(n_tokens=40_000, seed=2, h_star=0.03, n_steps=30)
+    r = fit_scaling_law(lf, n_boot=100)
+    assert len(r.strata.step) == 8
+    m = compute_metrics(lf)
+    assert len(m.per_step) == 30
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    render_fit(r, m, console)
+    out = console.file.getvalue()
+    assert "per-step rows subsampled: 30 steps" in out
