@@ -75,6 +75,10 @@ BinsOpt = Annotated[int, typer.Option(help="Number of entropy bins.")]
 BinEdgesOpt = Annotated[str, typer.Option(help="Entropy bin edges: quantile or log.")]
 BootOpt = Annotated[int, typer.Option(help="Bootstrap resamples (sequences, never tokens).")]
 SeedOpt = Annotated[int, typer.Option(help="Seed of the bootstrap.")]
+MisalignedOpt = Annotated[
+    bool, typer.Option("--allow-misaligned",
+                       help="Analyse even when the two logprob columns look shifted by one token.")
+]
 
 
 def _parse_columns(items: list[str] | None) -> dict[str, str]:
@@ -138,6 +142,32 @@ def _load(paths, column, framework, layout, entropy, quiet):
     return ds
 
 
+def _check_alignment(ds, allow: bool, quiet: bool) -> None:
+    """Stop (exit 2) when train and inference logprobs look shifted by one token."""
+    from entr_diag.errors import InputError
+    from entr_diag.forensics import detect_misalignment
+
+    with _status("checking token alignment...", quiet):
+        f = detect_misalignment(ds)
+    if f is None:
+        return
+    if allow:
+        if not quiet:
+            stderr.print(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
+        return
+    raise InputError(
+        f"{f.title}. {f.message} Likely shift: {f.evidence.get('likely_shift')} token(s). "
+        f"Check: {f.check} Pass --allow-misaligned to analyse the input anyway."
+    )
+
+
+def _forensics(ds, quiet: bool):
+    from entr_diag.forensics import run_forensics
+
+    with _status("running mismatch forensics...", quiet):
+        return run_forensics(ds)
+
+
 def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
     if path is None:
         return
@@ -185,11 +215,16 @@ def inspect(
     from entr_diag.report.terminal import render_inspect
 
     with _errors():
+        from entr_diag.report.terminal_findings import render_findings
+
         ds = _load(paths, column, framework, layout, entropy, quiet)
         desc = ds.describe()
         render_inspect(desc, stdout)
+        findings = _forensics(ds, quiet)
+        render_findings(findings, stdout)
         _write_json(json_path, envelope("inspect", desc, {"layout": layout, "entropy": entropy,
-                                                          "framework": framework}), quiet)
+                                                          "framework": framework},
+                                        **findings.to_dict()), quiet)
 
 
 # ----------------------------------------------------------------- fit
@@ -225,6 +260,7 @@ def fit(
     framework: FrameworkOpt = None,
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
+    allow_misaligned: MisalignedOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -233,19 +269,24 @@ def fit(
     Example: entr-diag fit logs.parquet --bins 30 --json fit.json
     """
     from entr_diag.report.json_report import envelope
+    from entr_diag.report.terminal_findings import render_findings
     from entr_diag.report.terminal_fit import render_fit
 
     with _errors():
         ds = _load(paths, column, framework, layout, entropy, quiet)
+        _check_alignment(ds, allow_misaligned, quiet)
         fit_res, metrics = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
+        findings = _forensics(ds, quiet)
         render_fit(fit_res, metrics, stdout)
+        render_findings(findings, stdout, show_checks=False)
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
         fd = fit_res.to_dict()
         params.update(fd.pop("parameters", {}))
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
-                                        metrics=metrics.to_dict()), quiet)
+                                        metrics=metrics.to_dict(),
+                                        forensics=findings.to_dict()), quiet)
 
 
 @app.command()
@@ -368,6 +409,7 @@ def compare(
     framework: FrameworkOpt = None,
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
+    allow_misaligned: MisalignedOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -383,6 +425,7 @@ def compare(
         if not (tau > 0 and math.isfinite(tau)) or not (eps >= 0 and math.isfinite(eps)):
             raise ParameterError(f"--tau must be > 0 and --eps >= 0 (got tau={tau}, eps={eps}).")
         ds = _load(paths, column, framework, layout, entropy, quiet)
+        _check_alignment(ds, allow_misaligned, quiet)
         from entr_diag.fit import fit_scaling_law
 
         if not ds.has("entropy"):
@@ -429,6 +472,7 @@ def report(
     framework: FrameworkOpt = None,
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
+    allow_misaligned: MisalignedOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -442,15 +486,12 @@ def report(
 
     with _errors():
         ds = _load(paths, column, framework, layout, entropy, quiet)
+        _check_alignment(ds, allow_misaligned, quiet)
         fit_res, metrics = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
         cmp_res = _compare(ds, fit_res, tau, eps, gate, {}, quiet)
         with _status("profiles...", quiet):
-            prof = {
-                "density": profiles.density_2d(ds.lf).to_dict(),
-                "by_prob": profiles.mismatch_by_prob(ds.lf).to_dict(),
-                "version_switch": profiles.version_switch_profile(ds.lf).to_dict(),
-                "offenders": profiles.offenders(ds.lf, eps=eps).to_dict(),
-            }
+            prof = profiles.compute_profiles(ds.lf, eps=eps).to_dict()
+        findings = _forensics(ds, quiet)
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
                   "entropy": entropy, "framework": framework}
@@ -473,14 +514,15 @@ def report(
             "parameters": params,
         }
         doc = envelope("report", desc, params, fit=fit_res.to_dict(), metrics=metrics.to_dict(),
-                       compare=cmp_res.to_dict(), profiles=prof)
+                       compare=cmp_res.to_dict(), profiles=prof, forensics=findings.to_dict())
         html = build_report_html(summary=sanitize(summary), fit=doc["fit"], metrics=doc["metrics"],
-                                 compare=doc["compare"], profiles=doc["profiles"], findings=None)
+                                 compare=doc["compare"], profiles=doc["profiles"],
+                                 findings=doc["forensics"])
         from entr_diag.atomic import write_text
 
         write_text(output, html)
         stdout.print(f"wrote {output} ({Path(output).stat().st_size / 1e6:.1f} MB)")
-        verdict = doc["fit"].get("verdict")
+        verdict = (doc["fit"].get("verdict") or {}).get("text")
         if verdict:
             stdout.print(verdict)
         _write_json(json_path, doc, quiet)
