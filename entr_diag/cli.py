@@ -17,6 +17,16 @@ from typing import Annotated
 import polars as pl
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from entr_diag import __version__
 from entr_diag.errors import EntrDiagError, ParameterError
@@ -93,30 +103,71 @@ def _parse_columns(items: list[str] | None) -> dict[str, str]:
     return out
 
 
+class _Phases:
+    """A rich progress bar on stderr over a command's phases (read, fit, gates, ...).
+
+    Shown only when stderr is a terminal and ``--quiet`` is not given; transient, so it
+    leaves nothing behind in a log.
+    """
+
+    def __init__(self) -> None:
+        self.bar: Progress | None = None
+        self.task: TaskID | None = None
+
+    def begin(self, total: int, quiet: bool) -> None:
+        if quiet or not stderr.is_terminal:
+            return
+        self.bar = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+            MofNCompleteColumn(), TimeElapsedColumn(), console=stderr, transient=True,
+        )
+        self.bar.start()
+        self.task = self.bar.add_task("starting", total=total)
+
+    def end(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        self.bar = None
+
+
+_phases = _Phases()
+
+
 @contextlib.contextmanager
-def _errors() -> Iterator[None]:
-    """Turn library and input errors into one paragraph on stderr and exit code 2."""
+def _errors(phases: int = 1, quiet: bool = True) -> Iterator[None]:
+    """Run a command body: progress over ``phases``; library and input errors become one
+    paragraph on stderr and exit code 2."""
+    _phases.begin(phases, quiet)
     try:
         yield
     except EntrDiagError as e:
-        stderr.print(f"[bold red]error:[/bold red] {e}", soft_wrap=True)
+        _phases.end()
+        stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
     except pl.exceptions.PolarsError as e:
+        _phases.end()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        stderr.print(f"[bold red]error:[/bold red] cannot read the input: {msg[:300]}", soft_wrap=True)
+        stderr.print(f"[bold red]error:[/bold red] cannot read the input: {escape(msg[:300])}",
+                     soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as e:
-        stderr.print(f"[bold red]error:[/bold red] {e}", soft_wrap=True)
+        _phases.end()
+        stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
+    finally:
+        _phases.end()
 
 
 @contextlib.contextmanager
 def _status(message: str, quiet: bool) -> Iterator[None]:
-    if quiet or not stderr.is_terminal:
+    """One phase of the command: named on the progress bar, advanced when done."""
+    bar, task = _phases.bar, _phases.task
+    if quiet or bar is None or task is None:
         yield
         return
-    with stderr.status(message):
-        yield
+    bar.update(task, description=message)
+    yield
+    bar.advance(task)
 
 
 def _load(paths, column, framework, layout, entropy, quiet):
@@ -214,7 +265,7 @@ def inspect(
     from entr_diag.report.json_report import envelope
     from entr_diag.report.terminal import render_inspect
 
-    with _errors():
+    with _errors(2, quiet):
         from entr_diag.report.terminal_findings import render_findings
 
         ds = _load(paths, column, framework, layout, entropy, quiet)
@@ -272,7 +323,7 @@ def fit(
     from entr_diag.report.terminal_findings import render_findings
     from entr_diag.report.terminal_fit import render_fit
 
-    with _errors():
+    with _errors(5, quiet):
         ds = _load(paths, column, framework, layout, entropy, quiet)
         _check_alignment(ds, allow_misaligned, quiet)
         fit_res, metrics = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
@@ -313,7 +364,7 @@ def flag(
     from entr_diag.fit import fit_scaling_law
     from entr_diag.regime import flagged_tokens
 
-    with _errors():
+    with _errors(2, quiet):
         ds = _load(paths, column, framework, layout, entropy, quiet)
         if not ds.has("entropy"):
             raise ParameterError("the input has no entropy column; flagging needs one "
@@ -420,7 +471,7 @@ def compare(
     from entr_diag.report.json_report import envelope
     from entr_diag.report.terminal_compare import render_compare
 
-    with _errors():
+    with _errors(4, quiet):
         sweeps = _parse_sweep(sweep)
         if not (tau > 0 and math.isfinite(tau)) or not (eps >= 0 and math.isfinite(eps)):
             raise ParameterError(f"--tau must be > 0 and --eps >= 0 (got tau={tau}, eps={eps}).")
@@ -484,7 +535,7 @@ def report(
     from entr_diag.report.html_report import build_report_html
     from entr_diag.report.json_report import envelope, sanitize
 
-    with _errors():
+    with _errors(7, quiet):
         ds = _load(paths, column, framework, layout, entropy, quiet)
         _check_alignment(ds, allow_misaligned, quiet)
         fit_res, metrics = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
@@ -552,7 +603,7 @@ def synth(
 
     from entr_diag.synth import SynthSpec, write_synth
 
-    with _errors():
+    with _errors(1, quiet):
         if tokens <= 0:
             raise ParameterError(f"--tokens must be positive (got {tokens}).")
         if layout not in ("long", "nested"):
