@@ -487,6 +487,23 @@ def test_without_entropy_cannot_tell(tmp_path, base):
     assert res.silent
 
 
+def test_tiny_input_cannot_tell(tmp_path):
+    """Five tokens: every statistical check says it cannot tell, nothing raises."""
+    df = pl.DataFrame({
+        "seq_id": [1, 1, 1, 2, 2], "position": [0, 1, 2, 0, 1], "step": [3] * 5,
+        "train_logprob": [-0.1, -0.2, -0.3, -1.0, -2.0],
+        "infer_logprob": [-0.12, -0.19, -0.35, -1.1, -1.9],
+        "entropy": [0.5, 0.4, 0.3, 1.2, 2.0], "policy_version": [1, 1, 2, 0, 0],
+        "train_version": [2] * 5,
+    })
+    res = run_forensics(_load(tmp_path, df))
+    st = {c.name: c.status for c in res.checks}
+    for name in ("misalignment", "one_sided_temperature", "truncated_sampling",
+                 "sequence_outliers", "drift", "staleness"):
+        assert st[name] == "cannot_tell", name
+    assert res.findings == ()
+
+
 # ------------------------------------------------------------------ bundled sample
 
 
