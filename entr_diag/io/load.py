@@ -471,6 +471,13 @@ def load_dataset(
             )
             del mapping[canon]
 
+    # seq_id keeps an integer dtype when every file has integer ids (cheap to hash); the
+    # String form is derived lazily for output only
+    sid_dtype: type[pl.DataType] = pl.Int64
+    for f in file_list:
+        t = dict(zip(schemas[f].names, schemas[f].types, strict=True)).get(mapping.get("seq_id", ""))
+        if t is None or not pa.types.is_integer(_value_type(t)):
+            sid_dtype = pl.String
     frames: list[pl.LazyFrame] = []
     for f in file_list:
         sch = schemas[f]
@@ -493,7 +500,7 @@ def load_dataset(
                 f"{file_layout} layout."
             )
         infos.append(FileInfo(f, file_layout, rows[f], tuple(sch.names), hive))
-        frames.append(_file_frame(f, types, hive, mapping, file_layout))
+        frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype))
 
     total_rows = sum(rows.values())
     if total_rows == 0:
@@ -539,8 +546,13 @@ def _file_frame(
     hive: Mapping[str, str],
     mapping: Mapping[str, str],
     layout: str,
+    sid_dtype: type[pl.DataType] = pl.String,
 ) -> pl.LazyFrame:
-    """Canonical raw rows of one file: one row per token, every mapped column, ``_empty``."""
+    """Canonical raw rows of one file: one row per token, every mapped column, ``_empty``.
+
+    ``seq_id`` has dtype ``sid_dtype`` here (Int64 or String); the valid frame exposes it as
+    String.
+    """
     lf = pl.scan_parquet(path, hive_partitioning=False)
     # hive partition values become literal columns
     hive_cols = [
@@ -562,7 +574,7 @@ def _file_frame(
                 ragged = ragged | (lens[src].fill_null(-1) != lens[ref].fill_null(-1))
         _check_ragged(path, lf, ragged, srcs, list_srcs)
         sid = (
-            pl.col(srcs["seq_id"]).cast(pl.String)
+            pl.col(srcs["seq_id"]).cast(sid_dtype)
             if "seq_id" in srcs
             else pl.format("{}:{}", pl.lit(path.name), pl.col("_row"))
         )
@@ -599,7 +611,10 @@ def _file_frame(
             )
     exprs = [pl.lit(False).alias("_empty")]
     for canon, src in srcs.items():
-        exprs.append(_canonical_cast(canon, pl.col(src)).alias(canon))
+        if canon == "seq_id":
+            exprs.append(pl.col(src).cast(sid_dtype).alias(canon))
+        else:
+            exprs.append(_canonical_cast(canon, pl.col(src)).alias(canon))
     lf = lf.select(exprs)
     if "position" not in srcs:
         lf = lf.with_columns(pl.int_range(pl.len()).over("seq_id").cast(pl.Int64).alias("position"))
@@ -632,13 +647,8 @@ def _check_ragged(path: Path, lf: pl.LazyFrame, ragged: pl.Expr, srcs: Mapping[s
 def _seq_key_expr(mapping: Mapping[str, str]) -> pl.Expr:
     """UInt64 sequence key: hash of (step, seq_id); stable for a given polars version."""
     if "step" in mapping:
-        key = pl.concat_str(
-            [pl.col("step").cast(pl.String).fill_null("~"), pl.col("seq_id").fill_null("~")],
-            separator="\x1f",
-        )
-    else:
-        key = pl.col("seq_id").fill_null("~")
-    return key.hash(seed=0).alias("seq_key")
+        return pl.struct(pl.col("step"), pl.col("seq_id")).hash(seed=0).alias("seq_key")
+    return pl.col("seq_id").hash(seed=0).alias("seq_key")
 
 
 def _reason_expr(mapping: Mapping[str, str]) -> pl.Expr:
@@ -670,7 +680,7 @@ def _reason_expr(mapping: Mapping[str, str]) -> pl.Expr:
 
 
 def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
-    cols = [pl.col("seq_id"), pl.col("seq_key"), pl.col("position")]
+    cols = [pl.col("seq_id").cast(pl.String), pl.col("seq_key"), pl.col("position")]
     for canon in ("step", "train_logprob", "infer_logprob"):
         if canon in mapping:
             cols.append(pl.col(canon))
