@@ -134,6 +134,8 @@ ul.findings li.sev-info, ul.findings li.sev-low { border-color:var(--accent); }
 .badge { display:inline-block; font-size:11px; font-weight:600; text-transform:uppercase;
          padding:1px 6px; border-radius:4px; background:#e5e7eb; margin-right:6px; }
 .evidence { color:var(--muted); font-size:12px; }
+details { margin:8px 0 0; }
+details > summary { cursor:pointer; color:var(--muted); font-size:13px; }
 footer { color:var(--muted); font-size:12px; text-align:center; padding:12px; }
 """
 
@@ -412,14 +414,22 @@ def _findings_section(findings: Any) -> str:
     body = (
         f'<ul class="findings">{"".join(items)}</ul>'
         if items
-        else ("<p>No cause of mismatch was found by the checks below.</p>")
+        else "<p>No cause of mismatch was found by the forensics checks.</p>"
     )
     if checks:
         rows = [
             (name, _get(st, "status") or "", _get(st, "reason") or "")
             for name, st in checks.items()
         ]
-        body += "<h3>Checks</h3>" + _table(["check", "status", "why"], rows)
+        counts: dict[str, int] = {}
+        for _, st, _ in rows:
+            counts[st] = counts.get(st, 0) + 1
+        tally = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(counts.items()))
+        body += (
+            f"<details><summary>{len(rows)} checks: {_e(tally)}</summary>"
+            + _table(["check", "status", "why"], rows)
+            + "</details>"
+        )
     return f'<section class="card" id="findings"><h2>Findings</h2>{body}</section>'
 
 
