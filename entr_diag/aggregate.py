@@ -58,6 +58,7 @@ __all__ = [
     "block_expr",
     "block_query",
     "coarse_binning",
+    "coarse_block_sums",
     "fine_bin_expr",
     "fine_edges",
     "fine_query",
