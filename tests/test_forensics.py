@@ -428,6 +428,20 @@ def test_render_from_dict_equals_object():
     assert a.file.getvalue() == b.file.getvalue()
 
 
+def test_render_keeps_brackets():
+    """Reasons and messages with brackets (E[delta^2]) are printed verbatim, not as markup."""
+    r = Findings(
+        findings=(Finding("drift", "warning", "T [x]", "m E[delta^2] [bold]", {"a[b]": "c[d]"},
+                          "k [red]"),),
+        checks=(CheckStatus("truncated_sampling", "clear", "share 0.1% of E[delta^2]"),),
+    )
+    c = _console()
+    render_findings(r, c)
+    out = c.file.getvalue()
+    for s in ("T [x]", "m E[delta^2] [bold]", "a[b] = c[d]", "k [red]", "of E[delta^2]"):
+        assert s in out, s
+
+
 def test_render_no_findings():
     """Without findings the renderer says so in one line."""
     c = _console()

@@ -95,5 +95,7 @@ def render_findings(findings: Any, console: Console, *, show_checks: bool = True
         ct = Table("check", "status", "why", title="Forensic checks", show_edge=False)
         for name, st in checks.items():
             status = st.get("status", "")
-            ct.add_row(name, Text(status, style=_STATUS_STYLE.get(status, "")), st.get("reason", ""))
+            # Text, not str: reasons hold brackets such as E[delta^2] that rich would parse
+            ct.add_row(Text(name), Text(status, style=_STATUS_STYLE.get(status, "")),
+                       Text(st.get("reason", "")))
         console.print(ct)
