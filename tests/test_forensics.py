@@ -521,9 +521,30 @@ def test_tiny_input_cannot_tell(tmp_path):
 # ------------------------------------------------------------------ bundled sample
 
 
+def _sample_path() -> Path:
+    return Path(FX.__file__).parent / "sample_data" / "sample_run_long.parquet"
+
+
+@pytest.mark.parametrize("kind", ["misalignment", "one_sided_temperature", "truncated_sampling"])
+def test_bundled_sample_with_planted_defect(tmp_path, kind):
+    """Real logprobs (bf16 engine, fp32 trainer) with a defect planted are caught too."""
+    if not _sample_path().is_file():
+        pytest.skip("bundled sample run not generated yet")
+    df = pl.read_parquet(_sample_path())
+    df = {
+        "misalignment": lambda: df.with_columns(IL.shift(1).over("seq_id", order_by="position")),
+        "one_sided_temperature": lambda: df.with_columns(IL * 1.15 - 0.02 * H),
+        "truncated_sampling": lambda: df.with_columns(
+            (IL + pl.min_horizontal(0.05 * H, -IL * 0.99)).alias("infer_logprob")),
+    }[kind]()
+    res = run_forensics(_load(tmp_path, df))
+    assert res.findings[0].kind == kind
+    assert res.findings[0].severity in ("warning", "critical")
+
+
 def test_bundled_sample_run_is_silent():
     """On the bundled real sample run (bf16 engine, fp32 trainer, version lag) nothing is above info."""
-    p = Path(FX.__file__).parent / "sample_data" / "sample_run_long.parquet"
+    p = _sample_path()
     if not p.is_file():
         pytest.skip("bundled sample run not generated yet")
     res = run_forensics(load_dataset([p]))
