@@ -16,7 +16,6 @@ wrongly typed columns.
 from __future__ import annotations
 
 import glob
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -697,70 +696,59 @@ def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
 
 
 def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo]) -> Accounting:
-    """One pass (polars may share the scan) over the raw rows for all counts."""
-    by_reason = raw.group_by("reason").agg(pl.len().alias("n"))
-    per_seq = (
-        raw.group_by("seq_key")
-        .agg(
-            (pl.col("reason").is_null()).sum().alias("valid"),
-            (~pl.col("reason").is_in(["unmasked", "empty_row", "null_loss_mask"])
-             .fill_null(False)).sum().alias("masked"),
-            *(
-                [(pl.col("policy_version").filter(pl.col("reason").is_null()).n_unique() > 1)
-                 .alias("switch")]
-                if "policy_version" in mapping else []
-            ),
-        )
-        .select(
-            pl.len().alias("n"),
-            (pl.col("valid") > 0).sum().alias("n_valid"),
-            (pl.col("masked") == 0).sum().alias("n_no_mask"),
-            *([pl.col("switch").sum().alias("n_switch")] if "policy_version" in mapping else []),
-        )
-    )
-    valid = raw.filter(pl.col("reason").is_null())
-    queries = [by_reason, per_seq]
-    extra: list[str] = []
-    if "step" in mapping:
-        queries.append(valid.select(pl.col("step").unique().sort().implode().alias("steps")))
-        extra.append("steps")
-    if "policy_version" in mapping:
-        queries.append(valid.select(pl.col("policy_version").min().alias("lo"),
-                                    pl.col("policy_version").max().alias("hi")))
-        extra.append("pv")
-    if "train_version" in mapping:
-        queries.append(valid.select(pl.col("train_version").min().alias("lo"),
-                                    pl.col("train_version").max().alias("hi")))
-        extra.append("tv")
-    if "policy_version" in mapping and "train_version" in mapping:
-        queries.append(
-            valid.group_by((pl.col("train_version") - pl.col("policy_version")).alias("s"))
-            .agg(pl.len().alias("n"))
-        )
-        extra.append("stale")
+    """Token and sequence counts in two streaming scans, memory O(sequences).
+
+    Scan 1 groups by sequence (counts per reason, version switch, step, version range),
+    then sums over sequences; scan 2 counts valid tokens per staleness. Each query is
+    collected on its own: ``pl.collect_all`` would cache the shared scan in memory.
+    """
+    reasons = ["unmasked", "empty_row", *S.EXCLUSION_REASONS]
+    reason = pl.col("reason")
+    ok = reason.is_null()
+    per_seq_aggs = [ok.sum().alias("_valid")]
+    per_seq_aggs += [(reason == r).fill_null(False).sum().alias(r) for r in reasons]
+    has_pv, has_tv, has_step = ("policy_version" in mapping, "train_version" in mapping,
+                                "step" in mapping)
+    if has_pv:
+        per_seq_aggs += [
+            (pl.col("policy_version").filter(ok).n_unique() > 1).alias("_switch"),
+            pl.col("policy_version").filter(ok).min().alias("_pv_lo"),
+            pl.col("policy_version").filter(ok).max().alias("_pv_hi"),
+        ]
+    if has_tv:
+        per_seq_aggs += [pl.col("train_version").filter(ok).min().alias("_tv_lo"),
+                         pl.col("train_version").filter(ok).max().alias("_tv_hi")]
+    if has_step:
+        per_seq_aggs.append(pl.col("step").filter(ok).first().alias("_step"))
+    masked = pl.col("_valid") + sum(pl.col(r) for r in S.EXCLUSION_REASONS)
+    totals = [
+        pl.len().alias("n"),
+        (pl.col("_valid") > 0).sum().alias("n_valid"),
+        (masked == 0).sum().alias("n_no_mask"),
+        pl.col("_valid").sum(),
+        *[pl.col(r).sum() for r in reasons],
+    ]
+    if has_pv:
+        totals += [pl.col("_switch").sum().alias("n_switch"), pl.col("_pv_lo").min(),
+                   pl.col("_pv_hi").max()]
+    if has_tv:
+        totals += [pl.col("_tv_lo").min(), pl.col("_tv_hi").max()]
+    if has_step:
+        totals.append(pl.col("_step").drop_nulls().unique().sort().implode().alias("_steps"))
     try:
-        results = pl.collect_all(queries, engine="streaming")
+        seq = (raw.group_by("seq_key").agg(per_seq_aggs).select(totals)
+               .collect(engine="streaming").row(0, named=True))
+        stale = None
+        if has_pv and has_tv:
+            df = (raw.filter(ok)
+                  .group_by((pl.col("train_version") - pl.col("policy_version")).alias("s"))
+                  .agg(pl.len().alias("n")).collect(engine="streaming"))
+            stale = {int(a): int(b) for a, b in zip(df["s"], df["n"], strict=True) if a is not None}
     except pl.exceptions.ComputeError as e:  # e.g. a value that does not cast
         raise InputError(f"cannot read the input ({_short(e)}).") from None
-    counts = {r: int(n) for r, n in zip(results[0]["reason"], results[0]["n"], strict=True)}
-    seq = results[1].row(0, named=True)
-    counts.pop("empty_row", 0)  # an empty nested row holds no token
-    unmasked = counts.pop("unmasked", 0)
-    valid_n = counts.pop(None, 0)
-    excluded = {r: counts.get(r, 0) for r in S.EXCLUSION_REASONS if counts.get(r, 0)}
+    excluded = {r: int(seq[r]) for r in S.EXCLUSION_REASONS if seq[r]}
+    valid_n, unmasked = int(seq["_valid"]), int(seq["unmasked"])
     total = valid_n + unmasked + sum(excluded.values())
-    res_iter = iter(results[2:])
-    steps = pv = tv = stale = None
-    for name in extra:
-        df = next(res_iter)
-        if name == "steps":
-            steps = tuple(int(s) for s in df["steps"][0] if s is not None)
-        elif name == "pv":
-            pv = _minmax(df)
-        elif name == "tv":
-            tv = _minmax(df)
-        elif name == "stale":
-            stale = {int(s): int(n) for s, n in zip(df["s"], df["n"], strict=True) if s is not None}
     return Accounting(
         tokens_total=total,
         tokens_unmasked=unmasked,
@@ -770,16 +758,15 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         sequences_total=int(seq["n"]),
         sequences_valid=int(seq["n_valid"]),
         sequences_without_masked_tokens=int(seq["n_no_mask"]),
-        steps=steps,
-        policy_versions=pv,
-        train_versions=tv,
+        steps=tuple(int(x) for x in seq["_steps"]) if has_step else None,
+        policy_versions=_pair(seq.get("_pv_lo"), seq.get("_pv_hi")) if has_pv else None,
+        train_versions=_pair(seq.get("_tv_lo"), seq.get("_tv_hi")) if has_tv else None,
         staleness=stale,
-        sequences_with_version_switch=int(seq["n_switch"]) if "n_switch" in seq else None,
+        sequences_with_version_switch=int(seq["n_switch"]) if has_pv else None,
     )
 
 
-def _minmax(df: pl.DataFrame) -> tuple[int, int] | None:
-    lo, hi = df["lo"][0], df["hi"][0]
-    if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
+def _pair(lo, hi) -> tuple[int, int] | None:
+    if lo is None or hi is None:
         return None
     return int(lo), int(hi)
