@@ -662,15 +662,15 @@ def _check_temperature(ctx: _Ctx) -> _Result:
                 "both sides read the same generation config."
             ),
         )
-        return _found(f, f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g}) on {used}")
+        return _found(f, f"slope {mid:.4g} (bracket {lo:.4g}..{hi:.4g}) on {used}")
     if not ctx.has("entropy"):
         return _clear(
             name,
-            f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g}) on {used} consistent with 1; pooled "
+            f"slope {mid:.4g} (bracket {lo:.4g}..{hi:.4g}) on {used} consistent with 1; pooled "
             "(no entropy column, so the entropy-dependent offset is not checked)",
         )
     return _clear(
-        name, f"slope {mid:.3g} (bracket {lo:.3g}..{hi:.3g}) on {used} consistent with 1")
+        name, f"slope {mid:.4g} (bracket {lo:.4g}..{hi:.4g}) on {used} consistent with 1")
 
 
 def _check_truncation(ctx: _Ctx) -> _Result:
