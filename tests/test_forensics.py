@@ -255,6 +255,15 @@ def test_drift(tmp_path, base):
     assert res.status("staleness").status == "clear"
 
 
+@pytest.mark.parametrize("gain", [0.0, 0.15])
+def test_drift_with_few_steps(tmp_path, gain):
+    """With 5 steps a planted drift (x1.6) is found and a clean run is not."""
+    b = generate(SynthSpec(n_tokens=N_TOKENS, seed=5, n_steps=5))
+    res = run_forensics(_load(tmp_path, _with_delta(b, DELTA * (1 + gain * pl.col("step")))),
+                        checks=["drift"])
+    assert (res.by_kind("drift") is not None) == (gain > 0)
+
+
 def test_drift_not_fooled_by_entropy_change(tmp_path, base):
     """A policy that sharpens over training (entropy falls, delta follows the law) is no drift."""
     # drop high-entropy tokens more often at later steps: mean |delta| falls, law unchanged
