@@ -594,17 +594,22 @@ def _check_temperature(ctx: _Ctx) -> _Result:
     batch cannot tilt the slope), takes the slope of infer on train and the reciprocal slope of
     train on infer, and fires when both lie on the same side of [1 - SLOPE_TOL, 1 + SLOPE_TOL]
     by Z_CLEAR jackknife standard errors (blocks of whole sequences). Only the freshest tokens
-    (smallest staleness) are used when there are enough: RL sharpens the policy between
-    versions, which tilts the slope of stale tokens exactly like a temperature would.
+    (smallest staleness) are used when there are FRESH_MIN_TOKENS: RL sharpens the policy
+    between versions, which tilts the slope of stale tokens exactly like a temperature would;
+    when stale tokens had to be included, a finding is info only.
     """
     name = "one_sided_temperature"
     blk = ctx.blocks
     used = "all tokens"
+    stale_mixed = False  # stale tokens in the fit: policy sharpening also tilts the slope
     if ctx.has("staleness") and blk["_stale"].drop_nulls().len():
         s_min = int(blk["_stale"].drop_nulls().min())
         fresh = blk.filter(pl.col("_stale") == s_min)
         if int(fresh["n"].sum()) >= FRESH_MIN_TOKENS:
             blk, used = fresh, f"staleness {s_min} tokens"
+        else:
+            stale_mixed = blk["_stale"].drop_nulls().n_unique() > 1
+            used = f"all tokens (only {int(fresh['n'].sum())} at staleness {s_min})"
     blk = blk.group_by("bin", "block").agg(pl.col("n", "sx", "sy", "sxx", "syy", "sxy").sum())
     n_used = int(blk["n"].sum())
     if n_used < MISALIGN_MIN_PAIRS:
@@ -640,13 +645,14 @@ def _check_temperature(ctx: _Ctx) -> _Result:
         "within_entropy_bins": bool(ctx.has("entropy")),
         "tokens_used": n_used,
         "tokens_selection": used,
+        "stale_tokens_in_fit": stale_mixed,
     }
     above = lo - Z_CLEAR * se_lo > 1 + SLOPE_TOL
     below = hi + Z_CLEAR * se_hi < 1 - SLOPE_TOL
     if above or below:
         f = Finding(
             kind=name,
-            severity="warning",
+            severity="info" if stale_mixed else "warning",
             title=f"infer_logprob scales with train_logprob at slope {mid:.3g}, not 1",
             message=(
                 f"Within entropy bins, infer_logprob ~= {mid:.3g} x train_logprob + c(H) "
@@ -654,6 +660,11 @@ def _check_temperature(ctx: _Ctx) -> _Result:
                 f"by more than {SLOPE_TOL:g}); mean delta moves by {slope_trend:.3g} nats per "
                 "decade of entropy. That is what a sampling temperature applied on one side "
                 f"only looks like (engine temperature ~{1.0 / mid:.3g} if it is the engine)."
+                + (
+                    " Stale tokens are in the fit (too few fresh ones), and a policy that "
+                    "sharpens between versions tilts the slope the same way: info only."
+                    if stale_mixed else ""
+                )
             ),
             evidence=ev,
             check=(

@@ -130,6 +130,16 @@ def test_one_sided_temperature(tmp_path, base, scale):
     assert f.evidence["within_bin_correlation"] > 0.9
 
 
+def test_temperature_on_stale_tokens_only_is_info(tmp_path, base):
+    """With too few fresh tokens the slope is fitted on stale ones too, and only informs."""
+    fresh = (pl.col("train_version") - pl.col("policy_version")) == 0
+    df = base.filter(~fresh | (pl.col("seq_id") % 25 == 0)).with_columns(IL * 1.25)
+    res = run_forensics(_load(tmp_path, df), checks=["one_sided_temperature"])
+    f = res.by_kind("one_sided_temperature")
+    assert f is not None and f.severity == "info"
+    assert f.evidence["stale_tokens_in_fit"] is True
+
+
 # ------------------------------------------------------------------ truncated sampling
 
 
