@@ -149,7 +149,9 @@ def pretrain(model, corpus: torch.Tensor, steps: int, batch: int, ctx: int, lr: 
     for it in range(steps):
         frac = it / max(1, steps - 1)
         for g in opt.param_groups:  # warmup then cosine
-            g["lr"] = lr * min(1.0, (it + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            g["lr"] = (
+                lr * min(1.0, (it + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            )
         ix = torch.randint(0, n, (batch,), generator=gen)
         xb = torch.stack([corpus[i : i + ctx] for i in ix.tolist()])
         yb = torch.stack([corpus[i + 1 : i + ctx + 1] for i in ix.tolist()])
@@ -219,7 +221,7 @@ def engine_generate(engines, prompts, plan, resp_len, tool_spans, gen, softmax_d
         logits, kv = step_forward(inp, caches, start, ver)
         caches = [
             (torch.cat([c[0], n[0]], dim=2), torch.cat([c[1], n[1]], dim=2))
-            for c, n in zip(caches, kv)
+            for c, n in zip(caches, kv, strict=True)
         ]  # KV entries computed with the old weights are kept after a switch
         start += 1
         lp = torch.log_softmax(logits.to(softmax_dtype), dim=-1)
@@ -311,14 +313,24 @@ def main() -> None:
 
     raw, names = load_corpus(args.corpus_bytes)
     corpus = torch.tensor(list(raw), dtype=torch.long)
-    log(f"corpus: {len(raw)} bytes from {len(names)} stdlib files ({names[0]} .. {names[-1]}), "
-        f"python {sys.version.split()[0]}")
+    log(
+        f"corpus: {len(raw)} bytes from {len(names)} stdlib files ({names[0]} .. {names[-1]}), "
+        f"python {sys.version.split()[0]}"
+    )
 
     model = TinyLM(args.d_model, args.layers, args.heads, args.ctx)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params} parameters")
-    final_loss = pretrain(model, corpus, args.pretrain_steps, args.pretrain_batch, args.ctx,
-                          args.pretrain_lr, gen, log)
+    final_loss = pretrain(
+        model,
+        corpus,
+        args.pretrain_steps,
+        args.pretrain_batch,
+        args.ctx,
+        args.pretrain_lr,
+        gen,
+        log,
+    )
     reference = copy.deepcopy(model).eval()
 
     # ------------------------------------------------------------------ async RL
@@ -382,8 +394,9 @@ def main() -> None:
         model.eval()
         lp1, h1 = trainer_recompute(model, seqs, lengths, micro=16, pad_to=1, order=list(range(b)))
         order2 = list(rng.permutation(b))
-        lp2, _ = trainer_recompute(model, seqs, lengths, micro=5, pad_to=32, order=order2,
-                                    sdpa=True)
+        lp2, _ = trainer_recompute(
+            model, seqs, lengths, micro=5, pad_to=32, order=order2, sdpa=True
+        )
         with torch.no_grad():
             ref_lp, _ = trainer_recompute(reference, seqs, lengths, 16, 1, list(range(b)))
         p0 = args.prompt_len - 1  # column of the first response token in lp arrays
@@ -399,9 +412,7 @@ def main() -> None:
             valid[r, : lengths_resp[r]] = True
         loss_mask &= valid
         # reward: fluency of the response under the frozen pre-trained model; group baseline
-        reward = torch.stack(
-            [ref_resp[r][loss_mask[r]].mean() for r in range(b)]
-        )
+        reward = torch.stack([ref_resp[r][loss_mask[r]].mean() for r in range(b)])
         grp = reward.view(-1, args.group_size)
         adv = ((grp - grp.mean(1, keepdim=True)) / (grp.std(1, keepdim=True) + 1e-6)).view(-1)
 
@@ -409,7 +420,9 @@ def main() -> None:
         model.train()
         x = seqs
         logits, _ = model(x)
-        lp_all = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, x[:, 1:, None]).squeeze(-1)
+        lp_all = (
+            torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, x[:, 1:, None]).squeeze(-1)
+        )
         lp_resp = lp_all[:, p0:]
         m = loss_mask.float()
         loss = -(adv[:, None] * lp_resp * m).sum() / m.sum()
@@ -502,15 +515,31 @@ def write_outputs(rows: list[dict], out_dir: Path, log) -> None:
     }
     for k, t in per_token.items():
         long_cols[k] = pa.array(np.concatenate([np.asarray(r[k]) for r in rows]), type=t)
-    long_order = ["seq_id", "position", "step", "train_version", "policy_version", "token_id",
-                  "loss_mask", "train_logprob", "infer_logprob", "train_logprob_recompute",
-                  "entropy", "train_entropy", "advantage"]
+    long_order = [
+        "seq_id",
+        "position",
+        "step",
+        "train_version",
+        "policy_version",
+        "token_id",
+        "loss_mask",
+        "train_logprob",
+        "infer_logprob",
+        "train_logprob_recompute",
+        "entropy",
+        "train_entropy",
+        "advantage",
+    ]
     long = pa.table({k: long_cols[k] for k in long_order}).replace_schema_metadata(meta)
     for name, table in (("sample_run_long.parquet", long), ("sample_run_nested.parquet", nested)):
         path = out_dir / name
-        pq.write_table(table, path, compression="zstd", compression_level=19, row_group_size=1 << 20)
-        log(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}: "
-            f"{table.num_rows} rows, {os.path.getsize(path)} bytes")
+        pq.write_table(
+            table, path, compression="zstd", compression_level=19, row_group_size=1 << 20
+        )
+        log(
+            f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}: "
+            f"{table.num_rows} rows, {os.path.getsize(path)} bytes"
+        )
 
 
 if __name__ == "__main__":

@@ -59,9 +59,7 @@ def test_canonical_columns(long: pl.DataFrame, nested: pl.DataFrame) -> None:
 
 
 def test_layouts_hold_the_same_tokens(long: pl.DataFrame, nested: pl.DataFrame) -> None:
-    lengths = nested.select(
-        [pl.col(c).list.len().alias(c) for c in PER_TOKEN]
-    )
+    lengths = nested.select([pl.col(c).list.len().alias(c) for c in PER_TOKEN])
     # list columns of equal length within each row
     for col in PER_TOKEN[1:]:
         assert (lengths[col] == lengths["position"]).all(), col
