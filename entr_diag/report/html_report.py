@@ -120,7 +120,9 @@ td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 td.num { white-space:nowrap; }
 .grid2.offenders { grid-template-columns:minmax(0,3fr) minmax(0,2fr); }
 .offenders th, .offenders td { padding:4px 7px; }
-table.kv th { width:170px; background:none; color:var(--muted); font-weight:500; }
+table.kv { width:100%; table-layout:fixed; }
+table.kv th { width:42%; background:none; color:var(--muted); font-weight:500; }
+table.kv td { overflow-wrap:anywhere; }
 .scroll { overflow-x:auto; }
 code { font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace; font-size:12px;
        background:#f1f5f9; padding:1px 4px; border-radius:3px; }
@@ -458,9 +460,8 @@ def _regime_sentence(fit: dict | None) -> str:
     reg = fit.get("regime") if isinstance(fit.get("regime"), Mapping) else {}
     if not isinstance(bp, Mapping) or not _is_num(bp.get("h_star")):
         reason = _get(reg, "breakpoint_search", "reason")
-        return "Noise regime: none detected, the law holds down to the lowest entropy bin" + (
-            f" ({reason})." if reason else "."
-        )
+        reason = str(reason).rstrip(".") if reason else ""
+        return "Noise regime: no low-entropy break detected" + (f": {reason}." if reason else ".")
     lo, hi = _interval(bp, "h_star")
     s = f"Noise regime: below H* = {_f(bp['h_star'])} nats [{_f(lo)}, {_f(hi)}]"
     if _is_num(reg.get("share_below_h_star")):
@@ -495,11 +496,13 @@ def _gate_sentence(compare: dict | None) -> str:
     m = compare.get("matched")
     fx = _get(m, "fixed")
     if isinstance(fx, Mapping):
-        s += (
-            f"; the fixed band dropping as many tokens (c = {_f(_get(m, 'c'))} nats) "
-            f"admits {_pct(fx.get('noise_admitted'))} of the noise and discards "
-            f"{_pct(fx.get('exploration_discarded'))} of exploration"
-        )
+        parts = []
+        if _is_num(fx.get("noise_admitted")):
+            parts.append(f"admits {_pct(fx['noise_admitted'])} of the noise")
+        if _is_num(fx.get("exploration_discarded")):
+            parts.append(f"discards {_pct(fx['exploration_discarded'])} of exploration")
+        s += f"; the fixed band dropping as many tokens (c = {_f(_get(m, 'c'))} nats)"
+        s += " " + " and ".join(parts) if parts else f" keeps {_pct(fx.get('kept_share'))}"
     return s + "."
 
 
@@ -1086,7 +1089,7 @@ def _keep_vs_entropy_fig(compare: dict | None) -> go.Figure:
         )
     if not drawn:
         raise ReportUnavailable("the gates carry no keep rate per entropy bin")
-    fig.update_xaxes(type="log", title_text="entropy H (nats)", exponentformat="power")
+    fig.update_xaxes(type="log", title_text="entropy H (nats)", exponentformat="power", dtick=1)
     fig.update_yaxes(title_text="keep rate (share of tokens kept)", tickformat=".1~%")
     fig.update_layout(legend=_gate_legend(len(fig.data)), margin=dict(b=200, t=20), height=560)
     return fig
@@ -1145,6 +1148,15 @@ def _disagreement_fig(compare: dict | None) -> go.Figure:
         raise ReportUnavailable("no matched fixed band in the comparison")
     xs = _centers_open(be["edges"])
     keys = be.get("keys") or [""] * len(xs)
+    if not any(
+        _is_num(v) and v > 0
+        for k in ("only_entr_keeps", "only_other_keeps")
+        for v in be.get(k) or []
+    ):
+        raise ReportUnavailable(
+            f"ENTR and the matched fixed band (c = {_f(_get(m, 'c'))} nats) keep exactly the "
+            "same tokens: no disagreement to show"
+        )
     fig = _fig_base(height=380)
     for key, label, color in (
         ("only_entr_keeps", "only ENTR keeps", _ENTR_COLOR),
@@ -1261,22 +1273,25 @@ def _noise_vs_expl_fig(compare: dict | None) -> go.Figure:
         ]
         if expl:
             # no noise regime: only the exploration side of the trade-off exists
-            fig = _fig_base(height=430)
+            fig = _fig_base(height=max(300, 90 + 28 * len(expl)))
             fig.add_trace(
                 go.Bar(
-                    x=[_e(n) for n, _, _ in expl],
-                    y=[v for _, v, _ in expl],
+                    y=[_e(n) for n, _, _ in expl],
+                    x=[v for _, v, _ in expl],
+                    orientation="h",
                     marker_color=[_gate_color(i, gates[i]) for _, _, i in expl],
-                    hovertemplate="%{x}<br>exploration discarded %{y:.3%}<extra></extra>",
+                    hovertemplate="%{y}<br>exploration discarded %{x:.3%}<extra></extra>",
                 )
             )
-            fig.update_yaxes(title_text="exploration discarded", tickformat=".2~%")
-            fig.update_xaxes(tickangle=-30)
+            fig.update_xaxes(
+                title_text="exploration discarded", tickformat=".2~%", rangemode="tozero"
+            )
+            fig.update_yaxes(autorange="reversed", automargin=True, showgrid=False)
             fig.update_layout(
                 showlegend=False,
-                margin=dict(b=120, t=40),
+                margin=dict(t=40, l=10),
                 title=dict(
-                    text="no noise regime, so no noise admitted: exploration discarded only",
+                    text="no noise regime: exploration discarded only",
                     font=dict(size=12, color="#6b7280"),
                     x=0.01,
                 ),
@@ -1466,6 +1481,7 @@ def _metrics_fig(metrics: dict | None) -> go.Figure:
             fig.update_xaxes(title_text="trainer step", row=rr, col=cc)
     if not any_drawn:
         raise ReportUnavailable("the per-step metrics carry none of kl, k3_kl, chi2_token, ess")
+    fig.update_yaxes(tickformat="~g")  # plain decimals, not SI prefixes (600µ)
     return fig
 
 
@@ -1580,7 +1596,11 @@ def _strata_fig(fit: dict | None) -> go.Figure:
             title_text="staleness bucket" if kind == "staleness" else "steps",
         )
         fig.update_yaxes(
-            rangemode="tozero", row=1, col=c, title_text="fitted k (δ² = k·H)" if c == 1 else None
+            rangemode="tozero",
+            tickformat="~g",
+            row=1,
+            col=c,
+            title_text="fitted k (δ² = k·H)" if c == 1 else None,
         )
     return fig
 
