@@ -613,3 +613,35 @@ def test_malformed_results_never_crash_the_report():
         kw = {k: _mangle(v, rng, 0.25) for k, v in base.items()}
         h = build_report_html(**kw)
         assert _has(h, 'id="offenders"')
+
+
+def test_bundled_sample_report_has_no_shape_errors():
+    """The bundled real-model run (no noise regime, gates that keep everything) renders every
+    section; what it cannot show says why, never a shape error."""
+    from entr_diag.compare import compare_gates
+    from entr_diag.fit import fit_scaling_law
+    from entr_diag.io.load import bundled_sample_path, load_dataset
+    from entr_diag.metrics import compute_metrics
+    from entr_diag.profiles import compute_profiles
+
+    if not bundled_sample_path().exists():
+        pytest.skip("bundled sample run not generated")
+    ds = load_dataset(None)
+    fd = fit_scaling_law(ds.lf, bins=20, n_boot=100, seed=0).to_dict()
+    bp = fd["breakpoint"]
+    cmp_ = compare_gates(
+        ds.lf,
+        h_star=None if bp is None else bp["h_star"],
+        law_k=fd["laws"]["power"]["k"],
+        law_alpha=fd["laws"]["power"]["alpha"],
+    )
+    h = build_report_html(
+        summary=_summary(),
+        fit=fd,
+        metrics=compute_metrics(ds.lf).to_dict(),
+        compare=cmp_.to_dict(),
+        profiles=compute_profiles(ds.lf).to_dict(),
+    )
+    notes = _unavailable(h)
+    assert not [n for n in notes if "expected shape" in n], notes
+    assert _figure_count(h) >= 9
