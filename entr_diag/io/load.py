@@ -709,17 +709,25 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     per_seq_aggs += [(reason == r).fill_null(False).sum().alias(r) for r in reasons]
     has_pv, has_tv, has_step = ("policy_version" in mapping, "train_version" in mapping,
                                 "step" in mapping)
+    # null outside the valid tokens instead of ``.filter(ok)`` inside the aggregation, and
+    # min != max instead of ``n_unique() > 1``: the streaming group_by runs these in memory
+    # O(sequences); filter/n_unique/first in an aggregation fall back to an in-memory
+    # group_by whose memory grows with the tokens (1.2 GB at 20M tokens)
+    def valid_only(col: str) -> pl.Expr:
+        return pl.when(ok).then(pl.col(col))
+
     if has_pv:
         per_seq_aggs += [
-            (pl.col("policy_version").filter(ok).n_unique() > 1).alias("_switch"),
-            pl.col("policy_version").filter(ok).min().alias("_pv_lo"),
-            pl.col("policy_version").filter(ok).max().alias("_pv_hi"),
+            valid_only("policy_version").min().alias("_pv_lo"),
+            valid_only("policy_version").max().alias("_pv_hi"),
+            (ok & pl.col("policy_version").is_null()).sum().alias("_pv_nulls"),
         ]
     if has_tv:
-        per_seq_aggs += [pl.col("train_version").filter(ok).min().alias("_tv_lo"),
-                         pl.col("train_version").filter(ok).max().alias("_tv_hi")]
+        per_seq_aggs += [valid_only("train_version").min().alias("_tv_lo"),
+                         valid_only("train_version").max().alias("_tv_hi")]
     if has_step:
-        per_seq_aggs.append(pl.col("step").filter(ok).first().alias("_step"))
+        # step is constant within a sequence key (the key hashes it)
+        per_seq_aggs.append(valid_only("step").min().alias("_step"))
     masked = pl.col("_valid") + sum(pl.col(r) for r in S.EXCLUSION_REASONS)
     totals = [
         pl.len().alias("n"),
@@ -729,7 +737,11 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         *[pl.col(r).sum() for r in reasons],
     ]
     if has_pv:
-        totals += [pl.col("_switch").sum().alias("n_switch"), pl.col("_pv_lo").min(),
+        # more than one distinct version (a null counts as one, as in n_unique)
+        switch = (pl.col("_pv_lo") != pl.col("_pv_hi")).fill_null(False) | (
+            (pl.col("_pv_nulls") > 0) & pl.col("_pv_lo").is_not_null())
+        totals += [switch.sum().alias("n_switch"),
+                   pl.col("_pv_lo").min(),
                    pl.col("_pv_hi").max()]
     if has_tv:
         totals += [pl.col("_tv_lo").min(), pl.col("_tv_hi").max()]
