@@ -27,8 +27,9 @@ log-ratio is clamped to [-20, 20] before exponentiating in ``chi2_token``, the s
 ``rollout_is_eff_sample_size``), computed on untruncated token-level weights.
 
 Sequences are the groups of ``seq_key`` (the contract's hash of (step, seq_id)). One
-streaming pass of token sums plus one grouped pass over sequences; never collects the token
-frame.
+streaming pass grouped by sequence (token sums and sequence quantities per sequence, memory
+O(sequences)); overall and per-step values are sums over that small table. Never collects
+the token frame.
 """
 
 from __future__ import annotations
@@ -123,12 +124,12 @@ def _seq_aggs() -> list[pl.Expr]:
     ]
 
 
-def _per_seq(lf: pl.LazyFrame, keys: list[str]) -> pl.LazyFrame:
-    return lf.group_by(keys).agg(
+def _per_seq_exprs() -> list[pl.Expr]:
+    return [
         pl.col("delta").sum().alias("s_d"),
         pl.col("train_logprob").mean().alias("m_train"),
         pl.col("infer_logprob").mean().alias("m_infer"),
-    )
+    ]
 
 
 def _make(tok: dict, seq: dict, step: int | None = None) -> MetricSet:
@@ -172,16 +173,23 @@ def compute_metrics(lf: pl.LazyFrame) -> MismatchMetrics:
     seq_keys = ["step", "seq_key"] if has_step else ["seq_key"]
     base = lf.select([c for c in ("seq_key", "step", "train_logprob", "infer_logprob", "delta")
                       if c in names])
-    queries = [
-        base.select(_token_aggs()),
-        _per_seq(base, seq_keys).select(_seq_aggs()),
+    # ONE streaming pass: per sequence, the token sums (they add up over sequences) and the
+    # sequence quantities; memory O(sequences). Overall and per-step values are then summed
+    # from this small table.
+    per_seq = (
+        base.group_by(seq_keys)
+        .agg(*_token_aggs(), *_per_seq_exprs())
+        .collect(engine="streaming")
+    )
+    tok_cols = ["n", "s_k1", "s_k3", "s_r2", "s_r", "n_gt_log2"]
+    tok_sums = [pl.col(c).sum() for c in tok_cols]
+    res = [
+        per_seq.select(tok_sums),
+        per_seq.select(_seq_aggs()),
     ]
     if has_step:
-        queries.append(base.group_by("step").agg(_token_aggs()).sort("step"))
-        queries.append(_per_seq(base, seq_keys).group_by("step").agg(_seq_aggs()).sort("step"))
-    # one query at a time: pl.collect_all shares (caches) the common scan, which was
-    # measured to grow memory with the input
-    res = [q.collect(engine="streaming") for q in queries]
+        res.append(per_seq.group_by("step").agg(tok_sums).sort("step"))
+        res.append(per_seq.group_by("step").agg(_seq_aggs()).sort("step"))
     tok = res[0].row(0, named=True)
     if not tok["n"]:
         raise FitError("No token to compute mismatch metrics on: the token frame is empty.")
