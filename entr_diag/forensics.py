@@ -325,7 +325,10 @@ class _Ctx:
                 (x * y).sum().alias("sxy"),
             )
         )
-        self._cells, self._blocks = pl.collect_all([cells, blocks], engine="streaming")
+        # one query at a time: pl.collect_all caches the shared scan (memory grows with the
+        # tokens: 1.5 GB at 20M tokens)
+        self._cells = cells.collect(engine="streaming")
+        self._blocks = blocks.collect(engine="streaming")
 
     @property
     def cells(self) -> pl.DataFrame:
@@ -882,15 +885,29 @@ def _check_outliers(ctx: _Ctx) -> _Result:
     # law with and without the flagged sequences
     k_with = k_without = float("nan")
     if has_h:
+        # per-bin sums of all tokens come from ctx.cells; those of the flagged sequences from
+        # one filtered scan (few rows); "without" = all - flagged. No full group_by twice.
         out_keys = top_df["seq_key"]
-        lfb = ctx._with_bin()
-        b_all = lfb.group_by("bin").agg(
-            pl.len().alias("n"), pl.col("entropy").mean().alias("h"),
-            (pl.col("delta") ** 2).mean().alias("q"))
-        b_wo = lfb.filter(~pl.col("seq_key").is_in(out_keys.implode())).group_by("bin").agg(
-            pl.len().alias("n"), pl.col("entropy").mean().alias("h"),
-            (pl.col("delta") ** 2).mean().alias("q"))
-        ba, bw = pl.collect_all([b_all, b_wo], engine="streaming")
+        sums = [pl.col("n").sum(), pl.col("sh").sum(), pl.col("sd2").sum()]
+        s_all = ctx.cells.group_by("bin").agg(sums)
+        s_out = (
+            ctx._with_bin().filter(pl.col("seq_key").is_in(out_keys.implode()))
+            .group_by("bin")
+            .agg(pl.len().alias("n_o"), pl.col("entropy").sum().alias("sh_o"),
+                 (pl.col("delta") ** 2).sum().alias("sd2_o"))
+            .collect(engine="streaming")
+        )
+        ba = s_all.select("bin", "n", (pl.col("sh") / pl.col("n")).alias("h"),
+                          (pl.col("sd2") / pl.col("n")).alias("q")).sort("bin")
+        bw = (
+            s_all.join(s_out, on="bin", how="left")
+            .with_columns(pl.col("n_o", "sh_o", "sd2_o").fill_null(0))
+            .select("bin", (pl.col("n") - pl.col("n_o")).alias("n"),
+                    ((pl.col("sh") - pl.col("sh_o")) / (pl.col("n") - pl.col("n_o"))).alias("h"),
+                    ((pl.col("sd2") - pl.col("sd2_o")) / (pl.col("n") - pl.col("n_o"))).alias("q"))
+            .filter(pl.col("n") > 0)
+            .sort("bin")
+        )
         k_with = _k_fit(ba["h"].to_numpy(), ba["q"].to_numpy(), ba["n"].to_numpy().astype(float))
         k_without = _k_fit(bw["h"].to_numpy(), bw["q"].to_numpy(), bw["n"].to_numpy().astype(float))
     head = top_df.head(OUTLIER_LIST)
@@ -1276,12 +1293,18 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
             ((ph_pos.shift(-r1) - ph_pos) == r1).any().alias("ph_run"),
         )
     )
+    # one row per sequence with bad masked rows (few): collected first, so that the last
+    # finite position is only looked up for these sequences (a join against a group_by of
+    # every sequence held ~1 GB at 20M tokens)
+    bad = bad.collect(engine="streaming")
     # last position of a finite masked row, per sequence (a plain streaming max)
     last_ok = (
-        raw.filter(masked & ~nf).group_by("seq_key").agg(pos.max().alias("last_ok"))
+        raw.filter(pl.col("seq_key").is_in(bad["seq_key"].implode()))
+        .filter(masked & ~nf).group_by("seq_key").agg(pos.max().alias("last_ok"))
+        .collect(engine="streaming")
     )
     per = (
-        bad.join(last_ok, on="seq_key", how="left")
+        bad.lazy().join(last_ok.lazy(), on="seq_key", how="left")
         .with_columns(
             pl.when(
                 (pl.col("n_nf") >= CORRUPT_MIN_RUN)
