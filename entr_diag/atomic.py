@@ -22,6 +22,8 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         InputError: the target's directory does not exist or is not writable.
     """
     target = Path(target)
+    if target.is_dir():
+        raise InputError(f"cannot write {target}: it is a directory; give a file name.")
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise InputError(f"cannot write {target}: directory {directory} does not exist.")
@@ -37,7 +39,10 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_path, 0o666 & ~umask)
-        os.replace(tmp_path, target)
+        try:
+            os.replace(tmp_path, target)
+        except OSError as e:
+            raise InputError(f"cannot write {target}: {e.strerror or e}.") from None
     finally:
         if tmp_path.exists():
             tmp_path.unlink()

@@ -44,10 +44,12 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-stdout = Console(highlight=False, soft_wrap=False)
+stdout = Console(highlight=False, soft_wrap=False, emoji=False)
 if not stdout.is_terminal:  # piped or redirected: wide enough for the bin tables
-    stdout = Console(highlight=False, soft_wrap=False, width=120)
-stderr = Console(stderr=True, highlight=False)
+    stdout = Console(highlight=False, soft_wrap=False, emoji=False, width=120)
+stderr = Console(stderr=True, highlight=False, emoji=False)
+if not stderr.is_terminal:  # a log file: one line per message, no hard wraps
+    stderr = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
 # ----------------------------------------------------------------- shared options
 
@@ -81,10 +83,10 @@ JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the res
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr.")]
 TauOpt = Annotated[float, typer.Option(help="ENTR budget tau: keep iff delta^2/(H+eps) <= tau.")]
 EpsOpt = Annotated[float, typer.Option(help="ENTR entropy offset eps (nats).")]
-BinsOpt = Annotated[int, typer.Option(help="Number of entropy bins.")]
+BinsOpt = Annotated[int, typer.Option(min=3, help="Number of entropy bins (at least 3).")]
 BinEdgesOpt = Annotated[str, typer.Option(help="Entropy bin edges: quantile or log.")]
-BootOpt = Annotated[int, typer.Option(help="Bootstrap resamples (sequences, never tokens).")]
-SeedOpt = Annotated[int, typer.Option(help="Seed of the bootstrap.")]
+BootOpt = Annotated[int, typer.Option(min=100, help="Bootstrap resamples (sequences, never tokens; at least 100).")]
+SeedOpt = Annotated[int, typer.Option(min=0, help="Seed of the bootstrap (>= 0).")]
 MisalignedOpt = Annotated[
     bool, typer.Option("--allow-misaligned",
                        help="Analyse even when the two logprob columns look shifted by one token.")
@@ -170,7 +172,63 @@ def _status(message: str, quiet: bool) -> Iterator[None]:
     bar.advance(task)
 
 
-def _load(paths, column, framework, layout, entropy, quiet):
+def _check_output(path: Path | None, what: str) -> None:
+    """Refuse, before any work, an output path that cannot be written."""
+    if path is None:
+        return
+    import os
+
+    from entr_diag.errors import InputError
+
+    if path.is_dir():
+        raise InputError(f"{what} {path} is a directory; give a file name.")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"cannot write {what} {path}: directory {parent} does not exist.")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"cannot write {what} {path}: directory {parent} is not writable.")
+
+
+def _refuse_overwriting_inputs(ds, outputs: dict[str, Path | None]) -> None:
+    """Input files are never modified: an output naming an input file is refused."""
+    from entr_diag.errors import InputError
+
+    inputs = {f.path.resolve() for f in ds.files}
+    for what, path in outputs.items():
+        if path is not None and path.resolve() in inputs:
+            raise InputError(
+                f"{what} {path} is one of the input files; entr-diag never overwrites its "
+                "input. Choose another output path."
+            )
+
+
+def _require_tokens(ds) -> None:
+    """Stop with the reason when no valid loss-masked token is left to analyse."""
+    from entr_diag.errors import InputError
+    from entr_diag.io.schema import EXCLUSION_REASONS
+
+    acc = ds.accounting
+    if acc.tokens_valid > 0:
+        return
+    where = ", ".join(str(f.path) for f in ds.files[:3]) + (" ..." if len(ds.files) > 3 else "")
+    if acc.tokens_masked == 0:
+        raise InputError(
+            f"{where}: no loss-masked token: all {acc.tokens_total:,} tokens have loss_mask "
+            f"false ('{ds.mapping.get('loss_mask')}'). Check the loss-mask column or map "
+            "another one with --column loss_mask=NAME."
+        )
+    reasons = "; ".join(f"{r}: {n:,} ({EXCLUSION_REASONS.get(r, '')})" for r, n in acc.excluded.items())
+    hint = ""
+    if acc.excluded.get("positive_logprob", 0) > acc.tokens_masked / 2:
+        hint = (" Most logprobs are positive: the columns may hold probabilities rather than "
+                "log-probabilities (entr-diag needs natural-log probabilities, <= 0).")
+    raise InputError(
+        f"{where}: 0 valid loss-masked tokens: all {acc.tokens_masked:,} loss-masked tokens "
+        f"were excluded. {reasons}.{hint}"
+    )
+
+
+def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = True):
     from entr_diag.io import load_dataset
 
     with _status("reading input...", quiet):
@@ -183,6 +241,12 @@ def _load(paths, column, framework, layout, entropy, quiet):
         )
     if ds.bundled and not quiet:
         stderr.print(f"no input given: using the bundled sample run ({ds.files[0].path})")
+    if not quiet:
+        for note in ds.notes:
+            if "missing from" in note or "not used" in note or "trainer-side" in note:
+                stderr.print(f"note: {escape(note)}")
+    if analyse:
+        _require_tokens(ds)
     if not quiet:
         acc = ds.accounting
         stderr.print(
@@ -268,14 +332,19 @@ def inspect(
     with _errors(2, quiet):
         from entr_diag.report.terminal_findings import render_findings
 
-        ds = _load(paths, column, framework, layout, entropy, quiet)
+        _check_output(json_path, "--json")
+        ds = _load(paths, column, framework, layout, entropy, quiet, analyse=False)
+        _refuse_overwriting_inputs(ds, {"--json": json_path})
         desc = ds.describe()
+        findings = _forensics(ds, quiet) if ds.accounting.tokens_valid else None
+        _write_json(json_path, envelope(
+            "inspect", desc, {"layout": layout, "entropy": entropy, "framework": framework},
+            forensics=None if findings is None else findings.to_dict()), quiet)
         render_inspect(desc, stdout)
-        findings = _forensics(ds, quiet)
-        render_findings(findings, stdout)
-        _write_json(json_path, envelope("inspect", desc, {"layout": layout, "entropy": entropy,
-                                                          "framework": framework},
-                                        **findings.to_dict()), quiet)
+        if findings is not None:
+            render_findings(findings, stdout)
+        else:
+            stdout.print("no valid loss-masked token: nothing to analyse.")
 
 
 # ----------------------------------------------------------------- fit
@@ -324,12 +393,12 @@ def fit(
     from entr_diag.report.terminal_fit import render_fit
 
     with _errors(5, quiet):
+        _check_output(json_path, "--json")
         ds = _load(paths, column, framework, layout, entropy, quiet)
+        _refuse_overwriting_inputs(ds, {"--json": json_path})
         _check_alignment(ds, allow_misaligned, quiet)
         fit_res, metrics = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
         findings = _forensics(ds, quiet)
-        render_fit(fit_res, metrics, stdout)
-        render_findings(findings, stdout, show_checks=False)
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
@@ -338,6 +407,8 @@ def fit(
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
                                         metrics=metrics.to_dict(),
                                         forensics=findings.to_dict()), quiet)
+        render_fit(fit_res, metrics, stdout)
+        render_findings(findings, stdout, show_checks=False)
 
 
 @app.command()
@@ -365,7 +436,9 @@ def flag(
     from entr_diag.regime import flagged_tokens
 
     with _errors(2, quiet):
+        _check_output(output, "--output")
         ds = _load(paths, column, framework, layout, entropy, quiet)
+        _refuse_overwriting_inputs(ds, {"--output": output})
         if not ds.has("entropy"):
             raise ParameterError("the input has no entropy column; flagging needs one "
                                  "(--column entropy=NAME).")
@@ -374,11 +447,14 @@ def flag(
                                   n_boot=n_boot, seed=seed, with_strata=False)
         bp = res.to_dict().get("breakpoint")
         if bp is None:
-            stdout.print("no low-entropy break in this run: no token is flagged "
-                         f"(the law holds down to the lowest entropy bin). {output} not written.")
+            reason = (res.to_dict().get("regime") or {}).get("breakpoint_search", {}).get("reason", "")
+            stdout.print("no low-entropy noise regime was found in this run, so no token is "
+                         f"flagged and {output} was not written"
+                         + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.")
             return
         h_star = bp["h_star"]
-        lf = flagged_tokens(ds.lf, h_star=h_star, tau=tau, eps=eps)
+        lf = flagged_tokens(ds.lf, h_star=h_star, tau=tau, eps=eps).with_columns(
+            pl.col("seq_id").cast(ds.seq_id_dtype))
         write_with(output, lambda tmp: lf.sink_parquet(tmp, compression="zstd"))
         n = pl.scan_parquet(output).select(pl.len()).collect().item()
         stdout.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "
@@ -399,27 +475,36 @@ def _parse_sweep(items: list[str] | None) -> dict[str, object]:
             parts = rng.split(":")
             lo, hi = float(parts[0]), float(parts[1])
             n = int(parts[2]) if len(parts) > 2 else 25
-            if name not in ("tau", "c") or not (0 < lo < hi) or n < 2 or len(parts) > 3:
+            if (name not in ("tau", "c") or not (0 < lo < hi) or not math.isfinite(hi)
+                    or not 2 <= n <= 512 or len(parts) > 3):
                 raise ValueError
-        except ValueError:
+        except (ValueError, IndexError):
             raise ParameterError(
-                f"--sweep {item}: expected tau=LO:HI[:N] or c=LO:HI[:N] with 0 < LO < HI, "
-                "e.g. --sweep tau=0.5:16 (log-spaced, N points, default 25)."
+                f"--sweep {item}: expected tau=LO:HI[:N] or c=LO:HI[:N] with 0 < LO < HI and N "
+                "a whole number from 2 to 512, e.g. --sweep tau=0.5:16 (log-spaced, N points, "
+                "default 25)."
             ) from None
         out[name] = np.geomspace(lo, hi, n)
     return out
 
 
-def _compare(ds, fit_res, tau, eps, gate, sweeps, quiet):
-    import numpy as np
-
-    from entr_diag.compare import compare_gates
+def _gates(gate: list[str] | None, tau: float, eps: float):
+    """Parse --gate specs (before any data is read): (ENTR spec, panel)."""
     from entr_diag.gates import DEFAULT_PANEL, EntrGate, parse_gate_spec
 
+    if not (tau > 0 and math.isfinite(tau)) or not (eps >= 0 and math.isfinite(eps)):
+        raise ParameterError(f"--tau must be > 0 and --eps >= 0 (got tau={tau}, eps={eps}).")
     panel = [parse_gate_spec(g) for g in gate] if gate else list(DEFAULT_PANEL)
     entr_specs = [g for g in panel if isinstance(g, EntrGate)]
     panel = [g for g in panel if not isinstance(g, EntrGate)]
-    entr = entr_specs[0] if entr_specs else EntrGate(tau=tau, eps=eps)
+    return (entr_specs[0] if entr_specs else EntrGate(tau=tau, eps=eps)), panel
+
+
+def _compare(ds, fit_res, entr, panel, sweeps, quiet):
+    import numpy as np
+
+    from entr_diag.compare import compare_gates
+
     fd = fit_res.to_dict()
     bp = fd.get("breakpoint")
     power = fd["laws"]["power"]
@@ -473,9 +558,11 @@ def compare(
 
     with _errors(4, quiet):
         sweeps = _parse_sweep(sweep)
-        if not (tau > 0 and math.isfinite(tau)) or not (eps >= 0 and math.isfinite(eps)):
-            raise ParameterError(f"--tau must be > 0 and --eps >= 0 (got tau={tau}, eps={eps}).")
+        entr, panel = _gates(gate, tau, eps)
+        _check_output(json_path, "--json")
+        _check_output(export, "--export")
         ds = _load(paths, column, framework, layout, entropy, quiet)
+        _refuse_overwriting_inputs(ds, {"--json": json_path, "--export": export})
         _check_alignment(ds, allow_misaligned, quiet)
         from entr_diag.fit import fit_scaling_law
 
@@ -485,8 +572,12 @@ def compare(
         with _status("fitting the scaling law...", quiet):
             fit_res = fit_scaling_law(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
                                       n_boot=n_boot, seed=seed, with_strata=False)
-        res = _compare(ds, fit_res, tau, eps, gate, sweeps, quiet)
-        render_compare(res, stdout)
+        res = _compare(ds, fit_res, entr, panel, sweeps, quiet)
+        params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
+                  "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
+                  "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed}
+        _write_json(json_path, envelope("compare", ds.describe(), params, compare=res.to_dict(),
+                                        fit=fit_res.to_dict()), quiet)
         if export is not None:
             from entr_diag.atomic import write_with
             from entr_diag.compare import decisions_frame
@@ -494,15 +585,12 @@ def compare(
             gates = list(res.gate_specs)
             if res.matched_spec is not None:
                 gates.append(res.matched_spec)
-            lf = decisions_frame(ds.lf, gates)
+            lf = decisions_frame(ds.lf, gates).with_columns(
+                pl.col("seq_id").cast(ds.seq_id_dtype))
             write_with(export, lambda tmp: lf.sink_parquet(tmp, compression="zstd"))
             if not quiet:
                 stderr.print(f"wrote {export}")
-        params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
-                  "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
-                  "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed}
-        _write_json(json_path, envelope("compare", ds.describe(), params, compare=res.to_dict(),
-                                        fit=fit_res.to_dict()), quiet)
+        render_compare(res, stdout)
 
 
 # ----------------------------------------------------------------- report
@@ -536,10 +624,14 @@ def report(
     from entr_diag.report.json_report import envelope, sanitize
 
     with _errors(7, quiet):
+        entr, panel = _gates(gate, tau, eps)
+        _check_output(output, "--output")
+        _check_output(json_path, "--json")
         ds = _load(paths, column, framework, layout, entropy, quiet)
+        _refuse_overwriting_inputs(ds, {"--output": output, "--json": json_path})
         _check_alignment(ds, allow_misaligned, quiet)
         fit_res, metrics = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
-        cmp_res = _compare(ds, fit_res, tau, eps, gate, {}, quiet)
+        cmp_res = _compare(ds, fit_res, entr, panel, {}, quiet)
         with _status("profiles...", quiet):
             prof = profiles.compute_profiles(ds.lf, eps=eps).to_dict()
         findings = _forensics(ds, quiet)
@@ -572,11 +664,11 @@ def report(
         from entr_diag.atomic import write_text
 
         write_text(output, html)
+        _write_json(json_path, doc, quiet)
         stdout.print(f"wrote {output} ({Path(output).stat().st_size / 1e6:.1f} MB)")
         verdict = (doc["fit"].get("verdict") or {}).get("text")
         if verdict:
             stdout.print(verdict)
-        _write_json(json_path, doc, quiet)
 
 
 # ----------------------------------------------------------------- synth
@@ -608,6 +700,7 @@ def synth(
             raise ParameterError(f"--tokens must be positive (got {tokens}).")
         if layout not in ("long", "nested"):
             raise ParameterError(f"--layout must be long or nested (got {layout}).")
+        _check_output(output, "--output")
         spec = SynthSpec(n_tokens=tokens, seed=seed, k=k, alpha=alpha,
                          h_star=None if not h_star else h_star, noise_share=noise_share,
                          dirty=dirty)

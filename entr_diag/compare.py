@@ -736,8 +736,8 @@ def compare_gates(
     if h_star is None:
         is_noise = pl.lit(False)
         null_reasons["noise_admitted"] = (
-            "no entropy breakpoint H* (the law holds down to the lowest bin, or no fit given): "
-            "there is no low-entropy noise regime to admit"
+            "no entropy breakpoint H* (the fit found no low-entropy noise regime, or none was "
+            "given): there is no noise to admit"
         )
         law_region = pl.lit(True)
     else:

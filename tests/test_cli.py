@@ -156,3 +156,109 @@ def test_cli_subprocess_no_traceback(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr and "bad.parquet" in out.stderr
+
+
+# ------------------------------------------------------------------ analysis commands
+
+
+@pytest.fixture(scope="module")
+def synth_file(tmp_path_factory) -> Path:
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path_factory.mktemp("synth") / "run.parquet"
+    write_synth(p, SynthSpec(n_tokens=40_000, seed=2, noise_share=0.1))
+    return p
+
+
+def test_fit_json_and_flag(synth_file, tmp_path):
+    """fit writes versioned JSON with laws and breakpoint; flag writes the noise tokens."""
+    out = tmp_path / "fit.json"
+    r = runner.invoke(app, ["fit", str(synth_file), "--n-boot", "200", "--json", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["command"] == "fit" and doc["breakpoint"]["h_star"] > 0
+    assert doc["laws"]["power"]["alpha_ci"][0] <= 1.0 <= doc["laws"]["power"]["alpha_ci"][1] + 0.05
+    assert "NaN" not in out.read_text()
+    noise = tmp_path / "noise.parquet"
+    r = runner.invoke(app, ["flag", str(synth_file), "-o", str(noise), "--n-boot", "200", "-q"])
+    assert r.exit_code == 0, r.output
+    df = pl.read_parquet(noise)
+    assert df.height > 0 and df["seq_id"].dtype == pl.Int64  # joinable to the input
+    assert (df["entropy"] < doc["breakpoint"]["h_star"] * 1.0001).all()
+
+
+@pytest.mark.parametrize("args", [
+    ["flag", "{in}", "-o", "{in}"],
+    ["report", "{in}", "-o", "{in}"],
+    ["fit", "{in}", "--json", "{in}"],
+    ["compare", "{in}", "--export", "{in}"],
+])
+def test_output_never_overwrites_input(synth_file, tmp_path, args):
+    """An output path naming an input file is refused (exit 2) and the input is unchanged."""
+    p = tmp_path / "in.parquet"
+    p.write_bytes(synth_file.read_bytes())
+    before = p.read_bytes()
+    r = runner.invoke(app, [a.replace("{in}", str(p)) for a in args] + ["-q"])
+    assert r.exit_code == 2, r.output
+    assert "never overwrites" in r.stderr
+    assert p.read_bytes() == before
+
+
+@pytest.mark.parametrize("args,words", [
+    (["fit", "--seed", "-1"], ["seed"]),
+    (["fit", "--bins", "2"], ["bins"]),
+    (["fit", "--n-boot", "5"], ["n-boot"]),
+    (["compare", "--sweep", "tau=1"], ["--sweep", "LO:HI"]),
+    (["compare", "--sweep", "c=0.05:2:100000"], ["512"]),
+    (["compare", "--gate", "nope"], ["gate"]),
+    (["compare", "--tau", "0"], ["--tau"]),
+    (["report", "-o", "/nonexistent-dir/x.html"], ["does not exist"]),
+    (["fit", "--json", "/nonexistent-dir/x.json"], ["does not exist"]),
+])
+def test_bad_options_refused_before_reading(args, words):
+    """Bad options and unwritable outputs are refused with exit 2 before any data is read."""
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    text = re.sub(r"\s+", " ", r.output + (r.stderr or ""))
+    assert "Traceback" not in text
+    for w in words:
+        assert w in text, (w, text)
+
+
+def test_all_tokens_masked_out(tmp_path):
+    """A dump whose loss mask is false everywhere stops with that reason, exit 2."""
+    p = _file(tmp_path, response_mask=[0, 0, 0, 0])
+    r = runner.invoke(app, ["fit", str(p)])
+    assert r.exit_code == 2
+    assert "no loss-masked token" in re.sub(r"\s+", " ", r.stderr)
+
+
+def test_probabilities_instead_of_logprobs(tmp_path):
+    """Positive 'logprobs' (probabilities) are excluded and the error says what they look like."""
+    p = _file(tmp_path, old_log_probs=[0.9, 0.8, 0.5, 0.4], rollout_log_probs=[0.9, 0.7, 0.5, 0.3])
+    r = runner.invoke(app, ["fit", str(p)])
+    assert r.exit_code == 2
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert "positive_logprob: 3" in msg and "probabilities" in msg
+
+
+def test_loss_mask_missing_in_one_shard(tmp_path):
+    """A shard without a loss mask counts all its tokens; the other shard keeps its mask."""
+    d = tmp_path / "mix"
+    d.mkdir()
+    _file(d, "a.parquet")  # 1 unmasked token
+    pl.read_parquet(_file(tmp_path, "b.parquet", seq_id=[7, 7, 8, 8])).drop(
+        "response_mask").write_parquet(d / "b.parquet")
+    from entr_diag.io import load_dataset
+
+    ds = load_dataset([d])
+    assert ds.accounting.tokens_unmasked == 1
+    assert ds.accounting.tokens_valid == 7
+    assert any("every token of those files" in n for n in ds.notes)
+
+
+def test_verl_entropys_is_trainer_side(tmp_path):
+    """verl's `entropys` comes from the actor forward pass: reported as trainer-side entropy."""
+    r = runner.invoke(app, ["inspect", str(_file(tmp_path)), "-q"])
+    assert r.exit_code == 0
+    assert "trainer-side" in r.stdout

@@ -248,6 +248,12 @@ def resolve_mapping(
                 notes.append(f"{canon} <- '{src}'")
             break
 
+    for canon, src in list(mapping.items()):
+        col = S.BY_NAME[canon]
+        others = [a for a in (canon, *col.aliases) if a in available and a != src and a not in used]
+        if others and canon not in overrides:
+            notes.append(f"{canon}: using '{src}'; also present and not used: "
+                         + ", ".join(f"'{a}'" for a in others))
     # which entropy is used
     if entropy == "train":
         if "train_entropy" not in mapping:
@@ -357,6 +363,9 @@ class Dataset:
     entropy_source: str | None
     accounting: Accounting
     bundled: bool = False
+    #: dtype of the input's seq_id (Int64 when every file has integer ids, else String);
+    #: ``lf`` exposes seq_id as String, exports cast it back to this dtype
+    seq_id_dtype: type[pl.DataType] = pl.String
 
     def has(self, column: str) -> bool:
         """True when the canonical column ``column`` is present in :attr:`lf`."""
@@ -463,7 +472,13 @@ def load_dataset(
     for canon in list(mapping):
         src = mapping[canon]
         lacking = [f for f in file_list if src not in set(schemas[f].names) | set(_hive_values(f))]
-        if lacking:
+        if lacking and canon == "loss_mask":
+            # a file without a loss mask trains on every token: all true for that file only
+            notes.append(
+                f"loss_mask ('{src}') is missing from {len(lacking)} of {len(file_list)} files "
+                f"(e.g. {lacking[0]}): every token of those files counts as loss-masked"
+            )
+        elif lacking:
             notes.append(
                 f"{canon} ('{src}') is missing from {len(lacking)} of {len(file_list)} files "
                 f"(e.g. {lacking[0]}): not used"
@@ -508,6 +523,9 @@ def load_dataset(
             f"({', '.join(str(f) for f in file_list[:_MAX_LISTED])})."
         )
 
+    if len(frames) > 1:  # same columns in the same order in every file's frame
+        order = frames[0].collect_schema().names()
+        frames = [fr.select(order) for fr in frames]
     raw = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
     raw = raw.with_columns(_seq_key_expr(mapping))
     raw = raw.with_columns(_reason_expr(mapping).alias("reason"))
@@ -523,6 +541,7 @@ def load_dataset(
     return Dataset(
         lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=tuple(notes),
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
+        seq_id_dtype=sid_dtype,
     )
 
 
@@ -561,6 +580,10 @@ def _file_frame(
     if hive_cols:
         lf = lf.with_columns(hive_cols)
     srcs = dict(mapping)
+    names = set(types) | set(hive)
+    mask_missing = "loss_mask" in srcs and srcs["loss_mask"] not in names
+    if mask_missing:
+        del srcs["loss_mask"]
 
     if layout == "nested":
         lf = lf.with_row_index("_row")
@@ -593,6 +616,8 @@ def _file_frame(
             if canon in ("seq_id", "position"):
                 continue
             exprs.append(_canonical_cast(canon, pl.col(src)).alias(canon))
+        if mask_missing:
+            exprs.append(pl.lit(True).alias("loss_mask"))
         return lf.select(exprs)
 
     # long layout
@@ -614,6 +639,8 @@ def _file_frame(
             exprs.append(pl.col(src).cast(sid_dtype).alias(canon))
         else:
             exprs.append(_canonical_cast(canon, pl.col(src)).alias(canon))
+    if mask_missing:
+        exprs.append(pl.lit(True).alias("loss_mask"))
     lf = lf.select(exprs)
     if "position" not in srcs:
         lf = lf.with_columns(pl.int_range(pl.len()).over("seq_id").cast(pl.Int64).alias("position"))

@@ -5,7 +5,8 @@ maps a dump's own column names onto them; this module is the single table of whi
 names are recognised, which are refused as ambiguous, and how each framework spells them.
 
 Sources for the aliases: the rollout/trainer data structures of verl (``old_log_probs``,
-``rollout_log_probs``, ``entropys``, ``response_mask``), slime (``log_probs`` is the
+``rollout_log_probs``, ``entropys`` (computed in the actor's forward pass, so it is the
+trainer-side entropy), ``response_mask``), slime (``log_probs`` is the
 trainer recomputation, ``rollout_log_probs``, ``loss_masks``), AReaL (``prox_logp``, bare
 ``logprobs`` from the engine, per-token ``versions``), OpenRLHF (``action_log_probs``,
 ``rollout_log_probs``, ``action_mask``), TRL (``old_per_token_logps``,
@@ -54,10 +55,11 @@ COLUMNS: tuple[Column, ...] = (
                   "sampling_per_token_logps", "generation_logprobs", "infer_logprobs",
                   "inference_logprobs", "rollout_logprob")),
     Column("entropy", FLOAT, "inference-side entropy of the sampling distribution, nats >= 0",
-           False, ("entropys", "entropies", "token_entropy", "infer_entropy", "rollout_entropy",
-                   "rollout_entropys")),
+           False, ("entropies", "token_entropy", "infer_entropy", "rollout_entropy",
+                   "rollout_entropys", "inference_entropy")),
     Column("train_entropy", FLOAT, "trainer-side entropy, nats >= 0", False,
-           ("trainer_entropy", "train_entropys")),
+           # verl's ``entropys`` comes from the actor's (trainer's) forward pass
+           ("entropys", "trainer_entropy", "train_entropys")),
     Column("policy_version", INT, "weights version that sampled the token", False,
            ("versions", "weight_version", "behavior_version", "rollout_version",
             "policy_versions")),
@@ -86,7 +88,7 @@ AMBIGUOUS: dict[str, str] = {
 #: Only here may an ambiguous name be taken, because the framework fixes its meaning.
 FRAMEWORKS: dict[str, dict[str, str]] = {
     "verl": {"train_logprob": "old_log_probs", "infer_logprob": "rollout_log_probs",
-             "entropy": "entropys", "loss_mask": "response_mask", "token_id": "responses",
+             "train_entropy": "entropys", "loss_mask": "response_mask", "token_id": "responses",
              "advantage": "advantages"},
     "slime": {"train_logprob": "log_probs", "infer_logprob": "rollout_log_probs",
               "loss_mask": "loss_masks", "advantage": "advantages"},
