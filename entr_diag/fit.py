@@ -4,15 +4,16 @@ ENTR (earlier ESTR) rests on the claim that the second moment of the log importa
 ``delta = train_logprob - infer_logprob`` scales with the entropy ``H`` (nats) of the
 sampling distribution: ``E[delta^2 | H] ~= k H``. :func:`fit_scaling_law` checks it on a run:
 
-1. **Bins.** Three streaming passes, each a small aggregation (:mod:`entr_diag.aggregate`):
-   (1) sums per fine log-grid bin of H (4097 bins); (2) sums per (cell, block of whole
-   sequences), the cells refining both the display bins and the breakpoint bins, plus
-   per-bin sequence counts, the |delta| histogram and the strata; (3) the noise regime
-   (it needs H*). Coarse bins (``bins``, quantile or log edges) are unions of fine bins
-   chosen from the pass-1 counts: quantile edges are approximate at fine-bin resolution
+1. **Bins.** Four streaming scans, each a small aggregation (:mod:`entr_diag.aggregate`):
+   (1) sums per fine log-grid bin of H (4097 bins) with the step range; (2) sums per
+   (cell, block of whole sequences, staleness bucket, step range), the cells refining both
+   the display bins and the breakpoint bins: the block aggregate and both strata tables
+   are sums of it; (2b) per-bin sequence counts; (3) the noise regime (it needs H*) and
+   the |delta| histogram, as sums per (coarse bin, |delta| bin, regime cell). Coarse bins
+   (``bins``, quantile or log edges) are unions of fine bins chosen from the pass-1 counts: quantile edges are approximate at fine-bin resolution
    (0.41 % in H). Per bin: tokens, sequences (exact, ``n_unique`` in pass 2: memory
    O(sequences)), mean H, mean delta, mean delta^2 with a 95 % interval, mean |delta|,
-   p95 |delta| (from a log-spaced histogram of |delta| in pass 2, 1024 bins on
+   p95 |delta| (from a log-spaced histogram of |delta| in pass 3, 1024 bins on
    [1e-9, 100] nats, geometric interpolation inside a bin: about 1.2 % resolution), share
    of tokens with sampled-token probability p < 1e-3, and mean z^2 with
    z = delta / sqrt(H + eps). Each aggregation is collected on its own (one scan each):
@@ -82,19 +83,27 @@ from entr_diag.aggregate import (
     H_MAX,
     H_MIN,
     N_FINE,
+    SUM_COLUMNS,
     BlockAggregate,
     CoarseBinning,
     FineAggregate,
+    _inputs,
+    _sums,
     block_expr,
-    block_query,
     coarse_binning,
     coarse_block_sums,
+    fine_bin_expr,
     fine_query,
     joint_binning,
     usable,
 )
 from entr_diag.errors import FitError, ParameterError
-from entr_diag.regime import RegimeResult, regime_query, summarize_regime
+from entr_diag.regime import (
+    RegimeResult,
+    noise_flag_expr,
+    p_bin_expr,
+    summarize_regime,
+)
 
 __all__ = [
     "ALPHA_EXACT",
@@ -800,23 +809,24 @@ def _p95_from_hist(dbins: np.ndarray, counts: np.ndarray) -> float:
     return float(math.exp(lo + frac / _D_SCALE))
 
 
-def _strata_query(lf, key: pl.Expr, binning: CoarseBinning, n_blocks: int) -> pl.LazyFrame:
+def _regime_with_hist(
+    lf: pl.LazyFrame, coarse: pl.Expr, h_star: float | None, tau: float, eps: float
+) -> pl.LazyFrame:
+    """Tokens and delta^2 sums per (coarse bin, |delta| bin, below H*, flagged, p bin): the
+    regime table (:func:`~entr_diag.regime.regime_query`) and the |delta| histogram per
+    coarse bin are both sums of it. Its size is bounded by the bins, not the tokens."""
+    below = pl.lit(False) if h_star is None else (pl.col("entropy") < h_star)
     return (
         lf.select(
-            key.alias("stratum"),
-            binning.expr().alias("coarse"),
-            block_expr(n_blocks).alias("block"),
-            pl.col("entropy").alias("h"),
+            coarse.alias("coarse"),
+            _abs_delta_bin_expr().alias("dbin"),
+            below.alias("below"),
+            noise_flag_expr(h_star, tau, eps).alias("flag"),
+            p_bin_expr().alias("pbin"),
             (pl.col("delta") ** 2).alias("d2"),
         )
-        .filter(pl.col("stratum").is_not_null() & (pl.col("coarse") >= 0))
-        .group_by(["stratum", "coarse", "block"])
-        .agg(
-            pl.len().cast(pl.Int64).alias("n"),
-            pl.col("h").sum().alias("s_h"),
-            pl.col("d2").sum().alias("s_d2"),
-        )
-        .sort(["stratum", "coarse", "block"])
+        .group_by(["coarse", "dbin", "below", "flag", "pbin"])
+        .agg(pl.len().cast(pl.Int64).alias("n"), pl.col("d2").sum().alias("s_d2"))
     )
 
 
@@ -944,9 +954,9 @@ def fit_scaling_law(
 
     ``lf``: canonical token frame (docs/CONTRACT.md; one row per valid loss-masked token;
     needs seq_key, entropy, delta, infer_logprob; optional step, staleness or
-    policy_version + train_version for strata). Never collected whole: three streaming
-    aggregation passes whose results are small (fine grid; (cell, block) sums, sequences,
-    |delta| histogram, strata; noise regime).
+    policy_version + train_version for strata). Never collected whole: four streaming
+    scans whose results are small (fine grid and step range; (cell, block, stratum) sums;
+    sequences per bin; noise regime with the |delta| histogram).
     Tokens without a finite entropy >= 0 are skipped.
 
     ``bins``/``bin_edges``: number of coarse entropy bins, ``"quantile"`` or ``"log"``.
@@ -973,14 +983,23 @@ def fit_scaling_law(
     names = lf.collect_schema().names()
     B = int(n_blocks)
 
-    # ---- pass 1: sums per fine entropy bin (+ step range)
-    queries = [fine_query(lfu, eps=eps)]
+    # ---- pass 1: sums per fine entropy bin (+ step range, as per-bin min/max in the same
+    # scan)
     has_step = "step" in names
-    if has_step and with_strata:
-        queries.append(
-            lfu.select(pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi"))
+    want_steps = has_step and with_strata
+    q1 = fine_query(lfu, eps=eps)
+    if want_steps:
+        q1 = (
+            _inputs(lfu, fine_bin_expr().alias("fine"), pl.col("step").alias("_step"))
+            .group_by("fine")
+            .agg(*_sums(eps), pl.col("_step").min().alias("_lo"),
+                 pl.col("_step").max().alias("_hi"))
+            .sort("fine")
         )
-    res = _collect_each(queries)
+    t1 = q1.collect(engine="streaming")
+    res: list[pl.DataFrame] = [t1.drop("_lo", "_hi", strict=False)]
+    if want_steps:
+        res.append(t1.select(pl.col("_lo").min().alias("lo"), pl.col("_hi").max().alias("hi")))
     agg = FineAggregate(table=res[0], eps=eps)
     if agg.n_tokens == 0:
         raise FitError("No token with a finite entropy: the scaling-law fit has nothing to bin.")
@@ -990,24 +1009,17 @@ def fit_scaling_law(
     cells = joint_binning(binning, brk)
     nb = binning.n_bins
 
-    # ---- pass 2: sums per (cell, block); sequences and |delta| histogram per bin; strata
+    # ---- pass 2: sums per (cell, block, staleness bucket, step range) in ONE scan: the
+    # block aggregate and both strata tables are sums of this table (its size is bounded by
+    # cells x blocks x buckets x ranges, never by tokens); sequences per bin (exact,
+    # n_unique) in a second scan
     coarse = binning.expr()
-    q = [
-        block_query(lfu, cells, n_blocks=B, eps=eps),
-        lfu.select(coarse.alias("coarse"), pl.col("seq_key"))
-        .group_by("coarse").agg(pl.col("seq_key").n_unique().cast(pl.Int64).alias("seqs"))
-        .sort("coarse"),
-        lfu.select(coarse.alias("coarse"), _abs_delta_bin_expr().alias("dbin"))
-        .group_by(["coarse", "dbin"]).agg(pl.len().cast(pl.Int64).alias("n"))
-        .sort(["coarse", "dbin"]),
-    ]
     notices: list[str] = []
     stale_key = _staleness_expr(names) if with_strata else None
     step_labels: list[str] = []
+    step_key = None
     if with_strata:
-        if stale_key is not None:
-            q.append(_strata_query(lfu, stale_key, binning, B))
-        else:
+        if stale_key is None:
             notices.append("staleness strata skipped: no staleness (or policy_version and "
                            "train_version) column")
         lo_hi = res[1] if has_step and len(res) > 1 else None
@@ -1021,13 +1033,53 @@ def fit_scaling_law(
                 a, b = s_lo + i * width, min(s_hi, s_lo + (i + 1) * width - 1)
                 step_labels.append(f"{a}" if a == b else f"{a}-{b}")
             step_key = ((pl.col("step") - s_lo) // width).cast(pl.Int32)
-            q.append(_strata_query(lfu, step_key, binning, B))
         else:
             notices.append("step strata skipped: no step column")
     else:
         notices.append("strata not computed (with_strata=False)")
-    res2 = _collect_each(q)
-    bagg = BlockAggregate(res2[0], cells, B, eps)
+    keys = [cells.expr().alias("cell"), block_expr(B).alias("block")]
+    if stale_key is not None:
+        keys.append(stale_key.alias("_stale"))
+    if step_key is not None:
+        keys.append(step_key.alias("_srng"))
+    key_names = [k.meta.output_name() for k in keys]
+    big, seqs_t = _collect_each([
+        _inputs(lfu, *keys).filter(pl.col("cell") >= 0).group_by(key_names).agg(_sums(eps)),
+        lfu.select(coarse.alias("coarse"), pl.col("seq_key"))
+        .group_by("coarse").agg(pl.col("seq_key").n_unique().cast(pl.Int64).alias("seqs"))
+        .sort("coarse"),
+    ])
+    block_t = (
+        big.group_by(["cell", "block"])
+        .agg([pl.col(c).sum() for c in SUM_COLUMNS])
+        .with_columns(pl.col("n").cast(pl.Int64), pl.col("n_plow").cast(pl.Int64))
+        .sort(["cell", "block"])
+    )
+    bagg = BlockAggregate(block_t, cells, B, eps)
+    cell_coarse = pl.Series(binning.coarse_of_fine(cells.starts[:-1]).astype(np.int32))
+
+    def strata_table(col: str) -> pl.DataFrame:
+        # rows per (stratum, cell, block); _stratum_fits sums the cells of a coarse bin
+        return (
+            big.filter(pl.col(col).is_not_null())
+            .select(
+                pl.col(col).alias("stratum"),
+                pl.col("cell").replace_strict(
+                    list(range(len(cell_coarse))), cell_coarse.to_list(),
+                    return_dtype=pl.Int32).alias("coarse"),
+                "block", "n", "s_h", "s_d2",
+            )
+            .filter(pl.col("coarse") >= 0)
+            .group_by(["stratum", "coarse", "block"])
+            .agg(pl.col("n").sum(), pl.col("s_h").sum(), pl.col("s_d2").sum())
+            .sort(["stratum", "coarse", "block"])
+        )
+
+    strata_tables: list[pl.DataFrame] = []
+    if stale_key is not None:
+        strata_tables.append(strata_table("_stale"))
+    if step_key is not None:
+        strata_tables.append(strata_table("_srng"))
 
     S = coarse_block_sums(bagg, binning)
     boot = _Boot(S["n"].sum(axis=0), n_boot, seed)
@@ -1112,12 +1164,18 @@ def fit_scaling_law(
     aff = AffineLaw(ka, _ci(kar), ca, _ci(car), chi2a, r2a, int(bd.idx.size))
 
     # ---- pass 3: the noise regime (needs H*)
-    regime = summarize_regime(
-        regime_query(lfu, h_star, tau=tau, eps=eps).collect(engine="streaming"),
-        h_star, tau=tau, eps=eps,
+    # ---- pass 3: the noise regime (needs H*) and the |delta| histogram per coarse bin, in
+    # one scan: sums per (coarse, |delta| bin, below H*, flagged, p bin), summed both ways
+    both = _regime_with_hist(lfu, coarse, h_star, tau, eps).collect(engine="streaming")
+    regime_t = (
+        both.group_by(["below", "flag", "pbin"])
+        .agg(pl.col("n").sum(), pl.col("s_d2").sum())
+        .sort(["below", "flag", "pbin"])
     )
-
-    seqs_t, dh_t = res2[1], res2[2]
+    regime = summarize_regime(regime_t, h_star, tau=tau, eps=eps)
+    dh_t = (
+        both.group_by(["coarse", "dbin"]).agg(pl.col("n").sum()).sort(["coarse", "dbin"])
+    )
     seqs = np.zeros(nb, dtype=np.int64)
     for c, s_ in zip(seqs_t["coarse"].to_list(), seqs_t["seqs"].to_list(), strict=True):
         if c is not None and c >= 0:
@@ -1131,14 +1189,15 @@ def fit_scaling_law(
 
     staleness_fits: list[StratumFit] = []
     step_fits: list[StratumFit] = []
-    qi = 3
+    qi = 0
     if with_strata:
         if stale_key is not None:
-            staleness_fits = _stratum_fits(res2[qi], [b[0] for b in STALENESS_BUCKETS],
+            staleness_fits = _stratum_fits(strata_tables[qi], [b[0] for b in STALENESS_BUCKETS],
                                            "staleness", law_bins, nb, boot, B)
             qi += 1
         if step_labels:
-            step_fits = _stratum_fits(res2[qi], step_labels, "step", law_bins, nb, boot, B)
+            step_fits = _stratum_fits(strata_tables[qi], step_labels, "step", law_bins, nb,
+                                      boot, B)
 
     # ---- bins
     law_set = set(int(i) for i in law_bins)
