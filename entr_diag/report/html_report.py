@@ -1338,6 +1338,14 @@ def _noise_vs_expl_fig(compare: dict | None) -> go.Figure:
     return fig
 
 
+def _decimal_log_ticks(lo: float, hi: float) -> list[float]:
+    """1-2-5 tick values spanning [lo, hi] (plain decimals on a log axis)."""
+    ticks = [
+        m * 10.0**e for e in range(-6, 7) for m in (1, 2, 5) if lo <= m * 10.0**e <= hi * 1.0001
+    ]
+    return ticks if len(ticks) >= 2 else [lo, hi]
+
+
 def _sweep_fig(compare: dict | None) -> go.Figure:
     if not compare:
         raise ReportUnavailable("no gate comparison (compare was not run)")
@@ -1385,16 +1393,24 @@ def _sweep_fig(compare: dict | None) -> go.Figure:
                 row=1,
                 col=c,
             )
+        finite = [x for x in xs if _is_num(x) and x > 0]
+        ticks = _decimal_log_ticks(min(finite), max(finite)) if finite else []
         fig.update_xaxes(
             title_text=_e(str(v.get("parameter", k))) + (" (nats)" if k == "c" else ""),
             type="log",
-            dtick="D2",
+            tickvals=ticks,
+            ticktext=[f"{t:g}" for t in ticks],
+            range=(
+                [math.log10(min(finite)) - 0.05, math.log10(max(finite)) + 0.05] if finite else None
+            ),
             row=1,
             col=c,
         )
         # shapes on a log axis take data values (annotations would take log10)
         if k == "tau" and _is_num(params.get("tau")) and params["tau"] > 0:
-            fig.add_vline(x=params["tau"], line=dict(color="#6b7280", dash="dot"), row=1, col=c)
+            fig.add_vline(x=params["tau"], line=dict(color="#6b7280", dash="dot"), row=1, col=c,
+                          annotation_text=f"tau = {params['tau']:g}",
+                          annotation_position="top right")
         c_m = _get(compare, "matched", "c")
         if k == "c" and _is_num(c_m) and c_m > 0:
             fig.add_vline(
@@ -1402,6 +1418,8 @@ def _sweep_fig(compare: dict | None) -> go.Figure:
                 line=dict(color="#6b7280", dash="dot"),
                 row=1,
                 col=c,
+                annotation_text=f"matched c = {c_m:.3g}",
+                annotation_position="top right",
             )
     fig.update_yaxes(tickformat=".0%", row=1, col=1, title_text="share", range=[0, 1.02])
     fig.update_layout(legend=dict(orientation="h", y=-0.25, x=0))
