@@ -262,3 +262,18 @@ def test_verl_entropys_is_trainer_side(tmp_path):
     r = runner.invoke(app, ["inspect", str(_file(tmp_path)), "-q"])
     assert r.exit_code == 0
     assert "trainer-side" in r.stdout
+
+
+def test_misaligned_logprobs_stop_unless_allowed(synth_file, tmp_path):
+    """Logprob columns shifted by one token stop fit with exit 2 naming the shift;
+    --allow-misaligned goes on."""
+    df = pl.read_parquet(synth_file).sort("seq_id", "position")
+    df = df.with_columns(pl.col("infer_logprob").shift(1).over("seq_id")).drop_nulls("infer_logprob")
+    p = tmp_path / "shifted.parquet"
+    df.write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100"])
+    assert r.exit_code == 2, r.output
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert "shift" in msg.lower() and "--allow-misaligned" in msg
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--allow-misaligned", "-q"])
+    assert r.exit_code == 0, r.output
