@@ -42,7 +42,7 @@ Definitions (also returned in ``CompareResult.definitions``):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
@@ -384,6 +384,7 @@ def _first_value_where(
     *,
     bins: int = _HIST_BINS,
     small: int = _SMALL_DISTINCT,
+    tot: Mapping[str, Any] | None = None,
 ) -> float | None:
     """Smallest distinct value ``u`` of ``x`` with ``pred(n(x <= u), sum(x[x <= u]))`` true.
 
@@ -393,13 +394,18 @@ def _first_value_where(
     ``bins`` equal-width bins (count, sum, min, max per bin), keeps the bin where ``pred``
     first holds, and narrows to that bin's [min, max]; once the interval holds at most
     ``small`` tokens its distinct values are listed and walked. Memory: O(bins + small).
+    ``tot``: the count ``n``, sum ``s``, ``lo`` (min) and ``hi`` (max) of the non-null,
+    non-NaN values of ``x`` when already known (:func:`_value_totals` in another pass):
+    saves the first scan.
     """
     src = lf.select(x.alias("x")).filter(pl.col("x").is_not_null() & pl.col("x").is_not_nan())
-    tot = (
-        src.select(n=pl.len(), s=pl.col("x").sum(), lo=pl.col("x").min(), hi=pl.col("x").max())
-        .collect(engine="streaming")
-        .row(0, named=True)
-    )
+    if tot is None:
+        tot = (
+            src.select(n=pl.len(), s=pl.col("x").sum(), lo=pl.col("x").min(),
+                       hi=pl.col("x").max())
+            .collect(engine="streaming")
+            .row(0, named=True)
+        )
     n_all = int(tot["n"])
     if n_all == 0 or not pred(n_all, float(tot["s"])):
         return None
@@ -442,21 +448,43 @@ def _first_value_where(
     return lo  # pragma: no cover
 
 
-def resolve_m2po_cut(lf: pl.LazyFrame, gate: M2PO) -> float:
+def _value_totals(x: pl.Expr, prefix: str) -> list[pl.Expr]:
+    """Aggregations (any grouping) of count, sum, min and max of the non-null, non-NaN
+    values of ``x``, named ``{prefix}n/s/lo/hi``; :func:`_totals_from` adds groups up."""
+    v = pl.when(x.is_not_null() & x.is_not_nan()).then(x)
+    return [v.count().alias(f"{prefix}n"), v.sum().alias(f"{prefix}s"),
+            v.min().alias(f"{prefix}lo"), v.max().alias(f"{prefix}hi")]
+
+
+def _totals_from(df: pl.DataFrame, prefix: str) -> dict[str, Any]:
+    r = df.select(pl.col(f"{prefix}n").sum().alias("n"), pl.col(f"{prefix}s").sum().alias("s"),
+                  pl.col(f"{prefix}lo").min().alias("lo"), pl.col(f"{prefix}hi").max().alias("hi"))
+    return r.row(0, named=True)
+
+
+def _m2po_value() -> pl.Expr:
+    return pl.col("delta") ** 2
+
+
+def resolve_m2po_cut(lf: pl.LazyFrame, gate: M2PO, *, tot: Mapping[str, Any] | None = None
+                     ) -> float:
     """M2PO's global cut on a token frame: the smallest ``delta^2`` it drops (``inf``: keeps
     every token). Keep iff ``delta^2 < cut``; ties at the cut are dropped together (see
-    :class:`~entr_diag.gates.M2PO`). Streaming histogram refinement, memory bounded."""
+    :class:`~entr_diag.gates.M2PO`). Streaming histogram refinement, memory bounded.
+    ``tot``: totals of delta^2 known from another pass (see :func:`_first_value_where`)."""
     thr = gate.max_mean_sq
-    u = _first_value_where(lf, pl.col("delta") ** 2, lambda n, s: s / n > thr)
+    u = _first_value_where(lf, _m2po_value(), lambda n, s: s / n > thr, tot=tot)
     return math.inf if u is None else float(u)
 
 
-def matched_fixed_c(lf: pl.LazyFrame, n_keep: int) -> float:
+def matched_fixed_c(lf: pl.LazyFrame, n_keep: int, *, tot: Mapping[str, Any] | None = None
+                    ) -> float:
     """The ``n_keep``-th smallest ``|delta|`` (nats): ``|delta| <= c`` keeps ``n_keep``
     tokens when there is no tie at ``c``, and every tied token otherwise.
 
     ``n_keep <= 0`` returns the largest float below the smallest ``|delta|`` (keeps none,
-    clamped at 0); ``n_keep >= N`` returns the largest ``|delta|``.
+    clamped at 0); ``n_keep >= N`` returns the largest ``|delta|``. ``tot``: totals of
+    ``|delta|`` known from another pass (see :func:`_first_value_where`).
     """
     absd = pl.col("delta").abs()
     if n_keep <= 0:
@@ -464,7 +492,7 @@ def matched_fixed_c(lf: pl.LazyFrame, n_keep: int) -> float:
         if mn is None:
             return 0.0
         return max(0.0, float(np.nextafter(float(mn), -math.inf)))
-    u = _first_value_where(lf, absd, lambda n, s: n >= n_keep)
+    u = _first_value_where(lf, absd, lambda n, s: n >= n_keep, tot=tot)
     if u is None:  # fewer than n_keep tokens
         mx = lf.select(absd.max()).collect(engine="streaming").item()
         return 0.0 if mx is None else float(mx)
@@ -480,16 +508,17 @@ def decision_column(gate: GateSpec) -> str:
 
 
 def _token_keep_exprs(
-    lf: pl.LazyFrame, gates: Sequence[GateSpec]
+    lf: pl.LazyFrame, gates: Sequence[GateSpec], m2po_tot: Mapping[str, Any] | None = None
 ) -> tuple[dict[int, pl.Expr], dict[int, float]]:
-    """Per-token keep expressions of the non-sequence gates (M2PO cuts resolved here)."""
+    """Per-token keep expressions of the non-sequence gates (M2PO cuts resolved here;
+    ``m2po_tot``: totals of delta^2 if known)."""
     exprs: dict[int, pl.Expr] = {}
     cuts: dict[int, float] = {}
     for i, g in enumerate(gates):
         if isinstance(g, SequenceGate):
             continue
         if isinstance(g, M2PO):
-            cuts[i] = resolve_m2po_cut(lf, g)
+            cuts[i] = resolve_m2po_cut(lf, g, tot=m2po_tot)
             exprs[i] = g.keep_expr_with_cut(cuts[i])
         else:
             exprs[i] = g.keep_expr()
@@ -767,6 +796,8 @@ def compare_gates(
             cat.alias("__cat"),
         )
         .agg(
+            *_value_totals(_m2po_value(), "__m2po_"),
+            *_value_totals(pl.col("delta").abs(), "__absd_"),
             n=pl.len(),
             h_null=H.null_count() + H.is_nan().sum(),
             h_max=H.max(),
@@ -794,11 +825,12 @@ def compare_gates(
     ct = sweept.group_by("__ci", "__cat").agg(pl.col("n").sum())
 
     # ---- pass 2: matched c and M2PO cuts (histogram refinement on one column)
-    c_match = matched_fixed_c(lf, n_tok - entr_dropped)
+    c_match = matched_fixed_c(lf, n_tok - entr_dropped, tot=_totals_from(sweept, "__absd_"))
     matched_gate = FixedBand(c=c_match)
     all_gates = (*gates, matched_gate)
     names = [f"__k{i}" for i in range(len(all_gates))]
-    tok, _cuts = _token_keep_exprs(lf, all_gates)
+    m2po_tot = _totals_from(sweept, "__m2po_")
+    tok, _cuts = _token_keep_exprs(lf, all_gates, m2po_tot)
     seq_aggs, seq_rules = _seq_stat_aggs(all_gates)
 
     # ---- pass 3: one row per sequence: token count, kept tokens of each token gate, the
