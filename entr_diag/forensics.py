@@ -31,6 +31,7 @@ entropy-ratio law of arXiv:2607.22186: E[delta^2 | H] ~= k H, METHOD.md).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -427,7 +428,25 @@ def _found(f: Finding, reason: str) -> _Result:
     return CheckStatus(f.kind, "found", reason), f
 
 
+#: the last dataset's misalignment result: ``detect_misalignment`` (the CLI's alignment
+#: gate) and ``run_forensics`` on the same Dataset object then scan it once, not twice
+_MISALIGN_LAST: list[tuple[weakref.ref, _Result]] = []
+
+
 def _check_misalignment(ctx: _Ctx) -> _Result:
+    """Off-by-one alignment (:func:`_misalignment`), computed once per Dataset object."""
+    for ref, res in _MISALIGN_LAST:
+        if ref() is ctx.ds:
+            return res
+    res = _misalignment(ctx)
+    try:
+        _MISALIGN_LAST[:] = [(weakref.ref(ctx.ds), res)]
+    except TypeError:  # an object without weak references: no caching
+        _MISALIGN_LAST.clear()
+    return res
+
+
+def _misalignment(ctx: _Ctx) -> _Result:
     """Off-by-one alignment between the two logprob columns.
 
     Signature: inside sequences (ordered by position), train_logprob[t] agrees with
