@@ -723,11 +723,12 @@ def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
 
 
 def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo]) -> Accounting:
-    """Token and sequence counts in two streaming scans, memory O(sequences).
+    """Token and sequence counts in one streaming scan, memory O(sequences).
 
-    Scan 1 groups by sequence (counts per reason, version switch, step, version range),
-    then sums over sequences; scan 2 counts valid tokens per staleness. Each query is
-    collected on its own: ``pl.collect_all`` would cache the shared scan in memory.
+    The scan groups by (sequence, staleness of valid tokens) (counts per reason, version
+    range, step); per-sequence rows, their totals and the valid tokens per staleness are
+    sums of that small table (``pl.collect_all`` of two queries would cache the shared
+    scan in memory).
     """
     reasons = ["unmasked", "empty_row", *S.EXCLUSION_REASONS]
     reason = pl.col("reason")
@@ -775,14 +776,25 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     if has_step:
         totals.append(pl.col("_step").drop_nulls().unique().sort().implode().alias("_steps"))
     try:
-        seq = (raw.group_by("seq_key").agg(per_seq_aggs).select(totals)
-               .collect(engine="streaming").row(0, named=True))
         stale = None
         if has_pv and has_tv:
-            df = (raw.filter(ok)
-                  .group_by((pl.col("train_version") - pl.col("policy_version")).alias("s"))
-                  .agg(pl.len().alias("n")).collect(engine="streaming"))
-            stale = {int(a): int(b) for a, b in zip(df["s"], df["n"], strict=True) if a is not None}
+            # one scan: groups per (sequence, staleness of the valid tokens; null for the
+            # others), O(sequences x staleness values); the per-sequence rows and the
+            # staleness counts are both sums of it
+            s_key = pl.when(ok).then(pl.col("train_version") - pl.col("policy_version"))
+            sub = (raw.group_by("seq_key", s_key.alias("_s")).agg(per_seq_aggs)
+                   .collect(engine="streaming"))
+            df = sub.filter(pl.col("_s").is_not_null()).group_by("_s").agg(pl.col("_valid").sum())
+            stale = {int(a): int(b) for a, b in zip(df["_s"], df["_valid"], strict=True)}
+            how = {"_pv_lo": "min", "_tv_lo": "min", "_step": "min", "_pv_hi": "max",
+                   "_tv_hi": "max"}
+            per_seq = sub.group_by("seq_key").agg(
+                getattr(pl.col(c), how.get(c, "sum"))()
+                for c in sub.columns if c not in ("seq_key", "_s"))
+            seq = per_seq.select(totals).row(0, named=True)
+        else:
+            seq = (raw.group_by("seq_key").agg(per_seq_aggs).select(totals)
+                   .collect(engine="streaming").row(0, named=True))
     except pl.exceptions.ComputeError as e:  # e.g. a value that does not cast
         raise InputError(f"cannot read the input ({_short(e)}).") from None
     excluded = {r: int(seq[r]) for r in S.EXCLUSION_REASONS if seq[r]}
