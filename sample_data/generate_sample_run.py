@@ -279,6 +279,13 @@ def main() -> None:
     ap.add_argument("--pretrain-steps", type=int, default=2500)
     ap.add_argument("--pretrain-batch", type=int, default=32)
     ap.add_argument("--pretrain-lr", type=float, default=3e-3)
+    ap.add_argument(
+        "--pretrained-cache",
+        type=Path,
+        default=None,
+        help="file to save the pre-trained weights to, or load them from if it exists "
+        "(a speed-up only: pre-training is deterministic; keep the other options unchanged)",
+    )
     ap.add_argument("--rl-steps", type=int, default=16)
     ap.add_argument("--seqs-per-step", type=int, default=96)
     ap.add_argument("--group-size", type=int, default=8, help="responses per prompt")
@@ -321,16 +328,28 @@ def main() -> None:
     model = TinyLM(args.d_model, args.layers, args.heads, args.ctx)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: {n_params} parameters")
-    final_loss = pretrain(
-        model,
-        corpus,
-        args.pretrain_steps,
-        args.pretrain_batch,
-        args.ctx,
-        args.pretrain_lr,
-        gen,
-        log,
-    )
+    cache = args.pretrained_cache
+    if cache is not None and cache.exists():
+        saved = torch.load(cache, weights_only=False)
+        model.load_state_dict(saved["model"])
+        gen.set_state(saved["gen"])
+        final_loss = saved["loss"]
+        log(f"pre-trained weights loaded from {cache}")
+    else:
+        final_loss = pretrain(
+            model,
+            corpus,
+            args.pretrain_steps,
+            args.pretrain_batch,
+            args.ctx,
+            args.pretrain_lr,
+            gen,
+            log,
+        )
+        if cache is not None:
+            torch.save(
+                {"model": model.state_dict(), "gen": gen.get_state(), "loss": final_loss}, cache
+            )
     reference = copy.deepcopy(model).eval()
 
     # ------------------------------------------------------------------ async RL
