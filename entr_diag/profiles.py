@@ -125,6 +125,7 @@ def density_2d(
     h_bins: int = 42,
     abs_delta_range: tuple[float, float] = (1e-6, 100.0),
     abs_delta_bins: int = 48,
+    _joint: pl.DataFrame | None = None,
 ) -> Density2D:
     """2-D histogram of (entropy H, |delta|) per token, for the report's heatmap.
 
@@ -146,15 +147,19 @@ def density_2d(
         return unavailable("the data carry no entropy column")
     h = pl.col("entropy")
     ad = pl.col("delta").abs()
-    agg = _collect(
-        lf.filter(h.is_finite() & pl.col("delta").is_finite())
-        .select(
-            _log_bin(h, *h_range, h_bins).alias("i"),
-            _log_bin(ad, *abs_delta_range, abs_delta_bins).alias("j"),
+    if _joint is not None:  # the table of _joint_histogram (compute_profiles)
+        agg = (_joint.filter(pl.col("i").is_not_null()).group_by("i", "j")
+               .agg(pl.col("n").sum()).select("i", "j", "n"))
+    else:
+        agg = _collect(
+            lf.filter(h.is_finite() & pl.col("delta").is_finite())
+            .select(
+                _log_bin(h, *h_range, h_bins).alias("i"),
+                _log_bin(ad, *abs_delta_range, abs_delta_bins).alias("j"),
+            )
+            .group_by("i", "j")
+            .agg(pl.len().alias("n"))
         )
-        .group_by("i", "j")
-        .agg(pl.len().alias("n"))
-    )
     grid = np.zeros((h_bins + 1, abs_delta_bins + 1), dtype=np.int64)
     for i, j, n in agg.iter_rows():
         grid[i, j] += n
@@ -218,7 +223,8 @@ class ProbProfile:
 
 
 def mismatch_by_prob(
-    lf: pl.LazyFrame, *, p_range: tuple[float, float] = (1e-6, 1.0), bins: int = 24
+    lf: pl.LazyFrame, *, p_range: tuple[float, float] = (1e-6, 1.0), bins: int = 24,
+    _joint: pl.DataFrame | None = None,
 ) -> ProbProfile:
     """Mismatch by sampled-token probability p = exp(infer_logprob), on log-spaced bins.
 
@@ -231,23 +237,16 @@ def mismatch_by_prob(
     has_h = "entropy" in _columns(lf)
     p = pl.col("infer_logprob").exp()
     d = pl.col("delta")
-    aggs = [
-        pl.len().alias("n"),
-        d.sum().alias("s1"),
-        d.abs().sum().alias("sa"),
-        (d * d).sum().alias("s2"),
-    ]
-    if has_h:
-        h = pl.col("entropy")
-        aggs += [
-            h.filter(h.is_finite()).sum().alias("sh"),
-            h.is_finite().sum().alias("nh"),
-        ]
-    agg = _collect(
-        lf.filter(d.is_finite() & pl.col("infer_logprob").is_finite())
-        .group_by(_log_bin(p, *p_range, bins).alias("b"))
-        .agg(aggs)
-    )
+    aggs = _prob_aggs(has_h)
+    if _joint is not None:  # the table of _joint_histogram (compute_profiles)
+        sums = [pl.col(c).sum() for c in ("n", "s1", "sa", "s2", "sh", "nh") if c in _joint.columns]
+        agg = _joint.filter(pl.col("b").is_not_null()).group_by("b").agg(sums)
+    else:
+        agg = _collect(
+            lf.filter(d.is_finite() & pl.col("infer_logprob").is_finite())
+            .group_by(_log_bin(p, *p_range, bins).alias("b"))
+            .agg(aggs)
+        )
     rows = {r["b"]: r for r in agg.iter_rows(named=True)}
     total_n = int(sum(r["n"] for r in rows.values()))
     total_s2 = float(sum(r["s2"] for r in rows.values()))
@@ -276,6 +275,41 @@ def mismatch_by_prob(
     if total_n == 0:
         return ProbProfile(False, "no tokens", tuple(edges), tuple(out), 0)
     return ProbProfile(True, None, tuple(edges), tuple(out), total_n)
+
+
+def _prob_aggs(has_h: bool) -> list[pl.Expr]:
+    d = pl.col("delta")
+    aggs = [
+        pl.len().alias("n"),
+        d.sum().alias("s1"),
+        d.abs().sum().alias("sa"),
+        (d * d).sum().alias("s2"),
+    ]
+    if has_h:
+        h = pl.col("entropy")
+        # when/then rather than filter inside the aggregation: that stays streaming
+        aggs += [
+            pl.when(h.is_finite()).then(h).sum().alias("sh"),
+            h.is_finite().sum().alias("nh"),
+        ]
+    return aggs
+
+
+def _joint_histogram(lf: pl.LazyFrame) -> pl.DataFrame:
+    """One streaming pass for :func:`density_2d` and :func:`mismatch_by_prob` (default
+    grids): token counts and sums per (H bin i, |delta| bin j, p bin b), each key null where
+    that profile's filter drops the token. At most 43 x 49 x 25 groups whatever the input
+    size; each profile sums the groups of its non-null key."""
+    h, d, lp = pl.col("entropy"), pl.col("delta"), pl.col("infer_logprob")
+    has_h = "entropy" in _columns(lf)
+    keys = []
+    if has_h:
+        dens_ok = h.is_finite() & d.is_finite()
+        keys += [pl.when(dens_ok).then(_log_bin(h, 1e-5, 20.0, 42)).alias("i"),
+                 pl.when(dens_ok).then(_log_bin(d.abs(), 1e-6, 100.0, 48)).alias("j")]
+    prob_ok = d.is_finite() & lp.is_finite()
+    keys.append(pl.when(prob_ok).then(_log_bin(lp.exp(), 1e-6, 1.0, 24)).alias("b"))
+    return _collect(lf.group_by(keys).agg(_prob_aggs(has_h)))
 
 
 # ----------------------------------------------------------------------------- switches
@@ -540,9 +574,10 @@ def compute_profiles(
 ) -> Profiles:
     """Run :func:`density_2d`, :func:`mismatch_by_prob`, :func:`version_switch_profile` and
     :func:`offenders` with their defaults (``eps`` is the ENTR eps, nats)."""
+    joint = _joint_histogram(lf)
     return Profiles(
-        density_2d(lf),
-        mismatch_by_prob(lf),
+        density_2d(lf, _joint=joint),
+        mismatch_by_prob(lf, _joint=joint),
         version_switch_profile(lf, max_offset=max_offset),
         offenders(lf, top=top, eps=eps),
     )
