@@ -801,7 +801,7 @@ def compare_gates(
             n=pl.len(),
             h_null=H.null_count() + H.is_nan().sum(),
             h_max=H.max(),
-            h_min_pos=H.filter(H > 0).min(),
+            h_min_pos=pl.when(H > 0).then(H).min(),  # not filter(): stays streaming
             entr_kept=entr.keep_expr().sum(),
         )
         .collect(engine="streaming")

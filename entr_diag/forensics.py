@@ -1447,10 +1447,11 @@ def _check_floor(ctx: _Ctx) -> _Result:
                 used = f"staleness {int(s_min)} tokens"
     sel = [
         ok.sum().alias("n"),
-        (e * e).filter(ok).mean().alias("floor2"),
-        (pl.col("delta") ** 2).filter(ok).mean().alias("delta2"),
-        e.abs().filter(ok).mean().alias("floor_abs"),
-        pl.col("delta").abs().filter(ok).mean().alias("delta_abs"),
+        # when/then, not filter: a filter inside an aggregation leaves the streaming engine
+        pl.when(ok).then(e * e).mean().alias("floor2"),
+        pl.when(ok).then(pl.col("delta") ** 2).mean().alias("delta2"),
+        pl.when(ok).then(e.abs()).mean().alias("floor_abs"),
+        pl.when(ok).then(pl.col("delta").abs()).mean().alias("delta_abs"),
     ]
     r = lf.select(sel).collect(engine="streaming").row(0, named=True)
     n = int(r["n"] or 0)
