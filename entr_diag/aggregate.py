@@ -274,15 +274,19 @@ class CoarseBinning:
         return np.where((fine >= self.starts[0]) & (fine < self.starts[-1]), j, -1)
 
     def expr(self, entropy: pl.Expr | None = None) -> pl.Expr:
-        """Polars expression: coarse-bin index (Int32) of each token's entropy (-1 outside).
+        """Polars expression: coarse-bin index (Int32) of each token's entropy (-1 outside,
+        and for a null entropy).
 
-        Built as ``sum_j [fine >= starts[j]] - 1`` from elementwise comparisons: unlike
-        ``search_sorted`` or ``replace_strict`` (measured: the query then leaves the
-        streaming engine and memory grows with the input), this stays streaming."""
-        f = fine_bin_expr(entropy)
-        j = pl.sum_horizontal([(f >= int(st)).cast(pl.Int32) for st in self.starts[:-1]]) - 1
-        inside = f < int(self.starts[-1])
-        return pl.when(inside).then(j).otherwise(pl.lit(-1, dtype=pl.Int32)).cast(pl.Int32)
+        A lookup table fine bin -> coarse bin (:meth:`coarse_of_fine`, N_FINE + 1 entries)
+        indexed by the fine bin with ``gather``: one lookup per token, streaming (measured
+        on 20M tokens: 0.6 s and 490 MB for a (cell, block) group_by, against 1.1 s / 590 MB
+        for one comparison per edge summed with ``sum_horizontal``, and 1.4 GB for
+        ``replace_strict``, which leaves the streaming engine)."""
+        lut = self.coarse_of_fine(np.arange(N_FINE + 1)).astype(np.int32)
+        return (
+            pl.lit(pl.Series(lut, dtype=pl.Int32)).gather(fine_bin_expr(entropy))
+            .fill_null(-1).cast(pl.Int32)
+        )
 
 
 def coarse_binning(counts: np.ndarray, bins: int = 30, edges: str = "quantile") -> CoarseBinning:
