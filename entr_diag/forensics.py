@@ -469,6 +469,9 @@ def _misalignment(ctx: _Ctx) -> _Result:
     base = ctx.lf.select("seq_key", "position", "train_logprob", "infer_logprob")
     if keep < 1000:
         base = base.filter((pl.col("seq_key") % 1000) < keep)
+    # the sample (at most ~MISALIGN_MAX_TOKENS rows, 32 bytes each) is read in one scan,
+    # then joined with itself in memory: three scans of the input otherwise
+    base = base.collect(engine="streaming").lazy()
     nxt = base.select(
         "seq_key", (pl.col("position") - 1).alias("position"), pl.col("infer_logprob").alias("il_p1")
     )
