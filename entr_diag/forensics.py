@@ -284,6 +284,7 @@ class _Ctx:
         self._cells: pl.DataFrame | None = None
         self._blocks: pl.DataFrame | None = None
         self._trend: _Trend | None = None
+        self._bad: pl.DataFrame | None = None
 
     def has(self, col: str) -> bool:
         return col in self.names
@@ -817,11 +818,20 @@ def _engine_zero_share(ctx: _Ctx) -> dict[str, Any]:
     raw = getattr(ctx.ds, "raw", None)
     if raw is None:
         return {}
-    reason = pl.col("reason")
-    masked = ~reason.is_in(list(_NOT_MASKED)).fill_null(False)
-    z = ((reason == "zero_placeholder") & (pl.col("infer_logprob") == 0.0)).fill_null(False)
-    r = raw.select(z.sum().alias("z"), masked.sum().alias("m")).collect(
-        engine="streaming").row(0)
+    acc = getattr(ctx.ds, "accounting", None)
+    if acc is not None:
+        # zero-placeholder rows are bad masked rows (per-sequence table, shared with the
+        # corrupt-rows check); masked rows = accounting's loss-masked tokens minus those
+        # with a null mask: no scan of their own
+        bad = _bad_rows(ctx, raw)
+        z_n = int(bad["n_ph_zero"].sum()) if bad.height else 0
+        r = (z_n, int(acc.tokens_masked) - int(acc.excluded.get("null_loss_mask", 0)))
+    else:
+        reason = pl.col("reason")
+        masked = ~reason.is_in(list(_NOT_MASKED)).fill_null(False)
+        z = ((reason == "zero_placeholder") & (pl.col("infer_logprob") == 0.0)).fill_null(False)
+        r = raw.select(z.sum().alias("z"), masked.sum().alias("m")).collect(
+            engine="streaming").row(0)
     return {
         "engine_logprob_exactly_zero_tokens": int(r[0] or 0),
         "engine_logprob_exactly_zero_share": _r((r[0] or 0) / r[1]) if r[1] else 0.0,
@@ -1276,21 +1286,12 @@ def _staleness_ratios(ctx: _Ctx) -> dict[int, float]:
     return out
 
 
-def _check_corrupt(ctx: _Ctx) -> _Result:
-    """Corrupt rows reported per sequence.
-
-    Signature: within the loss mask of one sequence, (a) every token from some position on has
-    a non-finite logprob (a suffix: the engine stopped returning logprobs, an array was cut at
-    max_tokens, or a shorter array was padded with NaN), or (b) a run of at least
-    CORRUPT_MIN_RUN consecutive placeholder values (exact 0.0, +1.0, -9999 floors) inside the
-    mask (padding written where the mask says "train on this"). These are bugs of the dump or
-    of the mask, not random bad tokens; the loader excludes the rows either way, this check
-    says which sequences. Scattered single bad tokens (no suffix, no run) are counted only.
-    """
-    name = "corrupt_rows"
-    raw = getattr(ctx.ds, "raw", None)
-    if raw is None:
-        return _cannot(name, "the dataset has no raw rows")
+def _bad_rows(ctx: _Ctx, raw: pl.LazyFrame) -> pl.DataFrame:
+    """One row per sequence with bad masked rows (non-finite or placeholder logprobs):
+    counts, first non-finite position, placeholder runs. Few rows; computed once per
+    context (the corrupt-rows check and the engine zero share both read it)."""
+    if ctx._bad is not None:
+        return ctx._bad
     reason = pl.col("reason")
     masked = ~reason.is_in(list(_NOT_MASKED)).fill_null(False)
     nf = (reason == "non_finite_logprob").fill_null(False)
@@ -1318,7 +1319,30 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     # one row per sequence with bad masked rows (few): collected first, so that the last
     # finite position is only looked up for these sequences (a join against a group_by of
     # every sequence held ~1 GB at 20M tokens)
-    bad = bad.collect(engine="streaming")
+    ctx._bad = bad.collect(engine="streaming")
+    return ctx._bad
+
+
+def _check_corrupt(ctx: _Ctx) -> _Result:
+    """Corrupt rows reported per sequence.
+
+    Signature: within the loss mask of one sequence, (a) every token from some position on has
+    a non-finite logprob (a suffix: the engine stopped returning logprobs, an array was cut at
+    max_tokens, or a shorter array was padded with NaN), or (b) a run of at least
+    CORRUPT_MIN_RUN consecutive placeholder values (exact 0.0, +1.0, -9999 floors) inside the
+    mask (padding written where the mask says "train on this"). These are bugs of the dump or
+    of the mask, not random bad tokens; the loader excludes the rows either way, this check
+    says which sequences. Scattered single bad tokens (no suffix, no run) are counted only.
+    """
+    name = "corrupt_rows"
+    raw = getattr(ctx.ds, "raw", None)
+    if raw is None:
+        return _cannot(name, "the dataset has no raw rows")
+    reason = pl.col("reason")
+    masked = ~reason.is_in(list(_NOT_MASKED)).fill_null(False)
+    nf = (reason == "non_finite_logprob").fill_null(False)
+    pos = pl.col("position")
+    bad = _bad_rows(ctx, raw)
     # last position of a finite masked row, per sequence (a plain streaming max)
     last_ok = (
         raw.filter(pl.col("seq_key").is_in(bad["seq_key"].implode()))
