@@ -360,7 +360,9 @@ class VersionSwitchProfile:
         }
 
 
-def version_switch_profile(lf: pl.LazyFrame, *, max_offset: int = 16) -> VersionSwitchProfile:
+def version_switch_profile(
+    lf: pl.LazyFrame, *, max_offset: int = 16, _seq_pv: pl.DataFrame | None = None
+) -> VersionSwitchProfile:
     """Entropy and |delta| around in-flight policy-version switches (paper figure 3).
 
     Input: the canonical token frame (``seq_key``, ``position``, ``policy_version``,
@@ -395,11 +397,15 @@ def version_switch_profile(lf: pl.LazyFrame, *, max_offset: int = 16) -> Version
     cols = _columns(lf)
     if "policy_version" not in cols:
         return unavailable("the data carry no policy_version column")
-    runs = _collect(
-        lf.filter(pl.col("policy_version").is_not_null())
-        .group_by("seq_key", "policy_version")
-        .agg(pl.col("position").min().alias("first"), pl.col("position").max().alias("last"))
-    )
+    if _seq_pv is not None:  # the table of _seq_version_table (compute_profiles)
+        runs = _seq_pv.filter(pl.col("policy_version").is_not_null()).select(
+            "seq_key", "policy_version", "first", "last")
+    else:
+        runs = _collect(
+            lf.filter(pl.col("policy_version").is_not_null())
+            .group_by("seq_key", "policy_version")
+            .agg(pl.col("position").min().alias("first"), pl.col("position").max().alias("last"))
+        )
     n_seq = runs["seq_key"].n_unique() if runs.height else 0
     if runs.height == 0:
         return unavailable("no token carries a policy version")
@@ -484,7 +490,9 @@ class Offenders:
         }
 
 
-def offenders(lf: pl.LazyFrame, *, top: int = 20, eps: float = 0.01) -> Offenders:
+def offenders(
+    lf: pl.LazyFrame, *, top: int = 20, eps: float = 0.01, _seq_pv: pl.DataFrame | None = None
+) -> Offenders:
     """Top tokens by delta^2 / (H + eps) and top sequences by mean |delta|.
 
     Input: the canonical token frame. Tokens: one streaming ``top_k`` (memory O(top)).
@@ -521,17 +529,33 @@ def offenders(lf: pl.LazyFrame, *, top: int = 20, eps: float = 0.01) -> Offender
             score.alias("score"),
         ).top_k(top, by=["score", "seq_id", "position"], reverse=[False, True, True])
     ).sort(["score", "seq_id", "position"], descending=[True, False, False])
-    seq = _collect(
-        lf.filter(d.is_finite())
-        .group_by("seq_key")
-        .agg(
-            pl.col("seq_id").first(),
-            (pl.col("step").first() if "step" in cols else pl.lit(None, pl.Int64)).alias("step"),
-            pl.len().alias("tokens"),
-            d.abs().mean().alias("mean_abs_delta"),
-            d.abs().max().alias("max_abs_delta"),
+    if _seq_pv is not None:  # the table of _seq_version_table (compute_profiles)
+        per_seq = (
+            _seq_pv.group_by("seq_key")
+            .agg(pl.col("seq_id").first(), pl.col("step").first(),
+                 pl.col("n_fin").sum().alias("tokens"), pl.col("s_abs").sum(),
+                 pl.col("m_abs").max().alias("max_abs_delta"))
+            .filter(pl.col("tokens") > 0)
+            .select("seq_key", "seq_id", "step", pl.col("tokens").cast(pl.UInt32),
+                    (pl.col("s_abs") / pl.col("tokens")).alias("mean_abs_delta"),
+                    "max_abs_delta")
+            .lazy()
         )
-        .drop("seq_key")
+    else:
+        per_seq = (
+            lf.filter(d.is_finite())
+            .group_by("seq_key")
+            .agg(
+                pl.col("seq_id").first(),
+                (pl.col("step").first() if "step" in cols else pl.lit(None, pl.Int64))
+                .alias("step"),
+                pl.len().alias("tokens"),
+                d.abs().mean().alias("mean_abs_delta"),
+                d.abs().max().alias("max_abs_delta"),
+            )
+        )
+    seq = _collect(
+        per_seq.drop("seq_key")
         .top_k(top, by=["mean_abs_delta", "seq_id"], reverse=[False, True])
     ).sort(["mean_abs_delta", "seq_id"], descending=[True, False])
     if tok.height == 0:
@@ -575,9 +599,33 @@ def compute_profiles(
     """Run :func:`density_2d`, :func:`mismatch_by_prob`, :func:`version_switch_profile` and
     :func:`offenders` with their defaults (``eps`` is the ENTR eps, nats)."""
     joint = _joint_histogram(lf)
+    seq_pv = _seq_version_table(lf)
     return Profiles(
         density_2d(lf, _joint=joint),
         mismatch_by_prob(lf, _joint=joint),
-        version_switch_profile(lf, max_offset=max_offset),
-        offenders(lf, top=top, eps=eps),
+        version_switch_profile(lf, max_offset=max_offset, _seq_pv=seq_pv),
+        offenders(lf, top=top, eps=eps, _seq_pv=seq_pv),
+    )
+
+
+def _seq_version_table(lf: pl.LazyFrame) -> pl.DataFrame | None:
+    """One streaming pass for :func:`version_switch_profile` (version runs) and the
+    sequence half of :func:`offenders`: per (seq_key, policy_version), the first and last
+    position and the count, sum and max of |delta| over finite deltas. O(sequences x
+    versions) rows. None without a policy_version column (each function then scans)."""
+    cols = _columns(lf)
+    if "policy_version" not in cols:
+        return None
+    d = pl.col("delta")
+    fin = d.is_finite()
+    return _collect(
+        lf.group_by("seq_key", "policy_version").agg(
+            pl.col("position").min().alias("first"),
+            pl.col("position").max().alias("last"),
+            pl.col("seq_id").first(),
+            (pl.col("step").first() if "step" in cols else pl.lit(None, pl.Int64)).alias("step"),
+            fin.sum().alias("n_fin"),
+            pl.when(fin).then(d.abs()).sum().alias("s_abs"),
+            pl.when(fin).then(d.abs()).max().alias("m_abs"),
+        )
     )
