@@ -67,6 +67,9 @@ N_BINS = 21  # 1e-4 .. 10^1.25 nats
 MIN_BIN_TOKENS = 100
 #: sequence blocks for jackknife uncertainty (block = seq_key % N_BLOCKS, CONTRACT.md)
 N_BLOCKS = 100
+#: at most this many rows in the joint (bin, step, staleness, block) table of the shared
+#: forensics aggregates (one scan instead of two); larger runs take two scans
+_JOINT_MAX_ROWS = 400_000
 #: normal quantile used for "clearly" (two-sided ~99.7 %)
 Z_CLEAR = 3.0
 
@@ -327,10 +330,56 @@ class _Ctx:
                 (x * y).sum().alias("sxy"),
             )
         )
+        if self._joint_rows_bound() <= _JOINT_MAX_ROWS:
+            # one scan: sums per (bin, step, staleness, block), then both tables are sums of
+            # it (the bound on its rows is checked from the accounting first)
+            joint = (
+                lf.with_columns(step.alias("_step"), stale.alias("_stale"), h.alias("_h"),
+                                (pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block"))
+                .group_by("bin", "_step", "_stale", "block")
+                .agg(
+                    pl.len().alias("n"),
+                    pl.col("_h").sum().alias("sh"),
+                    d.sum().alias("sd"),
+                    (d * d).sum().alias("sd2"),
+                    d.abs().sum().alias("sad"),
+                    (d < 0).sum().alias("nneg"),
+                    x.sum().alias("sx"),
+                    y.sum().alias("sy"),
+                    (x * x).sum().alias("sxx"),
+                    (y * y).sum().alias("syy"),
+                    (x * y).sum().alias("sxy"),
+                )
+                .collect(engine="streaming")
+            )
+            self._cells = joint.group_by("bin", "_step", "_stale").agg(
+                pl.col("n").sum().cast(pl.UInt32), pl.col("sh", "sd", "sd2", "sad").sum(),
+                pl.col("nneg").sum().cast(pl.UInt32))
+            self._blocks = joint.group_by("bin", "block", "_stale").agg(
+                pl.col("n").sum().cast(pl.UInt32), pl.col("sx", "sy", "sxx", "syy", "sxy").sum())
+            return
         # one query at a time: pl.collect_all caches the shared scan (memory grows with the
         # tokens: 1.5 GB at 20M tokens)
         self._cells = cells.collect(engine="streaming")
         self._blocks = blocks.collect(engine="streaming")
+
+    def _joint_rows_bound(self) -> float:
+        """Upper bound on the rows of the joint (bin, step, staleness, block) table, from the
+        accounting (inf when unknown)."""
+        acc = getattr(self.ds, "accounting", None)
+        if acc is None:
+            return math.inf
+        n_steps = 1
+        if self.has("step"):
+            if acc.steps is None:
+                return math.inf
+            n_steps = len(acc.steps) + 1  # + a null step
+        n_stale = 1
+        if self.has("staleness"):
+            if acc.staleness is None:
+                return math.inf
+            n_stale = len(acc.staleness) + 1  # + a null staleness
+        return float(N_BINS * n_steps * n_stale * N_BLOCKS)
 
     @property
     def cells(self) -> pl.DataFrame:
