@@ -725,37 +725,44 @@ def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
 def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo]) -> Accounting:
     """Token and sequence counts in one streaming scan, memory O(sequences).
 
-    The scan groups by (sequence, staleness of valid tokens) (counts per reason, version
-    range, step); per-sequence rows, their totals and the valid tokens per staleness are
-    sums of that small table (``pl.collect_all`` of two queries would cache the shared
-    scan in memory).
+    The scan groups by (sequence, staleness of valid tokens, reason) (rows, version range,
+    step); per-sequence rows, their totals and the valid tokens per staleness are sums of
+    that small table (``pl.collect_all`` of two queries would cache the shared scan in
+    memory).
     """
     reasons = ["unmasked", "empty_row", *S.EXCLUSION_REASONS]
     reason = pl.col("reason")
     ok = reason.is_null()
-    per_seq_aggs = [ok.sum().alias("_valid")]
-    per_seq_aggs += [(reason == r).fill_null(False).sum().alias(r) for r in reasons]
     has_pv, has_tv, has_step = ("policy_version" in mapping, "train_version" in mapping,
                                 "step" in mapping)
-    # null outside the valid tokens instead of ``.filter(ok)`` inside the aggregation, and
-    # min != max instead of ``n_unique() > 1``: the streaming group_by runs these in memory
-    # O(sequences); filter/n_unique/first in an aggregation fall back to an in-memory
-    # group_by whose memory grows with the tokens (1.2 GB at 20M tokens)
-    def valid_only(col: str) -> pl.Expr:
-        return pl.when(ok).then(pl.col(col))
-
+    # the scan groups by (sequence, staleness of the valid tokens, reason): the reason is a
+    # key, not one comparison per reason and token, and every aggregation is a plain
+    # streaming min/max/count (no filter, n_unique or first inside an aggregation: those
+    # fall back to an in-memory group_by whose memory grows with the tokens)
+    sub_aggs = [pl.len().alias("_n")]
     if has_pv:
-        per_seq_aggs += [
-            valid_only("policy_version").min().alias("_pv_lo"),
-            valid_only("policy_version").max().alias("_pv_hi"),
-            (ok & pl.col("policy_version").is_null()).sum().alias("_pv_nulls"),
-        ]
+        pv = pl.col("policy_version")
+        sub_aggs += [pv.min().alias("_pvl"), pv.max().alias("_pvh"),
+                     pv.null_count().alias("_pvn")]
     if has_tv:
-        per_seq_aggs += [valid_only("train_version").min().alias("_tv_lo"),
-                         valid_only("train_version").max().alias("_tv_hi")]
+        sub_aggs += [pl.col("train_version").min().alias("_tvl"),
+                     pl.col("train_version").max().alias("_tvh")]
+    if has_step:
+        sub_aggs.append(pl.col("step").min().alias("_st"))
+    # per sequence, from the (sequence, staleness, reason) rows
+    v = ok  # on the small table the reason column is the key
+    per_seq_aggs = [pl.col("_n").filter(v).sum().alias("_valid")]
+    per_seq_aggs += [pl.col("_n").filter(reason == r).sum().alias(r) for r in reasons]
+    if has_pv:
+        per_seq_aggs += [pl.col("_pvl").filter(v).min().alias("_pv_lo"),
+                         pl.col("_pvh").filter(v).max().alias("_pv_hi"),
+                         pl.col("_pvn").filter(v).sum().alias("_pv_nulls")]
+    if has_tv:
+        per_seq_aggs += [pl.col("_tvl").filter(v).min().alias("_tv_lo"),
+                         pl.col("_tvh").filter(v).max().alias("_tv_hi")]
     if has_step:
         # step is constant within a sequence key (the key hashes it)
-        per_seq_aggs.append(valid_only("step").min().alias("_step"))
+        per_seq_aggs.append(pl.col("_st").filter(v).min().alias("_step"))
     masked = pl.col("_valid") + sum(pl.col(r) for r in S.EXCLUSION_REASONS)
     totals = [
         pl.len().alias("n"),
@@ -776,25 +783,17 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     if has_step:
         totals.append(pl.col("_step").drop_nulls().unique().sort().implode().alias("_steps"))
     try:
+        keys = [pl.col("seq_key")]
+        if has_pv and has_tv:
+            keys.append(pl.when(ok).then(pl.col("train_version") - pl.col("policy_version"))
+                        .alias("_s"))
+        keys.append(reason)
+        sub = raw.group_by(keys).agg(sub_aggs).collect(engine="streaming")
         stale = None
         if has_pv and has_tv:
-            # one scan: groups per (sequence, staleness of the valid tokens; null for the
-            # others), O(sequences x staleness values); the per-sequence rows and the
-            # staleness counts are both sums of it
-            s_key = pl.when(ok).then(pl.col("train_version") - pl.col("policy_version"))
-            sub = (raw.group_by("seq_key", s_key.alias("_s")).agg(per_seq_aggs)
-                   .collect(engine="streaming"))
-            df = sub.filter(pl.col("_s").is_not_null()).group_by("_s").agg(pl.col("_valid").sum())
-            stale = {int(a): int(b) for a, b in zip(df["_s"], df["_valid"], strict=True)}
-            how = {"_pv_lo": "min", "_tv_lo": "min", "_step": "min", "_pv_hi": "max",
-                   "_tv_hi": "max"}
-            per_seq = sub.group_by("seq_key").agg(
-                getattr(pl.col(c), how.get(c, "sum"))()
-                for c in sub.columns if c not in ("seq_key", "_s"))
-            seq = per_seq.select(totals).row(0, named=True)
-        else:
-            seq = (raw.group_by("seq_key").agg(per_seq_aggs).select(totals)
-                   .collect(engine="streaming").row(0, named=True))
+            df = sub.filter(pl.col("_s").is_not_null()).group_by("_s").agg(pl.col("_n").sum())
+            stale = {int(a): int(b) for a, b in zip(df["_s"], df["_n"], strict=True)}
+        seq = sub.group_by("seq_key").agg(per_seq_aggs).select(totals).row(0, named=True)
     except pl.exceptions.ComputeError as e:  # e.g. a value that does not cast
         raise InputError(f"cannot read the input ({_short(e)}).") from None
     excluded = {r: int(seq[r]) for r in S.EXCLUSION_REASONS if seq[r]}
