@@ -203,7 +203,7 @@ def _matched_tables(d: dict[str, Any]) -> list[Table]:
         [
             [key, _int(n_by[j]), _int(be["only_entr_keeps"][j]), _int(be["only_other_keeps"][j])]
             for j, key in enumerate(be["keys"])
-            if n_by[j]
+            if n_by[j] and (be["only_entr_keeps"][j] or be["only_other_keeps"][j])
         ],
     )
     by_p = _table(
@@ -215,7 +215,8 @@ def _matched_tables(d: dict[str, Any]) -> list[Table]:
             if bp["only_entr_keeps"][j] or bp["only_other_keeps"][j]
         ],
     )
-    return [summary, by_h, by_p]
+    # bins where the pair agrees say nothing: only the disagreement tables with rows are shown
+    return [summary, *(t for t in (by_h, by_p) if t.row_count)]
 
 
 def _keep_by_table(d: dict[str, Any], field: str, title: str, first: str) -> Table | None:
