@@ -517,6 +517,18 @@ def offenders(
     base = lf.filter(d.is_finite())
     if has_h:
         base = base.filter(pl.col("entropy").is_finite())
+    # a top_k of the whole rows (string seq_id as tie-break) held memory growing with the
+    # tokens (+0.4 GB at 50M); first the top scores alone (one float column), then the
+    # exact top_k with tie-breaks on the few rows at or above the top-th score (NaN scores
+    # sort above every number: kept as well)
+    top_scores = _collect(base.select(score.alias("score")).top_k(top, by="score"))["score"]
+    if top_scores.len():
+        thr = top_scores.min() if not top_scores.is_nan().all() else float("nan")
+        at_least = pl.col("score").is_nan()
+        if thr == thr:  # not NaN
+            at_least = at_least | (pl.col("score") >= thr)
+    else:
+        at_least = pl.lit(False)
     tok = _collect(
         base.select(
             "seq_id",
@@ -527,7 +539,8 @@ def offenders(
             pl.col("infer_logprob").exp().alias("p"),
             "delta",
             score.alias("score"),
-        ).top_k(top, by=["score", "seq_id", "position"], reverse=[False, True, True])
+        ).filter(at_least)
+        .top_k(top, by=["score", "seq_id", "position"], reverse=[False, True, True])
     ).sort(["score", "seq_id", "position"], descending=[True, False, False])
     if _seq_pv is not None:  # the table of _seq_version_table (compute_profiles)
         per_seq = (
