@@ -341,26 +341,27 @@ def test_row_order_and_sharding_do_not_change_results(seed, n_seq, rnd):
     _assert_same(base, _result(pl.concat([s.lazy() for s in shards])))
 
 
+@pytest.fixture(scope="module")
+def planted():
+    from entr_diag.synth import SynthSpec, generate
+
+    spec = SynthSpec(
+        n_tokens=60_000,
+        seed=11,
+        k=0.02,
+        alpha=1.0,
+        h_star=0.03,
+        noise_share=0.3,
+        noise_sigma=0.5,
+    )
+    lf = canonical(generate(spec))
+    res = compare_gates(
+        lf, entr=EntrGate(tau=4.0), h_star=spec.h_star, law_k=spec.k, law_alpha=spec.alpha
+    )
+    return spec, lf, res
+
+
 class TestSynth:
-    @pytest.fixture(scope="class")
-    def planted(self):
-        from entr_diag.synth import SynthSpec, generate
-
-        spec = SynthSpec(
-            n_tokens=60_000,
-            seed=11,
-            k=0.02,
-            alpha=1.0,
-            h_star=0.03,
-            noise_share=0.3,
-            noise_sigma=0.5,
-        )
-        lf = canonical(generate(spec))
-        res = compare_gates(
-            lf, entr=EntrGate(tau=4.0), h_star=spec.h_star, law_k=spec.k, law_alpha=spec.alpha
-        )
-        return spec, lf, res
-
     def test_entr_beats_matched_fixed_band(self, planted):
         """At an equal keep rate, ENTR admits less noise and discards less exploration."""
         _, _, r = planted
