@@ -245,6 +245,13 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         for note in ds.notes:
             if "missing from" in note or "not used" in note or "trainer-side" in note:
                 stderr.print(f"note: {escape(note)}")
+    dup = ds.accounting.sequences_with_duplicate_positions
+    if dup and not quiet:
+        stderr.print(
+            f"[yellow]warning:[/yellow] {dup:,} sequence(s) hold more tokens than positions: the "
+            "same (step, seq_id, position) appears more than once (e.g. one dump copied into two "
+            "shards, or seq_id reused within a step); those tokens count more than once."
+        )
     if analyse:
         _require_tokens(ds)
     if not quiet:

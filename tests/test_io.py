@@ -336,3 +336,14 @@ def test_dirty_synth_counts_match_planted(tmp_path):
     }
     assert ds.accounting.tokens_valid == s["valid_tokens"]
     assert ds.accounting.tokens_unmasked == s["masked_tokens"]
+
+
+def test_duplicate_shards_flagged(tmp_path):
+    """The same tokens in two shards are counted, and the duplication is reported."""
+    d = tmp_path / "dup"
+    _write(tmp_path, _long(), "dup/a.parquet")
+    _write(tmp_path, _long(), "dup/b.parquet")
+    ds = load_dataset([d])
+    assert ds.accounting.tokens_valid == 10
+    assert ds.accounting.sequences_with_duplicate_positions == 2
+    assert load_dataset([d / "a.parquet"]).accounting.sequences_with_duplicate_positions == 0

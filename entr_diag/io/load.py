@@ -316,6 +316,9 @@ class Accounting:
     train_versions: tuple[int, int] | None
     staleness: Mapping[int, int] | None
     sequences_with_version_switch: int | None
+    #: sequences holding more token rows than positions: the same (step, seq_id, position)
+    #: appears twice, e.g. one dump copied into two shards (its tokens count twice)
+    sequences_with_duplicate_positions: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -336,6 +339,7 @@ class Accounting:
             "staleness_tokens": None if self.staleness is None else {
                 str(k): int(v) for k, v in sorted(self.staleness.items())},
             "sequences_with_version_switch": self.sequences_with_version_switch,
+            "sequences_with_duplicate_positions": self.sequences_with_duplicate_positions,
         }
 
 
@@ -739,7 +743,8 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     # key, not one comparison per reason and token, and every aggregation is a plain
     # streaming min/max/count (no filter, n_unique or first inside an aggregation: those
     # fall back to an in-memory group_by whose memory grows with the tokens)
-    sub_aggs = [pl.len().alias("_n")]
+    sub_aggs = [pl.len().alias("_n"), pl.col("position").min().alias("_pmin"),
+                pl.col("position").max().alias("_pmax")]
     if has_pv:
         pv = pl.col("policy_version")
         sub_aggs += [pv.min().alias("_pvl"), pv.max().alias("_pvh"),
@@ -751,7 +756,11 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         sub_aggs.append(pl.col("step").min().alias("_st"))
     # per sequence, from the (sequence, staleness, reason) rows
     v = ok  # on the small table the reason column is the key
-    per_seq_aggs = [pl.col("_n").filter(v).sum().alias("_valid")]
+    per_seq_aggs = [pl.col("_n").filter(v).sum().alias("_valid"),
+                    # rows holding a token (an empty nested row holds none)
+                    pl.col("_n").filter((reason != "empty_row").fill_null(True)).sum()
+                    .alias("_rows"),
+                    pl.col("_pmin").min().alias("_pos_lo"), pl.col("_pmax").max().alias("_pos_hi")]
     per_seq_aggs += [pl.col("_n").filter(reason == r).sum().alias(r) for r in reasons]
     if has_pv:
         per_seq_aggs += [pl.col("_pvl").filter(v).min().alias("_pv_lo"),
@@ -770,6 +779,9 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         (masked == 0).sum().alias("n_no_mask"),
         pl.col("_valid").sum(),
         *[pl.col(r).sum() for r in reasons],
+        # more token rows than distinct positions can hold: duplicated (step, seq_id, position)
+        (pl.col("_rows") > pl.col("_pos_hi") - pl.col("_pos_lo") + 1).fill_null(False).sum()
+        .alias("n_dup"),
     ]
     if has_pv:
         # more than one distinct version (a null counts as one, as in n_unique)
@@ -813,6 +825,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         train_versions=_pair(seq.get("_tv_lo"), seq.get("_tv_hi")) if has_tv else None,
         staleness=stale,
         sequences_with_version_switch=int(seq["n_switch"]) if has_pv else None,
+        sequences_with_duplicate_positions=int(seq["n_dup"]),
     )
 
 

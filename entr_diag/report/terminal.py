@@ -72,6 +72,9 @@ def render_inspect(desc: dict, console: Console) -> None:
     if acc.get("sequences_with_version_switch") is not None:
         lines.append(f"sequences with an in-flight version switch: "
                      f"{acc['sequences_with_version_switch']:,}")
+    if acc.get("sequences_with_duplicate_positions"):
+        lines.append(f"sequences with duplicated (step, seq_id, position): "
+                     f"{acc['sequences_with_duplicate_positions']:,} (their tokens count twice)")
     for line in lines:
         console.print(line)
     ct = Table("analysis", "available", title="What this data allows", show_edge=False)
