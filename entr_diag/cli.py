@@ -83,9 +83,9 @@ JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the res
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr.")]
 TauOpt = Annotated[float, typer.Option(help="ENTR budget tau: keep iff delta^2/(H+eps) <= tau.")]
 EpsOpt = Annotated[float, typer.Option(help="ENTR entropy offset eps (nats).")]
-BinsOpt = Annotated[int, typer.Option(min=3, help="Number of entropy bins (at least 3).")]
+BinsOpt = Annotated[int, typer.Option(min=3, max=500, help="Number of entropy bins (3 to 500).")]
 BinEdgesOpt = Annotated[str, typer.Option(help="Entropy bin edges: quantile or log.")]
-BootOpt = Annotated[int, typer.Option(min=100, help="Bootstrap resamples (sequences, never tokens; at least 100).")]
+BootOpt = Annotated[int, typer.Option(min=100, max=100_000, help="Bootstrap resamples (sequences, never tokens; 100 to 100000).")]
 SeedOpt = Annotated[int, typer.Option(min=0, help="Seed of the bootstrap (>= 0).")]
 MisalignedOpt = Annotated[
     bool, typer.Option("--allow-misaligned",
@@ -176,7 +176,6 @@ def _check_output(path: Path | None, what: str) -> None:
     """Refuse, before any work, an output path that cannot be written."""
     if path is None:
         return
-    import os
 
     from entr_diag.errors import InputError
 
@@ -185,15 +184,23 @@ def _check_output(path: Path | None, what: str) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"cannot write {what} {path}: directory {parent} does not exist.")
-    if not os.access(parent, os.W_OK):
-        raise InputError(f"cannot write {what} {path}: directory {parent} is not writable.")
+    import tempfile
+
+    try:  # a real write test (os.access says yes to root everywhere)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise InputError(f"cannot write {what} {path}: {e.strerror or e}.") from None
 
 
-def _refuse_overwriting_inputs(ds, outputs: dict[str, Path | None]) -> None:
-    """Input files are never modified: an output naming an input file is refused."""
+def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
+    """Input files are never modified: an output naming an input file is refused (checked
+    on the resolved input paths, before any data is read)."""
     from entr_diag.errors import InputError
+    from entr_diag.io.load import bundled_sample_path, resolve_paths
 
-    inputs = {f.path.resolve() for f in ds.files}
+    files = resolve_paths([str(p) for p in paths]) if paths else [bundled_sample_path()]
+    inputs = {f.resolve() for f in files}
     for what, path in outputs.items():
         if path is not None and path.resolve() in inputs:
             raise InputError(
@@ -340,8 +347,8 @@ def inspect(
         from entr_diag.report.terminal_findings import render_findings
 
         _check_output(json_path, "--json")
+        _refuse_overwriting_inputs(paths, {"--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet, analyse=False)
-        _refuse_overwriting_inputs(ds, {"--json": json_path})
         desc = ds.describe()
         findings = _forensics(ds, quiet) if ds.accounting.tokens_valid else None
         _write_json(json_path, envelope(
@@ -401,8 +408,8 @@ def fit(
 
     with _errors(5, quiet):
         _check_output(json_path, "--json")
+        _refuse_overwriting_inputs(paths, {"--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet)
-        _refuse_overwriting_inputs(ds, {"--json": json_path})
         _check_alignment(ds, allow_misaligned, quiet)
         fit_res, metrics = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
         findings = _forensics(ds, quiet)
@@ -444,8 +451,8 @@ def flag(
 
     with _errors(2, quiet):
         _check_output(output, "--output")
+        _refuse_overwriting_inputs(paths, {"--output": output})
         ds = _load(paths, column, framework, layout, entropy, quiet)
-        _refuse_overwriting_inputs(ds, {"--output": output})
         if not ds.has("entropy"):
             raise ParameterError("the input has no entropy column; flagging needs one "
                                  "(--column entropy=NAME).")
@@ -453,19 +460,22 @@ def flag(
             res = fit_scaling_law(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
                                   n_boot=n_boot, seed=seed, with_strata=False)
         bp = res.to_dict().get("breakpoint")
-        if bp is None:
-            reason = (res.to_dict().get("regime") or {}).get("breakpoint_search", {}).get("reason", "")
-            stdout.print("no low-entropy noise regime was found in this run, so no token is "
-                         f"flagged and {output} was not written"
-                         + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.")
-            return
-        h_star = bp["h_star"]
+        h_star = None if bp is None else bp["h_star"]
+        # always written (empty, same columns, when there is no break): a stale file from an
+        # earlier run must never pass for this run's result
         lf = flagged_tokens(ds.lf, h_star=h_star, tau=tau, eps=eps).with_columns(
             pl.col("seq_id").cast(ds.seq_id_dtype))
         write_with(output, lambda tmp: lf.sink_parquet(tmp, compression="zstd"))
+        if h_star is None:
+            reason = (res.to_dict().get("regime") or {}).get("breakpoint_search", {}).get("reason", "")
+            stdout.print("no low-entropy noise regime was found in this run, so no token is "
+                         f"flagged; wrote an empty {output}"
+                         + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.",
+                         soft_wrap=True)
+            return
         n = pl.scan_parquet(output).select(pl.len()).collect().item()
         stdout.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "
-                     f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}")
+                     f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True)
 
 
 # ----------------------------------------------------------------- compare
@@ -568,8 +578,8 @@ def compare(
         entr, panel = _gates(gate, tau, eps)
         _check_output(json_path, "--json")
         _check_output(export, "--export")
+        _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
         ds = _load(paths, column, framework, layout, entropy, quiet)
-        _refuse_overwriting_inputs(ds, {"--json": json_path, "--export": export})
         _check_alignment(ds, allow_misaligned, quiet)
         from entr_diag.fit import fit_scaling_law
 
@@ -634,8 +644,8 @@ def report(
         entr, panel = _gates(gate, tau, eps)
         _check_output(output, "--output")
         _check_output(json_path, "--json")
+        _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet)
-        _refuse_overwriting_inputs(ds, {"--output": output, "--json": json_path})
         _check_alignment(ds, allow_misaligned, quiet)
         fit_res, metrics = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
         cmp_res = _compare(ds, fit_res, entr, panel, {}, quiet)
@@ -675,7 +685,7 @@ def report(
         stdout.print(f"wrote {output} ({Path(output).stat().st_size / 1e6:.1f} MB)")
         verdict = (doc["fit"].get("verdict") or {}).get("text")
         if verdict:
-            stdout.print(verdict)
+            stdout.print(verdict, soft_wrap=True)
 
 
 # ----------------------------------------------------------------- synth

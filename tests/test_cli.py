@@ -277,3 +277,21 @@ def test_misaligned_logprobs_stop_unless_allowed(synth_file, tmp_path):
     assert "shift" in msg.lower() and "--allow-misaligned" in msg
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--allow-misaligned", "-q"])
     assert r.exit_code == 0, r.output
+
+
+def test_flag_without_break_writes_empty_file(tmp_path):
+    """With no noise regime, flag replaces any earlier output by an empty file (0 rows)."""
+    out = tmp_path / "noise.parquet"
+    pl.DataFrame({"stale": [1, 2, 3]}).write_parquet(out)
+    r = runner.invoke(app, ["flag", "-o", str(out), "--n-boot", "100", "-q"])
+    assert r.exit_code == 0, r.output
+    df = pl.read_parquet(out)
+    assert df.height == 0 and "score" in df.columns and "stale" not in df.columns
+
+
+def test_output_checks_before_reading(tmp_path):
+    """Refusing an output naming the input happens before any data is read (no accounting)."""
+    p = _file(tmp_path)
+    r = runner.invoke(app, ["flag", str(p), "-o", str(p)])
+    assert r.exit_code == 2
+    assert "valid loss-masked tokens" not in r.stderr and "never overwrites" in r.stderr
