@@ -347,3 +347,29 @@ def test_duplicate_shards_flagged(tmp_path):
     assert ds.accounting.tokens_valid == 10
     assert ds.accounting.sequences_with_duplicate_positions == 2
     assert load_dataset([d / "a.parquet"]).accounting.sequences_with_duplicate_positions == 0
+
+
+def test_missing_seq_id_counted(tmp_path):
+    """A loss-masked token whose seq_id is null is excluded as missing_seq_id."""
+    df = _long().with_columns(pl.Series("seq_id", [1, None, 1, 2, 2], dtype=pl.Int64))
+    ds = load_dataset([_write(tmp_path, df)])
+    assert dict(ds.accounting.excluded) == {"missing_seq_id": 1}
+    assert ds.accounting.tokens_valid == 4
+
+
+@pytest.mark.parametrize("reason", sorted(_BAD_CASES))
+def test_each_exclusion_reason_via_cli(tmp_path, reason):
+    """`entr-diag inspect --json` reports each exclusion reason with its exact count."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    p = _write(tmp_path, _long(**_BAD_CASES[reason]))
+    out = tmp_path / "i.json"
+    r = CliRunner().invoke(app, ["inspect", str(p), "--json", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    acc = json.loads(out.read_text())["inputs"]["accounting"]
+    assert acc["exclusions"] == {reason: _EXPECTED[reason]}
+    assert acc["tokens_valid"] == 5 - _EXPECTED[reason]
