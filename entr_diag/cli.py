@@ -364,18 +364,25 @@ def inspect(
 # ----------------------------------------------------------------- fit
 
 
-def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet):
+def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, full: bool = True):
+    """The scaling-law fit, and with ``full`` its strata and the mismatch metrics.
+
+    Returns ``(FitResult, MismatchMetrics | None)``.
+    """
     from entr_diag.fit import fit_scaling_law
     from entr_diag.metrics import compute_metrics
 
     if not ds.has("entropy"):
         raise ParameterError(
-            "the input has no entropy column, so the scaling law cannot be fitted; map one with "
-            "--column entropy=NAME (or --entropy train for a trainer-side entropy)."
+            "the input has no entropy column, so the scaling law and the ENTR gate are "
+            "unavailable; map one with --column entropy=NAME (or --entropy train for a "
+            "trainer-side entropy)."
         )
     with _status("fitting the entropy-ratio scaling law...", quiet):
         fit = fit_scaling_law(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
-                              n_boot=n_boot, seed=seed)
+                              n_boot=n_boot, seed=seed, with_strata=full)
+    if not full:
+        return fit, None
     with _status("computing mismatch metrics...", quiet):
         metrics = compute_metrics(ds.lf)
     return fit, metrics
@@ -446,19 +453,13 @@ def flag(
     Example: entr-diag flag logs.parquet -o noise.parquet
     """
     from entr_diag.atomic import write_with
-    from entr_diag.fit import fit_scaling_law
     from entr_diag.regime import flagged_tokens
 
     with _errors(2, quiet):
         _check_output(output, "--output")
         _refuse_overwriting_inputs(paths, {"--output": output})
         ds = _load(paths, column, framework, layout, entropy, quiet)
-        if not ds.has("entropy"):
-            raise ParameterError("the input has no entropy column; flagging needs one "
-                                 "(--column entropy=NAME).")
-        with _status("fitting the scaling law...", quiet):
-            res = fit_scaling_law(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
-                                  n_boot=n_boot, seed=seed, with_strata=False)
+        res, _ = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False)
         bp = res.to_dict().get("breakpoint")
         h_star = None if bp is None else bp["h_star"]
         # always written (empty, same columns, when there is no break): a stale file from an
@@ -581,14 +582,7 @@ def compare(
         _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
         ds = _load(paths, column, framework, layout, entropy, quiet)
         _check_alignment(ds, allow_misaligned, quiet)
-        from entr_diag.fit import fit_scaling_law
-
-        if not ds.has("entropy"):
-            raise ParameterError("the input has no entropy column; ENTR needs one "
-                                 "(--column entropy=NAME).")
-        with _status("fitting the scaling law...", quiet):
-            fit_res = fit_scaling_law(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
-                                      n_boot=n_boot, seed=seed, with_strata=False)
+        fit_res, _ = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False)
         res = _compare(ds, fit_res, entr, panel, sweeps, quiet)
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
