@@ -303,53 +303,39 @@ class _Ctx:
         stale = pl.col("staleness") if self.has("staleness") else pl.lit(0, dtype=pl.Int64)
         h = pl.col("entropy") if self.has("entropy") else pl.lit(0.0)
         d = pl.col("delta")
+        x, y = pl.col("train_logprob"), pl.col("infer_logprob")
+        block = (pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block")
+        cell_aggs = [
+            pl.col("_h").sum().alias("sh"),
+            d.sum().alias("sd"),
+            (d * d).sum().alias("sd2"),
+            d.abs().sum().alias("sad"),
+            (d < 0).sum().alias("nneg"),
+        ]
+        block_aggs = [
+            x.sum().alias("sx"),
+            y.sum().alias("sy"),
+            (x * x).sum().alias("sxx"),
+            (y * y).sum().alias("syy"),
+            (x * y).sum().alias("sxy"),
+        ]
         cells = (
             lf.with_columns(step.alias("_step"), stale.alias("_stale"), h.alias("_h"))
             .group_by("bin", "_step", "_stale")
-            .agg(
-                pl.len().alias("n"),
-                pl.col("_h").sum().alias("sh"),
-                d.sum().alias("sd"),
-                (d * d).sum().alias("sd2"),
-                d.abs().sum().alias("sad"),
-                (d < 0).sum().alias("nneg"),
-            )
+            .agg(pl.len().alias("n"), *cell_aggs)
         )
-        x, y = pl.col("train_logprob"), pl.col("infer_logprob")
         blocks = (
-            lf.with_columns(
-                (pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block"), stale.alias("_stale")
-            )
+            lf.with_columns(block, stale.alias("_stale"))
             .group_by("bin", "block", "_stale")
-            .agg(
-                pl.len().alias("n"),
-                x.sum().alias("sx"),
-                y.sum().alias("sy"),
-                (x * x).sum().alias("sxx"),
-                (y * y).sum().alias("syy"),
-                (x * y).sum().alias("sxy"),
-            )
+            .agg(pl.len().alias("n"), *block_aggs)
         )
         if self._joint_rows_bound() <= _JOINT_MAX_ROWS:
             # one scan: sums per (bin, step, staleness, block), then both tables are sums of
             # it (the bound on its rows is checked from the accounting first)
             joint = (
-                lf.with_columns(step.alias("_step"), stale.alias("_stale"), h.alias("_h"),
-                                (pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block"))
+                lf.with_columns(step.alias("_step"), stale.alias("_stale"), h.alias("_h"), block)
                 .group_by("bin", "_step", "_stale", "block")
-                .agg(
-                    pl.len().alias("n"),
-                    pl.col("_h").sum().alias("sh"),
-                    d.sum().alias("sd"),
-                    (d * d).sum().alias("sd2"),
-                    d.abs().sum().alias("sad"),
-                    (d < 0).sum().alias("nneg"),
-                    x.sum().alias("sx"),
-                    y.sum().alias("sy"),
-                    (x * x).sum().alias("sxx"),
-                    (y * y).sum().alias("syy"),
-                    (x * y).sum().alias("sxy"),
-                )
+                .agg(pl.len().alias("n"), *cell_aggs, *block_aggs)
                 .collect(engine="streaming")
             )
             self._cells = joint.group_by("bin", "_step", "_stale").agg(
