@@ -27,8 +27,9 @@ log-ratio is clamped to [-20, 20] before exponentiating in ``chi2_token``, the s
 ``rollout_is_eff_sample_size``), computed on untruncated token-level weights.
 
 Sequences are the groups of ``seq_key`` (the contract's hash of (step, seq_id)). One
-streaming pass grouped by sequence (token sums and sequence quantities per sequence, memory
-O(sequences)); overall and per-step values are sums over that small table. Never collects
+streaming pass (:class:`MetricsPlan`, an accumulator of :func:`entr_diag.passes.run_pass`)
+keeps per-sequence partial sums, merged across batches (memory O(sequences)); the sequence
+quantities and the overall and per-step values come from that small table. Never collects
 the token frame.
 """
 
@@ -40,8 +41,17 @@ from dataclasses import dataclass
 import polars as pl
 
 from entr_diag.errors import FitError
+from entr_diag.passes import Accumulator, GroupAgg, run_pass
 
-__all__ = ["SAFETY_BOUND", "METRIC_NAMES", "MetricSet", "MismatchMetrics", "compute_metrics"]
+__all__ = [
+    "METRIC_NAMES",
+    "SAFETY_BOUND",
+    "MetricSet",
+    "MetricsPlan",
+    "MismatchMetrics",
+    "compute_metrics",
+    "metrics_plan",
+]
 
 #: Clamp of log-ratios before exp, as verl / slime (``SAFETY_BOUND = 20.0``).
 SAFETY_BOUND: float = 20.0
@@ -125,10 +135,30 @@ def _seq_aggs() -> list[pl.Expr]:
 
 
 def _per_seq_exprs() -> list[pl.Expr]:
+    """Per-sequence partial sums (they add up when a sequence is split across batches)."""
     return [
         pl.col("delta").sum().alias("s_d"),
-        pl.col("train_logprob").mean().alias("m_train"),
-        pl.col("infer_logprob").mean().alias("m_infer"),
+        pl.col("train_logprob").sum().alias("s_train"),
+        pl.col("train_logprob").count().cast(pl.Int64).alias("n_train"),
+        pl.col("infer_logprob").sum().alias("s_infer"),
+        pl.col("infer_logprob").count().cast(pl.Int64).alias("n_infer"),
+    ]
+
+
+_SUM_COLS: tuple[str, ...] = (
+    "n", "s_k1", "s_k3", "s_r2", "s_r", "n_gt_log2",
+    "s_d", "s_train", "n_train", "s_infer", "n_infer",
+)
+
+
+def _seq_means() -> list[pl.Expr]:
+    """Per-sequence means of the two logprobs from the merged partial sums (null without a
+    non-null value, as ``mean`` of an all-null group)."""
+    return [
+        pl.when(pl.col("n_train") > 0).then(pl.col("s_train") / pl.col("n_train"))
+        .alias("m_train"),
+        pl.when(pl.col("n_infer") > 0).then(pl.col("s_infer") / pl.col("n_infer"))
+        .alias("m_infer"),
     ]
 
 
@@ -160,45 +190,69 @@ def _make(tok: dict, seq: dict, step: int | None = None) -> MetricSet:
     )
 
 
+class MetricsPlan:
+    """The mismatch metrics as one accumulator of a streaming pass (:mod:`entr_diag.passes`).
+
+    One :class:`~entr_diag.passes.GroupAgg` keyed by sequence (``(step, seq_key)``, or
+    ``seq_key`` without a step column) holds per-sequence partial sums (token sums of the
+    token metrics, sum of delta, sums and counts of both logprobs), merged by addition, so a
+    sequence split across batches adds up. :meth:`finish` derives the per-sequence quantities
+    (sum delta, mean logprobs) from the merged table and sums them overall and per step.
+    Memory O(sequences).
+    """
+
+    def __init__(self, lf: pl.LazyFrame) -> None:
+        names = lf.collect_schema().names()
+        self.has_step = "step" in names
+        keys = ["step", "seq_key"] if self.has_step else ["seq_key"]
+        self._per_seq = GroupAgg(
+            columns=[c for c in ("seq_key", "step", "train_logprob", "infer_logprob", "delta")
+                     if c in names],
+            keys=keys,
+            aggs=[*_token_aggs(), *_per_seq_exprs()],
+            merge=[pl.col(c).sum() for c in _SUM_COLS],
+        )
+        self.accumulators: list[Accumulator] = [self._per_seq]
+
+    def finish(self) -> MismatchMetrics:
+        """The metrics from the merged per-sequence table; :class:`FitError` when the pass
+        saw no token."""
+        per_seq = self._per_seq.result()
+        if per_seq.height == 0:
+            raise FitError("No token to compute mismatch metrics on: the token frame is empty.")
+        per_seq = per_seq.with_columns(_seq_means())
+        tok_cols = ["n", "s_k1", "s_k3", "s_r2", "s_r", "n_gt_log2"]
+        tok_sums = [pl.col(c).sum() for c in tok_cols]
+        tok = per_seq.select(tok_sums).row(0, named=True)
+        if not tok["n"]:
+            raise FitError("No token to compute mismatch metrics on: the token frame is empty.")
+        overall = _make(tok, per_seq.select(_seq_aggs()).row(0, named=True))
+        per_step: list[MetricSet] = []
+        if self.has_step:
+            by_step = (
+                per_seq.filter(pl.col("step").is_not_null())
+                .group_by("step").agg(*tok_sums, *_seq_aggs()).sort("step")
+            )
+            for r in by_step.iter_rows(named=True):
+                per_step.append(_make(r, r, step=int(r["step"])))
+        return MismatchMetrics(overall=overall, per_step=tuple(per_step))
+
+
+def metrics_plan(lf: pl.LazyFrame) -> MetricsPlan:
+    """The plan of :func:`compute_metrics` on ``lf``: run ``plan.accumulators`` in a pass
+    over ``lf`` (alone or fused with other plans), then ``plan.finish()``."""
+    return MetricsPlan(lf)
+
+
 def compute_metrics(lf: pl.LazyFrame) -> MismatchMetrics:
     """verl / slime mismatch metrics, overall and per step (see the module docstring).
 
     ``lf``: canonical token frame (one row per valid loss-masked token; needs seq_key,
-    train_logprob, infer_logprob, delta; ``step`` optional). Streaming aggregation only.
+    train_logprob, infer_logprob, delta; ``step`` optional). One streaming pass
+    (:func:`entr_diag.passes.run_pass` of :func:`metrics_plan`), memory O(sequences).
     ``ess = 1 / mean((w / mean w)^2) = (sum w)^2 / (n sum w^2)`` with token weights
     ``w = r``. Raises :class:`FitError` when the frame holds no token.
     """
-    names = lf.collect_schema().names()
-    has_step = "step" in names
-    seq_keys = ["step", "seq_key"] if has_step else ["seq_key"]
-    base = lf.select([c for c in ("seq_key", "step", "train_logprob", "infer_logprob", "delta")
-                      if c in names])
-    # ONE streaming pass: per sequence, the token sums (they add up over sequences) and the
-    # sequence quantities; memory O(sequences). Overall and per-step values are then summed
-    # from this small table.
-    per_seq = (
-        base.group_by(seq_keys)
-        .agg(*_token_aggs(), *_per_seq_exprs())
-        .collect(engine="streaming")
-    )
-    tok_cols = ["n", "s_k1", "s_k3", "s_r2", "s_r", "n_gt_log2"]
-    tok_sums = [pl.col(c).sum() for c in tok_cols]
-    res = [
-        per_seq.select(tok_sums),
-        per_seq.select(_seq_aggs()),
-    ]
-    if has_step:
-        res.append(per_seq.group_by("step").agg(tok_sums).sort("step"))
-        res.append(per_seq.group_by("step").agg(_seq_aggs()).sort("step"))
-    tok = res[0].row(0, named=True)
-    if not tok["n"]:
-        raise FitError("No token to compute mismatch metrics on: the token frame is empty.")
-    overall = _make(tok, res[1].row(0, named=True))
-    per_step: list[MetricSet] = []
-    if has_step:
-        seq_by = {r["step"]: r for r in res[3].iter_rows(named=True)}
-        for r in res[2].iter_rows(named=True):
-            if r["step"] is None:
-                continue
-            per_step.append(_make(r, seq_by.get(r["step"], {}), step=int(r["step"])))
-    return MismatchMetrics(overall=overall, per_step=tuple(per_step))
+    plan = metrics_plan(lf)
+    run_pass(lf, plan.accumulators)
+    return plan.finish()

@@ -156,3 +156,26 @@ def test_empty_frame_raises():
     lf = _frame(ROWS).filter(pl.lit(False))
     with pytest.raises(FitError, match="empty"):
         compute_metrics(lf)
+
+
+def test_plan_does_not_depend_on_batch_size():
+    """The plan's metrics are the same whether the pass cuts the frame into batches of 2 or
+    one batch (sequences split across batches are merged)."""
+    from entr_diag.metrics import metrics_plan
+    from entr_diag.passes import run_pass
+
+    rows = ROWS + [("d", 1, -0.3 * i, -0.25 * i - 0.01) for i in range(7)]
+    lf = _frame(rows)
+    out = []
+    for chunk in (2, 1_000):
+        plan = metrics_plan(lf)
+        run_pass(lf, plan.accumulators, chunk_size=chunk)
+        out.append(plan.finish().to_dict())
+    small, big = out
+    for k in METRIC_NAMES:
+        assert small["overall"][k] == pytest.approx(big["overall"][k], rel=1e-12, abs=1e-15), k
+    assert [s["step"] for s in small["per_step"]] == [s["step"] for s in big["per_step"]]
+    for a, b in zip(small["per_step"], big["per_step"], strict=True):
+        assert (a["tokens"], a["sequences"]) == (b["tokens"], b["sequences"])
+        for k in METRIC_NAMES:
+            assert a[k] == pytest.approx(b[k], rel=1e-12, abs=1e-15), k
