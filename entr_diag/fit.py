@@ -83,22 +83,21 @@ from entr_diag.aggregate import (
     H_MAX,
     H_MIN,
     N_FINE,
-    SUM_COLUMNS,
-    BlockAggregate,
     CoarseBinning,
     FineAggregate,
+    _check_blocks,
     _inputs,
     _sums,
-    block_expr,
     coarse_binning,
-    coarse_block_sums,
     fine_bin_expr,
     fine_query,
     joint_binning,
     usable,
 )
 from entr_diag.errors import FitError, ParameterError
+from entr_diag.passes import GroupAgg, run_pass
 from entr_diag.regime import (
+    P_BINS,
     RegimeResult,
     noise_flag_expr,
     p_bin_expr,
@@ -129,6 +128,8 @@ __all__ = [
     "Strata",
     "StratumFit",
     "Verdict",
+    "FitPlan",
+    "fit_plan",
     "fit_scaling_law",
 ]
 
@@ -831,7 +832,7 @@ def _regime_with_hist(
 
 
 def _stratum_fits(
-    table: pl.DataFrame,
+    sums: dict[str, np.ndarray],
     labels: list[str],
     kind: str,
     law_bins: np.ndarray,
@@ -839,17 +840,14 @@ def _stratum_fits(
     boot: _Boot,
     B: int,
 ) -> list[StratumFit]:
+    """Per stratum: the power law and k on the law-regime bins. ``sums``: flat dense arrays
+    (strata x coarse bins x blocks) of n, s_h, s_d2."""
     out = []
     for si, label in enumerate(labels):
-        t = table.filter(pl.col("stratum") == si)
-        tokens = int(t["n"].sum()) if t.height else 0
+        S = {c: sums[c].reshape(-1, nb, B)[si] for c in ("n", "s_h", "s_d2")}
+        tokens = int(round(S["n"].sum()))
         if tokens == 0:
             continue
-        S = {}
-        flat = t["coarse"].to_numpy().astype(np.int64) * B + t["block"].to_numpy()
-        for c in ("n", "s_h", "s_d2"):
-            S[c] = np.bincount(flat, weights=t[c].to_numpy().astype(np.float64),
-                               minlength=nb * B).reshape(nb, B)
         n0, nr = boot.totals(S["n"])
         h0, hr = boot.totals(S["s_h"])
         d0, dr = boot.totals(S["s_d2"])
@@ -970,50 +968,190 @@ def fit_scaling_law(
     :class:`ParameterError` for invalid parameters (``n_boot < 100``, ``tau <= 0``,
     ``eps < 0``, ``bins < 1``, ``bin_edges`` not "quantile"/"log", ``n_blocks < 2``).
     """
-    if not (eps >= 0 and math.isfinite(eps)):
-        raise ParameterError(f"eps must be >= 0, got {eps!r}.")
-    if not (tau > 0 and math.isfinite(tau)):
-        raise ParameterError(f"tau must be > 0, got {tau!r}.")
-    if int(n_boot) != n_boot or n_boot < MIN_BOOT:
-        raise ParameterError(
-            f"n_boot must be an integer >= {MIN_BOOT} (intervals and the breakpoint test are "
-            f"bootstrap percentiles), got {n_boot!r}."
-        )
+    plan = fit_plan(lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau, n_boot=n_boot,
+                    n_blocks=n_blocks, seed=seed, with_strata=with_strata)
+    run_pass(lf, plan.accumulators)
+    return plan.finish()
+
+
+class _FitSums:
+    """The fit's one-pass accumulator: dense sums per (cell, block), per (staleness bucket,
+    coarse bin, block), per (step range, coarse bin, block), per (cell, z^2 > tau, p bin),
+    the |delta| histogram per coarse bin, and per sequence a bitmask of the coarse bins it
+    touches (OR-merged by seq_key: the exact number of sequences per bin).
+
+    Per batch, polars computes the fine entropy bin (the same expression as pass 1, so a
+    token's cell is the one pass 1 counted it in), the staleness bucket and the step range;
+    numpy maps fine bins to cells and coarse bins through lookup tables and adds weights
+    with ``bincount``."""
+
+    def __init__(self, names: list[str], binning: CoarseBinning, cells: CoarseBinning,
+                 B: int, eps: float, tau: float, stale: pl.Expr | None,
+                 step_range: pl.Expr | None, n_ranges: int) -> None:
+        self.columns = [c for c in ("seq_key", "entropy", "delta", "infer_logprob", "step",
+                                    "staleness", "policy_version", "train_version")
+                        if c in names]
+        self.nb, self.nc, self.B = binning.n_bins, cells.n_bins, B
+        self.eps, self.tau = eps, tau
+        self.nr = n_ranges
+        self.n_stale = len(STALENESS_BUCKETS)
+        self.words = -(-self.nb // 64)
+        fine = np.arange(N_FINE + 1)
+        self.lut_cell = cells.coarse_of_fine(fine).astype(np.int64)
+        self.lut_coarse = binning.coarse_of_fine(fine).astype(np.int64)
+        self.p_edges = np.log([hi for _, _, hi in P_BINS[:-1]])
+        d, h = pl.col("delta"), pl.col("entropy")
+        exprs = [fine_bin_expr().alias("fine"), h.alias("h"), d.alias("d"),
+                 pl.col("infer_logprob").alias("lp"), pl.col("seq_key")]
+        if stale is not None:
+            exprs.append(stale.fill_null(-1).alias("st"))
+        if step_range is not None:
+            exprs.append(step_range.fill_null(-1).alias("sr"))
+        self._exprs = exprs
+        self._usable = h.is_not_null() & h.is_finite() & (h >= 0) & d.is_finite()
+        self.cb = {c: np.zeros(self.nc * B) for c in ("n", "s_h", "s_d2")}
+        self.reg = {c: np.zeros(self.nc * 2 * len(P_BINS))
+                    for c in ("n", "s_h", "s_d", "s_d2", "s_absd", "s_z2")}
+        self.hist = np.zeros(self.nb * (_N_D + 1))
+        self.st = {c: np.zeros(self.n_stale * self.nb * B) for c in ("n", "s_h", "s_d2")}
+        self.sr = {c: np.zeros(max(self.nr, 1) * self.nb * B) for c in ("n", "s_h", "s_d2")}
+        self.masks = GroupAgg(["seq_key"], ["seq_key"],
+                              [pl.col(f"m{w}").bitwise_or() for w in range(self.words)],
+                              [pl.col(f"m{w}").bitwise_or() for w in range(self.words)])
+
+    @staticmethod
+    def _add(acc: np.ndarray, k: np.ndarray, w: np.ndarray | None = None) -> None:
+        acc += np.bincount(k, weights=w, minlength=acc.size)
+
+    def update(self, batch: pl.DataFrame) -> None:
+        t = batch.filter(self._usable).select(self._exprs)
+        if t.height == 0:
+            return
+        B = self.B
+        h, d, lp = t["h"].to_numpy(), t["d"].to_numpy(), t["lp"].to_numpy()
+        fine = t["fine"].to_numpy()
+        cell, coarse = self.lut_cell[fine], self.lut_coarse[fine]
+        sk = t["seq_key"].to_numpy()
+        ok = cell >= 0  # -1: outside the binned range (not for tokens pass 1 counted)
+        if not ok.all():
+            h, d, lp, cell, coarse, sk = h[ok], d[ok], lp[ok], cell[ok], coarse[ok], sk[ok]
+            t = t.filter(pl.Series(ok))
+        block = (sk % np.uint64(B)).astype(np.int64)
+        d2 = d * d
+        z2 = d2 / (h + self.eps)
+        k = cell * B + block
+        self._add(self.cb["n"], k)
+        self._add(self.cb["s_h"], k, h)
+        self._add(self.cb["s_d2"], k, d2)
+        pbin = sum((lp >= e).astype(np.int64) for e in self.p_edges)
+        k = (cell * 2 + (z2 > self.tau)) * len(P_BINS) + pbin
+        for name, w in (("n", None), ("s_h", h), ("s_d", d), ("s_d2", d2),
+                        ("s_absd", np.abs(d)), ("s_z2", z2)):
+            self._add(self.reg[name], k, w)
+        ad = np.abs(d)
+        with np.errstate(divide="ignore"):
+            dbin = np.floor((np.log(np.maximum(ad, _D_MIN)) - math.log(_D_MIN)) * _D_SCALE)
+        dbin = np.where(ad < _D_MIN, 0, np.clip(dbin, 0, _N_D - 1) + 1).astype(np.int64)
+        self._add(self.hist, coarse * (_N_D + 1) + dbin)
+        for key, acc in (("st", self.st), ("sr", self.sr)):
+            if key in t.columns:
+                s_ = t[key].to_numpy().astype(np.int64)
+                sel = s_ >= 0
+                kk = (s_[sel] * self.nb + coarse[sel]) * B + block[sel]
+                self._add(acc["n"], kk)
+                self._add(acc["s_h"], kk, h[sel])
+                self._add(acc["s_d2"], kk, d2[sel])
+        # sequences per bin: OR of 2^coarse over runs of one sequence (rows of a sequence
+        # are usually contiguous), then merged by seq_key
+        starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+        word, bit = coarse // 64, np.left_shift(np.uint64(1), (coarse % 64).astype(np.uint64))
+        cols = {"seq_key": sk[starts]}
+        for w in range(self.words):
+            bits = bit if self.words == 1 else np.where(word == w, bit, np.uint64(0))
+            cols[f"m{w}"] = np.bitwise_or.reduceat(bits, starts)
+        self.masks.update(pl.DataFrame(cols))
+
+    def sequences_per_bin(self) -> np.ndarray:
+        """Exact number of distinct sequences with a token in each coarse bin."""
+        out = np.zeros(self.nb, dtype=np.int64)
+        t = self.masks.result()
+        if not t.height:
+            return out
+        for w in range(self.words):
+            m = t[f"m{w}"].to_numpy().astype(np.uint64)
+            for j in range(64 * w, min(64 * (w + 1), self.nb)):
+                out[j] = int(((m >> np.uint64(j - 64 * w)) & np.uint64(1)).sum())
+        return out
+
+class FitPlan:
+    """:func:`fit_scaling_law` in two steps: the accumulators of its one pass over the token
+    frame (:func:`entr_diag.passes.run_pass`, possibly together with other analyses'), then
+    :meth:`finish`. Built by :func:`fit_plan`, which runs the small pass 1 (fine grid)."""
+
+    def __init__(self, *, agg: FineAggregate, binning: CoarseBinning, brk: CoarseBinning,
+                 cells: CoarseBinning, sums: _FitSums, params: dict, notices: list[str],
+                 step_labels: list[str], has_stale: bool) -> None:
+        self.agg, self.binning, self.brk, self.cells = agg, binning, brk, cells
+        self.sums = sums
+        self.accumulators = [sums]
+        self.params = params
+        self.notices = notices
+        self.step_labels = step_labels
+        self.has_stale = has_stale
+
+    def finish(self) -> FitResult:
+        """The fit from the accumulated sums (after the pass). Raises :class:`FitError` as
+        :func:`fit_scaling_law` does."""
+        return _finish_fit(self)
+
+
+def fit_plan(
+    lf: pl.LazyFrame,
+    *,
+    bins: int = 30,
+    bin_edges: str = "quantile",
+    eps: float = 0.01,
+    tau: float = 4.0,
+    n_boot: int = 1000,
+    n_blocks: int = 200,
+    seed: int = 0,
+    with_strata: bool = True,
+    fine: FineAggregate | None = None,
+    step_range: tuple[int, int] | None = None,
+) -> FitPlan:
+    """Check the parameters, run pass 1 (sums per fine entropy bin and the step range; one
+    light streaming scan, skipped when ``fine`` and ``step_range`` are given) and choose the
+    bins; returns the :class:`FitPlan` whose accumulators do the rest in one pass.
+    Same parameters and errors as :func:`fit_scaling_law`."""
+    _check_fit_params(eps, tau, n_boot)
+    _check_blocks(n_blocks)
     lfu = usable(lf)
     names = lf.collect_schema().names()
     B = int(n_blocks)
-
-    # ---- pass 1: sums per fine entropy bin (+ step range, as per-bin min/max in the same
-    # scan)
     has_step = "step" in names
     want_steps = has_step and with_strata
-    q1 = fine_query(lfu, eps=eps)
-    if want_steps:
-        q1 = (
-            _inputs(lfu, fine_bin_expr().alias("fine"), pl.col("step").alias("_step"))
-            .group_by("fine")
-            .agg(*_sums(eps), pl.col("_step").min().alias("_lo"),
-                 pl.col("_step").max().alias("_hi"))
-            .sort("fine")
-        )
-    t1 = q1.collect(engine="streaming")
-    res: list[pl.DataFrame] = [t1.drop("_lo", "_hi", strict=False)]
-    if want_steps:
-        res.append(t1.select(pl.col("_lo").min().alias("lo"), pl.col("_hi").max().alias("hi")))
-    agg = FineAggregate(table=res[0], eps=eps)
+    if fine is None or (want_steps and step_range is None):
+        q1 = fine_query(lfu, eps=eps)
+        if want_steps:
+            q1 = (
+                _inputs(lfu, fine_bin_expr().alias("fine"), pl.col("step").alias("_step"))
+                .group_by("fine")
+                .agg(*_sums(eps), pl.col("_step").min().alias("_lo"),
+                     pl.col("_step").max().alias("_hi"))
+                .sort("fine")
+            )
+        t1 = q1.collect(engine="streaming")
+        fine = FineAggregate(table=t1.drop("_lo", "_hi", strict=False), eps=eps)
+        if want_steps and t1.height and t1["_lo"].min() is not None:
+            step_range = (int(t1["_lo"].min()), int(t1["_hi"].max()))
+    agg = fine
     if agg.n_tokens == 0:
         raise FitError("No token with a finite entropy: the scaling-law fit has nothing to bin.")
     counts = agg.counts_per_fine()
     binning = coarse_binning(counts, bins, bin_edges)
     brk = coarse_binning(counts, max(2 * int(bins), BREAK_BINS), bin_edges)
     cells = joint_binning(binning, brk)
-    nb = binning.n_bins
 
-    # ---- pass 2: sums per (cell, block, staleness bucket, step range) in ONE scan: the
-    # block aggregate and both strata tables are sums of this table (its size is bounded by
-    # cells x blocks x buckets x ranges, never by tokens); sequences per bin (exact,
-    # n_unique) in a second scan
-    coarse = binning.expr()
     notices: list[str] = []
     stale_key = _staleness_expr(names) if with_strata else None
     step_labels: list[str] = []
@@ -1022,9 +1160,8 @@ def fit_scaling_law(
         if stale_key is None:
             notices.append("staleness strata skipped: no staleness (or policy_version and "
                            "train_version) column")
-        lo_hi = res[1] if has_step and len(res) > 1 else None
-        if lo_hi is not None and lo_hi.height and lo_hi["lo"][0] is not None:
-            s_lo, s_hi = int(lo_hi["lo"][0]), int(lo_hi["hi"][0])
+        if want_steps and step_range is not None:
+            s_lo, s_hi = step_range
             n_steps = s_hi - s_lo + 1
             n_rng = min(MAX_STEP_RANGES, n_steps)
             width = -(-n_steps // n_rng)
@@ -1037,51 +1174,56 @@ def fit_scaling_law(
             notices.append("step strata skipped: no step column")
     else:
         notices.append("strata not computed (with_strata=False)")
-    keys = [cells.expr().alias("cell"), block_expr(B).alias("block")]
-    if stale_key is not None:
-        keys.append(stale_key.alias("_stale"))
-    if step_key is not None:
-        keys.append(step_key.alias("_srng"))
-    key_names = [k.meta.output_name() for k in keys]
-    big, seqs_t = _collect_each([
-        _inputs(lfu, *keys).filter(pl.col("cell") >= 0).group_by(key_names).agg(_sums(eps)),
-        lfu.select(coarse.alias("coarse"), pl.col("seq_key"))
-        .group_by("coarse").agg(pl.col("seq_key").n_unique().cast(pl.Int64).alias("seqs"))
-        .sort("coarse"),
-    ])
-    block_t = (
-        big.group_by(["cell", "block"])
-        .agg([pl.col(c).sum() for c in SUM_COLUMNS])
-        .with_columns(pl.col("n").cast(pl.Int64), pl.col("n_plow").cast(pl.Int64))
-        .sort(["cell", "block"])
-    )
-    bagg = BlockAggregate(block_t, cells, B, eps)
-    cell_coarse = pl.Series(binning.coarse_of_fine(cells.starts[:-1]).astype(np.int32))
+    sums = _FitSums(names, binning, cells, B, eps, tau, stale_key, step_key, len(step_labels))
+    params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau, "n_boot": n_boot,
+              "n_blocks": B, "seed": seed, "with_strata": with_strata}
+    return FitPlan(agg=agg, binning=binning, brk=brk, cells=cells, sums=sums, params=params,
+                   notices=notices, step_labels=step_labels, has_stale=stale_key is not None)
 
-    def strata_table(col: str) -> pl.DataFrame:
-        # rows per (stratum, cell, block); _stratum_fits sums the cells of a coarse bin
-        return (
-            big.filter(pl.col(col).is_not_null())
-            .select(
-                pl.col(col).alias("stratum"),
-                pl.col("cell").replace_strict(
-                    list(range(len(cell_coarse))), cell_coarse.to_list(),
-                    return_dtype=pl.Int32).alias("coarse"),
-                "block", "n", "s_h", "s_d2",
-            )
-            .filter(pl.col("coarse") >= 0)
-            .group_by(["stratum", "coarse", "block"])
-            .agg(pl.col("n").sum(), pl.col("s_h").sum(), pl.col("s_d2").sum())
-            .sort(["stratum", "coarse", "block"])
+
+def _check_fit_params(eps: float, tau: float, n_boot: int) -> None:
+    if not (eps >= 0 and math.isfinite(eps)):
+        raise ParameterError(f"eps must be >= 0, got {eps!r}.")
+    if not (tau > 0 and math.isfinite(tau)):
+        raise ParameterError(f"tau must be > 0, got {tau!r}.")
+    if int(n_boot) != n_boot or n_boot < MIN_BOOT:
+        raise ParameterError(
+            f"n_boot must be an integer >= {MIN_BOOT} (intervals and the breakpoint test are "
+            f"bootstrap percentiles), got {n_boot!r}."
         )
 
-    strata_tables: list[pl.DataFrame] = []
-    if stale_key is not None:
-        strata_tables.append(strata_table("_stale"))
-    if step_key is not None:
-        strata_tables.append(strata_table("_srng"))
 
-    S = coarse_block_sums(bagg, binning)
+def _block_sums(acc: np.ndarray, binning: CoarseBinning, cells: CoarseBinning, B: int
+                ) -> np.ndarray:
+    """(cells x B) flat sums -> (bins x B) sums of ``binning`` (its edges are cell edges)."""
+    cell_bin = binning.coarse_of_fine(cells.starts[:-1])
+    out = np.zeros((binning.n_bins, B))
+    A = acc.reshape(cells.n_bins, B)
+    ok = cell_bin >= 0
+    np.add.at(out, cell_bin[ok], A[ok])
+    return out
+
+
+def _finish_fit(plan: FitPlan) -> FitResult:
+    p = plan.params
+    bins, bin_edges, eps, tau = p["bins"], p["bin_edges"], p["eps"], p["tau"]
+    n_boot, B, seed, with_strata = p["n_boot"], p["n_blocks"], p["seed"], p["with_strata"]
+    binning, brk, cells, agg, fs = plan.binning, plan.brk, plan.cells, plan.agg, plan.sums
+    nb = binning.n_bins
+    notices = list(plan.notices)
+    step_labels = plan.step_labels
+    NP = len(P_BINS)
+    # per (cell, flag, p bin) -> per coarse bin totals of the sums only needed as points
+    cell_bin = binning.coarse_of_fine(cells.starts[:-1])
+    reg = {c: v.reshape(cells.n_bins, 2, NP) for c, v in fs.reg.items()}
+
+    def per_bin(v: np.ndarray) -> np.ndarray:
+        out = np.zeros(nb)
+        ok = cell_bin >= 0
+        np.add.at(out, cell_bin[ok], v[ok])
+        return out
+
+    S = {c: _block_sums(fs.cb[c], binning, cells, B) for c in ("n", "s_h", "s_d2")}
     boot = _Boot(S["n"].sum(axis=0), n_boot, seed)
     if boot.W.shape[0] == 0:
         raise FitError(
@@ -1089,6 +1231,8 @@ def fit_scaling_law(
             "from at least 2 sequences."
         )
     tot = {c: boot.totals(S[c]) for c in S}
+    point = {c: per_bin(reg[c].sum(axis=(1, 2))) for c in ("s_d", "s_absd", "s_z2")}
+    point["n_plow"] = per_bin(reg["n"][:, :, :2].sum(axis=(1, 2)))  # p < 1e-3: P_BINS 0, 1
     n0 = tot["n"][0]
     mean_h, mean_d2 = _div(tot["s_h"][0], n0), _div(tot["s_d2"][0], n0)
     D2r = _div(tot["s_d2"][1], tot["n"][1])
@@ -1113,7 +1257,7 @@ def fit_scaling_law(
         )
 
     # ---- breakpoint on finer bins (same edge kind), then laws on the law regime
-    Sb = coarse_block_sums(bagg, brk)
+    Sb = {c: _block_sums(fs.cb[c], brk, cells, B) for c in ("n", "s_h", "s_d2")}
     bd_brk = _eligible(Sb, {c: boot.totals(Sb[c]) for c in ("n", "s_h", "s_d2")}, boot, brk)
     search, bp, _ = _search_break(bd_brk, brk.h_lo[bd_brk.idx], brk.h_hi[bd_brk.idx])
     h_star = None if bp is None else bp.h_star
@@ -1163,41 +1307,43 @@ def fit_scaling_law(
     ka, ca, kar, car, chi2a, r2a = _fit_affine(bd, pred)
     aff = AffineLaw(ka, _ci(kar), ca, _ci(car), chi2a, r2a, int(bd.idx.size))
 
-    # ---- pass 3: the noise regime (needs H*)
-    # ---- pass 3: the noise regime (needs H*) and the |delta| histogram per coarse bin, in
-    # one scan: sums per (coarse, |delta| bin, below H*, flagged, p bin), summed both ways
-    both = _regime_with_hist(lfu, coarse, h_star, tau, eps).collect(engine="streaming")
+    # ---- the noise regime (needs H*: a cell edge, so "H < H*" is a set of cells) and the
+    # |delta| histogram per coarse bin, both from the pass's sums
+    below_cell = (cells.h_hi <= h_star * (1 + 1e-9)) if h_star is not None else (
+        np.zeros(cells.n_bins, dtype=bool))
+    rows = []
+    for below in (False, True):
+        sel = below_cell == below
+        for z in (0, 1):
+            for pb in range(NP):
+                n_ = int(round(reg["n"][sel, z, pb].sum()))
+                if n_:
+                    rows.append({"below": below, "flag": bool(below and z), "pbin": pb,
+                                 "n": n_, "s_d2": float(reg["s_d2"][sel, z, pb].sum())})
     regime_t = (
-        both.group_by(["below", "flag", "pbin"])
-        .agg(pl.col("n").sum(), pl.col("s_d2").sum())
+        pl.DataFrame(rows, schema={"below": pl.Boolean, "flag": pl.Boolean, "pbin": pl.Int32,
+                                   "n": pl.Int64, "s_d2": pl.Float64})
+        .group_by(["below", "flag", "pbin"]).agg(pl.col("n").sum(), pl.col("s_d2").sum())
         .sort(["below", "flag", "pbin"])
     )
     regime = summarize_regime(regime_t, h_star, tau=tau, eps=eps)
-    dh_t = (
-        both.group_by(["coarse", "dbin"]).agg(pl.col("n").sum()).sort(["coarse", "dbin"])
-    )
-    seqs = np.zeros(nb, dtype=np.int64)
-    for c, s_ in zip(seqs_t["coarse"].to_list(), seqs_t["seqs"].to_list(), strict=True):
-        if c is not None and c >= 0:
-            seqs[c] = s_
+    seqs = fs.sequences_per_bin()
+    hist = fs.hist.reshape(nb, _N_D + 1)
     p95 = np.full(nb, _NAN)
-    dc = dh_t["coarse"].to_numpy()
+    dbins = np.arange(_N_D + 1)
     for j in range(nb):
-        m = dc == j
-        if m.any():
-            p95[j] = _p95_from_hist(dh_t["dbin"].to_numpy()[m], dh_t["n"].to_numpy()[m])
+        nz = hist[j] > 0
+        if nz.any():
+            p95[j] = _p95_from_hist(dbins[nz], hist[j][nz])
 
     staleness_fits: list[StratumFit] = []
     step_fits: list[StratumFit] = []
-    qi = 0
     if with_strata:
-        if stale_key is not None:
-            staleness_fits = _stratum_fits(strata_tables[qi], [b[0] for b in STALENESS_BUCKETS],
+        if plan.has_stale:
+            staleness_fits = _stratum_fits(fs.st, [b[0] for b in STALENESS_BUCKETS],
                                            "staleness", law_bins, nb, boot, B)
-            qi += 1
         if step_labels:
-            step_fits = _stratum_fits(strata_tables[qi], step_labels, "step", law_bins, nb,
-                                      boot, B)
+            step_fits = _stratum_fits(fs.sr, step_labels, "step", law_bins, nb, boot, B)
 
     # ---- bins
     law_set = set(int(i) for i in law_bins)
@@ -1212,13 +1358,13 @@ def fit_scaling_law(
                 tokens=int(n),
                 sequences=int(seqs[j]),
                 mean_h=_f(mean_h[j]),
-                mean_delta=_f(_div(tot["s_d"][0][j], n)),
+                mean_delta=_f(_div(point["s_d"][j], n)),
                 mean_delta2=_f(mean_d2[j]),
                 mean_delta2_ci=_ci(D2r[j]),
-                mean_abs_delta=_f(_div(tot["s_absd"][0][j], n)),
+                mean_abs_delta=_f(_div(point["s_absd"][j], n)),
                 p95_abs_delta=_f(p95[j]),
-                share_p_lt_1e3=_f(_div(tot["n_plow"][0][j], n)),
-                mean_z2=_f(_div(tot["s_z2"][0][j], n)),
+                share_p_lt_1e3=_f(_div(point["n_plow"][j], n)),
+                mean_z2=_f(_div(point["s_z2"][j], n)),
                 in_fit=j in law_set,
             )
         )
