@@ -4,20 +4,22 @@ ENTR (earlier ESTR) rests on the claim that the second moment of the log importa
 ``delta = train_logprob - infer_logprob`` scales with the entropy ``H`` (nats) of the
 sampling distribution: ``E[delta^2 | H] ~= k H``. :func:`fit_scaling_law` checks it on a run:
 
-1. **Bins.** Four streaming scans, each a small aggregation (:mod:`entr_diag.aggregate`):
-   (1) sums per fine log-grid bin of H (4097 bins) with the step range; (2) sums per
-   (cell, block of whole sequences, staleness bucket, step range), the cells refining both
-   the display bins and the breakpoint bins: the block aggregate and both strata tables
-   are sums of it; (2b) per-bin sequence counts; (3) the noise regime (it needs H*) and
-   the |delta| histogram, as sums per (coarse bin, |delta| bin, regime cell). Coarse bins
-   (``bins``, quantile or log edges) are unions of fine bins chosen from the pass-1 counts: quantile edges are approximate at fine-bin resolution
-   (0.41 % in H). Per bin: tokens, sequences (exact, ``n_unique`` in pass 2: memory
-   O(sequences)), mean H, mean delta, mean delta^2 with a 95 % interval, mean |delta|,
-   p95 |delta| (from a log-spaced histogram of |delta| in pass 3, 1024 bins on
+1. **Bins.** Two passes over the tokens, whose results are small whatever their number:
+   (1) a light streaming scan: sums per fine log-grid bin of H (4097 bins,
+   :mod:`entr_diag.aggregate`) with the step range; (2) ONE streaming pass
+   (:mod:`entr_diag.passes`, :class:`FitPlan`) feeding dense sums per (cell, block of whole
+   sequences), per (staleness bucket or step range, coarse bin, block), per (cell,
+   z^2 > tau, p bin) and the |delta| histogram per coarse bin, plus one bitmask per sequence
+   of the bins it touches (exact sequences per bin). The cells refine both the display bins
+   and the breakpoint bins; H\* is a cell edge, so the noise regime (H < H\*) is a set of
+   cells chosen after the fit, without another pass. Coarse bins
+   (``bins``, quantile or log edges) are unions of fine bins chosen from the pass-1
+   counts: quantile edges are approximate at fine-bin resolution (0.41 % in H). Per bin:
+   tokens, sequences (exact: memory O(sequences)), mean H, mean delta, mean delta^2 with a
+   95 % interval, mean |delta|, p95 |delta| (from a log-spaced histogram of |delta|, 1024 bins on
    [1e-9, 100] nats, geometric interpolation inside a bin: about 1.2 % resolution), share
    of tokens with sampled-token probability p < 1e-3, and mean z^2 with
-   z = delta / sqrt(H + eps). Each aggregation is collected on its own (one scan each):
-   ``pl.collect_all`` caches the shared scan and its memory then grows with the input.
+   z = delta / sqrt(H + eps).
 2. **Uncertainty.** Every interval is a percentile interval of a bootstrap that resamples
    the non-empty sequence blocks with replacement (``n_boot`` replicates, fixed ``seed``):
    sequences are resampled whole, never tokens. Fits are redone on every replicate.
@@ -952,9 +954,9 @@ def fit_scaling_law(
 
     ``lf``: canonical token frame (docs/CONTRACT.md; one row per valid loss-masked token;
     needs seq_key, entropy, delta, infer_logprob; optional step, staleness or
-    policy_version + train_version for strata). Never collected whole: four streaming
-    scans whose results are small (fine grid and step range; (cell, block, stratum) sums;
-    sequences per bin; noise regime with the |delta| histogram).
+    policy_version + train_version for strata). Never collected whole: :func:`fit_plan`
+    (a light scan for the fine grid and step range), then one streaming pass of its
+    accumulators (:func:`entr_diag.passes.run_pass`), then :meth:`FitPlan.finish`.
     Tokens without a finite entropy >= 0 are skipped.
 
     ``bins``/``bin_edges``: number of coarse entropy bins, ``"quantile"`` or ``"log"``.
