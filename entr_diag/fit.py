@@ -11,7 +11,7 @@ sampling distribution: ``E[delta^2 | H] ~= k H``. :func:`fit_scaling_law` checks
    sequences), per (staleness bucket or step range, coarse bin, block), per (cell,
    z^2 > tau, p bin) and the |delta| histogram per coarse bin, plus one bitmask per sequence
    of the bins it touches (exact sequences per bin). The cells refine both the display bins
-   and the breakpoint bins; H\* is a cell edge, so the noise regime (H < H\*) is a set of
+   and the breakpoint bins; H* is a cell edge, so the noise regime (H < H*) is a set of
    cells chosen after the fit, without another pass. Coarse bins
    (``bins``, quantile or log edges) are unions of fine bins chosen from the pass-1
    counts: quantile edges are approximate at fine-bin resolution (0.41 % in H). Per bin:
