@@ -1090,10 +1090,10 @@ class FitPlan:
     frame (:func:`entr_diag.passes.run_pass`, possibly together with other analyses'), then
     :meth:`finish`. Built by :func:`fit_plan`, which runs the small pass 1 (fine grid)."""
 
-    def __init__(self, *, agg: FineAggregate, binning: CoarseBinning, brk: CoarseBinning,
+    def __init__(self, *, n_tokens: int, binning: CoarseBinning, brk: CoarseBinning,
                  cells: CoarseBinning, sums: _FitSums, params: dict, notices: list[str],
                  step_labels: list[str], has_stale: bool) -> None:
-        self.agg, self.binning, self.brk, self.cells = agg, binning, brk, cells
+        self.n_tokens, self.binning, self.brk, self.cells = n_tokens, binning, brk, cells
         self.sums = sums
         self.accumulators = [sums]
         self.params = params
@@ -1118,13 +1118,17 @@ def fit_plan(
     n_blocks: int = 200,
     seed: int = 0,
     with_strata: bool = True,
-    fine: FineAggregate | None = None,
+    fine_counts: np.ndarray | None = None,
     step_range: tuple[int, int] | None = None,
 ) -> FitPlan:
-    """Check the parameters, run pass 1 (sums per fine entropy bin and the step range; one
-    light streaming scan, skipped when ``fine`` and ``step_range`` are given) and choose the
-    bins; returns the :class:`FitPlan` whose accumulators do the rest in one pass.
-    Same parameters and errors as :func:`fit_scaling_law`."""
+    """Check the parameters, run pass 1 (tokens per fine entropy bin and the step range; one
+    light streaming scan) and choose the bins; returns the :class:`FitPlan` whose
+    accumulators do the rest in one pass. Same parameters and errors as
+    :func:`fit_scaling_law`.
+
+    ``fine_counts`` (int array of length ``N_FINE + 1``, tokens of ``lf`` per fine bin of
+    :func:`~entr_diag.aggregate.fine_bin_expr`, e.g. ``Dataset.entropy_fine_counts``) and
+    ``step_range`` (lowest, highest step of ``lf``) skip pass 1 when they are known."""
     _check_fit_params(eps, tau, n_boot)
     _check_blocks(n_blocks)
     lfu = usable(lf)
@@ -1132,7 +1136,7 @@ def fit_plan(
     B = int(n_blocks)
     has_step = "step" in names
     want_steps = has_step and with_strata
-    if fine is None or (want_steps and step_range is None):
+    if fine_counts is None or (want_steps and step_range is None):
         q1 = fine_query(lfu, eps=eps)
         if want_steps:
             q1 = (
@@ -1143,13 +1147,15 @@ def fit_plan(
                 .sort("fine")
             )
         t1 = q1.collect(engine="streaming")
-        fine = FineAggregate(table=t1.drop("_lo", "_hi", strict=False), eps=eps)
+        fine_counts = FineAggregate(table=t1.drop("_lo", "_hi", strict=False),
+                                    eps=eps).counts_per_fine()
         if want_steps and t1.height and t1["_lo"].min() is not None:
             step_range = (int(t1["_lo"].min()), int(t1["_hi"].max()))
-    agg = fine
-    if agg.n_tokens == 0:
+    counts = np.asarray(fine_counts, dtype=np.int64)
+    if counts.shape != (N_FINE + 1,):
+        raise ParameterError(f"fine_counts must have length {N_FINE + 1}, got {counts.shape}.")
+    if counts.sum() == 0:
         raise FitError("No token with a finite entropy: the scaling-law fit has nothing to bin.")
-    counts = agg.counts_per_fine()
     binning = coarse_binning(counts, bins, bin_edges)
     brk = coarse_binning(counts, max(2 * int(bins), BREAK_BINS), bin_edges)
     cells = joint_binning(binning, brk)
@@ -1179,7 +1185,7 @@ def fit_plan(
     sums = _FitSums(names, binning, cells, B, eps, tau, stale_key, step_key, len(step_labels))
     params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau, "n_boot": n_boot,
               "n_blocks": B, "seed": seed, "with_strata": with_strata}
-    return FitPlan(agg=agg, binning=binning, brk=brk, cells=cells, sums=sums, params=params,
+    return FitPlan(n_tokens=int(counts.sum()), binning=binning, brk=brk, cells=cells, sums=sums, params=params,
                    notices=notices, step_labels=step_labels, has_stale=stale_key is not None)
 
 
@@ -1210,7 +1216,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
     p = plan.params
     bins, bin_edges, eps, tau = p["bins"], p["bin_edges"], p["eps"], p["tau"]
     n_boot, B, seed, with_strata = p["n_boot"], p["n_blocks"], p["seed"], p["with_strata"]
-    binning, brk, cells, agg, fs = plan.binning, plan.brk, plan.cells, plan.agg, plan.sums
+    binning, brk, cells, fs = plan.binning, plan.brk, plan.cells, plan.sums
     nb = binning.n_bins
     notices = list(plan.notices)
     step_labels = plan.step_labels
@@ -1382,7 +1388,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         "blocks_nonempty": int(boot.blocks.size),
         "seed": seed,
         "with_strata": with_strata,
-        "tokens": int(agg.n_tokens),
+        "tokens": int(plan.n_tokens),
         "fine_grid": {"bins": N_FINE, "h_min": H_MIN, "h_max": H_MAX},
         "min_bin_tokens": MIN_BIN_TOKENS,
         "bic_margin": BIC_MARGIN,
