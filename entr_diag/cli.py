@@ -106,7 +106,9 @@ def _parse_columns(items: list[str] | None) -> dict[str, str]:
 
 
 class _Phases:
-    """A rich progress bar on stderr over a command's phases (read, fit, gates, ...).
+    """A rich progress bar on stderr: the current phase of a command (reading input, fit,
+    gates, ...) and, during a pass over the tokens, the rows read so far out of the rows
+    expected (advanced batch by batch through :func:`entr_diag.passes.progress_hook`).
 
     Shown only when stderr is a terminal and ``--quiet`` is not given; transient, so it
     leaves nothing behind in a log.
@@ -116,15 +118,24 @@ class _Phases:
         self.bar: Progress | None = None
         self.task: TaskID | None = None
 
-    def begin(self, total: int, quiet: bool) -> None:
+    def begin(self, quiet: bool) -> None:
         if quiet or not stderr.is_terminal:
             return
         self.bar = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-            MofNCompleteColumn(), TimeElapsedColumn(), console=stderr, transient=True,
+            MofNCompleteColumn(), TextColumn("rows"), TimeElapsedColumn(), console=stderr,
+            transient=True,
         )
         self.bar.start()
-        self.task = self.bar.add_task("starting", total=total)
+        self.task = self.bar.add_task("starting", total=None)
+
+    def phase(self, message: str, rows: int | None) -> None:
+        if self.bar is not None and self.task is not None:
+            self.bar.reset(self.task, total=rows, description=message)
+
+    def advance(self, rows: int) -> None:
+        if self.bar is not None and self.task is not None:
+            self.bar.advance(self.task, rows)
 
     def end(self) -> None:
         if self.bar is not None:
@@ -136,12 +147,15 @@ _phases = _Phases()
 
 
 @contextlib.contextmanager
-def _errors(phases: int = 1, quiet: bool = True) -> Iterator[None]:
-    """Run a command body: progress over ``phases``; library and input errors become one
+def _errors(quiet: bool = True) -> Iterator[None]:
+    """Run a command body: a progress bar on stderr; library and input errors become one
     paragraph on stderr and exit code 2."""
-    _phases.begin(phases, quiet)
+    from entr_diag.passes import progress_hook
+
+    _phases.begin(quiet)
     try:
-        yield
+        with progress_hook(_phases.advance if _phases.bar is not None else None):
+            yield
     except EntrDiagError as e:
         _phases.end()
         stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
@@ -161,15 +175,12 @@ def _errors(phases: int = 1, quiet: bool = True) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _status(message: str, quiet: bool) -> Iterator[None]:
-    """One phase of the command: named on the progress bar, advanced when done."""
-    bar, task = _phases.bar, _phases.task
-    if quiet or bar is None or task is None:
-        yield
-        return
-    bar.update(task, description=message)
+def _status(message: str, quiet: bool, rows: int | None = None) -> Iterator[None]:
+    """One phase of the command, named on the progress bar; ``rows``: the rows its pass
+    reads (None: unknown, a spinner and a count)."""
+    if not quiet:
+        _phases.phase(message, rows)
     yield
-    bar.advance(task)
 
 
 def _check_output(path: Path | None, what: str) -> None:
@@ -343,7 +354,7 @@ def inspect(
     from entr_diag.report.json_report import envelope
     from entr_diag.report.terminal import render_inspect
 
-    with _errors(2, quiet):
+    with _errors(quiet):
         from entr_diag.report.terminal_findings import render_findings
 
         _check_output(json_path, "--json")
@@ -364,13 +375,17 @@ def inspect(
 # ----------------------------------------------------------------- fit
 
 
-def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, full: bool = True):
-    """The scaling-law fit, and with ``full`` its strata and the mismatch metrics.
+def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, full: bool = True,
+         forensics: bool = False, profiles: bool = False):
+    """The scaling-law fit (with ``full``: its strata and the mismatch metrics; with
+    ``forensics`` / ``profiles``: those too), all in ONE pass over the tokens: every
+    analysis contributes accumulators to :func:`entr_diag.passes.run_pass`.
 
-    Returns ``(FitResult, MismatchMetrics | None)``.
+    Returns a dict with keys ``fit`` (FitResult), ``metrics``, ``findings``, ``profiles``
+    (None when not asked for).
     """
-    from entr_diag.fit import fit_scaling_law
-    from entr_diag.metrics import compute_metrics
+    from entr_diag.fit import fit_plan
+    from entr_diag.passes import run_pass
 
     if not ds.has("entropy"):
         raise ParameterError(
@@ -378,14 +393,29 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, full: bool = Tru
             "unavailable; map one with --column entropy=NAME (or --entropy train for a "
             "trainer-side entropy)."
         )
-    with _status("fitting the entropy-ratio scaling law...", quiet):
-        fit = fit_scaling_law(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
-                              n_boot=n_boot, seed=seed, with_strata=full)
-    if not full:
-        return fit, None
-    with _status("computing mismatch metrics...", quiet):
-        metrics = compute_metrics(ds.lf)
-    return fit, metrics
+    steps = ds.accounting.steps
+    plans = {"fit": fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
+                             n_boot=n_boot, seed=seed, with_strata=full,
+                             fine_counts=ds.entropy_fine_counts,
+                             step_range=(min(steps), max(steps)) if steps else None)}
+    if full:
+        from entr_diag.metrics import metrics_plan
+
+        plans["metrics"] = metrics_plan(ds.lf)
+    if forensics:
+        from entr_diag.forensics import forensics_plan
+
+        plans["findings"] = forensics_plan(ds)
+    if profiles:
+        from entr_diag.profiles import profiles_plan
+
+        plans["profiles"] = profiles_plan(ds.lf, eps=eps)
+    what = ", ".join(["the scaling law", *(k for k in plans if k != "fit")])
+    with _status(f"reading tokens ({what})...", quiet, rows=ds.accounting.tokens_valid):
+        run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators])
+    with _status("fitting...", quiet):
+        out = {k: p.finish() for k, p in plans.items()}
+    return {k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}
 
 
 @app.command()
@@ -413,12 +443,13 @@ def fit(
     from entr_diag.report.terminal_findings import render_findings
     from entr_diag.report.terminal_fit import render_fit
 
-    with _errors(5, quiet):
+    with _errors(quiet):
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet)
         _check_alignment(ds, allow_misaligned, quiet)
-        fit_res, metrics = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
+        a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
+        fit_res, metrics = a["fit"], a["metrics"]
         findings = _forensics(ds, quiet)
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
@@ -455,11 +486,11 @@ def flag(
     from entr_diag.atomic import write_with
     from entr_diag.regime import flagged_tokens
 
-    with _errors(2, quiet):
+    with _errors(quiet):
         _check_output(output, "--output")
         _refuse_overwriting_inputs(paths, {"--output": output})
         ds = _load(paths, column, framework, layout, entropy, quiet)
-        res, _ = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False)
+        res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False)["fit"]
         bp = res.to_dict().get("breakpoint")
         h_star = None if bp is None else bp["h_star"]
         # always written (empty, same columns, when there is no break): a stale file from an
@@ -574,7 +605,7 @@ def compare(
     from entr_diag.report.json_report import envelope
     from entr_diag.report.terminal_compare import render_compare
 
-    with _errors(4, quiet):
+    with _errors(quiet):
         sweeps = _parse_sweep(sweep)
         entr, panel = _gates(gate, tau, eps)
         _check_output(json_path, "--json")
@@ -582,7 +613,7 @@ def compare(
         _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
         ds = _load(paths, column, framework, layout, entropy, quiet)
         _check_alignment(ds, allow_misaligned, quiet)
-        fit_res, _ = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False)
+        fit_res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False)["fit"]
         res = _compare(ds, fit_res, entr, panel, sweeps, quiet)
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
@@ -634,14 +665,15 @@ def report(
     from entr_diag.report.html_report import build_report_html
     from entr_diag.report.json_report import envelope, sanitize
 
-    with _errors(7, quiet):
+    with _errors(quiet):
         entr, panel = _gates(gate, tau, eps)
         _check_output(output, "--output")
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet)
         _check_alignment(ds, allow_misaligned, quiet)
-        fit_res, metrics = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
+        a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
+        fit_res, metrics = a["fit"], a["metrics"]
         cmp_res = _compare(ds, fit_res, entr, panel, {}, quiet)
         with _status("profiles...", quiet):
             prof = profiles.compute_profiles(ds.lf, eps=eps).to_dict()
@@ -706,7 +738,7 @@ def synth(
 
     from entr_diag.synth import SynthSpec, write_synth
 
-    with _errors(1, quiet):
+    with _errors(quiet):
         if tokens <= 0:
             raise ParameterError(f"--tokens must be positive (got {tokens}).")
         if layout not in ("long", "nested"):
