@@ -390,3 +390,51 @@ def test_render_fit_subsamples_long_step_series():
     render_fit(r, m, console)
     out = console.file.getvalue()
     assert "per-step rows subsampled: 30 steps" in out
+
+
+# ----------------------------------------------------------------------------- one pass
+
+
+def test_one_pass_does_not_depend_on_batch_size():
+    """The fit's accumulators give the same result whatever the batches the pass is cut
+    into (sequences split across batches included)."""
+    from entr_diag.fit import fit_plan
+    from entr_diag.passes import run_pass
+
+    _, lf = synth(n_tokens=30_000, seed=2, h_star=0.03)
+    whole = fit_scaling_law(lf, n_boot=200).to_dict()
+    plan = fit_plan(lf, n_boot=200)
+    run_pass(lf, plan.accumulators, chunk_size=997)
+    _assert_same_result(whole, plan.finish().to_dict())
+
+
+def test_fit_plan_from_known_fine_counts_skips_pass_one():
+    """Given the tokens per fine bin and the step range (as the loader counts them), the
+    plan chooses the same bins and gives the same result as with its own pass 1."""
+    from entr_diag.aggregate import N_FINE, fine_bin_expr
+    from entr_diag.fit import fit_plan
+    from entr_diag.passes import run_pass
+
+    _, lf = synth(n_tokens=30_000, seed=3, h_star=0.03)
+    df = lf.collect()
+    counts = np.bincount(df.select(fine_bin_expr()).to_series().to_numpy(),
+                         minlength=N_FINE + 1)
+    plan = fit_plan(lf, n_boot=200, fine_counts=counts,
+                    step_range=(int(df["step"].min()), int(df["step"].max())))
+    run_pass(lf, plan.accumulators)
+    _assert_same_result(fit_scaling_law(lf, n_boot=200).to_dict(), plan.finish().to_dict())
+    with pytest.raises(ParameterError):
+        fit_plan(lf, fine_counts=counts[:10], step_range=(0, 1))
+
+
+def test_regime_counts_match_flagged_tokens():
+    """The regime's flagged-token count (from per-cell sums) equals a direct filter of the
+    tokens with H < H* and delta^2 / (H + eps) > tau."""
+    _, lf = synth(n_tokens=50_000, seed=0, h_star=0.03)
+    r = fit_scaling_law(lf, n_boot=200)
+    assert r.breakpoint is not None
+    h_star = r.breakpoint.h_star
+    n = lf.filter(noise_flag_expr(h_star, 4.0, 0.01)).select(pl.len()).collect().item()
+    below = lf.filter(pl.col("entropy") < h_star).select(pl.len()).collect().item()
+    assert r.regime.flagged_tokens == n > 0
+    assert r.regime.tokens_below_h_star == below
