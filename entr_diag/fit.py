@@ -1013,7 +1013,7 @@ class _FitSums:
         self._usable = h.is_not_null() & h.is_finite() & (h >= 0) & d.is_finite()
         self.cb = {c: np.zeros(self.nc * B) for c in ("n", "s_h", "s_d2")}
         self.reg = {c: np.zeros(self.nc * 2 * len(P_BINS))
-                    for c in ("n", "s_h", "s_d", "s_d2", "s_absd", "s_z2")}
+                    for c in ("n", "s_d", "s_d2", "s_absd", "s_z2")}
         self.hist = np.zeros(self.nb * (_N_D + 1))
         self.st = {c: np.zeros(self.n_stale * self.nb * B) for c in ("n", "s_h", "s_d2")}
         self.sr = {c: np.zeros(max(self.nr, 1) * self.nb * B) for c in ("n", "s_h", "s_d2")}
@@ -1047,10 +1047,9 @@ class _FitSums:
         self._add(self.cb["s_d2"], k, d2)
         pbin = sum((lp >= e).astype(np.int64) for e in self.p_edges)
         k = (cell * 2 + (z2 > self.tau)) * len(P_BINS) + pbin
-        for name, w in (("n", None), ("s_h", h), ("s_d", d), ("s_d2", d2),
-                        ("s_absd", np.abs(d)), ("s_z2", z2)):
-            self._add(self.reg[name], k, w)
         ad = np.abs(d)
+        for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", ad), ("s_z2", z2)):
+            self._add(self.reg[name], k, w)
         with np.errstate(divide="ignore"):
             dbin = np.floor((np.log(np.maximum(ad, _D_MIN)) - math.log(_D_MIN)) * _D_SCALE)
         dbin = np.where(ad < _D_MIN, 0, np.clip(dbin, 0, _N_D - 1) + 1).astype(np.int64)
