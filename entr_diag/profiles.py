@@ -2,10 +2,12 @@
 
 Every function takes the canonical token frame (``Dataset.lf``, one row per valid,
 loss-masked token, see docs/CONTRACT.md) as a ``pl.LazyFrame`` and returns a small frozen
-dataclass with ``to_dict()``. Work is done by polars ``group_by`` / ``top_k`` / ``select``
-aggregations collected with ``engine="streaming"``: the token frame itself is never
-collected, so memory is bounded by the size of the result (bins, switch table, top-k rows),
-not by the number of tokens.
+dataclass with ``to_dict()``. The work is done by mergeable accumulators fed by one
+streaming pass (:func:`entr_diag.passes.run_pass`): fixed-edge histograms (``numpy.bincount``
+on polars-computed bin indices), a per-(sequence, policy version) table merged by key, and
+a top-k of tokens merged by keeping the top-k of the union. The token frame itself is never
+collected, so memory is bounded by the size of the results (bins, sequences x versions,
+top-k rows), not by the number of tokens.
 
 - :func:`density_2d` - 2-D histogram of (entropy H, |delta|) on fixed log-spaced edges.
 - :func:`mismatch_by_prob` - delta, |delta|, delta^2 per bin of sampled-token probability
@@ -15,7 +17,14 @@ not by the number of tokens.
   in-flight policy-version switch inside a sequence (arXiv:2607.22186, figure 3).
 - :func:`offenders` - the worst tokens by the ENTR score delta^2 / (H + eps)
   (arXiv:2607.22186, the ENTR gate) and the worst sequences by mean |delta|.
-- :func:`compute_profiles` - all of the above, bundled for the report.
+- :func:`compute_profiles` - all of the above, bundled for the report;
+  :func:`profiles_plan` gives its accumulators, to run in a pass shared with other analyses.
+
+Passes: everything is computed in one pass except the per-offset means of
+:func:`version_switch_profile`, which need the switch positions (the first position of each
+non-first version run of a sequence, known only once the whole sequence has been seen) to
+select the tokens within ``max_offset`` of them: that is a second pass, run only when some
+sequence switches version (:meth:`ProfilesPlan.followup`).
 
 Units: entropy and delta in nats; p is a probability in [0, 1].
 """
@@ -30,6 +39,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import ParameterError
+from entr_diag.passes import Accumulator, GroupAgg, run_pass
 
 __all__ = [
     "Density2D",
@@ -37,32 +47,36 @@ __all__ = [
     "VersionSwitchProfile",
     "Offenders",
     "Profiles",
+    "ProfilesPlan",
     "density_2d",
     "mismatch_by_prob",
     "version_switch_profile",
     "offenders",
     "compute_profiles",
+    "profiles_plan",
     "log_edges",
 ]
 
+#: Default grids of the report (density_2d, mismatch_by_prob): (range, number of log bins).
+_H_GRID = ((1e-5, 20.0), 42)
+_ABS_DELTA_GRID = ((1e-6, 100.0), 48)
+_P_GRID = ((1e-6, 1.0), 24)
+
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _collect(lf: pl.LazyFrame) -> pl.DataFrame:
-    """Collect a (small, aggregated) lazy result on the streaming engine."""
-    return lf.collect(engine="streaming")
 
 
 def _columns(lf: pl.LazyFrame) -> set[str]:
     return set(lf.collect_schema().names())
 
 
-def _num(x: Any) -> float | None:
-    """Plain float (NaN kept) or None; polars may hand back None for empty aggregates."""
-    if x is None:
-        return None
-    return float(x)
+def _keep(batch: pl.DataFrame, cond: pl.Expr) -> pl.DataFrame:
+    """The rows of ``batch`` where ``cond`` holds (null counts as false); the batch itself,
+    without a copy, when every row passes (the usual case on the validated token frame)."""
+    cond = cond.fill_null(False)
+    if batch.select(cond.all()).item():
+        return batch
+    return batch.filter(cond)
 
 
 def log_edges(lo: float, hi: float, n: int) -> list[float]:
@@ -118,60 +132,73 @@ class Density2D:
         }
 
 
+class _DensityCounts:
+    """Accumulator of :func:`density_2d`: token counts per (entropy bin, |delta| bin) cell,
+    by ``numpy.bincount`` on the flat cell index; tokens without a finite entropy and delta
+    are not counted. Mergeable (counts add). :attr:`counts`: int64, shape
+    ``(h_bins + 1, abs_delta_bins + 1)``."""
+
+    columns = ("entropy", "delta")
+
+    def __init__(self, h_range: tuple[float, float], h_bins: int,
+                 abs_delta_range: tuple[float, float], abs_delta_bins: int) -> None:
+        self.h_range, self.h_bins = h_range, h_bins
+        self.d_range, self.d_bins = abs_delta_range, abs_delta_bins
+        self.counts = np.zeros((h_bins + 1, abs_delta_bins + 1), dtype=np.int64)
+
+    def update(self, batch: pl.DataFrame) -> None:
+        if "entropy" not in batch.columns:
+            return
+        h, d = pl.col("entropy"), pl.col("delta")
+        batch = _keep(batch, h.is_finite() & d.is_finite())
+        if batch.height == 0:
+            return
+        x = batch.select(_log_bin(h, *self.h_range, self.h_bins).alias("i"),
+                         _log_bin(d.abs(), *self.d_range, self.d_bins).alias("j"))
+        k = x["i"].to_numpy().astype(np.intp) * (self.d_bins + 1) + x["j"].to_numpy()
+        self.counts += np.bincount(k, minlength=self.counts.size).reshape(self.counts.shape)
+
+
 def density_2d(
     lf: pl.LazyFrame,
     *,
-    h_range: tuple[float, float] = (1e-5, 20.0),
-    h_bins: int = 42,
-    abs_delta_range: tuple[float, float] = (1e-6, 100.0),
-    abs_delta_bins: int = 48,
-    _joint: pl.DataFrame | None = None,
+    h_range: tuple[float, float] = _H_GRID[0],
+    h_bins: int = _H_GRID[1],
+    abs_delta_range: tuple[float, float] = _ABS_DELTA_GRID[0],
+    abs_delta_bins: int = _ABS_DELTA_GRID[1],
 ) -> Density2D:
     """2-D histogram of (entropy H, |delta|) per token, for the report's heatmap.
 
-    Input: the canonical token frame (needs ``entropy`` and ``delta``). One streaming
-    ``group_by`` over the two bin indices; the result has at most
+    Input: the canonical token frame (needs ``entropy`` and ``delta``). One streaming pass
+    counting tokens per pair of bin indices; the result has
     ``(h_bins + 1) * (abs_delta_bins + 1)`` cells whatever the token count. Edges are fixed
     (see :func:`log_edges`), so histograms of shards add up cell by cell.
     Returns an unavailable result (``available=False`` with a reason) when there is no
     entropy column or no token with a finite entropy.
     """
-    h_edges = log_edges(h_range[0], h_range[1], h_bins)
-    d_edges = log_edges(abs_delta_range[0], abs_delta_range[1], abs_delta_bins)
-    empty = tuple(tuple(0 for _ in range(abs_delta_bins + 1)) for _ in range(h_bins + 1))
+    log_edges(h_range[0], h_range[1], h_bins)  # parameter checks before the pass
+    log_edges(abs_delta_range[0], abs_delta_range[1], abs_delta_bins)
+    acc = _DensityCounts(h_range, h_bins, abs_delta_range, abs_delta_bins)
+    has_h = "entropy" in _columns(lf)
+    if has_h:
+        run_pass(lf, [acc])
+    return _density_result(acc, has_h=has_h)
 
-    def unavailable(reason: str) -> Density2D:
-        return Density2D(False, reason, tuple(h_edges), tuple(d_edges), empty, 0)
 
-    if "entropy" not in _columns(lf):
-        return unavailable("the data carry no entropy column")
-    h = pl.col("entropy")
-    ad = pl.col("delta").abs()
-    if _joint is not None:  # the table of _joint_histogram (compute_profiles)
-        agg = (_joint.filter(pl.col("i").is_not_null()).group_by("i", "j")
-               .agg(pl.col("n").sum()).select("i", "j", "n"))
-    else:
-        agg = _collect(
-            lf.filter(h.is_finite() & pl.col("delta").is_finite())
-            .select(
-                _log_bin(h, *h_range, h_bins).alias("i"),
-                _log_bin(ad, *abs_delta_range, abs_delta_bins).alias("j"),
-            )
-            .group_by("i", "j")
-            .agg(pl.len().alias("n"))
-        )
-    grid = np.zeros((h_bins + 1, abs_delta_bins + 1), dtype=np.int64)
-    for i, j, n in agg.iter_rows():
-        grid[i, j] += n
-    total = int(grid.sum())
-    if total == 0:
-        return unavailable("no token has a finite entropy")
+def _density_result(acc: _DensityCounts, *, has_h: bool) -> Density2D:
+    h_edges = tuple(log_edges(acc.h_range[0], acc.h_range[1], acc.h_bins))
+    d_edges = tuple(log_edges(acc.d_range[0], acc.d_range[1], acc.d_bins))
+    total = int(acc.counts.sum())
+    if not has_h or total == 0:
+        empty = tuple(tuple(0 for _ in range(acc.d_bins + 1)) for _ in range(acc.h_bins + 1))
+        reason = "the data carry no entropy column" if not has_h else "no token has a finite entropy"
+        return Density2D(False, reason, h_edges, d_edges, empty, 0)
     return Density2D(
         True,
         None,
-        tuple(h_edges),
-        tuple(d_edges),
-        tuple(tuple(int(v) for v in row) for row in grid),
+        h_edges,
+        d_edges,
+        tuple(tuple(int(v) for v in row) for row in acc.counts),
         total,
     )
 
@@ -222,59 +249,31 @@ class ProbProfile:
         }
 
 
-def mismatch_by_prob(
-    lf: pl.LazyFrame, *, p_range: tuple[float, float] = (1e-6, 1.0), bins: int = 24,
-    _joint: pl.DataFrame | None = None,
-) -> ProbProfile:
-    """Mismatch by sampled-token probability p = exp(infer_logprob), on log-spaced bins.
+class _ProbSums:
+    """Accumulator of :func:`mismatch_by_prob`: per p bin, the token count ``n`` and the
+    sums ``s1`` (delta), ``sa`` (|delta|), ``s2`` (delta^2) and, with an entropy column,
+    ``sh`` / ``nh`` (sum / count of the finite entropies), over tokens with a finite delta
+    and infer_logprob. Mergeable (sums add). :attr:`sums`: name -> float64 ``(bins + 1,)``."""
 
-    Input: the canonical token frame (``infer_logprob``, ``delta``; ``entropy`` optional).
-    One streaming ``group_by`` on the p bin; ``bins + 1`` rows out (floor bin included).
-    METHOD.md: in the low-entropy noise regime E[delta^2 | q] grows like (1 - q)/q, so the
-    small-p bins should carry a disproportionate share of the delta^2 mass.
-    """
-    edges = log_edges(p_range[0], p_range[1], bins)
-    has_h = "entropy" in _columns(lf)
-    p = pl.col("infer_logprob").exp()
-    d = pl.col("delta")
-    aggs = _prob_aggs(has_h)
-    if _joint is not None:  # the table of _joint_histogram (compute_profiles)
-        sums = [pl.col(c).sum() for c in ("n", "s1", "sa", "s2", "sh", "nh") if c in _joint.columns]
-        agg = _joint.filter(pl.col("b").is_not_null()).group_by("b").agg(sums)
-    else:
-        agg = _collect(
-            lf.filter(d.is_finite() & pl.col("infer_logprob").is_finite())
-            .group_by(_log_bin(p, *p_range, bins).alias("b"))
-            .agg(aggs)
-        )
-    rows = {r["b"]: r for r in agg.iter_rows(named=True)}
-    total_n = int(sum(r["n"] for r in rows.values()))
-    total_s2 = float(sum(r["s2"] for r in rows.values()))
-    out = []
-    for b in range(bins + 1):
-        r = rows.get(b)
-        n = int(r["n"]) if r else 0
-        if n:
-            mh = None
-            if has_h and r["nh"]:
-                mh = float(r["sh"]) / float(r["nh"])
-            out.append(
-                ProbBin(
-                    edges[b],
-                    edges[b + 1],
-                    n,
-                    float(r["s1"]) / n,
-                    float(r["sa"]) / n,
-                    float(r["s2"]) / n,
-                    float(r["s2"]) / total_s2 if total_s2 > 0 else None,
-                    mh,
-                )
-            )
-        else:
-            out.append(ProbBin(edges[b], edges[b + 1], 0, None, None, None, None, None))
-    if total_n == 0:
-        return ProbProfile(False, "no tokens", tuple(edges), tuple(out), 0)
-    return ProbProfile(True, None, tuple(edges), tuple(out), total_n)
+    columns = ("infer_logprob", "delta", "entropy")
+
+    def __init__(self, p_range: tuple[float, float], bins: int, has_h: bool) -> None:
+        self.p_range, self.bins, self.has_h = p_range, bins, has_h
+        names = ("n", "s1", "sa", "s2", *(("sh", "nh") if has_h else ()))
+        self.sums = {c: np.zeros(bins + 1, dtype=np.float64) for c in names}
+
+    def update(self, batch: pl.DataFrame) -> None:
+        d, lp = pl.col("delta"), pl.col("infer_logprob")
+        batch = _keep(batch, d.is_finite() & lp.is_finite())
+        if batch.height == 0:
+            return
+        # a group_by on the few p bins beats numpy.bincount here (weighted bincounts into
+        # 25 bins serialise on the same few accumulators)
+        part = (batch.lazy().group_by(_log_bin(lp.exp(), *self.p_range, self.bins).alias("b"))
+                .agg(_prob_aggs(self.has_h)).collect())
+        b = part["b"].to_numpy()  # distinct bins
+        for c, s in self.sums.items():
+            s[b] += part[c].to_numpy()
 
 
 def _prob_aggs(has_h: bool) -> list[pl.Expr]:
@@ -287,7 +286,7 @@ def _prob_aggs(has_h: bool) -> list[pl.Expr]:
     ]
     if has_h:
         h = pl.col("entropy")
-        # when/then rather than filter inside the aggregation: that stays streaming
+        # when/then rather than filter inside the aggregation: one pass, no gather
         aggs += [
             pl.when(h.is_finite()).then(h).sum().alias("sh"),
             h.is_finite().sum().alias("nh"),
@@ -295,21 +294,101 @@ def _prob_aggs(has_h: bool) -> list[pl.Expr]:
     return aggs
 
 
-def _joint_histogram(lf: pl.LazyFrame) -> pl.DataFrame:
-    """One streaming pass for :func:`density_2d` and :func:`mismatch_by_prob` (default
-    grids): token counts and sums per (H bin i, |delta| bin j, p bin b), each key null where
-    that profile's filter drops the token. At most 43 x 49 x 25 groups whatever the input
-    size; each profile sums the groups of its non-null key."""
-    h, d, lp = pl.col("entropy"), pl.col("delta"), pl.col("infer_logprob")
-    has_h = "entropy" in _columns(lf)
-    keys = []
-    if has_h:
-        dens_ok = h.is_finite() & d.is_finite()
-        keys += [pl.when(dens_ok).then(_log_bin(h, 1e-5, 20.0, 42)).alias("i"),
-                 pl.when(dens_ok).then(_log_bin(d.abs(), 1e-6, 100.0, 48)).alias("j")]
-    prob_ok = d.is_finite() & lp.is_finite()
-    keys.append(pl.when(prob_ok).then(_log_bin(lp.exp(), 1e-6, 1.0, 24)).alias("b"))
-    return _collect(lf.group_by(keys).agg(_prob_aggs(has_h)))
+def mismatch_by_prob(
+    lf: pl.LazyFrame, *, p_range: tuple[float, float] = _P_GRID[0], bins: int = _P_GRID[1],
+) -> ProbProfile:
+    """Mismatch by sampled-token probability p = exp(infer_logprob), on log-spaced bins.
+
+    Input: the canonical token frame (``infer_logprob``, ``delta``; ``entropy`` optional).
+    One streaming pass summing per p bin; ``bins + 1`` rows out (floor bin included).
+    METHOD.md: in the low-entropy noise regime E[delta^2 | q] grows like (1 - q)/q, so the
+    small-p bins should carry a disproportionate share of the delta^2 mass.
+    """
+    log_edges(p_range[0], p_range[1], bins)  # parameter checks before the pass
+    acc = _ProbSums(p_range, bins, "entropy" in _columns(lf))
+    run_pass(lf, [acc])
+    return _prob_result(acc)
+
+
+def _prob_result(acc: _ProbSums) -> ProbProfile:
+    edges = log_edges(acc.p_range[0], acc.p_range[1], acc.bins)
+    s = acc.sums
+    total_n = int(s["n"].sum())
+    total_s2 = float(s["s2"].sum())
+    out = []
+    for b in range(acc.bins + 1):
+        n = int(s["n"][b])
+        if n:
+            mh = None
+            if acc.has_h and s["nh"][b]:
+                mh = float(s["sh"][b]) / float(s["nh"][b])
+            s2 = float(s["s2"][b])
+            out.append(
+                ProbBin(
+                    edges[b],
+                    edges[b + 1],
+                    n,
+                    float(s["s1"][b]) / n,
+                    float(s["sa"][b]) / n,
+                    s2 / n,
+                    s2 / total_s2 if total_s2 > 0 else None,
+                    mh,
+                )
+            )
+        else:
+            out.append(ProbBin(edges[b], edges[b + 1], 0, None, None, None, None, None))
+    if total_n == 0:
+        return ProbProfile(False, "no tokens", tuple(edges), tuple(out), 0)
+    return ProbProfile(True, None, tuple(edges), tuple(out), total_n)
+
+
+# ----------------------------------------------------------------------------- per sequence
+
+
+def _seq_table_acc(cols: set[str]) -> GroupAgg:
+    """Accumulator of the per-(seq_key, policy_version) table shared by
+    :func:`version_switch_profile` (version runs) and the sequence half of :func:`offenders`:
+    the first and last position, ``seq_id``, ``step``, and the count, sum and max of |delta|
+    over finite deltas. Partial rows of one key merge by min / max / sum (``seq_id`` and
+    ``step`` are constant within a sequence). Without a policy_version column the version
+    is null (one row per sequence). O(sequences x versions) rows."""
+    add = [pl.lit(None, dtype=pl.Int64).alias(c) for c in ("policy_version", "step")
+           if c not in cols]
+    d = pl.col("delta")
+    fin = d.is_finite()
+    return GroupAgg(
+        columns=[c for c in ("seq_key", "policy_version", "position", "seq_id", "step", "delta")
+                 if c in cols],
+        keys=["seq_key", "policy_version"],
+        aggs=[
+            pl.col("position").min().alias("first"),
+            pl.col("position").max().alias("last"),
+            pl.col("seq_id").first(),
+            pl.col("step").first(),
+            fin.sum().alias("n_fin"),
+            pl.when(fin).then(d.abs()).sum().alias("s_abs"),
+            pl.when(fin).then(d.abs()).max().alias("m_abs"),
+        ],
+        merge=[
+            pl.col("first").min(),
+            pl.col("last").max(),
+            pl.col("seq_id").first(),
+            pl.col("step").first(),
+            pl.col("n_fin").sum(),
+            pl.col("s_abs").sum(),
+            pl.col("m_abs").max(),
+        ],
+        prepare=(lambda lf: lf.with_columns(add)) if add else None,
+    )
+
+
+_SEQ_TABLE_SCHEMA = {"seq_key": pl.UInt64, "policy_version": pl.Int64, "first": pl.Int64,
+                     "last": pl.Int64, "seq_id": pl.String, "step": pl.Int64,
+                     "n_fin": pl.UInt32, "s_abs": pl.Float64, "m_abs": pl.Float64}
+
+
+def _seq_table(acc: GroupAgg) -> pl.DataFrame:
+    return acc.result(pl.DataFrame(schema=_SEQ_TABLE_SCHEMA))
 
 
 # ----------------------------------------------------------------------------- switches
@@ -360,22 +439,111 @@ class VersionSwitchProfile:
         }
 
 
-def version_switch_profile(
-    lf: pl.LazyFrame, *, max_offset: int = 16, _seq_pv: pl.DataFrame | None = None
-) -> VersionSwitchProfile:
+@dataclass(frozen=True)
+class _Switches:
+    """The version runs of the merged per-sequence table, reduced: ``n_seq`` sequences with
+    a policy version, ``noncontig`` of them with interleaved runs, and ``table`` (seq_key,
+    switch_pos), one row per switch."""
+
+    n_seq: int
+    noncontig: int
+    table: pl.DataFrame
+
+
+def _switches(seq_table: pl.DataFrame) -> _Switches:
+    runs = seq_table.filter(pl.col("policy_version").is_not_null()).select(
+        "seq_key", "policy_version", "first", "last")
+    if runs.height == 0:
+        return _Switches(0, 0, pl.DataFrame(schema={"seq_key": pl.UInt64, "switch_pos": pl.Int64}))
+    n_seq = runs["seq_key"].n_unique()
+    runs = runs.sort("seq_key", "first")
+    runs = runs.with_columns(
+        pl.col("last").shift(1).over("seq_key").alias("prev_last"),
+        (pl.int_range(pl.len()).over("seq_key")).alias("k"),
+    )
+    noncontig = int(runs.filter(pl.col("prev_last") >= pl.col("first"))["seq_key"].n_unique())
+    table = runs.filter(pl.col("k") > 0).select("seq_key", pl.col("first").alias("switch_pos"))
+    return _Switches(int(n_seq), noncontig, table)
+
+
+class _SwitchOffsets:
+    """Accumulator of the second pass of :func:`version_switch_profile`: each batch joined
+    to the (small) switch table on ``seq_key``, kept within ``max_offset`` positions of a
+    switch, and summed per offset by ``numpy.bincount``: (token, switch) pairs ``n``,
+    non-null deltas ``nd`` and their |delta| sum ``sad``, finite entropies ``nh`` and their
+    sum ``sh``. Mergeable (sums add)."""
+
+    columns = ("seq_key", "position", "delta", "entropy")
+
+    def __init__(self, switches: pl.DataFrame, max_offset: int) -> None:
+        self.switches = switches.lazy()
+        self.max_offset = max_offset
+        size = 2 * max_offset + 1
+        self.sums = {c: np.zeros(size, dtype=np.float64) for c in ("n", "nd", "sad", "nh", "sh")}
+        self.fed = False
+
+    def update(self, batch: pl.DataFrame) -> None:
+        self.fed = True
+        k = self.max_offset
+        d = pl.col("delta")
+        exprs = [(pl.col("position") - pl.col("switch_pos") + k).alias("k"),
+                 d.is_not_null().cast(pl.Float64).alias("nd"),
+                 d.abs().fill_null(0.0).alias("sad")]
+        if "entropy" in batch.columns:
+            h = pl.col("entropy")
+            fin = h.is_finite().fill_null(False)
+            exprs += [fin.cast(pl.Float64).alias("nh"),
+                      pl.when(fin).then(h).otherwise(0.0).alias("sh")]
+        x = (
+            batch.lazy()
+            .select([c for c in self.columns if c in batch.columns])
+            .join(self.switches, on="seq_key", how="inner")
+            .select(exprs)
+            .filter(pl.col("k").is_between(0, 2 * k))
+            .collect()
+        )
+        if x.height == 0:
+            return
+        idx = x["k"].to_numpy()
+        size = 2 * k + 1
+        self.sums["n"] += np.bincount(idx, minlength=size)
+        for c in x.columns:
+            if c != "k":
+                self.sums[c] += np.bincount(idx, weights=x[c].to_numpy(), minlength=size)
+
+
+def _check_offset(max_offset: int) -> None:
+    if max_offset < 1:
+        raise ParameterError(f"max_offset must be at least 1; got {max_offset}.")
+
+
+def version_switch_profile(lf: pl.LazyFrame, *, max_offset: int = 16) -> VersionSwitchProfile:
     """Entropy and |delta| around in-flight policy-version switches (paper figure 3).
 
     Input: the canonical token frame (``seq_key``, ``position``, ``policy_version``,
-    ``delta``; ``entropy`` optional). Passes: (1) a streaming ``group_by`` on
-    (seq_key, policy_version) giving the first/last position of each version run, which
-    is small (sequences x versions); (2) the token frame joined to the switch table of the
-    sequences that switch (the small side is the build side), filtered to
-    ``|offset| <= max_offset`` and grouped by offset. Returns ``available=False`` with a
+    ``delta``; ``entropy`` optional). Passes: (1) the first/last position of each
+    (seq_key, policy_version) run, merged by key (O(sequences x versions) rows); (2) only
+    when some sequence switches: each batch joined to the small switch table, kept within
+    ``|offset| <= max_offset`` and summed per offset. Returns ``available=False`` with a
     reason when there is no ``policy_version`` column or no sequence switches version.
     Raises :class:`ParameterError` when ``max_offset < 1``.
     """
-    if max_offset < 1:
-        raise ParameterError(f"max_offset must be at least 1; got {max_offset}.")
+    _check_offset(max_offset)
+    cols = _columns(lf)
+    if "policy_version" not in cols:
+        return _switch_result(max_offset, None, None, has_pv=False)
+    acc = _seq_table_acc(cols)
+    run_pass(lf, [acc])
+    sw = _switches(_seq_table(acc))
+    offs = None
+    if sw.table.height:
+        offs = _SwitchOffsets(sw.table, max_offset)
+        run_pass(lf, [offs])
+    return _switch_result(max_offset, sw, offs, has_pv=True)
+
+
+def _switch_result(max_offset: int, sw: _Switches | None, offs: _SwitchOffsets | None, *,
+                   has_pv: bool) -> VersionSwitchProfile:
     offsets = tuple(range(-max_offset, max_offset + 1))
     n_off = len(offsets)
 
@@ -394,51 +562,20 @@ def version_switch_profile(
             noncontig,
         )
 
-    cols = _columns(lf)
-    if "policy_version" not in cols:
+    if not has_pv or sw is None:
         return unavailable("the data carry no policy_version column")
-    if _seq_pv is not None:  # the table of _seq_version_table (compute_profiles)
-        runs = _seq_pv.filter(pl.col("policy_version").is_not_null()).select(
-            "seq_key", "policy_version", "first", "last")
-    else:
-        runs = _collect(
-            lf.filter(pl.col("policy_version").is_not_null())
-            .group_by("seq_key", "policy_version")
-            .agg(pl.col("position").min().alias("first"), pl.col("position").max().alias("last"))
-        )
-    n_seq = runs["seq_key"].n_unique() if runs.height else 0
-    if runs.height == 0:
+    if sw.n_seq == 0:
         return unavailable("no token carries a policy version")
-    runs = runs.sort("seq_key", "first")
-    runs = runs.with_columns(
-        pl.col("last").shift(1).over("seq_key").alias("prev_last"),
-        (pl.int_range(pl.len()).over("seq_key")).alias("k"),
-    )
-    noncontig = int(runs.filter(pl.col("prev_last") >= pl.col("first"))["seq_key"].n_unique())
-    switches = runs.filter(pl.col("k") > 0).select("seq_key", pl.col("first").alias("switch_pos"))
-    if switches.height == 0:
+    if sw.table.height == 0 or offs is None:
         return unavailable(
             "no in-flight version switch: every sequence was sampled by a single policy version",
-            n_seq,
-            noncontig,
+            sw.n_seq,
+            sw.noncontig,
         )
-    has_h = "entropy" in cols
-    aggs = [pl.len().alias("n"), pl.col("delta").abs().mean().alias("mad")]
-    if has_h:
-        h = pl.col("entropy")
-        aggs.append(h.filter(h.is_finite()).mean().alias("mh"))
-    prof = _collect(
-        lf.select("seq_key", "position", "delta", *(["entropy"] if has_h else []))
-        .join(switches.lazy(), on="seq_key", how="inner")
-        .with_columns((pl.col("position") - pl.col("switch_pos")).alias("offset"))
-        .filter(pl.col("offset").abs() <= max_offset)
-        .group_by("offset")
-        .agg(aggs)
-    )
-    by = {r["offset"]: r for r in prof.iter_rows(named=True)}
-    tokens = tuple(int(by[o]["n"]) if o in by else 0 for o in offsets)
-    mad = tuple(_num(by[o]["mad"]) if o in by else None for o in offsets)
-    mh = tuple(_num(by[o]["mh"]) if (has_h and o in by) else None for o in offsets)
+    s = offs.sums
+    tokens = tuple(int(v) for v in s["n"])
+    mad = tuple(float(s["sad"][i] / s["nd"][i]) if s["nd"][i] else None for i in range(n_off))
+    mh = tuple(float(s["sh"][i] / s["nh"][i]) if s["nh"][i] else None for i in range(n_off))
     return VersionSwitchProfile(
         True,
         None,
@@ -447,10 +584,10 @@ def version_switch_profile(
         tokens,
         mh,
         mad,
-        int(n_seq),
-        int(switches["seq_key"].n_unique()),
-        int(switches.height),
-        noncontig,
+        sw.n_seq,
+        int(sw.table["seq_key"].n_unique()),
+        int(sw.table.height),
+        sw.noncontig,
     )
 
 
@@ -490,98 +627,110 @@ class Offenders:
         }
 
 
-def offenders(
-    lf: pl.LazyFrame, *, top: int = 20, eps: float = 0.01, _seq_pv: pl.DataFrame | None = None
-) -> Offenders:
-    """Top tokens by delta^2 / (H + eps) and top sequences by mean |delta|.
+#: Order of the top tokens: score (NaN above every number), then seq_id and position.
+_TOK_BY = ["score", "seq_id", "position"]
+_TOK_REVERSE = [False, True, True]
 
-    Input: the canonical token frame. Tokens: one streaming ``top_k`` (memory O(top)).
-    Sequences: a streaming ``group_by`` on ``seq_key`` (one row per sequence) then
-    ``top_k``. Ties are broken by (seq_id, position) so the result does not depend on row
-    order. Raises :class:`ParameterError` when ``top < 1`` or ``eps < 0``.
-    """
+
+class _TopTokens:
+    """Accumulator of the token half of :func:`offenders`: the ``top`` tokens by score
+    (delta^2 / (H + eps), or delta^2 without entropy) over tokens with a finite delta (and
+    entropy), ties broken by (seq_id, position) ascending.
+
+    Mergeable: each batch keeps its own top ``top`` rows in that total order, and the kept
+    rows are merged by keeping the top ``top`` of their union, which is the top of the
+    whole frame (rows equal in score, seq_id and position - duplicated tokens - are
+    interchangeable). Within a batch, the score column alone is ranked first and only the
+    rows at or above the batch's ``top``-th score (NaN scores, which sort above every
+    number, included) are carried into the full-row ``top_k``. Memory O(top)."""
+
+    def __init__(self, cols: set[str], top: int, eps: float) -> None:
+        self.top = top
+        self.has_h = "entropy" in cols
+        d = pl.col("delta")
+        self.score = (d * d) / (pl.col("entropy") + eps) if self.has_h else d * d
+        self.ok = d.is_finite() & pl.col("entropy").is_finite() if self.has_h else d.is_finite()
+
+        def opt(c: str, dt: pl.DataType) -> pl.Expr:
+            return pl.col(c) if c in cols else pl.lit(None, dtype=dt).alias(c)
+
+        self.row = [pl.col("seq_id"), pl.col("position"), opt("step", pl.Int64),
+                    opt("token_id", pl.Int64), opt("entropy", pl.Float64),
+                    pl.col("infer_logprob").exp().alias("p"), d]
+        self.columns = [c for c in ("seq_id", "position", "step", "token_id", "entropy",
+                                    "infer_logprob", "delta") if c in cols]
+        self._kept: pl.DataFrame | None = None
+
+    def update(self, batch: pl.DataFrame) -> None:
+        batch = _keep(batch, self.ok)
+        if batch.height == 0:
+            return
+        s = batch.select(self.score.alias("score")).to_series()
+        if s.len() > self.top:
+            best = s.top_k(self.top)
+            num = best.filter(best.is_not_nan())
+            mask = s.is_nan()
+            if num.len():  # the top-th score is a number (else NaN: only NaN rows can enter)
+                mask = mask | (s >= num.min())
+            batch, s = batch.filter(mask), s.filter(mask)
+        rows = batch.select(self.row).with_columns(s).top_k(
+            self.top, by=_TOK_BY, reverse=_TOK_REVERSE)
+        if self._kept is not None:
+            rows = pl.concat([self._kept, rows], how="vertical_relaxed").top_k(
+                self.top, by=_TOK_BY, reverse=_TOK_REVERSE)
+        self._kept = rows
+
+    def result(self) -> pl.DataFrame | None:
+        """The top rows, best first; None when no token was seen."""
+        if self._kept is None:
+            return None
+        return self._kept.sort(_TOK_BY, descending=[not r for r in _TOK_REVERSE])
+
+
+def _check_offenders(top: int, eps: float) -> None:
     if top < 1:
         raise ParameterError(f"top must be at least 1; got {top}.")
     if not (eps >= 0 and math.isfinite(eps)):
         raise ParameterError(f"eps must be a finite number >= 0; got {eps}.")
+
+
+def offenders(lf: pl.LazyFrame, *, top: int = 20, eps: float = 0.01) -> Offenders:
+    """Top tokens by delta^2 / (H + eps) and top sequences by mean |delta|.
+
+    Input: the canonical token frame. One streaming pass: a top-k of tokens merged across
+    batches (memory O(top)) and a per-(sequence, version) table merged by key, reduced to
+    one row per sequence, then ``top_k``. Ties are broken by (seq_id, position) for tokens
+    and by seq_id for sequences, so the result does not depend on row order or batches.
+    Raises :class:`ParameterError` when ``top < 1`` or ``eps < 0``.
+    """
+    _check_offenders(top, eps)
     cols = _columns(lf)
-    has_h = "entropy" in cols
-    d = pl.col("delta")
-    if has_h:
-        score = (d * d) / (pl.col("entropy") + eps)
-        kind = "delta^2/(H+eps)"
-    else:
-        score = d * d
-        kind = "delta^2"
-    opt = lambda c, dt: pl.col(c) if c in cols else pl.lit(None, dtype=dt).alias(c)  # noqa: E731
-    base = lf.filter(d.is_finite())
-    if has_h:
-        base = base.filter(pl.col("entropy").is_finite())
-    # a top_k of the whole rows (string seq_id as tie-break) held memory growing with the
-    # tokens (+0.4 GB at 50M); first the top scores alone (one float column), then the
-    # exact top_k with tie-breaks on the few rows at or above the top-th score (NaN scores
-    # sort above every number: kept as well)
-    top_scores = _collect(base.select(score.alias("score")).top_k(top, by="score"))["score"]
-    if top_scores.len():
-        thr = top_scores.min() if not top_scores.is_nan().all() else float("nan")
-        at_least = pl.col("score").is_nan()
-        if thr == thr:  # not NaN
-            at_least = at_least | (pl.col("score") >= thr)
-    else:
-        at_least = pl.lit(False)
-    tok = _collect(
-        base.select(
-            "seq_id",
-            "position",
-            opt("step", pl.Int64),
-            opt("token_id", pl.Int64),
-            opt("entropy", pl.Float64),
-            pl.col("infer_logprob").exp().alias("p"),
-            "delta",
-            score.alias("score"),
-        ).filter(at_least)
-        .top_k(top, by=["score", "seq_id", "position"], reverse=[False, True, True])
-    ).sort(["score", "seq_id", "position"], descending=[True, False, False])
-    if _seq_pv is not None:  # the table of _seq_version_table (compute_profiles)
-        per_seq = (
-            _seq_pv.group_by("seq_key")
-            .agg(pl.col("seq_id").first(), pl.col("step").first(),
-                 pl.col("n_fin").sum().alias("tokens"), pl.col("s_abs").sum(),
-                 pl.col("m_abs").max().alias("max_abs_delta"))
-            .filter(pl.col("tokens") > 0)
-            .select("seq_key", "seq_id", "step", pl.col("tokens").cast(pl.UInt32),
-                    (pl.col("s_abs") / pl.col("tokens")).alias("mean_abs_delta"),
-                    "max_abs_delta")
-            .lazy()
-        )
-    else:
-        per_seq = (
-            lf.filter(d.is_finite())
-            .group_by("seq_key")
-            .agg(
-                pl.col("seq_id").first(),
-                (pl.col("step").first() if "step" in cols else pl.lit(None, pl.Int64))
-                .alias("step"),
-                pl.len().alias("tokens"),
-                d.abs().mean().alias("mean_abs_delta"),
-                d.abs().max().alias("max_abs_delta"),
-            )
-        )
-    seq = _collect(
-        per_seq.drop("seq_key")
-        .top_k(top, by=["mean_abs_delta", "seq_id"], reverse=[False, True])
-    ).sort(["mean_abs_delta", "seq_id"], descending=[True, False])
-    if tok.height == 0:
+    tok = _TopTokens(cols, top, eps)
+    seq = _seq_table_acc(cols)
+    run_pass(lf, [tok, seq])
+    return _offenders_result(tok, _seq_table(seq), top, eps)
+
+
+def _offenders_result(tok: _TopTokens, seq_table: pl.DataFrame, top: int,
+                      eps: float) -> Offenders:
+    kind = "delta^2/(H+eps)" if tok.has_h else "delta^2"
+    rows = tok.result()
+    if rows is None or rows.height == 0:
         return Offenders(False, "no tokens", top, eps, kind, (), ())
-    return Offenders(
-        True,
-        None,
-        top,
-        eps,
-        kind,
-        tuple(tok.to_dicts()),
-        tuple(seq.to_dicts()),
+    per_seq = (
+        seq_table.group_by("seq_key")
+        .agg(pl.col("seq_id").first(), pl.col("step").first(),
+             pl.col("n_fin").sum().alias("tokens"), pl.col("s_abs").sum(),
+             pl.col("m_abs").max().alias("max_abs_delta"))
+        .filter(pl.col("tokens") > 0)
+        .select("seq_id", "step", pl.col("tokens").cast(pl.UInt32),
+                (pl.col("s_abs") / pl.col("tokens")).alias("mean_abs_delta"),
+                "max_abs_delta")
+        .top_k(top, by=["mean_abs_delta", "seq_id"], reverse=[False, True])
+        .sort(["mean_abs_delta", "seq_id"], descending=[True, False])
     )
+    return Offenders(True, None, top, eps, kind, tuple(rows.to_dicts()),
+                     tuple(per_seq.to_dicts()))
 
 
 # ----------------------------------------------------------------------------- bundle
@@ -606,39 +755,77 @@ class Profiles:
         }
 
 
+class ProfilesPlan:
+    """:func:`compute_profiles` as accumulators of one streaming pass
+    (:mod:`entr_diag.passes`), possibly shared with other analyses, then :meth:`finish`.
+
+    :attr:`accumulators` (pass 1): the (H, |delta|) cell counts and the per-p-bin sums on
+    the report's default grids, the per-(seq_key, policy_version) table (version runs for
+    the switch profile, per-sequence |delta| for the offenders) and the top tokens.
+    The per-offset means of the switch profile need the switch positions, known only after
+    pass 1: :meth:`followup` returns the accumulator of that second pass (empty when no
+    sequence switches version), to run alone or fused with other analyses' second passes;
+    :meth:`finish` runs it itself if it was not run.
+    """
+
+    def __init__(self, lf: pl.LazyFrame, *, eps: float = 0.01, top: int = 20,
+                 max_offset: int = 16) -> None:
+        _check_offset(max_offset)
+        _check_offenders(top, eps)
+        self._lf = lf
+        self.eps, self.top, self.max_offset = eps, top, max_offset
+        cols = _columns(lf)
+        self._has_h = "entropy" in cols
+        self._has_pv = "policy_version" in cols
+        self._density = _DensityCounts(*_H_GRID, *_ABS_DELTA_GRID)
+        self._prob = _ProbSums(*_P_GRID, self._has_h)
+        self._seq = _seq_table_acc(cols)
+        self._tokens = _TopTokens(cols, top, eps)
+        self.accumulators: list[Accumulator] = [self._density, self._prob, self._seq,
+                                                self._tokens]
+        self._sw: _Switches | None = None
+        self._offsets: _SwitchOffsets | None = None
+
+    def followup(self) -> list[Accumulator]:
+        """The accumulators of the second pass over the same frame (after pass 1): the
+        switch-offset sums, or ``[]`` when there is no policy_version column or no switch."""
+        if self._has_pv and self._sw is None:
+            self._sw = _switches(_seq_table(self._seq))
+            if self._sw.table.height:
+                self._offsets = _SwitchOffsets(self._sw.table, self.max_offset)
+        return [self._offsets] if self._offsets is not None else []
+
+    def finish(self) -> Profiles:
+        """The profiles, after pass 1 (and the :meth:`followup` pass, run here when it was
+        not)."""
+        second = self.followup()
+        if self._offsets is not None and not self._offsets.fed:
+            run_pass(self._lf, second)
+        return Profiles(
+            _density_result(self._density, has_h=self._has_h),
+            _prob_result(self._prob),
+            _switch_result(self.max_offset, self._sw, self._offsets, has_pv=self._has_pv),
+            _offenders_result(self._tokens, _seq_table(self._seq), self.top, self.eps),
+        )
+
+
+def profiles_plan(lf: pl.LazyFrame, *, eps: float = 0.01, top: int = 20,
+                  max_offset: int = 16) -> ProfilesPlan:
+    """The plan of :func:`compute_profiles` on ``lf``: run ``plan.accumulators`` in a pass
+    over ``lf`` (alone or fused with other plans), then ``plan.finish()`` (which runs the
+    version-switch second pass, :meth:`ProfilesPlan.followup`, unless it was run).
+    Raises :class:`ParameterError` for the parameters :func:`offenders` and
+    :func:`version_switch_profile` reject."""
+    return ProfilesPlan(lf, eps=eps, top=top, max_offset=max_offset)
+
+
 def compute_profiles(
     lf: pl.LazyFrame, *, eps: float = 0.01, top: int = 20, max_offset: int = 16
 ) -> Profiles:
     """Run :func:`density_2d`, :func:`mismatch_by_prob`, :func:`version_switch_profile` and
-    :func:`offenders` with their defaults (``eps`` is the ENTR eps, nats)."""
-    joint = _joint_histogram(lf)
-    seq_pv = _seq_version_table(lf)
-    return Profiles(
-        density_2d(lf, _joint=joint),
-        mismatch_by_prob(lf, _joint=joint),
-        version_switch_profile(lf, max_offset=max_offset, _seq_pv=seq_pv),
-        offenders(lf, top=top, eps=eps, _seq_pv=seq_pv),
-    )
-
-
-def _seq_version_table(lf: pl.LazyFrame) -> pl.DataFrame | None:
-    """One streaming pass for :func:`version_switch_profile` (version runs) and the
-    sequence half of :func:`offenders`: per (seq_key, policy_version), the first and last
-    position and the count, sum and max of |delta| over finite deltas. O(sequences x
-    versions) rows. None without a policy_version column (each function then scans)."""
-    cols = _columns(lf)
-    if "policy_version" not in cols:
-        return None
-    d = pl.col("delta")
-    fin = d.is_finite()
-    return _collect(
-        lf.group_by("seq_key", "policy_version").agg(
-            pl.col("position").min().alias("first"),
-            pl.col("position").max().alias("last"),
-            pl.col("seq_id").first(),
-            (pl.col("step").first() if "step" in cols else pl.lit(None, pl.Int64)).alias("step"),
-            fin.sum().alias("n_fin"),
-            pl.when(fin).then(d.abs()).sum().alias("s_abs"),
-            pl.when(fin).then(d.abs()).max().alias("m_abs"),
-        )
-    )
+    :func:`offenders` with their defaults (``eps`` is the ENTR eps, nats), sharing their
+    work: one streaming pass, plus a second one when some sequence switches policy version
+    (see :class:`ProfilesPlan`)."""
+    plan = profiles_plan(lf, eps=eps, top=top, max_offset=max_offset)
+    run_pass(lf, plan.accumulators)
+    return plan.finish()

@@ -9,12 +9,14 @@ import polars as pl
 import pytest
 
 from entr_diag.errors import ParameterError
+from entr_diag.passes import run_pass
 from entr_diag.profiles import (
     compute_profiles,
     density_2d,
     log_edges,
     mismatch_by_prob,
     offenders,
+    profiles_plan,
     version_switch_profile,
 )
 
@@ -275,3 +277,83 @@ def test_compute_profiles_to_dict_keys():
     assert set(d) == {"density_2d", "mismatch_by_prob", "version_switch", "offenders"}
     assert d["version_switch"]["available"]
     assert d["offenders"]["available"]
+
+
+# --------------------------------------------------------------------- one pass
+
+
+def _close(a, b, path=""):
+    """Nested to_dict outputs equal, floats up to summation order."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-9, abs=1e-12), path
+    else:
+        assert a == b, path
+
+
+def _plan_dict(lf: pl.LazyFrame, chunk_size: int, **kw) -> dict:
+    plan = profiles_plan(lf, **kw)
+    run_pass(lf, plan.accumulators, chunk_size=chunk_size)
+    run_pass(lf, plan.followup(), chunk_size=chunk_size)
+    return plan.finish().to_dict()
+
+
+@pytest.mark.parametrize("eps", [0.01, 0.0])
+def test_profiles_plan_independent_of_batches(eps):
+    """Batches of 97 rows, a shuffled frame in batches of 131 and one whole batch give the same profiles
+    (sequences split across batches merge; eps=0 makes NaN and tied top scores)."""
+    df = _random_frame()
+    whole = _plan_dict(df.lazy(), 1_000_000, eps=eps, top=10)
+    assert whole["version_switch"]["available"] and whole["offenders"]["available"]
+    _close(whole, _plan_dict(df.lazy(), 97, eps=eps, top=10))
+    shuffled = df.sample(fraction=1.0, shuffle=True, seed=11).lazy()
+    _close(whole, _plan_dict(shuffled, 131, eps=eps, top=10))
+    _close(whole, compute_profiles(df.lazy(), eps=eps, top=10).to_dict())
+
+
+def test_offenders_tokens_match_a_whole_frame_top_k():
+    """The merged top tokens are the top-k of the whole frame in (score desc, seq_id,
+    position) order, NaN scores (0/0 at eps=0) first, whatever the batches."""
+    df = _random_frame()
+    ref = (
+        df.with_columns(((pl.col("delta") ** 2) / pl.col("entropy")).alias("score"))
+        .top_k(30, by=["score", "seq_id", "position"], reverse=[False, True, True])
+        .sort(["score", "seq_id", "position"], descending=[True, False, False])
+    )
+    plan = profiles_plan(df.lazy(), eps=0.0, top=30)
+    run_pass(df.lazy(), plan.accumulators, chunk_size=37)
+    toks = plan.finish().offenders.tokens
+    assert [(t["seq_id"], t["position"]) for t in toks] == list(
+        zip(ref["seq_id"], ref["position"], strict=True))
+    assert math.isnan(toks[0]["score"])
+
+
+def test_profiles_plan_followup_only_with_switches():
+    """The second pass is needed only when some sequence switches policy version; finish()
+    runs it itself when the caller did not."""
+    one = _frame([_tok(1, 0, -0.1, -0.2, h=1.0, pv=2), _tok(1, 1, -0.1, -0.3, h=1.0, pv=2)])
+    plan = profiles_plan(one)
+    run_pass(one, plan.accumulators)
+    assert plan.followup() == []
+    rows = [_tok(1, 0, -0.1, -0.2, h=1.0, pv=3), _tok(1, 1, -0.1, -0.5, h=2.0, pv=4)]
+    lf = _frame(rows)
+    plan = profiles_plan(lf, max_offset=1)
+    run_pass(lf, plan.accumulators)
+    assert len(plan.followup()) == 1
+    v = plan.finish().version_switch
+    assert v.tokens == (1, 1, 0)
+    assert v.mean_abs_delta[:2] == pytest.approx((0.1, 0.4))
+
+
+@pytest.mark.parametrize("kw", [{"top": 0}, {"eps": -1.0}, {"max_offset": 0}])
+def test_profiles_plan_rejects_bad_parameters(kw):
+    """The plan checks its parameters before any pass."""
+    with pytest.raises(ParameterError):
+        profiles_plan(_frame([_tok(1, 0, -0.1, -0.4, h=1.0)]), **kw)
