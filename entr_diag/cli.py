@@ -413,6 +413,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, full: bool = Tru
     what = ", ".join(["the scaling law", *(k for k in plans if k != "fit")])
     with _status(f"reading tokens ({what})...", quiet, rows=ds.accounting.tokens_valid):
         run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators])
+    second = [a for p in plans.values() if hasattr(p, "followup") for a in p.followup()]
+    if second:  # e.g. the version-switch profile: token values around each switch
+        with _status("reading tokens (second pass)...", quiet, rows=ds.accounting.tokens_valid):
+            run_pass(ds.lf, second)
     with _status("fitting...", quiet):
         out = {k: p.finish() for k, p in plans.items()}
     return {k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}
@@ -661,7 +665,6 @@ def report(
 
     Example: entr-diag report logs.parquet -o run.html --json run.json
     """
-    from entr_diag import profiles
     from entr_diag.report.html_report import build_report_html
     from entr_diag.report.json_report import envelope, sanitize
 
@@ -672,11 +675,10 @@ def report(
         _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet)
         _check_alignment(ds, allow_misaligned, quiet)
-        a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
+        a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, profiles=True)
         fit_res, metrics = a["fit"], a["metrics"]
         cmp_res = _compare(ds, fit_res, entr, panel, {}, quiet)
-        with _status("profiles...", quiet):
-            prof = profiles.compute_profiles(ds.lf, eps=eps).to_dict()
+        prof = a["profiles"].to_dict()
         findings = _forensics(ds, quiet)
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
