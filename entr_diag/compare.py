@@ -3,24 +3,29 @@
 Input is the canonical token frame (docs/CONTRACT.md): a ``pl.LazyFrame`` with one row per
 valid, loss-masked token and at least ``seq_key`` (UInt64), ``delta`` (nats),
 ``infer_logprob`` (nats) and ``entropy`` (nats); ``step`` and ``staleness`` are used when
-present. Nothing here collects the token frame: every pass is a polars ``select`` /
-``group_by`` collected with ``engine="streaming"`` into a small table (bins x categories,
-one row per sequence for sequence gates, one row per step).
+present. Nothing here collects the token frame: :func:`compare_gates` streams it in batches
+(:func:`entr_diag.passes.run_pass`) into small mergeable tables (bins x categories x keep
+patterns, one row per sequence, one row per step, 2^20-bin histograms).
 
-Passes over the data for :func:`compare_gates` (each a streaming ``group_by``/``select``):
+Passes over the data for :func:`compare_gates` (:class:`ComparePlan`; batches in any order
+and of any size give the same result):
 
-1. totals and both sweeps: counts by (number of sweep taus below the ENTR score, number of
-   sweep c's below ``|delta|``, category), so every sweep value is read off cumulative
-   sums of one small table;
-2. a few histogram-refinement passes reading one column each: M2PO's global cut
-   (:func:`resolve_m2po_cut`) and the matched fixed band's ``c``
-   (:func:`matched_fixed_c`) - exact order statistics found with memory bounded by the
-   histogram size (1024 bins) or 65 536 distinct values, whichever comes first;
-3. one row per sequence (``group_by("seq_key", "step")``): token count, kept tokens of
-   every token gate, the statistics of every sequence gate -> kept / intact sequences and
-   per-step keep rates (memory O(sequences));
-4. keep counts by (entropy bin, p bin, staleness bucket, category) for every gate, with
-   the sequence gates' decisions joined back from the per-sequence table of pass 3.
+1. totals, entropy range, both sweeps (counts by number of sweep taus below the ENTR score /
+   sweep c's below ``|delta|``, and category: every sweep value is read off cumulative sums),
+   histograms of ``|delta|`` and ``delta^2`` on the float64 bit pattern (bins of at most
+   0.2% relative width; they bracket the matched band's ``c`` and each M2PO cut in one bin),
+   and one row of mergeable partials per ``seq_key`` (which token gates keep some / every
+   token, the sequence gates' sums / counts / minima, min and max ``|delta|``);
+2. token counts by (entropy bin, p bin, staleness bucket, category, keep pattern of every
+   gate) and by (step, keep pattern), the sequence gates' decisions (from the merged
+   per-sequence table) joined on ``seq_key``; the tokens of the bracketing bins listed by
+   exact value, which makes ``c`` and the cuts exact after the pass.
+
+A second pass is needed because the bin edges (by default from the entropy range), ``c``,
+the cuts and the sequence decisions are results of the first. When a bracketing bin holds
+more than ``_BOUNDARY_ROWS`` tokens, refinement scans of ``delta`` (as in
+:func:`resolve_m2po_cut`) make that threshold exact between the passes instead.
+:func:`decisions_frame` (per-token export) still resolves M2PO cuts by refinement scans.
 
 Definitions (also returned in ``CompareResult.definitions``):
 
@@ -61,6 +66,7 @@ from entr_diag.gates import (
     SequenceGate,
     entr_score_expr,
 )
+from entr_diag.passes import GroupAgg, run_pass
 
 __all__ = [
     "CHI2_1_99",
@@ -76,6 +82,8 @@ __all__ = [
     "SweepResult",
     "CompareResult",
     "compare_gates",
+    "compare_plan",
+    "ComparePlan",
     "decisions_frame",
     "decision_column",
     "resolve_m2po_cut",
@@ -395,8 +403,8 @@ def _first_value_where(
     first holds, and narrows to that bin's [min, max]; once the interval holds at most
     ``small`` tokens its distinct values are listed and walked. Memory: O(bins + small).
     ``tot``: the count ``n``, sum ``s``, ``lo`` (min) and ``hi`` (max) of the non-null,
-    non-NaN values of ``x`` when already known (:func:`_value_totals` in another pass):
-    saves the first scan.
+    non-NaN values of ``x`` when already known (e.g. from another pass): saves the first
+    scan.
     """
     src = lf.select(x.alias("x")).filter(pl.col("x").is_not_null() & pl.col("x").is_not_nan())
     if tot is None:
@@ -409,8 +417,25 @@ def _first_value_where(
     n_all = int(tot["n"])
     if n_all == 0 or not pred(n_all, float(tot["s"])):
         return None
-    lo, hi = float(tot["lo"]), float(tot["hi"])
-    n_below, s_below, n_in = 0, 0.0, n_all
+    return _refine(src, pred, float(tot["lo"]), float(tot["hi"]), 0, 0.0, n_all,
+                   bins=bins, small=small)
+
+
+def _refine(
+    src: pl.LazyFrame,
+    pred: Callable[[int, float], bool],
+    lo: float,
+    hi: float,
+    n_below: int,
+    s_below: float,
+    n_in: int,
+    *,
+    bins: int = _HIST_BINS,
+    small: int = _SMALL_DISTINCT,
+) -> float:
+    """The refinement loop of :func:`_first_value_where` from a known bracket: ``src`` has
+    one column ``x`` (non-null, non-NaN); the answer lies in ``[lo, hi]``, which holds
+    ``n_in`` values; ``n_below`` / ``s_below``: count and sum of the values below ``lo``."""
     for _ in range(200):  # each pass strictly shrinks [lo, hi]; 200 is a safety stop
         if lo == hi:
             return lo
@@ -446,20 +471,6 @@ def _first_value_where(
         else:
             return hi  # only reachable through float rounding of the sums
     return lo  # pragma: no cover
-
-
-def _value_totals(x: pl.Expr, prefix: str) -> list[pl.Expr]:
-    """Aggregations (any grouping) of count, sum, min and max of the non-null, non-NaN
-    values of ``x``, named ``{prefix}n/s/lo/hi``; :func:`_totals_from` adds groups up."""
-    v = pl.when(x.is_not_null() & x.is_not_nan()).then(x)
-    return [v.count().alias(f"{prefix}n"), v.sum().alias(f"{prefix}s"),
-            v.min().alias(f"{prefix}lo"), v.max().alias(f"{prefix}hi")]
-
-
-def _totals_from(df: pl.DataFrame, prefix: str) -> dict[str, Any]:
-    r = df.select(pl.col(f"{prefix}n").sum().alias("n"), pl.col(f"{prefix}s").sum().alias("s"),
-                  pl.col(f"{prefix}lo").min().alias("lo"), pl.col(f"{prefix}hi").max().alias("hi"))
-    return r.row(0, named=True)
 
 
 def _m2po_value() -> pl.Expr:
@@ -625,19 +636,24 @@ def default_entropy_edges(h_min_pos: float | None, h_max: float | None, n_bins: 
     return np.concatenate([[0.0], np.geomspace(lo, h_max, n_bins)])
 
 
+def _search(values: Sequence[float], expr: pl.Expr, side: str) -> pl.Expr:
+    """Per row, the number of ``values`` (sorted) below ``expr`` (``side="left"``: strictly
+    below; ``"right"``: at or below), Int32; null rows give 0 and NaN rows ``len(values)``
+    (as summing one comparison per value would)."""
+    if len(values) == 0:
+        return pl.lit(0, dtype=pl.Int32)
+    v = pl.Series(np.asarray(values, dtype=float), dtype=pl.Float64)
+    return pl.lit(v).search_sorted(expr, side=side).fill_null(0).cast(pl.Int32)  # type: ignore[arg-type]
+
+
 def _bin_index(expr: pl.Expr, edges: Sequence[float]) -> pl.Expr:
     """0-based bin of ``expr`` for bins ``[e_i, e_{i+1})``; below e_0 -> 0, above -> last."""
-    inner = list(edges[1:-1])
-    if not inner:
-        return pl.lit(0, dtype=pl.Int32)
-    return pl.sum_horizontal([(expr >= float(e)).cast(pl.Int32) for e in inner]).cast(pl.Int32)
+    return _search(list(edges[1:-1]), expr, "right")
 
 
 def _count_above(expr: pl.Expr, values: Sequence[float]) -> pl.Expr:
     """Number of sweep values strictly below ``expr`` (so kept at value j iff result <= j)."""
-    if len(values) == 0:
-        return pl.lit(0, dtype=pl.Int32)
-    return pl.sum_horizontal([(expr > float(v)).cast(pl.Int32) for v in values]).cast(pl.Int32)
+    return _search(values, expr, "left")
 
 
 def _bin_labels(edges: Sequence[float]) -> tuple[str, ...]:
@@ -682,6 +698,887 @@ _CAT_OTHER, _CAT_NOISE, _CAT_LAW = 0, 1, 2
 
 # ------------------------------------------------------------------------ compare_gates
 
+#: First-pass histograms of ``|delta|`` and ``delta^2``: the bin of a value is its IEEE-754
+#: float64 bit pattern shifted right by this many bits, monotone in the value for values
+#: >= 0. Nine mantissa bits are kept, so one bin spans a relative width of at most 2^-9
+#: (0.2%); 2^20 bins (8 MB per array).
+_HIST_SHIFT = 43
+_HIST_SIZE = 1 << (63 - _HIST_SHIFT)
+#: The second pass lists the tokens of the histogram bin holding a threshold (the matched
+#: band's c, an M2PO cut) by exact value when that bin holds at most this many tokens;
+#: above, refinement scans make the threshold exact before the second pass (rare).
+_BOUNDARY_ROWS = 262_144
+_N_SB = len(STALENESS_BUCKETS) + 1  # staleness buckets, then "no bucket"
+
+
+def _bit_bins(x: np.ndarray) -> np.ndarray:
+    """Histogram bin (see ``_HIST_SHIFT``) of non-negative, non-NaN float64 values."""
+    return (np.abs(x).view(np.uint64) >> np.uint64(_HIST_SHIFT)).astype(np.int64)
+
+
+def _bin_bounds(b: int) -> tuple[float, float]:
+    """Smallest and largest float64 of histogram bin ``b`` (``inf`` for the top bin)."""
+    lo, hi = np.array([b << _HIST_SHIFT, ((b + 1) << _HIST_SHIFT) - 1], dtype=np.uint64).view(
+        np.float64
+    )
+    return float(lo), (math.inf if math.isnan(hi) else float(hi))
+
+
+def _cut_value(kind: str) -> pl.Expr:
+    """The per-token value a threshold applies to: ``|delta|`` or ``delta^2``."""
+    d = pl.col("delta")
+    return d.abs() if kind == "absd" else d * d
+
+
+@dataclass
+class _Cut:
+    """A threshold on a per-token value (``kind``: ``"absd"`` = ``|delta|`` for the matched
+    band, ``"d2"`` = ``delta^2`` for M2PO) of gate ``gate``: kept iff ``v <= cut``, or
+    ``v < cut`` when ``strict``. ``pred(n, s)``: the prefix predicate whose first true value
+    is the cut (as in :func:`_first_value_where`).
+
+    After the first pass ``cut`` is either known, or bracketed in one histogram bin
+    ``[lo, hi]`` (``n_below`` / ``s_below``: count and sum of the values below ``lo``): the
+    second pass counts ``v < lo`` as kept and lists the tokens with ``lo <= v <= hi`` by
+    exact value (with their bin keys), and the cut and those tokens' decisions follow
+    exactly after the pass.
+    """
+
+    gate: int
+    kind: str
+    strict: bool
+    pred: Callable[[Any, Any], Any] | None = None
+    cut: float | None = None
+    lo: float = math.nan
+    hi: float = math.nan
+    n_below: int = 0
+    s_below: float = 0.0
+
+    def keep(self, v: Any, cut: float) -> Any:
+        return v < cut if self.strict else v <= cut
+
+    def sure_keep_expr(self) -> pl.Expr:
+        """Tokens kept whatever the exact cut in the bracket (all of them when exact)."""
+        v = _cut_value(self.kind)
+        return self.keep(v, self.cut) if self.cut is not None else v < self.lo
+
+
+_WORD = 63  # keep decisions packed per token: 63 bits per UInt64 word
+
+
+def _pack(bits: Sequence[pl.Expr], prefix: str) -> list[pl.Expr]:
+    """Boolean expressions packed into UInt64 words ``{prefix}0, {prefix}1, ...``: bit ``j``
+    of the list is bit ``j % 63`` of word ``j // 63``; null counts as False."""
+    words = []
+    for w0 in range(0, len(bits), _WORD):
+        terms = [
+            bits[j].fill_null(False).cast(pl.UInt64) * pl.lit(1 << (j - w0), dtype=pl.UInt64)
+            for j in range(w0, min(w0 + _WORD, len(bits)))
+        ]
+        words.append(pl.sum_horizontal(terms).cast(pl.UInt64).alias(f"{prefix}{w0 // _WORD}"))
+    return words
+
+
+def _bit(words: np.ndarray, j: int) -> np.ndarray:
+    """Bit ``j`` (see :func:`_pack`) of a ``(rows, n_words)`` uint64 array, as bool."""
+    w = words[:, j // _WORD]
+    return ((w >> np.uint64(j % _WORD)) & np.uint64(1)).astype(bool)
+
+
+def _words(df: pl.DataFrame, prefix: str) -> np.ndarray:
+    cols = sorted((c for c in df.columns if c.startswith(prefix)), key=lambda c: int(c[len(prefix):]))
+    if not cols:
+        return np.zeros((df.height, 0), dtype=np.uint64)
+    return df.select(cols).to_numpy().astype(np.uint64).reshape(df.height, len(cols))
+
+
+class _FirstPass:
+    """Pass 1 of :class:`ComparePlan`: totals, entropy range, both sweeps, ``|delta|`` /
+    ``delta^2`` histograms and per-sequence partials (one row per ``seq_key``)."""
+
+    def __init__(self, plan: ComparePlan) -> None:
+        self.plan = plan
+        self.columns = ["seq_key", "delta", "entropy"]
+        self.n = 0
+        self.entr_kept = 0
+        self.h_null = 0
+        self.h_max: float | None = None
+        self.h_min_pos: float | None = None
+        self.a_min: float | None = None
+        self.a_max: float | None = None
+        self.tau_counts = np.zeros((plan.taus.size + 1) * 3, dtype=np.int64)
+        self.c_counts = np.zeros((plan.cs.size + 1) * 3, dtype=np.int64)
+        self.hist_a = np.zeros(_HIST_SIZE, dtype=np.int64)
+        self.with_d2 = any(isinstance(g, M2PO) for g in plan.gates)
+        self.hist_q = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.int64)
+        self.hist_qs = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.float64)
+        absd = pl.col("__absd")
+        # token gates' decisions packed in words: per sequence, OR = some token kept,
+        # AND = every token kept
+        words = _pack([plan.all_gates[i].keep_expr() for i in plan.seq_count_idx], "__w")
+        self.n_words = len(words)
+        aggs: list[pl.Expr] = []
+        merge: list[pl.Expr] = []
+        for w in range(self.n_words):
+            aggs += [pl.col(f"__w{w}").bitwise_or().alias(f"__or{w}"),
+                     pl.col(f"__w{w}").bitwise_and().alias(f"__and{w}")]
+            merge += [pl.col(f"__or{w}").bitwise_or(), pl.col(f"__and{w}").bitwise_and()]
+        for name, (e, how) in plan.partials.items():
+            aggs.append(e.alias(f"__p_{name}"))
+            merge.append(getattr(pl.col(f"__p_{name}"), how)())
+        aggs += [absd.min().alias("__amin"), absd.max().alias("__amax")]
+        merge += [pl.col("__amin").min(), pl.col("__amax").max()]
+        self.seq = GroupAgg([], ["seq_key"], aggs, merge)
+        #: sequences holding tokens with a null / NaN |delta| (never kept by a threshold)
+        self.invalid = GroupAgg([], ["seq_key"], [pl.len().alias("__bad")],
+                                [pl.col("__bad").sum()])
+        self._select = [
+            pl.col("seq_key"),
+            pl.col("delta"),
+            plan.cat.alias("__cat"),
+            pl.col("delta").abs().alias("__absd"),
+            _count_above(entr_score_expr(plan.entr.eps), plan.taus).alias("__ti"),
+            _count_above(pl.col("delta").abs(), plan.cs).alias("__ci"),
+            *words,
+        ]
+
+    def update(self, batch: pl.DataFrame) -> None:
+        h = batch.get_column("entropy").cast(pl.Float64)
+        self.h_null += h.null_count() + int(h.is_nan().sum() or 0)
+        self.h_max = _opt(max, self.h_max, h.max())
+        self.h_min_pos = _opt(min, self.h_min_pos, h.filter(h > 0).min())
+        df = batch.lazy().select(self._select).collect()
+        self.n += df.height
+        w0 = df.get_column("__w0").to_numpy()
+        self.entr_kept += int(np.count_nonzero(w0 & np.uint64(1)))
+        cat = df.get_column("__cat").to_numpy().astype(np.int64)
+        ti = df.get_column("__ti").to_numpy().astype(np.int64)
+        ci = df.get_column("__ci").to_numpy().astype(np.int64)
+        self.tau_counts += np.bincount(ti * 3 + cat, minlength=self.tau_counts.size)
+        self.c_counts += np.bincount(ci * 3 + cat, minlength=self.c_counts.size)
+        a = df.get_column("__absd").to_numpy()
+        ok = ~np.isnan(a)
+        if not ok.all():
+            a = a[ok]
+            self.invalid.update(df.filter(pl.Series(~ok)))
+        if a.size:
+            self.a_min = _opt(min, self.a_min, float(a.min()))
+            self.a_max = _opt(max, self.a_max, float(a.max()))
+            _hist_add(self.hist_a, _bit_bins(a))
+            if self.with_d2:
+                q = a * a
+                _hist_add(self.hist_q, _bit_bins(q), self.hist_qs, q)
+        self.seq.update(df)
+
+
+def _hist_add(counts: np.ndarray, bins: np.ndarray, sums: np.ndarray | None = None,
+              weights: np.ndarray | None = None) -> None:
+    """Add a batch to a histogram (and a weight sum per bin) over the occupied range only."""
+    lo = int(bins.min())
+    b = bins - lo
+    c = np.bincount(b)
+    counts[lo: lo + c.size] += c
+    if sums is not None:
+        sums[lo: lo + c.size] += np.bincount(b, weights=weights)
+
+
+def _opt(fn: Callable[[float, float], float], a: float | None, b: Any) -> float | None:
+    """``fn(a, b)`` ignoring a None / NaN side."""
+    if b is None or (isinstance(b, float) and math.isnan(b)):
+        return a
+    return float(b) if a is None else fn(a, float(b))
+
+
+class _SecondPass:
+    """Pass 2 of :class:`ComparePlan`: token counts by (cell, keep pattern) and by (step,
+    keep pattern), a cell being (entropy bin, p bin, staleness bucket, category) and the
+    pattern every gate's keep bit (then TIS's truncation bits) packed in words; TIS weight
+    sums per cell; the tokens of each bracketed threshold's bin by exact value."""
+
+    def __init__(self, plan: ComparePlan, e_edges: np.ndarray, cuts: Sequence[_Cut],
+                 decisions: pl.DataFrame | None) -> None:
+        self.plan = plan
+        self.rows = 0
+        self.columns = ["seq_key", "delta", "entropy", "infer_logprob"] + [
+            c for c in ("step", "staleness") if c in plan.schema
+        ]
+        self.decisions = decisions
+        self.n_eb, self.n_pb = len(e_edges) - 1, len(plan.p_e) - 1
+        self.n_cells = self.n_eb * self.n_pb * _N_SB * 3
+        gates = plan.all_gates
+        cut_of = {c.gate: c for c in cuts}
+        self.bracketed = [c for c in cuts if c.cut is None]
+        bits: list[pl.Expr] = []
+        for i, g in enumerate(gates):
+            if i in cut_of:
+                bits.append(cut_of[i].sure_keep_expr())
+            elif isinstance(g, SequenceGate):
+                bits.append(pl.lit(False))  # from the joined per-sequence words
+            else:
+                bits.append(g.keep_expr())
+        self.tis = [i for i, g in enumerate(gates) if isinstance(g, TIS)]
+        bits += [gates[i].truncated_expr() for i in self.tis]  # type: ignore[attr-defined]
+        self.n_bits = len(bits)
+        words = _pack(bits, "__w")
+        if decisions is not None:
+            words = [
+                (w + pl.col(f"__sw{j}").fill_null(0)).alias(f"__w{j}")
+                for j, w in enumerate(words)
+            ]
+        self.word_cols = [f"__w{j}" for j in range(len(words))]
+        if plan.has_stale:
+            s = pl.col("staleness")
+            chain = None
+            for j, (_lab, lo_, hi_) in enumerate(STALENESS_BUCKETS):
+                cond = (s >= lo_) & (s <= hi_)
+                chain = (pl.when(cond) if chain is None else chain.when(cond)).then(
+                    pl.lit(j, dtype=pl.Int32)
+                )
+            sb = chain.otherwise(pl.lit(_N_SB - 1, dtype=pl.Int32))  # type: ignore[union-attr]
+        else:
+            sb = pl.lit(_N_SB - 1, dtype=pl.Int32)
+        eb = _bin_index(pl.col("entropy"), e_edges)
+        pb = _bin_index(pl.col("infer_logprob").exp(), plan.p_e)
+        code = ((eb * self.n_pb + pb) * _N_SB + sb) * 3 + plan.cat.cast(pl.Int32)
+        extra: list[pl.Expr] = []
+        sums: list[pl.Expr] = []
+        for i in self.tis:
+            g = gates[i]
+            assert isinstance(g, TIS)
+            extra += [g.removed_mass_expr().alias(f"rmass{i}"),
+                      pl.col("delta").exp().alias(f"rsum{i}")]
+            sums += [pl.col(f"rmass{i}").sum(), pl.col(f"rsum{i}").sum()]
+        for j, c in enumerate(self.bracketed):
+            extra.append(_cut_value(c.kind).alias(f"__v{j}"))
+        if self.bracketed:
+            extra.append(bits[0].fill_null(False).alias("__k0"))
+        self._select = [code.alias("__code"), plan.step_expr, *words, *extra]
+        self.cells = GroupAgg([], ["__code", *self.word_cols], [pl.len().alias("n"), *sums],
+                              [pl.col("n").sum(), *sums])
+        self.steps = GroupAgg([], ["step", *self.word_cols], [pl.len().alias("n")],
+                              [pl.col("n").sum()])
+        self.bound: list[list[pl.DataFrame]] = [[] for _ in self.bracketed]
+
+    def update(self, batch: pl.DataFrame) -> None:
+        self.rows += batch.height
+        lf = batch.lazy()
+        if self.decisions is not None:
+            lf = lf.join(self.decisions.lazy(), on="seq_key", how="left")
+        df = lf.select(self._select).collect()
+        self.cells.update(df)
+        self.steps.update(df)
+        for j, c in enumerate(self.bracketed):
+            v = pl.col(f"__v{j}")
+            sel = df.filter((v >= c.lo) & (v <= c.hi))
+            if sel.height:
+                self.bound[j].append(
+                    sel.group_by("__code", "__k0", "step", v.alias("v")).agg(n=pl.len())
+                )
+
+    def tables(self) -> tuple[list[str], np.ndarray, pl.DataFrame]:
+        """After the pass: the columns ``n``, ``kept{i}``, ``both{i}`` (i > 0) and TIS's
+        ``trunc{i}``, ``rmass{i}``, ``rsum{i}`` per cell, as one ``(columns, cells)`` float
+        array, and the per-step counts ``step``, ``n``, ``kept{i}``."""
+        n_g = len(self.plan.all_gates)
+        cols = ["n"] + [f"kept{i}" for i in range(n_g)] + [f"both{i}" for i in range(1, n_g)]
+        for i in self.tis:
+            cols += [f"trunc{i}", f"rmass{i}", f"rsum{i}"]
+        out = np.zeros((len(cols), self.n_cells), dtype=np.float64)
+        ix = {c: j for j, c in enumerate(cols)}
+        t = self.cells.result()
+        code = t.get_column("__code").to_numpy().astype(np.int64)
+        n = t.get_column("n").to_numpy().astype(np.float64)
+        words = _words(t, "__w")
+        size = self.n_cells
+
+        def add(col: str, weights: np.ndarray) -> None:
+            out[ix[col]] += np.bincount(code, weights=weights, minlength=size)
+
+        add("n", n)
+        k0 = _bit(words, 0)
+        for i in range(n_g):
+            ki = _bit(words, i)
+            add(f"kept{i}", n * ki)
+            if i > 0:
+                add(f"both{i}", n * (ki & k0))
+        for j, i in enumerate(self.tis):
+            add(f"trunc{i}", n * _bit(words, n_g + j))
+            add(f"rmass{i}", t.get_column(f"rmass{i}").to_numpy())
+            add(f"rsum{i}", t.get_column(f"rsum{i}").to_numpy())
+        st = self.steps.result()
+        sw = _words(st, "__w")
+        sn = st.get_column("n").to_numpy().astype(np.int64)
+        steps = st.select("step").with_columns(
+            pl.Series("n", sn),
+            *[pl.Series(f"kept{i}", sn * _bit(sw, i)) for i in range(n_g)],
+        )
+        return cols, out, steps
+
+
+class ComparePlan:
+    """:func:`compare_gates` as accumulators: two streaming passes over the token frame.
+
+    Pass 1 (:attr:`accumulators`, reads ``seq_key``, ``delta``, ``entropy``, ``step``):
+    token count, entropy range and null count, ENTR's kept count, both sweeps (token counts
+    by sweep index and category), histograms of ``|delta|`` and ``delta^2`` on bins of
+    0.2% relative width, and one row of mergeable partials per sequence (token count, kept
+    tokens of each token gate, the sequence gates' partial statistics, min / max
+    ``|delta|``; memory O(sequences)).
+
+    Pass 2 (:meth:`followup`; :meth:`finish` runs it when the caller has not): keep counts
+    of every gate by (entropy bin, p bin, staleness bucket, category) and by step, with the
+    sequence gates' decisions (from the merged per-sequence table) joined on ``seq_key``,
+    and, for the matched band and each M2PO gate, the tokens of the one histogram bin
+    holding the threshold, grouped by exact value (at most ``_BOUNDARY_ROWS`` rows).
+
+    Why a second pass: the entropy bin edges (default: from the data's entropy range), the
+    matched band's ``c`` (an order statistic of ``|delta|`` at the rank ENTR's drop count
+    sets), the M2PO cuts and the sequence gates' decisions are all results of pass 1, and
+    the per-bin counts of those gates depend on them token by token; any single-pass
+    resolution of them would be approximate. The thresholds themselves are exact: pass 1
+    brackets each in one histogram bin and pass 2 lists that bin's values. Only when that
+    bin holds more than ``_BOUNDARY_ROWS`` tokens do refinement scans over ``delta`` run
+    between the passes.
+    """
+
+    def __init__(
+        self,
+        lf: pl.LazyFrame,
+        *,
+        entr: EntrGate | None = None,
+        panel: Sequence[GateSpec] = DEFAULT_PANEL,
+        h_star: float | None = None,
+        law_k: float | None = None,
+        law_alpha: float = 1.0,
+        flag_tau: float = 4.0,
+        flag_eps: float = 0.01,
+        entropy_edges: np.ndarray | Sequence[float] | None = None,
+        p_edges: Sequence[float] = DEFAULT_P_EDGES,
+        sweep_tau: np.ndarray | Sequence[float] | None = None,
+        sweep_c: np.ndarray | Sequence[float] | None = None,
+    ) -> None:
+        entr = entr if entr is not None else EntrGate()
+        if not isinstance(entr, EntrGate):
+            raise ParameterError(
+                "compare_gates: `entr` must be an EntrGate (entr:tau=...,eps=...)."
+            )
+        panel = tuple(panel)
+        for g in panel:
+            if not isinstance(g, GateSpec):
+                raise ParameterError(f"compare_gates: panel entry {g!r} is not a gate spec.")
+        if h_star is not None and not (math.isfinite(h_star) and h_star > 0):
+            raise ParameterError(
+                f"h_star must be a positive entropy in nats or None (got {h_star})."
+            )
+        if law_k is not None and not (math.isfinite(law_k) and law_k > 0):
+            raise ParameterError(f"law_k must be positive or None (got {law_k}).")
+        if not math.isfinite(law_alpha):
+            raise ParameterError(f"law_alpha must be finite (got {law_alpha}).")
+        if not (math.isfinite(flag_tau) and flag_tau > 0 and math.isfinite(flag_eps)
+                and flag_eps >= 0):
+            raise ParameterError("flag_tau must be > 0 and flag_eps >= 0.")
+        self.taus = _check_sweep(
+            DEFAULT_SWEEP_TAU if sweep_tau is None else sweep_tau, "sweep_tau", True
+        )
+        self.cs = _check_sweep(DEFAULT_SWEEP_C if sweep_c is None else sweep_c, "sweep_c", False)
+        self.p_e = _check_edges(p_edges, "p_edges")
+        self.e_edges = None if entropy_edges is None else _check_edges(
+            entropy_edges, "entropy_edges"
+        )
+        self.entr, self.panel = entr, panel
+        self.gates: tuple[GateSpec, ...] = (entr, *panel)
+        schema = lf.collect_schema()
+        _check_columns(schema, self.gates)
+        for c in ("infer_logprob", "entropy"):
+            if c not in schema:
+                raise SchemaError(
+                    f"compare needs the {c!r} column of the token frame; map it when loading."
+                )
+        self.lf, self.schema = lf, schema
+        self.has_step = "step" in schema
+        self.has_stale = "staleness" in schema
+        self.step_expr = (pl.col("step") if self.has_step
+                          else pl.lit(0, dtype=pl.Int64)).alias("step")
+        self.h_star, self.law_k, self.law_alpha = h_star, law_k, law_alpha
+        self.flag_tau, self.flag_eps = flag_tau, flag_eps
+
+        # token categories (noise / law-scale / other), known before any pass
+        H = pl.col("entropy")
+        d2 = pl.col("delta") ** 2
+        self.null_reasons: dict[str, str] = {}
+        if h_star is None:
+            is_noise = pl.lit(False)
+            self.null_reasons["noise_admitted"] = (
+                "no entropy breakpoint H* (the fit found no low-entropy noise regime, or none "
+                "was given): there is no noise to admit"
+            )
+            law_region = pl.lit(True)
+        else:
+            is_noise = (H < h_star) & (entr_score_expr(flag_eps) > flag_tau)
+            law_region = H >= h_star
+        if law_k is None:
+            is_law = pl.lit(False)
+            self.null_reasons["exploration_discarded"] = (
+                "no fitted law (law_k not given): the law's scale is undefined"
+            )
+        else:
+            is_law = law_region & (d2 <= CHI2_1_99 * law_k * H.pow(law_alpha))
+        self.cat = (
+            pl.when(is_noise)
+            .then(pl.lit(_CAT_NOISE, dtype=pl.Int8))
+            .when(is_law)
+            .then(pl.lit(_CAT_LAW, dtype=pl.Int8))
+            .otherwise(pl.lit(_CAT_OTHER, dtype=pl.Int8))
+        )
+
+        # gates: the compared ones, then the matched band (its c is known after pass 1)
+        self.all_gates: tuple[GateSpec, ...] = (*self.gates, FixedBand())
+        self.matched_idx = len(self.gates)
+        #: token gates whose per-sequence kept counts pass 1 sums (ENTR always first)
+        self.seq_count_idx = [
+            i for i, g in enumerate(self.gates)
+            if not isinstance(g, (SequenceGate, M2PO, TIS))
+        ]
+        self.partials: dict[str, tuple[pl.Expr, str]] = {}
+        for g in self.gates:
+            if isinstance(g, SequenceGate):
+                self.partials.update(g.seq_partials())
+        self._first = _FirstPass(self)
+        self.accumulators: list[Any] = [self._first]
+        self._second: _SecondPass | None = None
+        self._cuts: list[_Cut] = []
+        self._per_seq: pl.DataFrame | None = None
+
+    # ---------------------------------------------------------------- between the passes
+
+    def _bracket(self, cut: _Cut, counts: np.ndarray, sums: np.ndarray | None,
+                 none_value: float) -> _Cut:
+        """Locate ``cut.pred``'s first true prefix in a pass-1 histogram; exact ``cut`` when
+        no prefix satisfies it (``none_value``) or after refinement scans of a crowded bin."""
+        assert cut.pred is not None
+        nz = np.flatnonzero(counts)
+        cn = np.cumsum(counts[nz])
+        cs = np.cumsum(sums[nz]) if sums is not None else np.zeros(nz.size)
+        ok = np.asarray(cut.pred(cn, cs), dtype=bool) if nz.size else np.zeros(0, bool)
+        if not ok.any():
+            cut.cut = none_value
+            return cut
+        j = int(np.argmax(ok))
+        b = int(nz[j])
+        cut.lo, cut.hi = _bin_bounds(b)
+        cut.n_below = int(cn[j - 1]) if j else 0
+        cut.s_below = float(cs[j - 1]) if j else 0.0
+        n_in = int(counts[b])
+        if n_in > _BOUNDARY_ROWS:
+            x = pl.col("x")
+            src = self.lf.select(_cut_value(cut.kind).alias("x")).filter(
+                x.is_not_null() & x.is_not_nan()
+            )
+            cut.cut = _refine(src, cut.pred, cut.lo, cut.hi, cut.n_below, cut.s_below, n_in)
+        return cut
+
+    def followup(self) -> list[Any]:
+        """The accumulators of the second pass, built from the first pass's results (call
+        after the first pass has been fed). Raises InputError when the first pass saw no
+        token or a null/NaN entropy."""
+        if self._second is not None:
+            return [self._second]
+        f = self._first
+        if f.n == 0:
+            raise InputError("compare: the token frame holds no valid loss-masked token.")
+        if f.h_null:
+            raise InputError(
+                f"compare: {f.h_null} token(s) have a null/NaN entropy; ENTR needs an entropy "
+                "for every token (exclude them when loading)."
+            )
+        if self.e_edges is None:
+            self.e_edges = default_entropy_edges(f.h_min_pos, f.h_max)
+        n_keep = f.entr_kept
+        m = _Cut(self.matched_idx, "absd", strict=False)
+        if n_keep <= 0:  # keeps none: the largest float below the smallest |delta|
+            m.cut = (0.0 if f.a_min is None
+                     else max(0.0, float(np.nextafter(f.a_min, -math.inf))))
+        else:
+            m.pred = lambda n, s: n >= n_keep
+            self._bracket(m, f.hist_a, None, 0.0 if f.a_max is None else f.a_max)
+        cuts = [m]
+        for i, g in enumerate(self.gates):
+            if isinstance(g, M2PO):
+                thr = g.max_mean_sq
+                c = _Cut(i, "d2", strict=True, pred=lambda n, s, thr=thr: s / n > thr)
+                cuts.append(self._bracket(c, f.hist_q, f.hist_qs, math.inf))
+        self._cuts = cuts
+        per_seq = f.seq.result()
+        seq_idx = [i for i, g in enumerate(self.gates) if isinstance(g, SequenceGate)]
+        decisions = None
+        if seq_idx:
+            cols = {k: pl.col(f"__p_{k}") for k in self.partials}
+            per_seq = per_seq.with_columns(
+                [
+                    self.gates[i].keep_from(  # type: ignore[attr-defined]
+                        self.gates[i].stats_from_partials(cols)  # type: ignore[attr-defined]
+                    ).alias(f"__s{i}")
+                    for i in seq_idx
+                ]
+            )
+            n_bits = len(self.all_gates)
+            decisions = per_seq.select(
+                "seq_key",
+                *_pack(
+                    [pl.col(f"__s{i}") if i in seq_idx else pl.lit(False)
+                     for i in range(n_bits)],
+                    "__sw",
+                ),
+            )
+        self._per_seq = per_seq
+        self._second = _SecondPass(self, self.e_edges, cuts, decisions)
+        return [self._second]
+
+    # ------------------------------------------------------------------------- finish
+
+    def finish(self) -> CompareResult:
+        """The :class:`CompareResult`, after the first pass; runs the second pass over the
+        plan's frame unless the caller fed :meth:`followup` already."""
+        sp = self.followup()[0]
+        assert isinstance(sp, _SecondPass)
+        if sp.rows == 0:
+            run_pass(self.lf, [sp])
+        return self._assemble(sp)
+
+    def _assemble(self, sp: _SecondPass) -> CompareResult:
+        f = self._first
+        per_seq = self._per_seq
+        assert per_seq is not None and self.e_edges is not None
+        e_edges, p_e = self.e_edges, self.p_e
+        h_star, law_k, law_alpha = self.h_star, self.law_k, self.law_alpha
+        flag_tau, flag_eps = self.flag_tau, self.flag_eps
+        null_reasons = dict(self.null_reasons)
+        n_tok = f.n
+        entr_dropped = n_tok - f.entr_kept
+        cols, cells, steps = sp.tables()
+        col_index = {c: j for j, c in enumerate(cols)}
+        step_parts = [steps]
+
+        # ---- exact thresholds; the bracketed bins' tokens added to the kept counts
+        cut_values: dict[int, float] = {}
+        for j, c in enumerate(sp.bracketed):
+            t = (
+                pl.concat(sp.bound[j]).group_by("__code", "__k0", "step", "v").agg(pl.col("n").sum())
+                if sp.bound[j] else None
+            )
+            if t is None or t.height == 0:
+                c.cut = c.hi  # unreachable: the bin held tokens in pass 1
+                continue
+            vals = t.group_by("v").agg(pl.col("n").sum()).sort("v")
+            v = vals.get_column("v").to_numpy()
+            nv = vals.get_column("n").to_numpy().astype(np.int64)
+            ok = np.asarray(
+                c.pred(c.n_below + np.cumsum(nv), c.s_below + np.cumsum(v * nv)),  # type: ignore[misc]
+                dtype=bool,
+            )
+            c.cut = float(v[int(np.argmax(ok))]) if ok.any() else float(v[-1])
+            kept = t.filter(c.keep(pl.col("v"), c.cut))
+            if kept.height:
+                by_code = kept.group_by("__code").agg(
+                    pl.col("n").sum(), pl.col("n").filter(pl.col("__k0")).sum().alias("b")
+                )
+                codes = by_code.get_column("__code").to_numpy()
+                cells[col_index[f"kept{c.gate}"], codes] += by_code.get_column("n").to_numpy()
+                cells[col_index[f"both{c.gate}"], codes] += by_code.get_column("b").to_numpy()
+                step_parts.append(
+                    kept.group_by("step").agg(pl.col("n").sum().alias(f"kept{c.gate}"))
+                )
+        for c in self._cuts:
+            assert c.cut is not None
+            cut_values[c.gate] = c.cut
+        c_match = cut_values[self.matched_idx]
+        matched_gate = FixedBand(c=c_match)
+        all_gates = (*self.gates, matched_gate)
+        n_g = len(all_gates)
+
+        # ---- per step (sum of the partial tables; a key missing from a part counts 0)
+        stept = None
+        if self.has_step:
+            step_cols = ["n"] + [f"kept{i}" for i in range(n_g)]
+            stept = (
+                pl.concat(step_parts, how="diagonal_relaxed")
+                .group_by("step")
+                .agg([pl.col(c).fill_null(0).sum() for c in step_cols])
+                .sort("step", nulls_last=True)
+            )
+
+        # ---- per sequence: kept (any token kept) and intact (all kept) sequences
+        n_seq = per_seq.height
+        cut_of = {c.gate: c for c in self._cuts}
+        bad = f.invalid.result(pl.DataFrame(schema={"seq_key": pl.UInt64, "__bad": pl.UInt32}))
+        if bad.height:
+            per_seq = per_seq.join(bad, on="seq_key", how="left")
+            valid = pl.col("__bad").is_null()
+        else:
+            valid = pl.lit(True)
+        word_of = {i: j for j, i in enumerate(self.seq_count_idx)}
+        seq_any: list[pl.Expr] = []
+        seq_all: list[pl.Expr] = []
+        for i, g in enumerate(all_gates):
+            if i in cut_of:
+                c = cut_of[i]
+                lo_v, hi_v = pl.col("__amin"), pl.col("__amax")
+                if c.kind == "d2":
+                    lo_v, hi_v = lo_v * lo_v, hi_v * hi_v
+                a_ = c.keep(lo_v, cut_values[i])
+                l_ = c.keep(hi_v, cut_values[i]) & valid
+            elif isinstance(g, SequenceGate):
+                a_ = l_ = pl.col(f"__s{i}")
+            elif isinstance(g, TIS):
+                a_ = l_ = pl.col("seq_key").is_not_null() | pl.col("seq_key").is_null()
+            else:
+                j = word_of[i]
+                m = pl.lit(1 << (j % _WORD), dtype=pl.UInt64)
+                a_ = (pl.col(f"__or{j // _WORD}") & m) != 0
+                l_ = (pl.col(f"__and{j // _WORD}") & m) != 0
+            seq_any.append(a_.fill_null(False).sum().alias(f"any{i}"))
+            seq_all.append(l_.fill_null(False).sum().alias(f"all{i}"))
+        seqt = per_seq.select(seq_any + seq_all).row(0, named=True)
+
+        # ---- marginals of the cell table
+        n_eb, n_pb = sp.n_eb, sp.n_pb
+        grid = cells.reshape(len(cols), n_eb, n_pb, _N_SB, 3)
+
+        def marg(col: str, axis: int) -> np.ndarray:
+            axes = tuple(a for a in (1, 2, 3, 4) if a != axis)
+            return np.rint(grid[col_index[col]].sum(axis=tuple(a - 1 for a in axes)))
+
+        def cnt(col: str, axis: int) -> np.ndarray:
+            return marg(col, axis).astype(np.int64)
+
+        def total(col: str) -> float:
+            return float(cells[col_index[col]].sum())
+
+        n_by_cat = cnt("n", 4)
+        n_noise = None if h_star is None else int(n_by_cat[_CAT_NOISE])
+        n_law = None if law_k is None else int(n_by_cat[_CAT_LAW])
+        if n_noise == 0:
+            null_reasons["noise_admitted"] = (
+                "no token is in the noise regime (none flagged below H*)"
+            )
+        if n_law == 0:
+            null_reasons["exploration_discarded"] = "no token lies within the fitted law's scale"
+        e_labels = _bin_labels(e_edges)
+        p_labels = _bin_labels(p_e)
+        n_by_e = cnt("n", 1)
+        n_by_p = cnt("n", 2)
+        n_by_s = cnt("n", 3)[: len(STALENESS_BUCKETS)] if self.has_stale else None
+        kept0_e = cnt("kept0", 1)
+        kept0_p = cnt("kept0", 2)
+        kept_all = [int(cnt(f"kept{i}", 1).sum()) for i in range(n_g)]
+
+        def gate_result(i: int) -> GateResult:
+            g = all_gates[i]
+            kc = f"kept{i}"
+            kept_e = cnt(kc, 1)
+            stale = None
+            if self.has_stale:
+                assert n_by_s is not None
+                ks = cnt(kc, 3)
+                idx = [j for j in range(len(STALENESS_BUCKETS)) if n_by_s[j] > 0 or j > 0]
+                stale = BinnedKeep(
+                    keys=tuple(STALENESS_BUCKETS[j][0] for j in idx),
+                    n=tuple(int(n_by_s[j]) for j in idx),
+                    kept=tuple(int(ks[j]) for j in idx),
+                )
+            step_b = None
+            if stept is not None:
+                step_b = BinnedKeep(
+                    keys=tuple(int(s) if s is not None else None for s in stept["step"]),
+                    n=tuple(int(v) for v in stept["n"]),
+                    kept=tuple(int(v) for v in stept[kc]),
+                )
+            kc_cat = cnt(kc, 4)
+            noise_kept = noise_adm = None
+            if n_noise:
+                noise_kept = int(kc_cat[_CAT_NOISE])
+                noise_adm = noise_kept / n_noise
+            expl_drop = expl_dis = None
+            if n_law:
+                expl_drop = n_law - int(kc_cat[_CAT_LAW])
+                expl_dis = expl_drop / n_law
+            agreement = None
+            if i > 0:
+                bc = f"both{i}"
+                both = int(cnt(bc, 1).sum())
+
+                def four(axis: int, nb: np.ndarray, k0b: np.ndarray) -> dict[str, Any]:
+                    kb = cnt(kc, axis)
+                    bb = cnt(bc, axis)
+                    return {
+                        "both_keep": bb.tolist(),
+                        "only_entr_keeps": (k0b - bb).tolist(),
+                        "only_other_keeps": (kb - bb).tolist(),
+                        "both_drop": (nb - k0b - kb + bb).tolist(),
+                    }
+
+                agreement = Agreement(
+                    both_keep=both,
+                    only_entr_keeps=kept_all[0] - both,
+                    only_other_keeps=kept_all[i] - both,
+                    both_drop=n_tok - kept_all[0] - kept_all[i] + both,
+                    by_entropy={
+                        "keys": list(e_labels),
+                        "edges": e_edges.tolist(),
+                        **four(1, n_by_e, kept0_e),
+                    },
+                    by_p={
+                        "keys": list(p_labels),
+                        "edges": p_e.tolist(),
+                        **four(2, n_by_p, kept0_p),
+                    },
+                )
+            tis = None
+            if isinstance(g, TIS):
+                tr = int(round(total(f"trunc{i}")))
+                tis = TisExtras(
+                    cap=g.cap,
+                    truncated_tokens=tr,
+                    truncated_share=tr / n_tok,
+                    weight_mass_removed=_ratio(total(f"rmass{i}"), total(f"rsum{i}")),
+                )
+            return GateResult(
+                name=g.name,
+                spec=g.spec(),
+                label=g.label,
+                level=g.level,
+                params=g.params(),
+                source=g.source,
+                n_tokens=n_tok,
+                kept_tokens=kept_all[i],
+                n_sequences=n_seq,
+                kept_sequences=int(seqt[f"any{i}"]),
+                intact_sequences=int(seqt[f"all{i}"]),
+                keep_by_entropy=BinnedKeep(
+                    keys=e_labels,
+                    n=tuple(n_by_e.tolist()),
+                    kept=tuple(kept_e.tolist()),
+                    edges=tuple(e_edges.tolist()),
+                ),
+                keep_by_staleness=stale,
+                keep_by_step=step_b,
+                noise_tokens_kept=noise_kept,
+                noise_admitted=noise_adm,
+                exploration_tokens_dropped=expl_drop,
+                exploration_discarded=expl_dis,
+                agreement_vs_entr=agreement,
+                tis=tis,
+            )
+
+        results = [gate_result(i) for i in range(n_g)]
+        matched_res = results[-1]
+        matched = MatchedComparison(
+            c=c_match,
+            entr_dropped=entr_dropped,
+            fixed_dropped=matched_res.dropped_tokens,
+            fixed=matched_res,
+        )
+
+        def sweep(counts: np.ndarray, values: np.ndarray, param: str, gate: str):
+            m = len(values)
+            cum = np.cumsum(counts.reshape(m + 1, 3), axis=0)[:m]  # kept at value j: idx <= j
+            kept = cum.sum(axis=1)
+            na = cum[:, _CAT_NOISE] / n_noise if n_noise else np.full(m, math.nan)
+            ed = 1.0 - cum[:, _CAT_LAW] / n_law if n_law else np.full(m, math.nan)
+            return SweepResult(
+                parameter=param,
+                gate=gate,
+                values=tuple(values.tolist()),
+                keep_rate=tuple((kept / n_tok).tolist()),
+                noise_admitted=tuple(np.asarray(na, dtype=float).tolist()),
+                exploration_discarded=tuple(np.asarray(ed, dtype=float).tolist()),
+            )
+
+        entr = self.entr
+        sweeps: dict[str, SweepResult] = {}
+        if self.taus.size:
+            sweeps["tau"] = sweep(f.tau_counts, self.taus, "tau", f"entr:eps={entr.eps:g}")
+        if self.cs.size:
+            sweeps["c"] = sweep(f.c_counts, self.cs, "c", "fixed")
+
+        definitions = {
+            "noise_token": (
+                f"a token below the entropy breakpoint (H < H* = {h_star:.4g} nats) whose "
+                "log-ratio breaks "
+                f"the entropy-normalized bound: delta^2 / (H + {flag_eps:g}) > {flag_tau:g}"
+                if h_star is not None
+                else "undefined: no entropy breakpoint H* was given"
+            ),
+            "noise_admitted": "share of the noise tokens that the gate keeps (lower is better)",
+            "law_scale_token": (
+                "a token at or above H* (every token when there is no breakpoint) whose "
+                "log-ratio is within the fitted law's 99% range: delta^2 <= "
+                f"{CHI2_1_99:.4g} * k * H^alpha (k = {law_k:.4g}, alpha = {law_alpha:.4g}; "
+                f"{CHI2_1_99:.4g} = 99% quantile of chi2 with 1 dof)"
+                if law_k is not None
+                else "undefined: no fitted law (law_k) was given"
+            ),
+            "exploration_discarded": (
+                "share of the law-scale tokens that the gate drops (lower is better): ordinary "
+                "high-entropy exploration that the mismatch law explains"
+            ),
+            "matched": (
+                "the fixed band |delta| <= c with c the (N - D)-th smallest |delta|, D = "
+                "tokens ENTR drops: it drops exactly D tokens unless |delta| ties at c (then "
+                "fewer)"
+            ),
+            "agreement": (
+                "token counts: both keep / only ENTR keeps / only the other gate keeps / both "
+                "drop"
+            ),
+            "tis": (
+                "TIS keeps every token; truncated share = share with r > cap, weight mass "
+                "removed = sum max(r - cap, 0) / sum r"
+            ),
+        }
+        parameters = {
+            "entr": entr.spec(),
+            "tau": entr.tau,
+            "eps": entr.eps,
+            "panel": [g.spec() for g in self.panel],
+            "h_star": h_star,
+            "law_k": law_k,
+            "law_alpha": law_alpha,
+            "flag_tau": flag_tau,
+            "flag_eps": flag_eps,
+            "law_scale_quantile": 0.99,
+            "law_scale_factor": CHI2_1_99,
+            "m2po_cuts": {
+                all_gates[i].spec(): v for i, v in cut_values.items() if i != self.matched_idx
+            },
+        }
+        return CompareResult(
+            parameters=parameters,
+            n_tokens=n_tok,
+            n_sequences=n_seq,
+            n_noise=n_noise,
+            n_exploration=n_law,
+            entropy_edges=tuple(e_edges.tolist()),
+            p_edges=tuple(p_e.tolist()),
+            gates=tuple(results[:-1]),
+            matched=matched,
+            sweep=sweeps,
+            definitions=definitions,
+            null_reasons=null_reasons,
+            gate_specs=self.gates,
+            matched_spec=matched_gate,
+        )
+
+
+def compare_plan(lf: pl.LazyFrame, **kwargs: Any) -> ComparePlan:
+    """The accumulators of :func:`compare_gates`, which takes the same arguments; errors of
+    the parameters and of the schema (ParameterError, SchemaError) are raised here, before
+    any pass. Usage: ``plan = compare_plan(lf, ...); run_pass(lf, plan.accumulators);
+    result = plan.finish()``; ``finish`` runs the second pass (see :class:`ComparePlan`)
+    itself unless ``run_pass(lf, plan.followup())`` was called first, e.g. fused with other
+    modules' second passes."""
+    return ComparePlan(lf, **kwargs)
+
 
 def compare_gates(
     lf: pl.LazyFrame,
@@ -719,427 +1616,13 @@ def compare_gates(
         disables that sweep.
 
     Returns a :class:`CompareResult`. Raises SchemaError (missing column), InputError (no
-    token, or null entropy), ParameterError (bad edges, sweeps or law parameters).
+    token, or null entropy), ParameterError (bad edges, sweeps or law parameters). Two
+    streaming passes (:class:`ComparePlan`).
     """
-    entr = entr if entr is not None else EntrGate()
-    if not isinstance(entr, EntrGate):
-        raise ParameterError("compare_gates: `entr` must be an EntrGate (entr:tau=...,eps=...).")
-    panel = tuple(panel)
-    for g in panel:
-        if not isinstance(g, GateSpec):
-            raise ParameterError(f"compare_gates: panel entry {g!r} is not a gate spec.")
-    if h_star is not None and not (math.isfinite(h_star) and h_star > 0):
-        raise ParameterError(f"h_star must be a positive entropy in nats or None (got {h_star}).")
-    if law_k is not None and not (math.isfinite(law_k) and law_k > 0):
-        raise ParameterError(f"law_k must be positive or None (got {law_k}).")
-    if not math.isfinite(law_alpha):
-        raise ParameterError(f"law_alpha must be finite (got {law_alpha}).")
-    if not (math.isfinite(flag_tau) and flag_tau > 0 and math.isfinite(flag_eps) and flag_eps >= 0):
-        raise ParameterError("flag_tau must be > 0 and flag_eps >= 0.")
-    taus = _check_sweep(DEFAULT_SWEEP_TAU if sweep_tau is None else sweep_tau, "sweep_tau", True)
-    cs = _check_sweep(DEFAULT_SWEEP_C if sweep_c is None else sweep_c, "sweep_c", False)
-    p_e = _check_edges(p_edges, "p_edges")
-
-    gates: tuple[GateSpec, ...] = (entr, *panel)
-    schema = lf.collect_schema()
-    _check_columns(schema, (*gates,))
-    for c in ("infer_logprob", "entropy"):
-        if c not in schema:
-            raise SchemaError(
-                f"compare needs the {c!r} column of the token frame; map it when loading."
-            )
-    has_step = "step" in schema
-    has_stale = "staleness" in schema
-    lf = lf.select(
-        [
-            c
-            for c in ("seq_key", "delta", "infer_logprob", "entropy", "step", "staleness")
-            if c in schema
-        ]
+    plan = compare_plan(
+        lf, entr=entr, panel=panel, h_star=h_star, law_k=law_k, law_alpha=law_alpha,
+        flag_tau=flag_tau, flag_eps=flag_eps, entropy_edges=entropy_edges, p_edges=p_edges,
+        sweep_tau=sweep_tau, sweep_c=sweep_c,
     )
-
-    # ---- token categories (noise / law-scale / other), known before any pass
-    H = pl.col("entropy")
-    d2 = pl.col("delta") ** 2
-    null_reasons: dict[str, str] = {}
-    if h_star is None:
-        is_noise = pl.lit(False)
-        null_reasons["noise_admitted"] = (
-            "no entropy breakpoint H* (the fit found no low-entropy noise regime, or none was "
-            "given): there is no noise to admit"
-        )
-        law_region = pl.lit(True)
-    else:
-        is_noise = (H < h_star) & (entr_score_expr(flag_eps) > flag_tau)
-        law_region = H >= h_star
-    if law_k is None:
-        is_law = pl.lit(False)
-        null_reasons["exploration_discarded"] = (
-            "no fitted law (law_k not given): the law's scale is undefined"
-        )
-    else:
-        is_law = law_region & (d2 <= CHI2_1_99 * law_k * H.pow(law_alpha))
-    cat = (
-        pl.when(is_noise)
-        .then(pl.lit(_CAT_NOISE, dtype=pl.Int8))
-        .when(is_law)
-        .then(pl.lit(_CAT_LAW, dtype=pl.Int8))
-        .otherwise(pl.lit(_CAT_OTHER, dtype=pl.Int8))
-    )
-
-    # ---- pass 1: totals and both sweeps (histograms of the ENTR score and of |delta| on
-    # edges placed at the sweep values, split by category)
-    sweept = (
-        lf.group_by(
-            _count_above(entr_score_expr(entr.eps), taus).alias("__ti"),
-            _count_above(pl.col("delta").abs(), cs).alias("__ci"),
-            cat.alias("__cat"),
-        )
-        .agg(
-            *_value_totals(_m2po_value(), "__m2po_"),
-            *_value_totals(pl.col("delta").abs(), "__absd_"),
-            n=pl.len(),
-            h_null=H.null_count() + H.is_nan().sum(),
-            h_max=H.max(),
-            h_min_pos=pl.when(H > 0).then(H).min(),  # not filter(): stays streaming
-            entr_kept=entr.keep_expr().sum(),
-        )
-        .collect(engine="streaming")
-    )
-    n_tok = int(sweept["n"].sum())
-    if n_tok == 0:
-        raise InputError("compare: the token frame holds no valid loss-masked token.")
-    h_null = int(sweept["h_null"].sum())
-    if h_null:
-        raise InputError(
-            f"compare: {h_null} token(s) have a null/NaN entropy; ENTR needs an entropy "
-            "for every token (exclude them when loading)."
-        )
-    e_edges = (
-        default_entropy_edges(sweept["h_min_pos"].min(), sweept["h_max"].max())
-        if entropy_edges is None
-        else _check_edges(entropy_edges, "entropy_edges")
-    )
-    entr_dropped = n_tok - int(sweept["entr_kept"].sum())
-    taut = sweept.group_by("__ti", "__cat").agg(pl.col("n").sum())
-    ct = sweept.group_by("__ci", "__cat").agg(pl.col("n").sum())
-
-    # ---- pass 2: matched c and M2PO cuts (histogram refinement on one column)
-    c_match = matched_fixed_c(lf, n_tok - entr_dropped, tot=_totals_from(sweept, "__absd_"))
-    matched_gate = FixedBand(c=c_match)
-    all_gates = (*gates, matched_gate)
-    names = [f"__k{i}" for i in range(len(all_gates))]
-    m2po_tot = _totals_from(sweept, "__m2po_")
-    tok, _cuts = _token_keep_exprs(lf, all_gates, m2po_tot)
-    seq_aggs, seq_rules = _seq_stat_aggs(all_gates)
-
-    # ---- pass 3: one row per sequence: token count, kept tokens of each token gate, the
-    # statistics of each sequence gate (memory O(sequences))
-    step_key = [pl.col("step")] if has_step else [pl.lit(0, dtype=pl.Int64).alias("step")]
-    per_seq = (
-        lf.group_by(pl.col("seq_key"), *step_key)
-        .agg(
-            [pl.len().alias("__n")] + [e.sum().alias(f"__t{i}") for i, e in tok.items()] + seq_aggs
-        )
-        .collect(engine="streaming")
-        .with_columns([r.alias(names[i]) for i, r in seq_rules.items()])
-        .with_columns(
-            [pl.col(f"__t{i}").alias(f"kept{i}") for i in tok]
-            + [
-                pl.when(pl.col(names[i])).then(pl.col("__n")).otherwise(0).alias(f"kept{i}")
-                for i in seq_rules
-            ]
-        )
-    )
-    seq_step = (
-        per_seq.group_by("step")
-        .agg(
-            [pl.len().alias("n_seq"), pl.col("__n").sum().alias("n")]
-            + [pl.col(f"kept{i}").sum() for i in range(len(names))]
-            + [(pl.col(f"kept{i}") > 0).sum().alias(f"any{i}") for i in range(len(names))]
-            + [
-                (pl.col(f"kept{i}") == pl.col("__n")).sum().alias(f"all{i}")
-                for i in range(len(names))
-            ]
-        )
-        .sort("step", nulls_last=True)
-    )
-    stept = seq_step if has_step else None
-    seqt = seq_step.select(pl.exclude("step").sum())
-
-    # ---- pass 4: keep counts by (entropy bin, p bin, staleness bucket, category); sequence
-    # gates' decisions joined back from the per-sequence table
-    df = lf
-    if seq_rules:
-        df = df.join(
-            per_seq.select("seq_key", *[names[i] for i in seq_rules]).lazy(),
-            on="seq_key",
-            how="left",
-        )
-    df = df.with_columns([e.alias(names[i]) for i, e in tok.items()])
-    if has_stale:
-        s = pl.col("staleness")
-        chain = None
-        for j, (_lab, lo_, hi_) in enumerate(STALENESS_BUCKETS):
-            cond = (s >= lo_) & (s <= hi_)
-            chain = (pl.when(cond) if chain is None else chain.when(cond)).then(
-                pl.lit(j, dtype=pl.Int8)
-            )
-        sb = chain.otherwise(pl.lit(None, dtype=pl.Int8))  # type: ignore[union-attr]
-    else:
-        sb = pl.lit(None, dtype=pl.Int8)
-    k0 = pl.col(names[0])
-    gate_aggs: list[pl.Expr] = [pl.len().alias("n")]
-    for i, nm in enumerate(names):
-        gate_aggs.append(pl.col(nm).sum().alias(f"kept{i}"))
-        if i > 0:
-            gate_aggs.append((pl.col(nm) & k0).sum().alias(f"both{i}"))
-    tis_idx = [i for i, g in enumerate(all_gates) if isinstance(g, TIS)]
-    for i in tis_idx:
-        g = all_gates[i]
-        assert isinstance(g, TIS)
-        gate_aggs += [
-            g.truncated_expr().sum().alias(f"trunc{i}"),
-            g.removed_mass_expr().sum().alias(f"rmass{i}"),
-            pl.col("delta").exp().sum().alias(f"rsum{i}"),
-        ]
-    main = (
-        df.group_by(
-            _bin_index(H, e_edges).alias("__eb"),
-            _bin_index(pl.col("infer_logprob").exp(), p_e).alias("__pb"),
-            sb.alias("__sb"),
-            cat.alias("__cat"),
-        )
-        .agg(gate_aggs)
-        .collect(engine="streaming")
-    )
-
-    # ---- assemble
-    n_seq = int(seqt["n_seq"][0])
-    n_eb, n_pb = len(e_edges) - 1, len(p_e) - 1
-
-    def by(key: str, col: str, size: int, frame: pl.DataFrame = main) -> np.ndarray:
-        g = frame.group_by(key).agg(pl.col(col).sum())
-        out = np.zeros(size, dtype=np.int64)
-        for k, v in g.iter_rows():
-            if k is not None:
-                out[int(k)] += int(v)
-        return out
-
-    def total(col: str, where: pl.Expr | None = None) -> float:
-        f = main if where is None else main.filter(where)
-        v = f[col].sum()
-        return float(v) if v is not None else 0.0
-
-    n_noise_i = int(total("n", pl.col("__cat") == _CAT_NOISE))
-    n_law_i = int(total("n", pl.col("__cat") == _CAT_LAW))
-    n_noise = None if h_star is None else n_noise_i
-    n_law = None if law_k is None else n_law_i
-    if n_noise == 0:
-        null_reasons["noise_admitted"] = "no token is in the noise regime (none flagged below H*)"
-    if n_law == 0:
-        null_reasons["exploration_discarded"] = "no token lies within the fitted law's scale"
-    e_labels = _bin_labels(e_edges)
-    p_labels = _bin_labels(p_e)
-    n_by_e = by("__eb", "n", n_eb)
-    n_by_s = by("__sb", "n", len(STALENESS_BUCKETS)) if has_stale else None
-    kept0_e = by("__eb", "kept0", n_eb)
-    kept0_p = by("__pb", "kept0", n_pb)
-    n_by_p = by("__pb", "n", n_pb)
-    kept_all = [int(total(f"kept{i}")) for i in range(len(names))]
-
-    def gate_result(i: int) -> GateResult:
-        g = all_gates[i]
-        kc = f"kept{i}"
-        kept_e = by("__eb", kc, n_eb)
-        stale = None
-        if has_stale:
-            assert n_by_s is not None
-            ks = by("__sb", kc, len(STALENESS_BUCKETS))
-            idx = [j for j in range(len(STALENESS_BUCKETS)) if n_by_s[j] > 0 or j > 0]
-            stale = BinnedKeep(
-                keys=tuple(STALENESS_BUCKETS[j][0] for j in idx),
-                n=tuple(int(n_by_s[j]) for j in idx),
-                kept=tuple(int(ks[j]) for j in idx),
-            )
-        step_b = None
-        if stept is not None:
-            step_b = BinnedKeep(
-                keys=tuple(int(s) if s is not None else None for s in stept["step"]),
-                n=tuple(int(v) for v in stept["n"]),
-                kept=tuple(int(v) for v in stept[kc]),
-            )
-        noise_kept = noise_adm = None
-        if n_noise:
-            noise_kept = int(total(kc, pl.col("__cat") == _CAT_NOISE))
-            noise_adm = noise_kept / n_noise
-        expl_drop = expl_dis = None
-        if n_law:
-            expl_drop = n_law - int(total(kc, pl.col("__cat") == _CAT_LAW))
-            expl_dis = expl_drop / n_law
-        agreement = None
-        if i > 0:
-            bc = f"both{i}"
-            both = int(total(bc))
-
-            def four(key: str, size: int, nb: np.ndarray, k0b: np.ndarray) -> dict[str, Any]:
-                kb = by(key, kc, size)
-                bb = by(key, bc, size)
-                return {
-                    "both_keep": bb.tolist(),
-                    "only_entr_keeps": (k0b - bb).tolist(),
-                    "only_other_keeps": (kb - bb).tolist(),
-                    "both_drop": (nb - k0b - kb + bb).tolist(),
-                }
-
-            agreement = Agreement(
-                both_keep=both,
-                only_entr_keeps=kept_all[0] - both,
-                only_other_keeps=kept_all[i] - both,
-                both_drop=n_tok - kept_all[0] - kept_all[i] + both,
-                by_entropy={
-                    "keys": list(e_labels),
-                    "edges": e_edges.tolist(),
-                    **four("__eb", n_eb, n_by_e, kept0_e),
-                },
-                by_p={
-                    "keys": list(p_labels),
-                    "edges": p_e.tolist(),
-                    **four("__pb", n_pb, n_by_p, kept0_p),
-                },
-            )
-        tis = None
-        if isinstance(g, TIS):
-            tr = int(total(f"trunc{i}"))
-            tis = TisExtras(
-                cap=g.cap,
-                truncated_tokens=tr,
-                truncated_share=tr / n_tok,
-                weight_mass_removed=_ratio(total(f"rmass{i}"), total(f"rsum{i}")),
-            )
-        return GateResult(
-            name=g.name,
-            spec=g.spec(),
-            label=g.label,
-            level=g.level,
-            params=g.params(),
-            source=g.source,
-            n_tokens=n_tok,
-            kept_tokens=kept_all[i],
-            n_sequences=n_seq,
-            kept_sequences=int(seqt[f"any{i}"][0]),
-            intact_sequences=int(seqt[f"all{i}"][0]),
-            keep_by_entropy=BinnedKeep(
-                keys=e_labels,
-                n=tuple(n_by_e.tolist()),
-                kept=tuple(kept_e.tolist()),
-                edges=tuple(e_edges.tolist()),
-            ),
-            keep_by_staleness=stale,
-            keep_by_step=step_b,
-            noise_tokens_kept=noise_kept,
-            noise_admitted=noise_adm,
-            exploration_tokens_dropped=expl_drop,
-            exploration_discarded=expl_dis,
-            agreement_vs_entr=agreement,
-            tis=tis,
-        )
-
-    results = [gate_result(i) for i in range(len(all_gates))]
-    matched_res = results[-1]
-    matched = MatchedComparison(
-        c=c_match,
-        entr_dropped=entr_dropped,
-        fixed_dropped=matched_res.dropped_tokens,
-        fixed=matched_res,
-    )
-
-    def sweep(frame: pl.DataFrame, key: str, values: np.ndarray, param: str, gate: str):
-        m = len(values)
-        cnt = np.zeros((m + 1, 3), dtype=np.int64)
-        for j, c_, n_ in frame.iter_rows():
-            cnt[int(j), int(c_)] += int(n_)
-        cum = np.cumsum(cnt, axis=0)[:m]  # kept at value j: index <= j
-        kept = cum.sum(axis=1)
-        na = cum[:, _CAT_NOISE] / n_noise if n_noise else np.full(m, math.nan)
-        ed = 1.0 - cum[:, _CAT_LAW] / n_law if n_law else np.full(m, math.nan)
-        return SweepResult(
-            parameter=param,
-            gate=gate,
-            values=tuple(values.tolist()),
-            keep_rate=tuple((kept / n_tok).tolist()),
-            noise_admitted=tuple(np.asarray(na, dtype=float).tolist()),
-            exploration_discarded=tuple(np.asarray(ed, dtype=float).tolist()),
-        )
-
-    sweeps: dict[str, SweepResult] = {}
-    if taus.size:
-        sweeps["tau"] = sweep(
-            taut.select("__ti", "__cat", "n"), "__ti", taus, "tau", f"entr:eps={entr.eps:g}"
-        )
-    if cs.size:
-        sweeps["c"] = sweep(ct.select("__ci", "__cat", "n"), "__ci", cs, "c", "fixed")
-
-    definitions = {
-        "noise_token": (
-            f"a token below the entropy breakpoint (H < H* = {h_star:.4g} nats) whose log-ratio "
-            "breaks "
-            f"the entropy-normalized bound: delta^2 / (H + {flag_eps:g}) > {flag_tau:g}"
-            if h_star is not None
-            else "undefined: no entropy breakpoint H* was given"
-        ),
-        "noise_admitted": "share of the noise tokens that the gate keeps (lower is better)",
-        "law_scale_token": (
-            "a token at or above H* (every token when there is no breakpoint) whose log-ratio "
-            f"is within the fitted law's 99% range: delta^2 <= {CHI2_1_99:.4g} * k * H^alpha "
-            f"(k = {law_k:.4g}, alpha = {law_alpha:.4g}; {CHI2_1_99:.4g} = 99% quantile of chi2 with "
-            "1 dof)"
-            if law_k is not None
-            else "undefined: no fitted law (law_k) was given"
-        ),
-        "exploration_discarded": (
-            "share of the law-scale tokens that the gate drops (lower is better): ordinary "
-            "high-entropy exploration that the mismatch law explains"
-        ),
-        "matched": (
-            "the fixed band |delta| <= c with c the (N - D)-th smallest |delta|, D = tokens "
-            "ENTR drops: it drops exactly D tokens unless |delta| ties at c (then fewer)"
-        ),
-        "agreement": (
-            "token counts: both keep / only ENTR keeps / only the other gate keeps / both drop"
-        ),
-        "tis": (
-            "TIS keeps every token; truncated share = share with r > cap, weight mass "
-            "removed = sum max(r - cap, 0) / sum r"
-        ),
-    }
-    parameters = {
-        "entr": entr.spec(),
-        "tau": entr.tau,
-        "eps": entr.eps,
-        "panel": [g.spec() for g in panel],
-        "h_star": h_star,
-        "law_k": law_k,
-        "law_alpha": law_alpha,
-        "flag_tau": flag_tau,
-        "flag_eps": flag_eps,
-        "law_scale_quantile": 0.99,
-        "law_scale_factor": CHI2_1_99,
-        "m2po_cuts": {all_gates[i].spec(): v for i, v in _cuts.items()},
-    }
-    return CompareResult(
-        parameters=parameters,
-        n_tokens=n_tok,
-        n_sequences=n_seq,
-        n_noise=n_noise,
-        n_exploration=n_law,
-        entropy_edges=tuple(e_edges.tolist()),
-        p_edges=tuple(p_e.tolist()),
-        gates=tuple(results[:-1]),
-        matched=matched,
-        sweep=sweeps,
-        definitions=definitions,
-        null_reasons=null_reasons,
-        gate_specs=gates,
-        matched_spec=matched_gate,
-    )
+    run_pass(lf, plan.accumulators)
+    return plan.finish()

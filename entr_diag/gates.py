@@ -27,9 +27,11 @@ gate (aliases)     level            keep rule (defaults)
 Sequence gates compare in log space (``sum_t delta_t`` against ``log(upper)``), which equals
 the ratio-space rule of the frameworks without overflowing ``exp`` on long sequences.
 ``keep_expr()`` of a sequence gate uses window expressions ``.over("seq_key")``; the
-streaming code path (:mod:`entr_diag.compare`) instead aggregates per ``seq_key`` once and
-joins the per-sequence statistics back (:meth:`SequenceGate.seq_aggs` /
-:meth:`SequenceGate.keep_from`), which is the same rule.
+streaming code path (:mod:`entr_diag.compare`) instead accumulates mergeable per-sequence
+partials batch by batch (:meth:`SequenceGate.seq_partials`: sums, counts, minima keyed by
+``seq_key``), derives the statistics from the merged table
+(:meth:`SequenceGate.stats_from_partials`) and applies :meth:`SequenceGate.keep_from`,
+which is the same rule.
 
 Parse a command-line spec with :func:`parse_gate_spec` (``"fixed:c=0.5"``,
 ``"icepop:low=0.5,high=5"``, ``"entr:tau=4,eps=0.01"``, ``"estr:tau=4"``); every spec prints
@@ -318,6 +320,19 @@ class SequenceGate(GateSpec):
     def keep_expr(self) -> pl.Expr:
         return self.keep_from({k: e.over("seq_key") for k, e in self.seq_aggs().items()})
 
+    def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:  # pragma: no cover - abstract
+        """Mergeable partial aggregates of :meth:`seq_aggs`: ``{name: (aggregation over any
+        subset of one sequence's tokens, merge)}`` with ``merge`` one of ``"sum"``, ``"min"``,
+        ``"max"`` (how partials of the same sequence combine). A name means the same
+        aggregation in every gate (``"sum_delta"`` is ``sum_t delta_t`` everywhere), so gates
+        may share it."""
+        raise NotImplementedError
+
+    def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
+        """The statistics of :meth:`seq_aggs` from the merged partials (one expression per
+        name of :meth:`seq_partials`); feed the result to :meth:`keep_from`."""
+        raise NotImplementedError  # pragma: no cover - abstract
+
 
 @dataclass(frozen=True)
 class SeqIS(SequenceGate):
@@ -349,6 +364,12 @@ class SeqIS(SequenceGate):
 
     def seq_aggs(self) -> dict[str, pl.Expr]:
         return {"sum_delta": _DELTA.sum()}
+
+    def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:
+        return {"sum_delta": (_DELTA.sum(), "sum")}
+
+    def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
+        return {"sum_delta": partials["sum_delta"]}
 
     def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
         s = stats["sum_delta"]
@@ -383,6 +404,13 @@ class GeoRS(SequenceGate):
     def seq_aggs(self) -> dict[str, pl.Expr]:
         return {"mean_delta": _DELTA.mean()}
 
+    def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:
+        return {"sum_delta": (_DELTA.sum(), "sum"), "n_delta": (_DELTA.count(), "sum")}
+
+    def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
+        n = partials["n_delta"]
+        return {"mean_delta": pl.when(n > 0).then(partials["sum_delta"] / n)}
+
     def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
         m = stats["mean_delta"]
         return (m >= math.log(self.low)) & (m <= math.log(self.high))
@@ -409,6 +437,14 @@ class K3SeqRS(SequenceGate):
     def seq_aggs(self) -> dict[str, pl.Expr]:
         return {"mean_k3": (_DELTA.exp() - 1.0 - _DELTA).mean()}
 
+    def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:
+        k3 = _DELTA.exp() - 1.0 - _DELTA  # null exactly where delta is: count = n_delta
+        return {"sum_k3": (k3.sum(), "sum"), "n_delta": (_DELTA.count(), "sum")}
+
+    def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
+        n = partials["n_delta"]
+        return {"mean_k3": pl.when(n > 0).then(partials["sum_k3"] / n)}
+
     def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
         return stats["mean_k3"] <= self.threshold
 
@@ -433,6 +469,12 @@ class CatastrophicVeto(SequenceGate):
 
     def seq_aggs(self) -> dict[str, pl.Expr]:
         return {"min_delta": _DELTA.min()}
+
+    def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:
+        return {"min_delta": (_DELTA.min(), "min")}
+
+    def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
+        return {"min_delta": partials["min_delta"]}
 
     def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
         return stats["min_delta"] >= math.log(self.min_ratio)

@@ -491,3 +491,103 @@ class TestSynth:
             json.loads(json.dumps(r.to_dict())), Console(file=buf2, width=120, color_system=None)
         )
         assert buf2.getvalue() == out
+
+
+# ----------------------------------------------------------------------- the pass plan
+
+
+def _reference(df: pl.DataFrame, res: CompareResult) -> None:
+    """Check every gate of ``res`` against per-token decisions computed in memory with the
+    gates' own window expressions (sequence gates ``.over``, M2PO's rank rule)."""
+    from entr_diag.compare import _bin_index
+
+    gates = [*res.gate_specs, res.matched_spec]
+    results = [*res.gates, res.matched.fixed]
+    edges = list(res.entropy_edges)
+    eb = df.select(_bin_index(pl.col("entropy"), edges).alias("eb"))["eb"].to_numpy()
+    k0 = df.select(res.entr_spec.keep_expr().alias("k"))["k"].to_numpy()
+    for g, r in zip(gates, results, strict=True):
+        k = df.select(g.keep_expr().fill_null(False).alias("k"))["k"].to_numpy()
+        assert r.kept_tokens == int(k.sum()), g.spec()
+        assert list(r.keep_by_entropy.kept) == np.bincount(eb, k, len(edges) - 1).tolist()
+        per_seq = pl.DataFrame({"s": df["seq_key"], "k": k}).group_by("s").agg(
+            pl.col("k").any().alias("a"), pl.col("k").all().alias("l")
+        )
+        assert r.kept_sequences == per_seq["a"].sum(), g.spec()
+        assert r.intact_sequences == per_seq["l"].sum(), g.spec()
+        steps = pl.DataFrame({"t": df["step"], "k": k}).group_by("t").agg(pl.col("k").sum())
+        assert dict(zip(r.keep_by_step.keys, r.keep_by_step.kept, strict=True)) == dict(
+            steps.iter_rows()
+        )
+        if r.agreement_vs_entr is not None:
+            assert r.agreement_vs_entr.both_keep == int((k & k0).sum()), g.spec()
+
+
+class TestPlan:
+    def test_batch_size_does_not_change_results(self):
+        """run_pass with 7-row batches (sequences split across batches) equals one batch."""
+        from entr_diag.compare import compare_plan
+        from entr_diag.passes import run_pass
+
+        df = _frame(3, 40)
+        kw = dict(entr=EntrGate(tau=2.0), panel=(*DEFAULT_PANEL, M2PO(max_mean_sq=0.01)),
+                  h_star=0.05, law_k=0.09)
+        out = []
+        for chunk in (7, 1_000_000):
+            plan = compare_plan(df.lazy(), **kw)
+            run_pass(df.lazy(), plan.accumulators, chunk_size=chunk)
+            run_pass(df.lazy(), plan.followup(), chunk_size=chunk)
+            out.append(plan.finish().to_dict())
+        _assert_same(out[0], out[1])
+        _assert_same(out[1], compare_gates(df.lazy(), **kw).to_dict())
+
+    def test_finish_runs_the_second_pass_once(self, monkeypatch):
+        """finish() runs the second pass itself, unless the caller fed followup()."""
+        import entr_diag.compare as C
+        from entr_diag.passes import run_pass
+
+        calls = []
+        monkeypatch.setattr(C, "run_pass", lambda lf, accs, **kw: calls.append(1) or
+                            run_pass(lf, accs, **kw))
+        plan = C.compare_plan(TINY.lazy(), panel=PANEL)
+        run_pass(TINY.lazy(), plan.accumulators)
+        run_pass(TINY.lazy(), plan.followup())
+        plan.finish()
+        assert calls == []
+        plan = C.compare_plan(TINY.lazy(), panel=PANEL)
+        run_pass(TINY.lazy(), plan.accumulators)
+        plan.finish()
+        assert calls == [1]
+
+    @pytest.mark.parametrize("seed", [0, 1, 2])
+    @pytest.mark.parametrize("mode", ["default", "coarse", "refine"])
+    def test_matches_per_token_decisions(self, seed, mode, monkeypatch):
+        """Every gate, the matched band and M2PO included, agrees with per-token decisions,
+        whether the thresholds are resolved from the listed bin (fine or coarse histogram,
+        many ties) or by refinement scans (crowded bin)."""
+        import entr_diag.compare as C
+
+        if mode == "coarse":  # exponent-only bins: one bin holds many distinct values
+            monkeypatch.setattr(C, "_HIST_SHIFT", 52)
+            monkeypatch.setattr(C, "_HIST_SIZE", 1 << 11)
+        if mode == "refine":
+            monkeypatch.setattr(C, "_BOUNDARY_ROWS", 0)
+        df = _frame(seed, 60)
+        for tau, m2 in ((2.0, 0.01), (0.3, 0.002), (50.0, 1.0)):
+            res = compare_gates(
+                df.lazy(),
+                entr=EntrGate(tau=tau),
+                panel=(*DEFAULT_PANEL, M2PO(max_mean_sq=m2)),
+                h_star=0.05,
+                law_k=0.09,
+            )
+            _reference(df, res)
+
+    def test_matched_keeps_none(self):
+        """ENTR keeping nothing gives a band below the smallest |delta| (clamped at 0)."""
+        df = TINY.with_columns(delta=pl.col("delta") + 3.0)
+        res = compare_gates(df.lazy(), entr=EntrGate(tau=1e-6), panel=PANEL, sweep_tau=[],
+                            sweep_c=[])
+        assert res.entr.kept_tokens == 0 and res.matched.fixed.kept_tokens == 0
+        assert res.matched.c == np.nextafter(np.abs(df["delta"]).min(), -np.inf)
+        _reference(df, res)
