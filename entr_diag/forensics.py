@@ -41,6 +41,7 @@ import polars as pl
 from scipy import stats
 
 from entr_diag.errors import ParameterError
+from entr_diag.passes import Accumulator, GroupAgg, run_pass
 
 __all__ = [
     "CHECKS",
@@ -48,7 +49,11 @@ __all__ = [
     "CheckStatus",
     "Finding",
     "Findings",
+    "ForensicsPlan",
+    "MisalignmentPlan",
     "detect_misalignment",
+    "forensics_plan",
+    "misalignment_plan",
     "run_forensics",
 ]
 
@@ -277,8 +282,59 @@ def _bin_expr() -> pl.Expr:
     return b.clip(0, N_BINS - 1).cast(pl.Int32).alias("bin")
 
 
+def _merged(acc: GroupAgg, schema: Mapping[str, pl.DataType],
+            derive: Sequence[pl.Expr] = ()) -> pl.DataFrame:
+    """The merged table of ``acc``, typed and empty when the pass saw no row (the
+    aggregation run on an empty batch of the pass's columns, ``derive`` added)."""
+    if acc._parts:
+        return acc.result()
+    empty = pl.DataFrame(schema={c: schema[c] for c in acc.columns if c in schema})
+    acc.update(empty.with_columns(derive) if derive else empty)
+    return acc.result()
+
+
+class _PartialSums(GroupAgg):
+    """A :class:`GroupAgg` whose users need only sums of its rows over coarser keys: the
+    partial rows (merged only when they exceed ``compact_rows``) serve as they are, without
+    the final merge by key (a sum over partial rows equals the sum over merged ones)."""
+
+    def partial(self, schema: Mapping[str, pl.DataType],
+                derive: Sequence[pl.Expr] = ()) -> pl.DataFrame:
+        if not self._parts:
+            return _merged(self, schema, derive)
+        if len(self._parts) > 1:
+            self._parts = [pl.concat(self._parts, how="vertical_relaxed")]
+        return self._parts[0]
+
+
+class _Derived:
+    """Adds the columns the forensics group by (entropy bin, step, staleness, entropy,
+    sequence block) to each batch once, then feeds it to the inner :class:`GroupAgg` s."""
+
+    def __init__(self, names: set[str], inner: Sequence[GroupAgg]) -> None:
+        self.inner = list(inner)
+        self.columns = list(dict.fromkeys(c for a in self.inner for c in a.columns))
+        self.derive = [
+            _bin_expr() if "entropy" in names else pl.lit(0, dtype=pl.Int32).alias("bin"),
+            (pl.col("step") if "step" in names else pl.lit(0, dtype=pl.Int64)).alias("_step"),
+            (pl.col("staleness") if "staleness" in names
+             else pl.lit(0, dtype=pl.Int64)).alias("_stale"),
+            (pl.col("entropy") if "entropy" in names else pl.lit(0.0)).alias("_h"),
+            (pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block"),
+        ]
+
+    def update(self, batch: pl.DataFrame) -> None:
+        b = batch.with_columns(self.derive)
+        for acc in self.inner:
+            acc.update(b)
+
+
 class _Ctx:
-    """The dataset plus small aggregates shared by several checks (computed once, lazily)."""
+    """The dataset plus the small tables shared by several checks.
+
+    The tables are filled by :class:`ForensicsPlan` after its pass (token frame) and its raw
+    pass (raw frame); the checks read only them, never the input.
+    """
 
     def __init__(self, ds: Any) -> None:
         self.ds = ds
@@ -287,67 +343,19 @@ class _Ctx:
         self._cells: pl.DataFrame | None = None
         self._blocks: pl.DataFrame | None = None
         self._trend: _Trend | None = None
+        #: per (seq_key, bin, _stale), partial rows (a key may repeat: sum over them): seq_id,
+        #: n, nh, sh, sd2, sad (sequence outliers)
+        self.seqbins: pl.DataFrame | None = None
+        #: the misalignment result of this pass (None: not run)
+        self.misalign: _Result | None = None
+        #: raw frame: bad masked rows per sequence, last finite masked position per sequence,
+        #: (zero placeholders, masked rows) when there is no accounting
         self._bad: pl.DataFrame | None = None
+        self.last_ok: pl.DataFrame | None = None
+        self.zero_counts: tuple[int, int] | None = None
 
     def has(self, col: str) -> bool:
         return col in self.names
-
-    def _with_bin(self) -> pl.LazyFrame:
-        if self.has("entropy"):
-            return self.lf.with_columns(_bin_expr())
-        return self.lf.with_columns(pl.lit(0, dtype=pl.Int32).alias("bin"))
-
-    def _load(self) -> None:
-        lf = self._with_bin()
-        step = pl.col("step") if self.has("step") else pl.lit(0, dtype=pl.Int64)
-        stale = pl.col("staleness") if self.has("staleness") else pl.lit(0, dtype=pl.Int64)
-        h = pl.col("entropy") if self.has("entropy") else pl.lit(0.0)
-        d = pl.col("delta")
-        x, y = pl.col("train_logprob"), pl.col("infer_logprob")
-        block = (pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block")
-        cell_aggs = [
-            pl.col("_h").sum().alias("sh"),
-            d.sum().alias("sd"),
-            (d * d).sum().alias("sd2"),
-            d.abs().sum().alias("sad"),
-            (d < 0).sum().alias("nneg"),
-        ]
-        block_aggs = [
-            x.sum().alias("sx"),
-            y.sum().alias("sy"),
-            (x * x).sum().alias("sxx"),
-            (y * y).sum().alias("syy"),
-            (x * y).sum().alias("sxy"),
-        ]
-        cells = (
-            lf.with_columns(step.alias("_step"), stale.alias("_stale"), h.alias("_h"))
-            .group_by("bin", "_step", "_stale")
-            .agg(pl.len().alias("n"), *cell_aggs)
-        )
-        blocks = (
-            lf.with_columns(block, stale.alias("_stale"))
-            .group_by("bin", "block", "_stale")
-            .agg(pl.len().alias("n"), *block_aggs)
-        )
-        if self._joint_rows_bound() <= _JOINT_MAX_ROWS:
-            # one scan: sums per (bin, step, staleness, block), then both tables are sums of
-            # it (the bound on its rows is checked from the accounting first)
-            joint = (
-                lf.with_columns(step.alias("_step"), stale.alias("_stale"), h.alias("_h"), block)
-                .group_by("bin", "_step", "_stale", "block")
-                .agg(pl.len().alias("n"), *cell_aggs, *block_aggs)
-                .collect(engine="streaming")
-            )
-            self._cells = joint.group_by("bin", "_step", "_stale").agg(
-                pl.col("n").sum().cast(pl.UInt32), pl.col("sh", "sd", "sd2", "sad").sum(),
-                pl.col("nneg").sum().cast(pl.UInt32))
-            self._blocks = joint.group_by("bin", "block", "_stale").agg(
-                pl.col("n").sum().cast(pl.UInt32), pl.col("sx", "sy", "sxx", "syy", "sxy").sum())
-            return
-        # one query at a time: pl.collect_all caches the shared scan (memory grows with the
-        # tokens: 1.5 GB at 20M tokens)
-        self._cells = cells.collect(engine="streaming")
-        self._blocks = blocks.collect(engine="streaming")
 
     def _joint_rows_bound(self) -> float:
         """Upper bound on the rows of the joint (bin, step, staleness, block) table, from the
@@ -369,18 +377,19 @@ class _Ctx:
 
     @property
     def cells(self) -> pl.DataFrame:
-        """Rows per (bin, _step, _stale): n, sh (sum H), sd, sd2, sad."""
+        """Rows per (bin, _step, _stale): n, sh (sum H), sd, sd2, sad, nneg; with
+        train_logprob_recompute also the trainer-floor sums (f_n, f_e2, f_d2, f_ae, f_ad)."""
         if self._cells is None:
-            self._load()
-        return self._cells  # type: ignore[return-value]
+            raise RuntimeError("forensics cells read before the pass (ForensicsPlan.finish)")
+        return self._cells
 
     @property
     def blocks(self) -> pl.DataFrame:
         """Rows per (bin, block, _stale): n, sums of x=train_logprob, y=infer_logprob and
         their products."""
         if self._blocks is None:
-            self._load()
-        return self._blocks  # type: ignore[return-value]
+            raise RuntimeError("forensics blocks read before the pass (ForensicsPlan.finish)")
+        return self._blocks
 
     def bins(self) -> pl.DataFrame:
         """Per entropy bin: n, mean H, mean delta, mean delta^2, mean |delta| (sorted by bin)."""
@@ -465,24 +474,72 @@ def _found(f: Finding, reason: str) -> _Result:
 
 
 #: the last dataset's misalignment result: ``detect_misalignment`` (the CLI's alignment
-#: gate) and ``run_forensics`` on the same Dataset object then scan it once, not twice
+#: gate) and ``run_forensics`` on the same Dataset object then compute it once, not twice
 _MISALIGN_LAST: list[tuple[weakref.ref, _Result]] = []
+
+
+def _misalign_cached(ds: Any) -> _Result | None:
+    for ref, res in _MISALIGN_LAST:
+        if ref() is ds:
+            return res
+    return None
+
+
+def _misalign_store(ds: Any, res: _Result) -> None:
+    try:
+        _MISALIGN_LAST[:] = [(weakref.ref(ds), res)]
+    except TypeError:  # an object without weak references: no caching
+        _MISALIGN_LAST.clear()
 
 
 def _check_misalignment(ctx: _Ctx) -> _Result:
     """Off-by-one alignment (:func:`_misalignment`), computed once per Dataset object."""
-    for ref, res in _MISALIGN_LAST:
-        if ref() is ctx.ds:
-            return res
-    res = _misalignment(ctx)
-    try:
-        _MISALIGN_LAST[:] = [(weakref.ref(ctx.ds), res)]
-    except TypeError:  # an object without weak references: no caching
-        _MISALIGN_LAST.clear()
-    return res
+    assert ctx.misalign is not None
+    return ctx.misalign
 
 
-def _misalignment(ctx: _Ctx) -> _Result:
+_SAMPLE_COLS: tuple[str, ...] = ("seq_key", "position", "train_logprob", "infer_logprob")
+
+
+class _LagSample:
+    """Token-pass accumulator keeping the rows of a hash-sampled subset of sequences (whole
+    sequences: ``seq_key % 1000 < keep``), at most ~MISALIGN_MAX_TOKENS rows of 32 bytes;
+    the lags are taken after the pass, on the sequences put back together."""
+
+    columns = _SAMPLE_COLS
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.parts: list[pl.DataFrame] = []
+
+    def predicate(self) -> pl.Expr:
+        """True on the rows of the sampled sequences."""
+        return (pl.col("seq_key") % 1000) < self.keep
+
+    def update(self, batch: pl.DataFrame) -> None:
+        b = batch.select(_SAMPLE_COLS)
+        if self.keep < 1000:
+            b = b.filter(self.predicate())
+        if b.height:
+            self.parts.append(b)
+
+    def frame(self, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+        if not self.parts:
+            return pl.DataFrame(schema={c: schema[c] for c in _SAMPLE_COLS})
+        return pl.concat(self.parts, how="vertical_relaxed")
+
+
+def _misalign_keep(ds: Any) -> int:
+    """Sampled sequences per 1000 (by seq_key hash), so that about MISALIGN_MAX_TOKENS
+    tokens are kept."""
+    n_valid = ds.accounting.tokens_valid if hasattr(ds, "accounting") else None
+    keep = 1000
+    if n_valid and n_valid > MISALIGN_MAX_TOKENS:
+        keep = max(1, int(1000 * MISALIGN_MAX_TOKENS / n_valid))
+    return keep
+
+
+def _misalignment(sample: pl.DataFrame, keep: int) -> _Result:
     """Off-by-one alignment between the two logprob columns.
 
     Signature: inside sequences (ordered by position), train_logprob[t] agrees with
@@ -495,19 +552,12 @@ def _misalignment(ctx: _Ctx) -> _Result:
     meaningless then, so the CLI stops.
 
     Evidence: mean |train_logprob[t] - infer_logprob[t + lag]| and Pearson correlation at lags
-    -1, 0, +1, on the same interior tokens of a hash-sampled subset of sequences.
+    -1, 0, +1, on the same interior tokens of a hash-sampled subset of sequences (``sample``:
+    their rows, gathered by :class:`_LagSample` during the pass; joined with itself in memory,
+    so the order of the rows does not matter).
     """
     name = "misalignment"
-    n_valid = ctx.ds.accounting.tokens_valid if hasattr(ctx.ds, "accounting") else None
-    keep = 1000
-    if n_valid and n_valid > MISALIGN_MAX_TOKENS:
-        keep = max(1, int(1000 * MISALIGN_MAX_TOKENS / n_valid))
-    base = ctx.lf.select("seq_key", "position", "train_logprob", "infer_logprob")
-    if keep < 1000:
-        base = base.filter((pl.col("seq_key") % 1000) < keep)
-    # the sample (at most ~MISALIGN_MAX_TOKENS rows, 32 bytes each) is read in one scan,
-    # then joined with itself in memory: three scans of the input otherwise
-    base = base.collect(engine="streaming").lazy()
+    base = sample.lazy()
     nxt = base.select(
         "seq_key", (pl.col("position") - 1).alias("position"), pl.col("infer_logprob").alias("il_p1")
     )
@@ -527,7 +577,7 @@ def _misalignment(ctx: _Ctx) -> _Result:
         pl.corr(tl, pl.col("il_m1")).alias("corr_m1"),
         pl.corr(tl, pl.col("infer_logprob")).alias("corr_0"),
         pl.corr(tl, pl.col("il_p1")).alias("corr_p1"),
-    ).collect(engine="streaming").row(0, named=True)
+    ).collect().row(0, named=True)
     n = int(res["n"])
     if n < MISALIGN_MIN_PAIRS:
         return _cannot(
@@ -850,23 +900,20 @@ def _engine_zero_share(ctx: _Ctx) -> dict[str, Any]:
     """Loss-masked tokens whose engine logprob is exactly 0.0 while the trainer's is clearly
     negative (the loader's ``zero_placeholder`` on the inference side): with truncated
     sampling this is a nucleus of one token, renormalised to probability 1."""
-    raw = getattr(ctx.ds, "raw", None)
-    if raw is None:
+    if getattr(ctx.ds, "raw", None) is None:
         return {}
     acc = getattr(ctx.ds, "accounting", None)
     if acc is not None:
         # zero-placeholder rows are bad masked rows (per-sequence table, shared with the
         # corrupt-rows check); masked rows = accounting's loss-masked tokens minus those
-        # with a null mask: no scan of their own
-        bad = _bad_rows(ctx, raw)
+        # with a null mask
+        bad = ctx._bad
+        assert bad is not None
         z_n = int(bad["n_ph_zero"].sum()) if bad.height else 0
         r = (z_n, int(acc.tokens_masked) - int(acc.excluded.get("null_loss_mask", 0)))
     else:
-        reason = pl.col("reason")
-        masked = ~reason.is_in(list(_NOT_MASKED)).fill_null(False)
-        z = ((reason == "zero_placeholder") & (pl.col("infer_logprob") == 0.0)).fill_null(False)
-        r = raw.select(z.sum().alias("z"), masked.sum().alias("m")).collect(
-            engine="streaming").row(0)
+        assert ctx.zero_counts is not None
+        r = ctx.zero_counts
     return {
         "engine_logprob_exactly_zero_tokens": int(r[0] or 0),
         "engine_logprob_exactly_zero_share": _r((r[0] or 0) / r[1]) if r[1] else 0.0,
@@ -895,23 +942,22 @@ def _check_outliers(ctx: _Ctx) -> _Result:
         .agg(pl.col("n", "sad").sum())
         .select("bin", "_stale", (pl.col("sad") / pl.col("n")).alias("_ea"))
     )
-    stale = pl.col("staleness") if ctx.has("staleness") else pl.lit(0, dtype=pl.Int64)
-    lf = (
-        ctx._with_bin()
-        .with_columns(stale.alias("_stale"))
-        .join(expect.lazy(), on=["bin", "_stale"], how="left", nulls_equal=True)
-    )
     has_h = ctx.has("entropy")
-    h = pl.col("entropy") if has_h else pl.lit(0.0)
+    seqbins = ctx.seqbins
+    assert seqbins is not None
+    # per sequence, from the merged (sequence, bin, staleness) sums: the expectation of a
+    # sequence is the sum over its tokens of their cell's mean |delta|
     per = (
-        lf.group_by("seq_key")
+        seqbins.lazy()
+        .join(expect.lazy(), on=["bin", "_stale"], how="left", nulls_equal=True)
+        .group_by("seq_key")
         .agg(
             pl.col("seq_id").first(),
-            pl.len().alias("n"),
-            pl.col("delta").abs().sum().alias("sad"),
-            pl.col("_ea").sum().alias("sea"),
-            (pl.col("delta") ** 2).sum().alias("sd2"),
-            h.mean().alias("mean_h"),
+            pl.col("n").sum(),
+            pl.col("sad").sum(),
+            (pl.col("n") * pl.col("_ea")).sum().alias("sea"),
+            pl.col("sd2").sum(),
+            (pl.col("sh").sum() / pl.col("nh").sum()).alias("mean_h"),
         )
         .filter(pl.col("n") >= OUTLIER_MIN_TOKENS, pl.col("sea") > 0)
         .with_columns((pl.col("sad").clip(lower_bound=1e-300) / pl.col("sea")).log().alias("x"))
@@ -919,7 +965,7 @@ def _check_outliers(ctx: _Ctx) -> _Result:
     med = pl.col("x").median()
     mad = (pl.col("x") - med).abs().median() * 1.4826
     # one row per sequence: collected once, the rest is on this small frame
-    scored = per.collect(engine="streaming").lazy().with_columns(
+    scored = per.collect().lazy().with_columns(
         ((pl.col("x") - med) / mad).alias("z"))
     summary = scored.select(
         pl.len().alias("n_seq"),
@@ -935,7 +981,7 @@ def _check_outliers(ctx: _Ctx) -> _Result:
         .select("seq_key", "seq_id", "n", "z", (pl.col("sad") / pl.col("n")).alias("mean_abs"),
                 "mean_h")
     )
-    s_df, top_df = pl.collect_all([summary, top], engine="streaming")
+    s_df, top_df = pl.collect_all([summary, top])
     s = s_df.row(0, named=True)
     n_seq = int(s["n_seq"])
     if n_seq < 20:
@@ -953,16 +999,15 @@ def _check_outliers(ctx: _Ctx) -> _Result:
     k_with = k_without = float("nan")
     if has_h:
         # per-bin sums of all tokens come from ctx.cells; those of the flagged sequences from
-        # one filtered scan (few rows); "without" = all - flagged. No full group_by twice.
+        # their rows of the (sequence, bin, staleness) table; "without" = all - flagged
         out_keys = top_df["seq_key"]
         sums = [pl.col("n").sum(), pl.col("sh").sum(), pl.col("sd2").sum()]
         s_all = ctx.cells.group_by("bin").agg(sums)
         s_out = (
-            ctx._with_bin().filter(pl.col("seq_key").is_in(out_keys.implode()))
+            seqbins.filter(pl.col("seq_key").is_in(out_keys.implode()))
             .group_by("bin")
-            .agg(pl.len().alias("n_o"), pl.col("entropy").sum().alias("sh_o"),
-                 (pl.col("delta") ** 2).sum().alias("sd2_o"))
-            .collect(engine="streaming")
+            .agg(pl.col("n").sum().alias("n_o"), pl.col("sh").sum().alias("sh_o"),
+                 pl.col("sd2").sum().alias("sd2_o"))
         )
         ba = s_all.select("bin", "n", (pl.col("sh") / pl.col("n")).alias("h"),
                           (pl.col("sd2") / pl.col("n")).alias("q")).sort("bin")
@@ -1321,41 +1366,91 @@ def _staleness_ratios(ctx: _Ctx) -> dict[int, float]:
     return out
 
 
-def _bad_rows(ctx: _Ctx, raw: pl.LazyFrame) -> pl.DataFrame:
-    """One row per sequence with bad masked rows (non-finite or placeholder logprobs):
-    counts, first non-finite position, placeholder runs. Few rows; computed once per
-    context (the corrupt-rows check and the engine zero share both read it)."""
-    if ctx._bad is not None:
-        return ctx._bad
+def _raw_masks() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
+    """(masked, non-finite, placeholder) row conditions of the raw frame, from ``reason``."""
     reason = pl.col("reason")
     masked = ~reason.is_in(list(_NOT_MASKED)).fill_null(False)
     nf = (reason == "non_finite_logprob").fill_null(False)
+    ph = reason.is_in(list(PLACEHOLDER_REASONS)).fill_null(False)
+    return masked, nf, ph
+
+
+def _bad_rows_acc() -> GroupAgg:
+    """Raw-frame accumulator: one row per sequence with bad masked rows (non-finite or
+    placeholder logprobs): counts, first non-finite position, and the positions of its
+    placeholder rows (merged by concatenation; runs are found after the pass, so a run
+    split across batches counts). Few rows (the corrupt-rows check and the engine zero
+    share both read it)."""
+    masked, nf, ph = _raw_masks()
+    reason = pl.col("reason")
     il = pl.col("infer_logprob")
     il_nf = (il.is_null() | ~il.is_finite().fill_null(False)) & nf
-    ph = reason.is_in(list(PLACEHOLDER_REASONS)).fill_null(False)
     ph_zero = ph & (reason == "zero_placeholder") & (il == 0.0).fill_null(False)
     pos = pl.col("position")
-    ph_pos = pos.filter(ph).sort()
-    r1 = CORRUPT_MIN_RUN - 1
-    # sequences with bad masked rows (few rows): counts, first non-finite position, runs
-    bad = (
-        raw.filter(masked & (nf | ph))
-        .group_by("seq_key")
-        .agg(
+    return GroupAgg(
+        columns=["seq_key", "seq_id", "position", "infer_logprob", "reason"],
+        keys=["seq_key"],
+        aggs=[
             pl.col("seq_id").first(),
-            nf.sum().alias("n_nf"),
-            il_nf.sum().alias("n_nf_infer"),
+            nf.sum().cast(pl.Int64).alias("n_nf"),
+            il_nf.sum().cast(pl.Int64).alias("n_nf_infer"),
             pl.when(nf).then(pos).min().alias("first_nf"),
-            ph.sum().alias("n_ph"),
-            ph_zero.sum().alias("n_ph_zero"),
-            ((ph_pos.shift(-r1) - ph_pos) == r1).any().alias("ph_run"),
-        )
+            ph.sum().cast(pl.Int64).alias("n_ph"),
+            ph_zero.sum().cast(pl.Int64).alias("n_ph_zero"),
+            pos.filter(ph).alias("ph_pos"),
+        ],
+        merge=[
+            pl.col("seq_id").first(),
+            pl.col("n_nf", "n_nf_infer").sum(),
+            pl.col("first_nf").min(),
+            pl.col("n_ph", "n_ph_zero").sum(),
+            pl.col("ph_pos").list.explode(keep_nulls=False, empty_as_null=False),
+        ],
+        prepare=lambda lf: lf.filter(masked & (nf | ph)),
     )
-    # one row per sequence with bad masked rows (few): collected first, so that the last
-    # finite position is only looked up for these sequences (a join against a group_by of
-    # every sequence held ~1 GB at 20M tokens)
-    ctx._bad = bad.collect(engine="streaming")
-    return ctx._bad
+
+
+def _bad_rows_table(acc: GroupAgg, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+    """The merged bad-rows table with ``ph_run``: a run of CORRUPT_MIN_RUN consecutive
+    placeholder positions."""
+    r1 = CORRUPT_MIN_RUN - 1
+    e = pl.element()
+    return _merged(acc, schema).with_columns(
+        pl.col("ph_pos").list.sort().list.eval((e.shift(-r1) - e) == r1).list.any()
+        .alias("ph_run")
+    ).drop("ph_pos")
+
+
+def _last_ok_acc() -> GroupAgg:
+    """Raw-frame accumulator: the last position of a finite masked row, per sequence (one
+    row per sequence, a merged max)."""
+    masked, nf, _ = _raw_masks()
+    return GroupAgg(
+        columns=["seq_key", "position", "reason"],
+        keys=["seq_key"],
+        aggs=[pl.col("position").max().alias("last_ok")],
+        merge=[pl.col("last_ok").max()],
+        prepare=lambda lf: lf.filter(masked & ~nf),
+    )
+
+
+class _ZeroCounts:
+    """Raw-frame accumulator (no accounting): loss-masked rows and those with an engine
+    logprob of exactly 0.0 excluded as zero placeholders."""
+
+    columns = ("reason", "infer_logprob")
+
+    def __init__(self) -> None:
+        self.z = 0
+        self.m = 0
+
+    def update(self, batch: pl.DataFrame) -> None:
+        masked, _, _ = _raw_masks()
+        reason = pl.col("reason")
+        z = ((reason == "zero_placeholder") & (pl.col("infer_logprob") == 0.0)).fill_null(False)
+        r = batch.select(z.sum().alias("z"), masked.sum().alias("m")).row(0)
+        self.z += int(r[0] or 0)
+        self.m += int(r[1] or 0)
 
 
 def _check_corrupt(ctx: _Ctx) -> _Result:
@@ -1370,20 +1465,10 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     says which sequences. Scattered single bad tokens (no suffix, no run) are counted only.
     """
     name = "corrupt_rows"
-    raw = getattr(ctx.ds, "raw", None)
-    if raw is None:
+    if getattr(ctx.ds, "raw", None) is None:
         return _cannot(name, "the dataset has no raw rows")
-    reason = pl.col("reason")
-    masked = ~reason.is_in(list(_NOT_MASKED)).fill_null(False)
-    nf = (reason == "non_finite_logprob").fill_null(False)
-    pos = pl.col("position")
-    bad = _bad_rows(ctx, raw)
-    # last position of a finite masked row, per sequence (a plain streaming max)
-    last_ok = (
-        raw.filter(pl.col("seq_key").is_in(bad["seq_key"].implode()))
-        .filter(masked & ~nf).group_by("seq_key").agg(pos.max().alias("last_ok"))
-        .collect(engine="streaming")
-    )
+    bad, last_ok = ctx._bad, ctx.last_ok
+    assert bad is not None and last_ok is not None
     per = (
         bad.lazy().join(last_ok.lazy(), on="seq_key", how="left")
         .with_columns(
@@ -1396,7 +1481,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         )
     )
     # one row per sequence that has bad masked rows: small, collected once
-    per = per.collect(engine="streaming").lazy()
+    per = per.collect().lazy()
     summary = per.select(
         (pl.col("suffix_len") > 0).sum().alias("n_suffix"),
         pl.col("suffix_len").sum().alias("tok_suffix"),
@@ -1410,11 +1495,12 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         pl.len().alias("n_bad_seq"),
     )
     ex_suffix = (
-        per.filter(pl.col("suffix_len") > 0).sort("suffix_len", descending=True)
+        per.filter(pl.col("suffix_len") > 0)
+        .sort("suffix_len", "seq_key", descending=[True, False])
         .select("seq_id", "suffix_len", "first_nf").head(OUTLIER_LIST)
     )
     ex_run = (
-        per.filter(pl.col("ph_run")).sort("n_ph", descending=True)
+        per.filter(pl.col("ph_run")).sort("n_ph", "seq_key", descending=[True, False])
         .select("seq_id", "n_ph").head(OUTLIER_LIST)
     )
     s_df, es, er = (q.collect() for q in (summary, ex_suffix, ex_run))
@@ -1495,27 +1581,22 @@ def _check_floor(ctx: _Ctx) -> _Result:
         return _cannot(
             name, "no train_logprob_recompute: trainer self-noise floor unavailable"
         )
-    e = pl.col("train_logprob") - pl.col("train_logprob_recompute")
-    ok = pl.col("train_logprob_recompute").is_finite().fill_null(False)
-    lf = ctx.lf
+    fl = ctx.cells.select("_stale", "n", *_FLOOR_COLS)
     used = "all tokens"
     if ctx.has("staleness"):
         # engine mismatch proper: the freshest tokens (policy drift adds to delta, not floor)
-        s_min = ctx.cells["_stale"].drop_nulls().min()
+        s_min = fl["_stale"].drop_nulls().min()
         if s_min is not None:
-            n_fresh = int(ctx.cells.filter(pl.col("_stale") == s_min)["n"].sum())
-            if n_fresh >= FRESH_MIN_TOKENS:
-                lf = lf.filter(pl.col("staleness") == int(s_min))
+            fresh = fl.filter(pl.col("_stale") == s_min)
+            if int(fresh["n"].sum()) >= FRESH_MIN_TOKENS:
+                fl = fresh
                 used = f"staleness {int(s_min)} tokens"
-    sel = [
-        ok.sum().alias("n"),
-        # when/then, not filter: a filter inside an aggregation leaves the streaming engine
-        pl.when(ok).then(e * e).mean().alias("floor2"),
-        pl.when(ok).then(pl.col("delta") ** 2).mean().alias("delta2"),
-        pl.when(ok).then(e.abs()).mean().alias("floor_abs"),
-        pl.when(ok).then(pl.col("delta").abs()).mean().alias("delta_abs"),
-    ]
-    r = lf.select(sel).collect(engine="streaming").row(0, named=True)
+    t = fl.select(pl.col(*_FLOOR_COLS).sum()).row(0, named=True)
+    nf = int(t["f_n"] or 0)
+    r = {"n": nf} | (
+        {k: float(t[f"f_{k2}"]) / nf for k, k2 in (
+            ("floor2", "e2"), ("delta2", "d2"), ("floor_abs", "ae"), ("delta_abs", "ad"))}
+        if nf else {})
     n = int(r["n"] or 0)
     if n == 0:
         return _cannot(name, "train_logprob_recompute has no finite value on valid tokens")
@@ -1575,6 +1656,257 @@ _CHECK_FUNCS: dict[str, Callable[[_Ctx], _Result]] = {
     "trainer_noise_floor": _check_floor,
 }
 
+# --------------------------------------------------------------------------- plans
+
+_FLOOR_COLS: tuple[str, ...] = ("f_n", "f_e2", "f_d2", "f_ae", "f_ad")
+_CELL_COLS: tuple[str, ...] = ("sh", "sd", "sd2", "sad", "nneg")
+_BLOCK_COLS: tuple[str, ...] = ("sx", "sy", "sxx", "syy", "sxy")
+_SEQBIN_COLS: tuple[str, ...] = ("n", "nh", "sh", "sd2", "sad")
+
+#: which tables of the token pass each check reads
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "misalignment": ("lag_sample",),
+    "one_sided_temperature": ("cells", "blocks"),
+    "truncated_sampling": ("cells", "raw_zero"),
+    "sequence_outliers": ("cells", "seqbins"),
+    "drift": ("cells",),
+    "staleness": ("cells",),
+    "corrupt_rows": ("raw_bad",),
+    "trainer_noise_floor": ("cells", "floor"),
+}
+
+
+def _cell_aggs(floor: bool) -> list[pl.Expr]:
+    """Sums per (bin, step, staleness) cell (on a batch with the :class:`_Derived` columns);
+    with ``floor`` the trainer-floor sums over tokens with a finite recompute."""
+    d = pl.col("delta")
+    out = [
+        pl.col("_h").sum().alias("sh"),
+        d.sum().alias("sd"),
+        (d * d).sum().alias("sd2"),
+        d.abs().sum().alias("sad"),
+        (d < 0).sum().cast(pl.Int64).alias("nneg"),
+    ]
+    if floor:
+        e = pl.col("train_logprob") - pl.col("train_logprob_recompute")
+        ok = pl.col("train_logprob_recompute").is_finite().fill_null(False)
+        out += [
+            ok.sum().cast(pl.Int64).alias("f_n"),
+            # when/then (null elsewhere, skipped by sum), as the mean over ok tokens
+            pl.when(ok).then(e * e).sum().alias("f_e2"),
+            pl.when(ok).then(d**2).sum().alias("f_d2"),
+            pl.when(ok).then(e.abs()).sum().alias("f_ae"),
+            pl.when(ok).then(d.abs()).sum().alias("f_ad"),
+        ]
+    return out
+
+
+def _block_aggs() -> list[pl.Expr]:
+    x, y = pl.col("train_logprob"), pl.col("infer_logprob")
+    return [
+        x.sum().alias("sx"),
+        y.sum().alias("sy"),
+        (x * x).sum().alias("sxx"),
+        (y * y).sum().alias("syy"),
+        (x * y).sum().alias("sxy"),
+    ]
+
+
+def _sums(cols: Sequence[str]) -> list[pl.Expr]:
+    return [pl.col(c).sum() for c in cols]
+
+
+class MisalignmentPlan:
+    """The off-by-one check as accumulators of a token pass (:mod:`entr_diag.passes`).
+
+    ``accumulators``: one :class:`_LagSample` (rows of a hash-sampled subset of sequences,
+    at most ~MISALIGN_MAX_TOKENS), or none when this Dataset object's result is already
+    known (the CLI's alignment gate, then :func:`run_forensics`). :meth:`finish` joins the
+    sample with itself by (seq_key, position +- 1) in memory and returns the finding
+    (``critical``) or ``None``, as :func:`detect_misalignment`.
+    """
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+        self._res = _misalign_cached(ds)
+        self._sample = None if self._res is not None else _LagSample(_misalign_keep(ds))
+        self.accumulators: list[Accumulator] = [] if self._sample is None else [self._sample]
+
+    def result(self) -> _Result:
+        """(status, finding) after the pass; cached for the Dataset object."""
+        if self._res is None:
+            assert self._sample is not None
+            sample = self._sample.frame(self.ds.lf.collect_schema())
+            self._res = _misalignment(sample, self._sample.keep)
+            _misalign_store(self.ds, self._res)
+        return self._res
+
+    def finish(self) -> Finding | None:
+        return self.result()[1]
+
+
+def misalignment_plan(ds: Any) -> MisalignmentPlan:
+    """The plan of :func:`detect_misalignment`: run ``plan.accumulators`` in a pass over
+    ``ds.lf`` (alone or fused), then ``plan.finish()``."""
+    return MisalignmentPlan(ds)
+
+
+class ForensicsPlan:
+    """The mismatch forensics as accumulators of ONE pass over the token frame ``ds.lf``,
+    plus one pass over the raw frame ``ds.raw`` for the checks that read excluded rows.
+
+    Token pass (``accumulators``; only the tables the chosen checks read):
+
+    - per (entropy bin, step, staleness) cell: n, sums of H, delta, delta^2, |delta|,
+      negatives, and with train_logprob_recompute the trainer-floor sums (drift, staleness,
+      truncation, trainer floor, expected |delta| of the outliers);
+    - per (entropy bin, sequence block, staleness): sums of both logprobs and products
+      (temperature slope and its jackknife). With few steps x staleness values both come
+      from one joint (bin, step, staleness, block) table (one group-by per batch);
+    - per (sequence, entropy bin, staleness): n, sums of H, delta^2, |delta| (sequence
+      outliers: the robust z, its median / MAD over sequences and the law without the
+      flagged sequences are computed after the pass from this table; memory O(sequences x
+      bins));
+    - the rows of a hash-sampled subset of sequences for the lag check
+      (:class:`MisalignmentPlan`, in ``misalign``; ``None`` when cached or not asked).
+
+    Raw pass (``raw_accumulators``, over ``ds.raw``; empty when no chosen check reads it):
+    bad masked rows per sequence (non-finite / placeholder logprobs, placeholder positions),
+    the last finite masked position per sequence, and without accounting the exact-zero
+    engine logprob counts. :meth:`finish` runs this pass itself (:meth:`run_raw`) unless the
+    caller fed ``raw_accumulators`` in a raw pass of its own and set ``raw_done = True``.
+    """
+
+    def __init__(self, ds: Any, checks: Sequence[str] | None = None) -> None:
+        names = list(CHECKS) if checks is None else list(checks)
+        unknown = [c for c in names if c not in _CHECK_FUNCS]
+        if unknown:
+            raise ParameterError(
+                f"unknown forensics check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}."
+            )
+        self.checks = names
+        self.ds = ds
+        self.ctx = ctx = _Ctx(ds)
+        self._schema = ds.lf.collect_schema()
+        need = {t for c in names for t in _NEEDS[c]}
+        raw = getattr(ds, "raw", None)
+        acc = getattr(ds, "accounting", None)
+
+        self.misalign = misalignment_plan(ds) if "lag_sample" in need else None
+        floor = "floor" in need and ctx.has("train_logprob_recompute")
+        base_cols = ["seq_key", "entropy", "step", "staleness", "delta"]
+        cell_cols = base_cols + (["train_logprob", "train_logprob_recompute"] if floor else [])
+        block_cols = base_cols + ["train_logprob", "infer_logprob"]
+        n = pl.len().cast(pl.Int64).alias("n")
+        cells_aggs = [n, *_cell_aggs(floor)]
+        cell_vals = [*_CELL_COLS, *(_FLOOR_COLS if floor else ())]
+        self._joint = self._cells = self._blocks = self._seqbins = None
+        inner: list[GroupAgg] = []
+        if "cells" in need and "blocks" in need and ctx._joint_rows_bound() <= _JOINT_MAX_ROWS:
+            # sums per (bin, step, staleness, block): both tables are sums of it
+            self._joint = GroupAgg(
+                list(dict.fromkeys(cell_cols + block_cols)), ["bin", "_step", "_stale", "block"],
+                [*cells_aggs, *_block_aggs()], _sums(["n", *cell_vals, *_BLOCK_COLS]))
+            inner.append(self._joint)
+        else:
+            if "cells" in need:
+                self._cells = GroupAgg(cell_cols, ["bin", "_step", "_stale"], cells_aggs,
+                                       _sums(["n", *cell_vals]))
+                inner.append(self._cells)
+            if "blocks" in need:
+                self._blocks = GroupAgg(block_cols, ["bin", "block", "_stale"],
+                                        [n, *_block_aggs()], _sums(["n", *_BLOCK_COLS]))
+                inner.append(self._blocks)
+        self._cell_vals = cell_vals
+        if "seqbins" in need:
+            d = pl.col("delta")
+            self._seqbins = _PartialSums(
+                base_cols + ["seq_id"], ["seq_key", "bin", "_stale"],
+                [pl.col("seq_id").first(), n, pl.col("_h").count().cast(pl.Int64).alias("nh"),
+                 pl.col("_h").sum().alias("sh"), (d * d).sum().alias("sd2"),
+                 d.abs().sum().alias("sad")],
+                [pl.col("seq_id").first(), *_sums(_SEQBIN_COLS)])
+            inner.append(self._seqbins)
+        self.accumulators: list[Accumulator] = []
+        if inner:
+            self.accumulators.append(_Derived(ctx.names, inner))
+        if self.misalign is not None:
+            self.accumulators += self.misalign.accumulators
+
+        self._bad = self._last_ok = None
+        self._zero: _ZeroCounts | None = None
+        self.raw_accumulators: list[Accumulator] = []
+        if raw is not None:
+            if "raw_bad" in need or ("raw_zero" in need and acc is not None and ctx.has("entropy")):
+                self._bad = _bad_rows_acc()
+                self.raw_accumulators.append(self._bad)
+            if "raw_bad" in need:
+                self._last_ok = _last_ok_acc()
+                self.raw_accumulators.append(self._last_ok)
+            if "raw_zero" in need and acc is None and ctx.has("entropy"):
+                self._zero = _ZeroCounts()
+                self.raw_accumulators.append(self._zero)
+        #: True once the raw accumulators have seen the raw frame (set it after feeding
+        #: them in a raw pass of your own)
+        self.raw_done = not self.raw_accumulators
+
+    def run_raw(self) -> None:
+        """The one pass over ``ds.raw`` feeding ``raw_accumulators`` (once)."""
+        if not self.raw_done:
+            run_pass(self.ds.raw, self.raw_accumulators)
+            self.raw_done = True
+
+    def _tables(self) -> None:
+        ctx, schema = self.ctx, dict(self._schema)
+        derive = _Derived(ctx.names, []).derive
+        if self._joint is not None:
+            joint = _merged(self._joint, schema, derive)
+            ctx._cells = joint.group_by("bin", "_step", "_stale").agg(
+                _sums(["n", *self._cell_vals]))
+            ctx._blocks = joint.group_by("bin", "block", "_stale").agg(
+                _sums(["n", *_BLOCK_COLS]))
+        if self._cells is not None:
+            ctx._cells = _merged(self._cells, schema, derive)
+        if self._blocks is not None:
+            ctx._blocks = _merged(self._blocks, schema, derive)
+        if self._seqbins is not None:
+            ctx.seqbins = self._seqbins.partial(schema, derive)
+        if self.misalign is not None:
+            ctx.misalign = self.misalign.result()
+        elif "misalignment" in self.checks:  # pragma: no cover - always planned
+            ctx.misalign = _misalign_cached(self.ds)
+        if self.raw_accumulators:
+            raw_schema = dict(self.ds.raw.collect_schema())
+            if self._bad is not None:
+                ctx._bad = _bad_rows_table(self._bad, raw_schema)
+            if self._last_ok is not None:
+                ctx.last_ok = _merged(self._last_ok, raw_schema)
+            if self._zero is not None:
+                ctx.zero_counts = (self._zero.z, self._zero.m)
+
+    def finish(self) -> Findings:
+        """Run the raw pass if needed, then the checks on the merged tables."""
+        self.run_raw()
+        self._tables()
+        statuses: list[CheckStatus] = []
+        found: list[tuple[int, Finding]] = []
+        for i, n in enumerate(self.checks):
+            st, f = _CHECK_FUNCS[n](self.ctx)
+            statuses.append(st)
+            if f is not None:
+                found.append((i, f))
+        found.sort(key=lambda t: (-_SEV_RANK[t[1].severity], t[0]))
+        return Findings(findings=tuple(f for _, f in found), checks=tuple(statuses))
+
+
+def forensics_plan(ds: Any, checks: Sequence[str] | None = None) -> ForensicsPlan:
+    """The plan of :func:`run_forensics`: run ``plan.accumulators`` in one pass over
+    ``ds.lf`` (alone or fused with other plans), then ``plan.finish()`` (which makes the
+    raw-frame pass itself unless ``plan.raw_done``). Raises :class:`ParameterError` for an
+    unknown check name."""
+    return ForensicsPlan(ds, checks)
+
+
 # --------------------------------------------------------------------------- entry points
 
 
@@ -1592,23 +1924,13 @@ def run_forensics(ds: Any, *, checks: Sequence[str] | None = None) -> Findings:
 
     Raises:
         ParameterError: an unknown check name.
+
+    One pass over ``ds.lf`` and at most one over ``ds.raw`` (:func:`forensics_plan`).
     """
-    names = list(CHECKS) if checks is None else list(checks)
-    unknown = [c for c in names if c not in _CHECK_FUNCS]
-    if unknown:
-        raise ParameterError(
-            f"unknown forensics check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}."
-        )
-    ctx = _Ctx(ds)
-    statuses: list[CheckStatus] = []
-    found: list[tuple[int, Finding]] = []
-    for i, n in enumerate(names):
-        st, f = _CHECK_FUNCS[n](ctx)
-        statuses.append(st)
-        if f is not None:
-            found.append((i, f))
-    found.sort(key=lambda t: (-_SEV_RANK[t[1].severity], t[0]))
-    return Findings(findings=tuple(f for _, f in found), checks=tuple(statuses))
+    plan = forensics_plan(ds, checks)
+    if plan.accumulators:
+        run_pass(ds.lf, plan.accumulators)
+    return plan.finish()
 
 
 def detect_misalignment(ds: Any) -> Finding | None:
@@ -1618,7 +1940,12 @@ def detect_misalignment(ds: Any) -> Finding | None:
     infer_logprob[t + L] (L = +1: the inference array has an extra leading entry; L = -1: it
     lacks its first entry); realigning means reading infer_logprob shifted by -L within each
     sequence. Raises nothing for a misaligned input: the caller decides (the CLI stops with
-    exit code 2 naming the shift unless ``--allow-misaligned``).
+    exit code 2 naming the shift unless ``--allow-misaligned``). One pass over ``ds.lf``
+    (:func:`misalignment_plan`), none when this Dataset object was checked before.
     """
-    _, f = _check_misalignment(_Ctx(ds))
-    return f
+    plan = misalignment_plan(ds)
+    if plan._sample is not None:
+        # alone, the pass reads only the sampled sequences (the filter is pushed to the scan)
+        lf = ds.lf if plan._sample.keep >= 1000 else ds.lf.filter(plan._sample.predicate())
+        run_pass(lf, plan.accumulators)
+    return plan.finish()

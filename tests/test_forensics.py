@@ -569,3 +569,61 @@ def test_bundled_sample_run_is_silent():
     res = run_forensics(load_dataset([p]))
     assert res.silent, [(f.kind, f.title) for f in res.findings]
     assert res.status("misalignment").status == "clear"
+
+
+# ------------------------------------------------------------------ plan (one pass)
+
+
+def _same(a, b, path=""):
+    """Equal up to float summation order (rel 1e-9)."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and not math.isnan(a):
+        assert b == pytest.approx(a, rel=1e-9, abs=1e-12), path
+    elif isinstance(a, float):
+        assert math.isnan(b), path
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("case", ["outliers", "corrupt"])
+def test_plan_does_not_depend_on_batch_size(tmp_path, case):
+    """The forensics plan gives the same findings whether its token and raw passes cut the
+    frames into small batches (sequences split across batches) or read them whole."""
+    from entr_diag.passes import run_pass
+
+    if case == "outliers":
+        b = generate(SynthSpec(n_tokens=20_000, seed=3))
+        df = _with_delta(b, pl.when(pl.col("seq_id") % 41 == 0).then(DELTA * 6).otherwise(DELTA))
+    else:
+        b = generate(SynthSpec(n_tokens=6_000, seed=3, masked_share=0.0))
+        n_tok = pl.len().over("seq_id")
+        df = b.with_columns(
+            pl.when((pl.col("seq_id") % 5 == 0) & (pl.col("position") >= n_tok - 4))
+            .then(float("nan"))
+            .when((pl.col("seq_id") % 3 == 1) & pl.col("position").is_between(2, 6))
+            .then(0.0).otherwise(IL).alias("infer_logprob"))
+    ds = _load(tmp_path, df)
+    out = []
+    for chunk in (97, 1_000_000):
+        FX._MISALIGN_LAST.clear()
+        plan = FX.forensics_plan(ds)
+        run_pass(ds.lf, plan.accumulators, chunk_size=chunk)
+        run_pass(ds.raw, plan.raw_accumulators, chunk_size=chunk)
+        plan.raw_done = True
+        out.append(plan.finish().to_dict())
+    _same(out[0], out[1])
+    FX._MISALIGN_LAST.clear()
+    _same(out[0], run_forensics(ds).to_dict())
+    ev = {f["kind"]: f["evidence"] for f in out[0]["findings"]}
+    if case == "corrupt":
+        assert ev["corrupt_rows"]["sequences_with_nonfinite_suffix"] > 0
+        assert ev["corrupt_rows"]["sequences_with_placeholder_run"] > 0
+    else:
+        assert ev["sequence_outliers"]["sequences_flagged"] > 0
