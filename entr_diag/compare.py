@@ -771,8 +771,9 @@ def _pack(bits: Sequence[pl.Expr], prefix: str) -> list[pl.Expr]:
     of the list is bit ``j % 63`` of word ``j // 63``; null counts as False."""
     words = []
     for w0 in range(0, len(bits), _WORD):
+        zero = pl.lit(0, dtype=pl.UInt64)
         terms = [
-            bits[j].fill_null(False).cast(pl.UInt64) * pl.lit(1 << (j - w0), dtype=pl.UInt64)
+            pl.when(bits[j]).then(pl.lit(1 << (j - w0), dtype=pl.UInt64)).otherwise(zero)
             for j in range(w0, min(w0 + _WORD, len(bits)))
         ]
         words.append(pl.sum_horizontal(terms).cast(pl.UInt64).alias(f"{prefix}{w0 // _WORD}"))
@@ -790,6 +791,55 @@ def _words(df: pl.DataFrame, prefix: str) -> np.ndarray:
     if not cols:
         return np.zeros((df.height, 0), dtype=np.uint64)
     return df.select(cols).to_numpy().astype(np.uint64).reshape(df.height, len(cols))
+
+
+_LUT_SHIFT = 42  # lookup-table bins: float64 bits >> 42 (10 mantissa bits, 0.1% wide)
+
+
+class _Searcher:
+    """``np.searchsorted(values, x, side)`` for float64 arrays, with the rules of
+    :func:`_search` for missing values (NaN -> ``len(values)``; nulls are the caller's: see
+    :meth:`series`), by a lookup table on the bit pattern of ``x``: one entry per
+    ``_LUT_SHIFT`` bin between the smallest and the largest value; an entry whose bin holds
+    a value, and negative ``x``, are searched exactly. Same answers, ~4x faster than a
+    binary search of every element."""
+
+    def __init__(self, values: Sequence[float], side: str) -> None:
+        self.values = np.asarray(values, dtype=np.float64)
+        self.side = side
+        self.lut: np.ndarray | None = None
+        if self.values.size and not np.signbit(self.values[0]):
+            f0, f1 = (self.values[[0, -1]].view(np.uint64) >> np.uint64(_LUT_SHIFT)).tolist()
+            f = np.arange(f0, f1 + 1, dtype=np.uint64)
+            lo = (f << np.uint64(_LUT_SHIFT)).view(np.float64)
+            hi = (((f + np.uint64(1)) << np.uint64(_LUT_SHIFT)) - np.uint64(1)).view(np.float64)
+            a = np.searchsorted(self.values, lo, side)  # type: ignore[call-overload]
+            b = np.searchsorted(self.values, hi, side)  # type: ignore[call-overload]
+            # padded: below the first bin nothing is below x, above the last everything
+            self.lut = np.concatenate([[0], np.where(a == b, a, -1), [self.values.size]])
+            self.f0 = int(f0)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.values.size == 0:
+            return np.zeros(x.shape, dtype=np.int64)
+        if self.lut is None:
+            return np.searchsorted(self.values, x, self.side)  # type: ignore[call-overload]
+        f = (x.view(np.uint64) >> np.uint64(_LUT_SHIFT)).astype(np.int64)
+        f -= self.f0 - 1
+        np.clip(f, 0, self.lut.size - 1, out=f)
+        out = self.lut[f]
+        redo = (out < 0) | np.signbit(x)
+        if redo.any():
+            out[redo] = np.searchsorted(self.values, x[redo], self.side)  # type: ignore[call-overload]
+        return out
+
+    def series(self, s: pl.Series) -> np.ndarray:
+        """The search of a float Series, nulls giving 0 (as :func:`_search`)."""
+        x = s.cast(pl.Float64).to_numpy()
+        out = self(x)
+        if s.null_count():
+            out[s.is_null().to_numpy()] = 0
+        return out
 
 
 class _FirstPass:
@@ -837,10 +887,11 @@ class _FirstPass:
             pl.col("delta"),
             plan.cat.alias("__cat"),
             pl.col("delta").abs().alias("__absd"),
-            _count_above(entr_score_expr(plan.entr.eps), plan.taus).alias("__ti"),
-            _count_above(pl.col("delta").abs(), plan.cs).alias("__ci"),
+            entr_score_expr(plan.entr.eps).alias("__score"),
             *words,
         ]
+        self._ti = _Searcher(plan.taus, "left")
+        self._ci = _Searcher(plan.cs, "left")
 
     def update(self, batch: pl.DataFrame) -> None:
         h = batch.get_column("entropy").cast(pl.Float64)
@@ -852,8 +903,8 @@ class _FirstPass:
         w0 = df.get_column("__w0").to_numpy()
         self.entr_kept += int(np.count_nonzero(w0 & np.uint64(1)))
         cat = df.get_column("__cat").to_numpy().astype(np.int64)
-        ti = df.get_column("__ti").to_numpy().astype(np.int64)
-        ci = df.get_column("__ci").to_numpy().astype(np.int64)
+        ti = self._ti.series(df.get_column("__score"))
+        ci = self._ci.series(df.get_column("__absd"))
         self.tau_counts += np.bincount(ti * 3 + cat, minlength=self.tau_counts.size)
         self.c_counts += np.bincount(ci * 3 + cat, minlength=self.c_counts.size)
         a = df.get_column("__absd").to_numpy()
@@ -937,9 +988,8 @@ class _SecondPass:
             sb = chain.otherwise(pl.lit(_N_SB - 1, dtype=pl.Int32))  # type: ignore[union-attr]
         else:
             sb = pl.lit(_N_SB - 1, dtype=pl.Int32)
-        eb = _bin_index(pl.col("entropy"), e_edges)
-        pb = _bin_index(pl.col("infer_logprob").exp(), plan.p_e)
-        code = ((eb * self.n_pb + pb) * _N_SB + sb) * 3 + plan.cat.cast(pl.Int32)
+        self._eb = _Searcher(e_edges[1:-1], "right")
+        self._pb = _Searcher(plan.p_e[1:-1], "right")
         extra: list[pl.Expr] = []
         sums: list[pl.Expr] = []
         for i in self.tis:
@@ -952,7 +1002,14 @@ class _SecondPass:
             extra.append(_cut_value(c.kind).alias(f"__v{j}"))
         if self.bracketed:
             extra.append(bits[0].fill_null(False).alias("__k0"))
-        self._select = [code.alias("__code"), plan.step_expr, *words, *extra]
+        self._select = [
+            pl.col("entropy").alias("__h"),
+            pl.col("infer_logprob").exp().alias("__p"),
+            (sb * 3 + plan.cat.cast(pl.Int32)).alias("__sc"),
+            plan.step_expr,
+            *words,
+            *extra,
+        ]
         self.cells = GroupAgg([], ["__code", *self.word_cols], [pl.len().alias("n"), *sums],
                               [pl.col("n").sum(), *sums])
         self.steps = GroupAgg([], ["step", *self.word_cols], [pl.len().alias("n")],
@@ -965,6 +1022,11 @@ class _SecondPass:
         if self.decisions is not None:
             lf = lf.join(self.decisions.lazy(), on="seq_key", how="left")
         df = lf.select(self._select).collect()
+        eb = self._eb.series(df.get_column("__h"))
+        pb = self._pb.series(df.get_column("__p"))
+        sc = df.get_column("__sc").to_numpy()
+        code = (eb * self.n_pb + pb) * (_N_SB * 3) + sc
+        df = df.with_columns(pl.Series("__code", code, dtype=pl.Int64))
         self.cells.update(df)
         self.steps.update(df)
         for j, c in enumerate(self.bracketed):

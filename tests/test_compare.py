@@ -591,3 +591,31 @@ class TestPlan:
         assert res.entr.kept_tokens == 0 and res.matched.fixed.kept_tokens == 0
         assert res.matched.c == np.nextafter(np.abs(df["delta"]).min(), -np.inf)
         _reference(df, res)
+
+
+_EDGE_FLOATS = st.one_of(
+    st.floats(-2, 40, allow_nan=False),
+    st.sampled_from([0.0, -0.0, 1e-300, 5e-324, 0.5, 1.0, 2.0, math.log(2.0)]),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(_EDGE_FLOATS, min_size=0, max_size=12, unique=True),
+    st.lists(st.one_of(_EDGE_FLOATS, st.sampled_from([math.nan, math.inf, -math.inf])),
+             min_size=1, max_size=60),
+    st.booleans(),
+    st.sampled_from(["left", "right"]),
+)
+def test_searcher_equals_search_sorted(values, xs, with_null, side):
+    """The lookup-table search gives the polars search's bin for every float, edge values,
+    signed zeros, infinities, NaN and null included."""
+    from entr_diag.compare import _search, _Searcher
+
+    v = sorted(set(values))
+    xs = xs + v + [np.nextafter(a, math.inf) for a in v] + [np.nextafter(a, -math.inf) for a in v]
+    s = pl.Series("x", xs, dtype=pl.Float64)
+    if with_null:
+        s = pl.concat([s, pl.Series("x", [None], dtype=pl.Float64)])
+    want = pl.DataFrame(s).with_columns(r=_search(v, pl.col("x"), side))["r"].to_list()
+    assert _Searcher(v, side).series(s).tolist() == want
