@@ -15,12 +15,17 @@ Entry points (pure: nothing is printed, nothing is raised for a positive finding
   ``{"findings": [...], "checks": {name: {"status", "reason"}}}``).
 - :func:`detect_misalignment` runs the off-by-one check alone; the CLI stops (exit 2) when it
   returns a finding, unless the user passes ``--allow-misaligned``.
+- :func:`forensics_plan` / :func:`misalignment_plan`: the same work as accumulators of a
+  streaming pass (:mod:`entr_diag.passes`), to be fused with other analyses' passes.
 
-Memory: every check aggregates in polars (group_by / select of sums) and collects only small
-results with ``engine="streaming"``: per (entropy bin x step x staleness) cells, per
-(entropy bin x sequence block) cells, one row per sequence for the sequence-level checks, and
-a hash-sampled subset of sequences (at most :data:`MISALIGN_MAX_TOKENS` tokens) for the lag
-join. The token frame is never collected.
+Passes and memory: all the work on the token frame is done in ONE pass of mergeable
+accumulators (:class:`ForensicsPlan`): sums per (entropy bin x step x staleness) cell and per
+(entropy bin x sequence block) cell, partial sums per (sequence x entropy bin x staleness)
+for the sequence-level checks, and the rows of a hash-sampled subset of sequences (at most
+:data:`MISALIGN_MAX_TOKENS` tokens) for the lag join. The checks that read excluded rows
+(corrupt rows, exact-zero engine logprobs) share one pass over the raw frame. Memory is
+bounded by bins x steps x staleness, sequences x bins and the lag sample; the token frame is
+never collected.
 
 Entropy bins are fixed, log-spaced (:data:`H_BIN_LO`, :data:`BIN_DECADES`,
 :data:`N_BINS`); "within entropy bins" means the comparison is made at equal entropy, so a
@@ -282,38 +287,77 @@ def _bin_expr() -> pl.Expr:
     return b.clip(0, N_BINS - 1).cast(pl.Int32).alias("bin")
 
 
-def _merged(acc: GroupAgg, schema: Mapping[str, pl.DataType],
-            derive: Sequence[pl.Expr] = ()) -> pl.DataFrame:
-    """The merged table of ``acc``, typed and empty when the pass saw no row (the
-    aggregation run on an empty batch of the pass's columns, ``derive`` added)."""
+def _merged(acc: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
+    """The merged table of ``acc``; typed and empty when the pass saw no row (the
+    aggregation run on ``empty``, a typed empty batch of the pass)."""
     if acc._parts:
         return acc.result()
-    empty = pl.DataFrame(schema={c: schema[c] for c in acc.columns if c in schema})
-    acc.update(empty.with_columns(derive) if derive else empty)
+    acc.update(empty)
     return acc.result()
 
 
-class _PartialSums(GroupAgg):
-    """A :class:`GroupAgg` whose users need only sums of its rows over coarser keys: the
-    partial rows (merged only when they exceed ``compact_rows``) serve as they are, without
-    the final merge by key (a sum over partial rows equals the sum over merged ones)."""
+class _SeqTables:
+    """Token-pass accumulator of the sequence-level checks (on a batch with the
+    :class:`_Derived` columns). Per batch, one group-by per (sequence, entropy bin,
+    staleness); its rows are split into
 
-    def partial(self, schema: Mapping[str, pl.DataType],
-                derive: Sequence[pl.Expr] = ()) -> pl.DataFrame:
+    - ``bins``: n, sum H, sum delta^2 per (seq_key, bin, _stale), kept as partial rows (a
+      key may repeat across batches; readers only sum them over coarser keys), merged when
+      they exceed ``compact_rows``; memory O(sequences x bins), 40 bytes a row;
+    - ``seqs``: per sequence seq_id, n, sums of |delta|, delta^2, H and the count of H,
+      merged by addition (a :class:`GroupAgg` fed with the batch's rows).
+    """
+
+    columns = ("seq_key", "seq_id", "entropy", "staleness", "delta")
+    _KEYS = ("seq_key", "bin", "_stale")
+
+    def __init__(self, compact_rows: int = 4_000_000) -> None:
+        self.compact_rows = compact_rows
+        self._parts: list[pl.DataFrame] = []
+        self._rows = 0
+        d = pl.col("delta")
+        self._aggs = [
+            pl.col("seq_id").first(),
+            pl.len().cast(pl.Int32).alias("n"),
+            pl.col("_h").count().cast(pl.Int32).alias("nh"),
+            pl.col("_h").sum().alias("sh"),
+            (d * d).sum().alias("sd2"),
+            d.abs().sum().alias("sad"),
+        ]
+        sums = [pl.col(c).cast(pl.Int64).sum() for c in ("n", "nh")] + [
+            pl.col(c).sum() for c in ("sh", "sd2", "sad")]
+        self.seqs = GroupAgg(["seq_key"], ["seq_key"], [pl.col("seq_id").first(), *sums],
+                             [pl.col("seq_id").first(), *_sums(("n", "nh", "sh", "sd2", "sad"))])
+
+    def update(self, batch: pl.DataFrame) -> None:
+        p = batch.lazy().group_by(self._KEYS).agg(self._aggs).collect()
+        self.seqs.update(p)
+        self._parts.append(p.select(*self._KEYS, "n", "sh", "sd2"))
+        self._rows += p.height
+        if self._rows > self.compact_rows and len(self._parts) > 1:
+            merged = pl.concat(self._parts).group_by(self._KEYS).agg(
+                pl.col("n", "sh", "sd2").sum())
+            self._parts, self._rows = [merged], merged.height
+
+    def tables(self, empty: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """(bins, seqs); ``empty``: a typed empty batch (with the derived columns) for a pass
+        that saw no row."""
         if not self._parts:
-            return _merged(self, schema, derive)
-        if len(self._parts) > 1:
-            self._parts = [pl.concat(self._parts, how="vertical_relaxed")]
-        return self._parts[0]
+            self.update(empty)
+        bins = self._parts[0] if len(self._parts) == 1 else pl.concat(self._parts)
+        self._parts = [bins]
+        return bins, self.seqs.result()
 
 
 class _Derived:
     """Adds the columns the forensics group by (entropy bin, step, staleness, entropy,
-    sequence block) to each batch once, then feeds it to the inner :class:`GroupAgg` s."""
+    sequence block) to each batch once, then feeds it to the inner accumulators."""
 
-    def __init__(self, names: set[str], inner: Sequence[GroupAgg]) -> None:
+    def __init__(self, names: set[str], inner: Sequence[Accumulator]) -> None:
         self.inner = list(inner)
         self.columns = list(dict.fromkeys(c for a in self.inner for c in a.columns))
+        #: entropy bin, step, staleness, entropy and sequence block of each row (constants
+        #: for an absent column)
         self.derive = [
             _bin_expr() if "entropy" in names else pl.lit(0, dtype=pl.Int32).alias("bin"),
             (pl.col("step") if "step" in names else pl.lit(0, dtype=pl.Int64)).alias("_step"),
@@ -343,9 +387,10 @@ class _Ctx:
         self._cells: pl.DataFrame | None = None
         self._blocks: pl.DataFrame | None = None
         self._trend: _Trend | None = None
-        #: per (seq_key, bin, _stale), partial rows (a key may repeat: sum over them): seq_id,
-        #: n, nh, sh, sd2, sad (sequence outliers)
+        #: sequence outliers: per (seq_key, bin, _stale) partial rows (a key may repeat: sum
+        #: over them) n, sh, sd2; per seq_key: seq_id, n, nh, sh, sd2, sad
         self.seqbins: pl.DataFrame | None = None
+        self.seqs: pl.DataFrame | None = None
         #: the misalignment result of this pass (None: not run)
         self.misalign: _Result | None = None
         #: raw frame: bad masked rows per sequence, last finite masked position per sequence,
@@ -943,22 +988,21 @@ def _check_outliers(ctx: _Ctx) -> _Result:
         .select("bin", "_stale", (pl.col("sad") / pl.col("n")).alias("_ea"))
     )
     has_h = ctx.has("entropy")
-    seqbins = ctx.seqbins
-    assert seqbins is not None
-    # per sequence, from the merged (sequence, bin, staleness) sums: the expectation of a
-    # sequence is the sum over its tokens of their cell's mean |delta|
-    per = (
+    seqbins, seqs = ctx.seqbins, ctx.seqs
+    assert seqbins is not None and seqs is not None
+    # per sequence, from the merged per-sequence sums; the expectation of a sequence is the
+    # sum over its tokens of their cell's mean |delta| (per (sequence, bin, staleness) counts)
+    sea = (
         seqbins.lazy()
         .join(expect.lazy(), on=["bin", "_stale"], how="left", nulls_equal=True)
         .group_by("seq_key")
-        .agg(
-            pl.col("seq_id").first(),
-            pl.col("n").sum(),
-            pl.col("sad").sum(),
-            (pl.col("n") * pl.col("_ea")).sum().alias("sea"),
-            pl.col("sd2").sum(),
-            (pl.col("sh").sum() / pl.col("nh").sum()).alias("mean_h"),
-        )
+        .agg((pl.col("n") * pl.col("_ea")).sum().alias("sea"))
+    )
+    per = (
+        seqs.lazy()
+        .join(sea, on="seq_key", how="left")
+        .select("seq_key", "seq_id", "n", "sad", "sea", "sd2",
+                pl.when(pl.col("nh") > 0).then(pl.col("sh") / pl.col("nh")).alias("mean_h"))
         .filter(pl.col("n") >= OUTLIER_MIN_TOKENS, pl.col("sea") > 0)
         .with_columns((pl.col("sad").clip(lower_bound=1e-300) / pl.col("sea")).log().alias("x"))
     )
@@ -1006,7 +1050,7 @@ def _check_outliers(ctx: _Ctx) -> _Result:
         s_out = (
             seqbins.filter(pl.col("seq_key").is_in(out_keys.implode()))
             .group_by("bin")
-            .agg(pl.col("n").sum().alias("n_o"), pl.col("sh").sum().alias("sh_o"),
+            .agg(pl.col("n").cast(pl.Int64).sum().alias("n_o"), pl.col("sh").sum().alias("sh_o"),
                  pl.col("sd2").sum().alias("sd2_o"))
         )
         ba = s_all.select("bin", "n", (pl.col("sh") / pl.col("n")).alias("h"),
@@ -1410,12 +1454,12 @@ def _bad_rows_acc() -> GroupAgg:
     )
 
 
-def _bad_rows_table(acc: GroupAgg, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+def _bad_rows_table(acc: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
     """The merged bad-rows table with ``ph_run``: a run of CORRUPT_MIN_RUN consecutive
     placeholder positions."""
     r1 = CORRUPT_MIN_RUN - 1
     e = pl.element()
-    return _merged(acc, schema).with_columns(
+    return _merged(acc, empty).with_columns(
         pl.col("ph_pos").list.sort().list.eval((e.shift(-r1) - e) == r1).list.any()
         .alias("ph_run")
     ).drop("ph_pos")
@@ -1661,7 +1705,6 @@ _CHECK_FUNCS: dict[str, Callable[[_Ctx], _Result]] = {
 _FLOOR_COLS: tuple[str, ...] = ("f_n", "f_e2", "f_d2", "f_ae", "f_ad")
 _CELL_COLS: tuple[str, ...] = ("sh", "sd", "sd2", "sad", "nneg")
 _BLOCK_COLS: tuple[str, ...] = ("sx", "sy", "sxx", "syy", "sxy")
-_SEQBIN_COLS: tuple[str, ...] = ("n", "nh", "sh", "sd2", "sad")
 
 #: which tables of the token pass each check reads
 _NEEDS: dict[str, tuple[str, ...]] = {
@@ -1800,8 +1843,8 @@ class ForensicsPlan:
         n = pl.len().cast(pl.Int64).alias("n")
         cells_aggs = [n, *_cell_aggs(floor)]
         cell_vals = [*_CELL_COLS, *(_FLOOR_COLS if floor else ())]
-        self._joint = self._cells = self._blocks = self._seqbins = None
-        inner: list[GroupAgg] = []
+        self._joint = self._cells = self._blocks = None
+        inner: list[Accumulator] = []
         if "cells" in need and "blocks" in need and ctx._joint_rows_bound() <= _JOINT_MAX_ROWS:
             # sums per (bin, step, staleness, block): both tables are sums of it
             self._joint = GroupAgg(
@@ -1818,15 +1861,10 @@ class ForensicsPlan:
                                         [n, *_block_aggs()], _sums(["n", *_BLOCK_COLS]))
                 inner.append(self._blocks)
         self._cell_vals = cell_vals
+        self._seq: _SeqTables | None = None
         if "seqbins" in need:
-            d = pl.col("delta")
-            self._seqbins = _PartialSums(
-                base_cols + ["seq_id"], ["seq_key", "bin", "_stale"],
-                [pl.col("seq_id").first(), n, pl.col("_h").count().cast(pl.Int64).alias("nh"),
-                 pl.col("_h").sum().alias("sh"), (d * d).sum().alias("sd2"),
-                 d.abs().sum().alias("sad")],
-                [pl.col("seq_id").first(), *_sums(_SEQBIN_COLS)])
-            inner.append(self._seqbins)
+            self._seq = _SeqTables()
+            inner.append(self._seq)
         self.accumulators: list[Accumulator] = []
         if inner:
             self.accumulators.append(_Derived(ctx.names, inner))
@@ -1857,30 +1895,31 @@ class ForensicsPlan:
             self.raw_done = True
 
     def _tables(self) -> None:
-        ctx, schema = self.ctx, dict(self._schema)
-        derive = _Derived(ctx.names, []).derive
+        ctx = self.ctx
+        # a typed empty batch with the derived columns, for tables of a pass that saw no row
+        empty = pl.DataFrame(schema=self._schema).with_columns(_Derived(ctx.names, []).derive)
         if self._joint is not None:
-            joint = _merged(self._joint, schema, derive)
+            joint = _merged(self._joint, empty)
             ctx._cells = joint.group_by("bin", "_step", "_stale").agg(
                 _sums(["n", *self._cell_vals]))
             ctx._blocks = joint.group_by("bin", "block", "_stale").agg(
                 _sums(["n", *_BLOCK_COLS]))
         if self._cells is not None:
-            ctx._cells = _merged(self._cells, schema, derive)
+            ctx._cells = _merged(self._cells, empty)
         if self._blocks is not None:
-            ctx._blocks = _merged(self._blocks, schema, derive)
-        if self._seqbins is not None:
-            ctx.seqbins = self._seqbins.partial(schema, derive)
+            ctx._blocks = _merged(self._blocks, empty)
+        if self._seq is not None:
+            ctx.seqbins, ctx.seqs = self._seq.tables(empty)
         if self.misalign is not None:
             ctx.misalign = self.misalign.result()
         elif "misalignment" in self.checks:  # pragma: no cover - always planned
             ctx.misalign = _misalign_cached(self.ds)
         if self.raw_accumulators:
-            raw_schema = dict(self.ds.raw.collect_schema())
+            raw_empty = pl.DataFrame(schema=self.ds.raw.collect_schema())
             if self._bad is not None:
-                ctx._bad = _bad_rows_table(self._bad, raw_schema)
+                ctx._bad = _bad_rows_table(self._bad, raw_empty)
             if self._last_ok is not None:
-                ctx.last_ok = _merged(self._last_ok, raw_schema)
+                ctx.last_ok = _merged(self._last_ok, raw_empty)
             if self._zero is not None:
                 ctx.zero_counts = (self._zero.z, self._zero.m)
 
