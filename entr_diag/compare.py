@@ -873,9 +873,15 @@ class _FirstPass:
             aggs += [pl.col(f"__w{w}").bitwise_or().alias(f"__or{w}"),
                      pl.col(f"__w{w}").bitwise_and().alias(f"__and{w}")]
             merge += [pl.col(f"__or{w}").bitwise_or(), pl.col(f"__and{w}").bitwise_and()]
+        partial_cols: list[pl.Expr] = []
         for name, (e, how) in plan.partials.items():
-            aggs.append(e.alias(f"__p_{name}"))
-            merge.append(getattr(pl.col(f"__p_{name}"), how)())
+            col = f"__p_{name}"
+            if e.meta.is_column():  # aggregated straight from the input column
+                aggs.append(getattr(e, how)().alias(col))
+            else:  # per-token values computed in the select (shares exp(delta) there)
+                partial_cols.append(e.alias(col))
+                aggs.append(getattr(pl.col(col), how)())
+            merge.append(getattr(pl.col(col), "sum" if how == "count" else how)())
         aggs += [absd.min().alias("__amin"), absd.max().alias("__amax")]
         merge += [pl.col("__amin").min(), pl.col("__amax").max()]
         self.seq = GroupAgg([], ["seq_key"], aggs, merge)
@@ -889,6 +895,7 @@ class _FirstPass:
             pl.col("delta").abs().alias("__absd"),
             entr_score_expr(plan.entr.eps).alias("__score"),
             *words,
+            *partial_cols,
         ]
         self._ti = _Searcher(plan.taus, "left")
         self._ci = _Searcher(plan.cs, "left")

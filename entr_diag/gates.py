@@ -321,11 +321,11 @@ class SequenceGate(GateSpec):
         return self.keep_from({k: e.over("seq_key") for k, e in self.seq_aggs().items()})
 
     def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:  # pragma: no cover - abstract
-        """Mergeable partial aggregates of :meth:`seq_aggs`: ``{name: (aggregation over any
-        subset of one sequence's tokens, merge)}`` with ``merge`` one of ``"sum"``, ``"min"``,
-        ``"max"`` (how partials of the same sequence combine). A name means the same
-        aggregation in every gate (``"sum_delta"`` is ``sum_t delta_t`` everywhere), so gates
-        may share it."""
+        """Mergeable partial aggregates of :meth:`seq_aggs`: ``{name: (per-token expression,
+        how)}`` with ``how`` one of ``"sum"``, ``"count"`` (non-null values), ``"min"``,
+        ``"max"``: the aggregation over any subset of one sequence's tokens, whose partials
+        merge by sum (sum, count), min or max. A name means the same partial in every gate
+        (``"sum_delta"`` is ``sum_t delta_t`` everywhere), so gates may share it."""
         raise NotImplementedError
 
     def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
@@ -366,7 +366,7 @@ class SeqIS(SequenceGate):
         return {"sum_delta": _DELTA.sum()}
 
     def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:
-        return {"sum_delta": (_DELTA.sum(), "sum")}
+        return {"sum_delta": (_DELTA, "sum")}
 
     def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
         return {"sum_delta": partials["sum_delta"]}
@@ -405,7 +405,7 @@ class GeoRS(SequenceGate):
         return {"mean_delta": _DELTA.mean()}
 
     def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:
-        return {"sum_delta": (_DELTA.sum(), "sum"), "n_delta": (_DELTA.count(), "sum")}
+        return {"sum_delta": (_DELTA, "sum"), "n_delta": (_DELTA, "count")}
 
     def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
         n = partials["n_delta"]
@@ -439,7 +439,7 @@ class K3SeqRS(SequenceGate):
 
     def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:
         k3 = _DELTA.exp() - 1.0 - _DELTA  # null exactly where delta is: count = n_delta
-        return {"sum_k3": (k3.sum(), "sum"), "n_delta": (_DELTA.count(), "sum")}
+        return {"sum_k3": (k3, "sum"), "n_delta": (_DELTA, "count")}
 
     def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
         n = partials["n_delta"]
@@ -471,7 +471,7 @@ class CatastrophicVeto(SequenceGate):
         return {"min_delta": _DELTA.min()}
 
     def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:
-        return {"min_delta": (_DELTA.min(), "min")}
+        return {"min_delta": (_DELTA, "min")}
 
     def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
         return {"min_delta": partials["min_delta"]}

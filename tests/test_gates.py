@@ -110,6 +110,37 @@ class TestSequenceGates:
             assert keeps(g, shuffled) == [keeps(g)[i] for i in perm]
 
 
+    def test_partials_merge_to_the_statistics(self):
+        """Per-sequence partials computed on two halves of the rows and merged give the
+        statistics of seq_aggs, hence the same keep decision."""
+        agg = {"sum": pl.Expr.sum, "count": pl.Expr.count, "min": pl.Expr.min,
+               "max": pl.Expr.max}
+        merge = {"sum": pl.Expr.sum, "count": pl.Expr.sum, "min": pl.Expr.min,
+                 "max": pl.Expr.max}
+        halves = [TINY[[0, 3, 5, 6]], TINY[[1, 2, 4, 7]]]
+        for g in (SeqIS(), GeoRS(), K3SeqRS(), CatastrophicVeto()):
+            parts = g.seq_partials()
+            merged = (
+                pl.concat(
+                    h.group_by("seq_key").agg(
+                        [agg[how](e).alias(k) for k, (e, how) in parts.items()]
+                    )
+                    for h in halves
+                )
+                .group_by("seq_key")
+                .agg([merge[how](pl.col(k)) for k, (_, how) in parts.items()])
+            )
+            stats = g.stats_from_partials({k: pl.col(k) for k in parts})
+            got = merged.select("seq_key", g.keep_from(stats).alias("k")).sort("seq_key")
+            want = TINY.group_by("seq_key").agg(
+                g.keep_from(g.seq_aggs()).alias("k")
+            ).sort("seq_key")
+            assert got.rows() == want.rows(), g.spec()
+            got_s = merged.select("seq_key", **stats).sort("seq_key")
+            want_s = TINY.group_by("seq_key").agg(**g.seq_aggs()).sort("seq_key")
+            np.testing.assert_allclose(got_s.to_numpy(), want_s.to_numpy(), rtol=1e-12)
+
+
 class TestM2PO:
     def test_order_of_removal(self):
         """delta^2 = 100, 1, 0.25 go first (means 0.186, 0.0504, 0.0105 of the rest)."""
