@@ -305,10 +305,11 @@ class _SeqTables:
       key may repeat across batches; readers only sum them over coarser keys), merged when
       they exceed ``compact_rows``; memory O(sequences x bins), 40 bytes a row;
     - ``seqs``: per sequence seq_id, n, sums of |delta|, delta^2, H and the count of H,
-      merged by addition (a :class:`GroupAgg` fed with the batch's rows).
+      merged by addition, and the last valid position ``pos_max`` (corrupt rows), merged by
+      max (a :class:`GroupAgg` fed with the batch's rows).
     """
 
-    columns = ("seq_key", "seq_id", "entropy", "staleness", "delta")
+    columns = ("seq_key", "seq_id", "entropy", "staleness", "delta", "position")
     _KEYS = ("seq_key", "bin", "_stale")
 
     def __init__(self, compact_rows: int = 4_000_000) -> None:
@@ -323,11 +324,14 @@ class _SeqTables:
             pl.col("_h").sum().alias("sh"),
             (d * d).sum().alias("sd2"),
             d.abs().sum().alias("sad"),
+            pl.col("position").max().alias("pos_max"),
         ]
         sums = [pl.col(c).cast(pl.Int64).sum() for c in ("n", "nh")] + [
             pl.col(c).sum() for c in ("sh", "sd2", "sad")]
-        self.seqs = GroupAgg(["seq_key"], ["seq_key"], [pl.col("seq_id").first(), *sums],
-                             [pl.col("seq_id").first(), *_sums(("n", "nh", "sh", "sd2", "sad"))])
+        pos_max = pl.col("pos_max").max()
+        self.seqs = GroupAgg(
+            ["seq_key"], ["seq_key"], [pl.col("seq_id").first(), *sums, pos_max],
+            [pl.col("seq_id").first(), *_sums(("n", "nh", "sh", "sd2", "sad")), pos_max])
 
     def update(self, batch: pl.DataFrame) -> None:
         p = batch.lazy().group_by(self._KEYS).agg(self._aggs).collect()
@@ -1465,16 +1469,20 @@ def _bad_rows_table(acc: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
     ).drop("ph_pos")
 
 
-def _last_ok_acc() -> GroupAgg:
-    """Raw-frame accumulator: the last position of a finite masked row, per sequence (one
-    row per sequence, a merged max)."""
+def _last_ok_acc(excluded_only: bool) -> GroupAgg:
+    """Raw-frame accumulator: the last position of a finite masked row, per sequence (a
+    merged max). ``excluded_only``: only the excluded finite masked rows (placeholders and
+    other exclusions: few), the valid tokens' last position coming from the token pass."""
     masked, nf, _ = _raw_masks()
+    rows = masked & ~nf
+    if excluded_only:
+        rows = rows & pl.col("reason").is_not_null()
     return GroupAgg(
         columns=["seq_key", "position", "reason"],
         keys=["seq_key"],
         aggs=[pl.col("position").max().alias("last_ok")],
         merge=[pl.col("last_ok").max()],
-        prepare=lambda lf: lf.filter(masked & ~nf),
+        prepare=lambda lf: lf.filter(rows),
     )
 
 
@@ -1871,7 +1879,8 @@ class ForensicsPlan:
         if self.misalign is not None:
             self.accumulators += self.misalign.accumulators
 
-        self._bad = self._last_ok = None
+        self._bad = self._last_ok = self._last_valid = None
+        self._last_tokens = False
         self._zero: _ZeroCounts | None = None
         self.raw_accumulators: list[Accumulator] = []
         if raw is not None:
@@ -1879,7 +1888,18 @@ class ForensicsPlan:
                 self._bad = _bad_rows_acc()
                 self.raw_accumulators.append(self._bad)
             if "raw_bad" in need:
-                self._last_ok = _last_ok_acc()
+                # last finite masked position per sequence: of the valid tokens from the token
+                # pass when there is one anyway (a per-sequence max), of the few excluded rows
+                # from the raw pass; without a token pass, all from the raw pass
+                if self.accumulators:
+                    if self._seq is None:
+                        self._last_valid = GroupAgg(
+                            ["seq_key", "position"], ["seq_key"],
+                            [pl.col("position").max().alias("pos_max")],
+                            [pl.col("pos_max").max()])
+                        self.accumulators.append(self._last_valid)
+                    self._last_tokens = True
+                self._last_ok = _last_ok_acc(excluded_only=self._last_tokens)
                 self.raw_accumulators.append(self._last_ok)
             if "raw_zero" in need and acc is None and ctx.has("entropy"):
                 self._zero = _ZeroCounts()
@@ -1920,6 +1940,14 @@ class ForensicsPlan:
                 ctx._bad = _bad_rows_table(self._bad, raw_empty)
             if self._last_ok is not None:
                 ctx.last_ok = _merged(self._last_ok, raw_empty)
+                if self._last_tokens:
+                    tok = (ctx.seqs if self._last_valid is None
+                           else _merged(self._last_valid, empty))
+                    ctx.last_ok = (
+                        pl.concat([tok.select("seq_key", pl.col("pos_max").alias("last_ok")),
+                                   ctx.last_ok], how="vertical_relaxed")
+                        .group_by("seq_key").agg(pl.col("last_ok").max())
+                    )
             if self._zero is not None:
                 ctx.zero_counts = (self._zero.z, self._zero.m)
 
