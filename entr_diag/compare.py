@@ -1037,11 +1037,13 @@ class _SecondPass:
         self.cells.update(df)
         self.steps.update(df)
         for j, c in enumerate(self.bracketed):
-            v = pl.col(f"__v{j}")
-            sel = df.filter((v >= c.lo) & (v <= c.hi))
-            if sel.height:
+            v = df.get_column(f"__v{j}").to_numpy()
+            inside = (v >= c.lo) & (v <= c.hi)
+            if inside.any():
+                sel = df.select("__code", "__k0", "step", pl.col(f"__v{j}").alias("v"))
                 self.bound[j].append(
-                    sel.group_by("__code", "__k0", "step", v.alias("v")).agg(n=pl.len())
+                    sel.filter(pl.Series(inside)).group_by("__code", "__k0", "step", "v")
+                    .agg(n=pl.len())
                 )
 
     def tables(self) -> tuple[list[str], np.ndarray, pl.DataFrame]:
