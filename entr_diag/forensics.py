@@ -290,10 +290,8 @@ def _bin_expr() -> pl.Expr:
 def _merged(acc: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
     """The merged table of ``acc``; typed and empty when the pass saw no row (the
     aggregation run on ``empty``, a typed empty batch of the pass)."""
-    if acc._parts:
-        return acc.result()
-    acc.update(empty)
-    return acc.result()
+    lf = empty.lazy() if acc.prepare is None else acc.prepare(empty.lazy())
+    return acc.result(empty_schema=lf.group_by(acc.keys).agg(acc.aggs).collect())
 
 
 class _SeqTables:
@@ -1643,12 +1641,12 @@ def _check_floor(ctx: _Ctx) -> _Result:
             if int(fresh["n"].sum()) >= FRESH_MIN_TOKENS:
                 fl = fresh
                 used = f"staleness {int(s_min)} tokens"
+    # means over the tokens with a finite recompute, from the cells' sums
     t = fl.select(pl.col(*_FLOOR_COLS).sum()).row(0, named=True)
-    nf = int(t["f_n"] or 0)
-    r = {"n": nf} | (
-        {k: float(t[f"f_{k2}"]) / nf for k, k2 in (
-            ("floor2", "e2"), ("delta2", "d2"), ("floor_abs", "ae"), ("delta_abs", "ad"))}
-        if nf else {})
+    r: dict[str, Any] = {"n": int(t["f_n"] or 0)}
+    if r["n"]:
+        r.update(floor2=t["f_e2"] / r["n"], delta2=t["f_d2"] / r["n"],
+                 floor_abs=t["f_ae"] / r["n"], delta_abs=t["f_ad"] / r["n"])
     n = int(r["n"] or 0)
     if n == 0:
         return _cannot(name, "train_logprob_recompute has no finite value on valid tokens")
