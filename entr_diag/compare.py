@@ -978,9 +978,10 @@ class _SecondPass:
         bits += [gates[i].truncated_expr() for i in self.tis]  # type: ignore[attr-defined]
         self.n_bits = len(bits)
         words = _pack(bits, "__w")
-        if decisions is not None:
+        if decisions is not None:  # sequence gates' bits, packed at the same positions
+            n_dec = -(-len(gates) // _WORD)
             words = [
-                (w + pl.col(f"__sw{j}").fill_null(0)).alias(f"__w{j}")
+                (w + pl.col(f"__sw{j}").fill_null(0)).alias(f"__w{j}") if j < n_dec else w
                 for j, w in enumerate(words)
             ]
         self.word_cols = [f"__w{j}" for j in range(len(words))]

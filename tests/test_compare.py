@@ -619,3 +619,23 @@ def test_searcher_equals_search_sorted(values, xs, with_null, side):
         s = pl.concat([s, pl.Series("x", [None], dtype=pl.Float64)])
     want = pl.DataFrame(s).with_columns(r=_search(v, pl.col("x"), side))["r"].to_list()
     assert _Searcher(v, side).series(s).tolist() == want
+
+
+@pytest.mark.parametrize("n_fixed", [53, 58])
+def test_many_gates(n_fixed):
+    """Panels of more keep bits than one 63-bit word holds (53: only TIS's truncation bits
+    spill into the second word; 58: gates too) give every gate's per-token counts."""
+    from entr_diag.gates import CatastrophicVeto
+
+    df = _frame(7, 30)
+    panel = (
+        *[FixedBand(c=0.005 * k) for k in range(n_fixed)],
+        SeqIS(), GeoRS(low=0.9, high=1.1), K3SeqRS(), CatastrophicVeto(min_ratio=0.8),
+        TIS(cap=1.05), TIS(cap=1.2), M2PO(max_mean_sq=0.005),
+    )
+    res = compare_gates(df.lazy(), entr=EntrGate(tau=1.0), panel=panel, h_star=0.05,
+                        law_k=0.09)
+    _reference(df, res)
+    d = np.exp(df["delta"].to_numpy())
+    assert by_name(res, "tis:cap=1.2").tis.truncated_tokens == int((d > 1.2).sum())
+    assert by_name(res, "tis:cap=1.05").tis.truncated_tokens == int((d > 1.05).sum())
