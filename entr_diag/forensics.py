@@ -1812,18 +1812,21 @@ class ForensicsPlan:
     - per (entropy bin, sequence block, staleness): sums of both logprobs and products
       (temperature slope and its jackknife). With few steps x staleness values both come
       from one joint (bin, step, staleness, block) table (one group-by per batch);
-    - per (sequence, entropy bin, staleness): n, sums of H, delta^2, |delta| (sequence
-      outliers: the robust z, its median / MAD over sequences and the law without the
-      flagged sequences are computed after the pass from this table; memory O(sequences x
-      bins));
+    - per (sequence, entropy bin, staleness): n, sums of H and delta^2; per sequence:
+      seq_id, n, sums of |delta|, delta^2, H, the last valid position (:class:`_SeqTables`;
+      sequence outliers: the expected |delta| of each sequence, the robust z with its
+      median / MAD over sequences and the law without the flagged sequences are computed
+      after the pass from these tables; memory O(sequences x bins));
     - the rows of a hash-sampled subset of sequences for the lag check
       (:class:`MisalignmentPlan`, in ``misalign``; ``None`` when cached or not asked).
 
-    Raw pass (``raw_accumulators``, over ``ds.raw``; empty when no chosen check reads it):
-    bad masked rows per sequence (non-finite / placeholder logprobs, placeholder positions),
-    the last finite masked position per sequence, and without accounting the exact-zero
-    engine logprob counts. :meth:`finish` runs this pass itself (:meth:`run_raw`) unless the
-    caller fed ``raw_accumulators`` in a raw pass of its own and set ``raw_done = True``.
+    Raw pass (``raw_accumulators``, over ``ds.raw``; empty when no chosen check reads it, or
+    when the accounting counted no non-finite or placeholder row): bad masked rows per
+    sequence (non-finite / placeholder logprobs, placeholder positions), the last position
+    of the excluded finite masked rows per sequence (that of the valid tokens comes from the
+    token pass), and without accounting the exact-zero engine logprob counts.
+    :meth:`finish` runs this pass itself (:meth:`run_raw`) unless the caller fed
+    ``raw_accumulators`` in a raw pass of its own and set ``raw_done = True``.
     """
 
     def __init__(self, ds: Any, checks: Sequence[str] | None = None) -> None:
@@ -1881,15 +1884,22 @@ class ForensicsPlan:
         self._last_tokens = False
         self._zero: _ZeroCounts | None = None
         self.raw_accumulators: list[Accumulator] = []
+        # bad masked rows exist only if the accounting counted some (non-finite or
+        # placeholder exclusions are always loss-masked rows): else no raw pass, the bad-row
+        # tables are empty
+        bad_rows = acc is None or any(
+            acc.excluded.get(r, 0) for r in ("non_finite_logprob", *PLACEHOLDER_REASONS))
         if raw is not None:
             if "raw_bad" in need or ("raw_zero" in need and acc is not None and ctx.has("entropy")):
                 self._bad = _bad_rows_acc()
-                self.raw_accumulators.append(self._bad)
+                if bad_rows:
+                    self.raw_accumulators.append(self._bad)
             if "raw_bad" in need:
-                # last finite masked position per sequence: of the valid tokens from the token
-                # pass when there is one anyway (a per-sequence max), of the few excluded rows
-                # from the raw pass; without a token pass, all from the raw pass
-                if self.accumulators:
+                # last finite masked position per sequence (read only for sequences with bad
+                # rows): of the valid tokens from the token pass when there is one anyway (a
+                # per-sequence max), of the few excluded rows from the raw pass; without a
+                # token pass, all from the raw pass
+                if self.accumulators and bad_rows:
                     if self._seq is None:
                         self._last_valid = GroupAgg(
                             ["seq_key", "position"], ["seq_key"],
@@ -1898,7 +1908,8 @@ class ForensicsPlan:
                         self.accumulators.append(self._last_valid)
                     self._last_tokens = True
                 self._last_ok = _last_ok_acc(excluded_only=self._last_tokens)
-                self.raw_accumulators.append(self._last_ok)
+                if bad_rows:
+                    self.raw_accumulators.append(self._last_ok)
             if "raw_zero" in need and acc is None and ctx.has("entropy"):
                 self._zero = _ZeroCounts()
                 self.raw_accumulators.append(self._zero)
@@ -1932,7 +1943,7 @@ class ForensicsPlan:
             ctx.misalign = self.misalign.result()
         elif "misalignment" in self.checks:  # pragma: no cover - always planned
             ctx.misalign = _misalign_cached(self.ds)
-        if self.raw_accumulators:
+        if self._bad is not None or self._last_ok is not None or self._zero is not None:
             raw_empty = pl.DataFrame(schema=self.ds.raw.collect_schema())
             if self._bad is not None:
                 ctx._bad = _bad_rows_table(self._bad, raw_empty)

@@ -627,3 +627,5 @@ def test_plan_does_not_depend_on_batch_size(tmp_path, case):
         assert ev["corrupt_rows"]["sequences_with_placeholder_run"] > 0
     else:
         assert ev["sequence_outliers"]["sequences_flagged"] > 0
+        # no excluded row in the accounting: no raw pass at all
+        assert not ds.accounting.excluded and FX.forensics_plan(ds).raw_accumulators == []
