@@ -381,8 +381,9 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, full: bool = Tru
     ``forensics`` / ``profiles``: those too), all in ONE pass over the tokens: every
     analysis contributes accumulators to :func:`entr_diag.passes.run_pass`.
 
-    Returns a dict with keys ``fit`` (FitResult), ``metrics``, ``findings``, ``profiles``
-    (None when not asked for).
+    Returns a dict with keys ``fit`` (FitResult), ``metrics``, ``findings`` (None when not
+    asked for) and ``profiles``: the unfinished ProfilesPlan (its version-switch follow-up
+    pass is shared with the gate comparison's first pass; call ``finish()`` after).
     """
     from entr_diag.fit import fit_plan
     from entr_diag.passes import run_pass
@@ -413,12 +414,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, full: bool = Tru
     what = ", ".join(["the scaling law", *(k for k in plans if k != "fit")])
     with _status(f"reading tokens ({what})...", quiet, rows=ds.accounting.tokens_valid):
         run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators])
-    second = [a for p in plans.values() if hasattr(p, "followup") for a in p.followup()]
-    if second:  # e.g. the version-switch profile: token values around each switch
-        with _status("reading tokens (second pass)...", quiet, rows=ds.accounting.tokens_valid):
-            run_pass(ds.lf, second)
     with _status("fitting...", quiet):
-        out = {k: p.finish() for k, p in plans.items()}
+        out = {k: (p if k == "profiles" else p.finish()) for k, p in plans.items()}
     return {k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}
 
 
@@ -553,25 +550,36 @@ def _gates(gate: list[str] | None, tau: float, eps: float):
     return (entr_specs[0] if entr_specs else EntrGate(tau=tau, eps=eps)), panel
 
 
-def _compare(ds, fit_res, entr, panel, sweeps, quiet):
+def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
+    """The gate comparison: two passes over the tokens (:class:`~entr_diag.compare.ComparePlan`),
+    the first shared with the follow-up accumulators of ``with_plans`` (plans whose
+    ``finish`` the caller calls afterwards)."""
     import numpy as np
 
-    from entr_diag.compare import compare_gates
+    from entr_diag.compare import compare_plan
+    from entr_diag.passes import run_pass
 
     fd = fit_res.to_dict()
     bp = fd.get("breakpoint")
     power = fd["laws"]["power"]
     edges = np.array([b["h_lo"] for b in fd["bins"]] + [fd["bins"][-1]["h_hi"]]) if fd.get("bins") and "h_lo" in fd["bins"][0] else None
-    with _status("simulating gates...", quiet):
-        return compare_gates(
-            ds.lf, entr=entr, panel=panel,
-            h_star=None if bp is None else bp["h_star"],
-            law_k=power.get("k"), law_alpha=power.get("alpha", 1.0) or 1.0,
-            flag_tau=fd["parameters"].get("tau", 4.0), flag_eps=fd["parameters"].get("eps", 0.01),
-            entropy_edges=edges,
-            sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
-            sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
-        )
+    plan = compare_plan(
+        ds.lf, entr=entr, panel=panel,
+        h_star=None if bp is None else bp["h_star"],
+        law_k=power.get("k"), law_alpha=power.get("alpha", 1.0) or 1.0,
+        flag_tau=fd["parameters"].get("tau", 4.0), flag_eps=fd["parameters"].get("eps", 0.01),
+        entropy_edges=edges,
+        sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
+        sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
+    )
+    rows = ds.accounting.tokens_valid
+    extra = [a for p in with_plans for a in p.followup()]
+    with _status("simulating gates (pass 1 of 2)...", quiet, rows=rows):
+        run_pass(ds.lf, plan.accumulators + extra)
+    second = plan.followup()
+    with _status("simulating gates (pass 2 of 2)...", quiet, rows=rows):
+        run_pass(ds.lf, second)
+    return plan.finish()
 
 
 @app.command()
@@ -677,8 +685,8 @@ def report(
         _check_alignment(ds, allow_misaligned, quiet)
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, profiles=True)
         fit_res, metrics = a["fit"], a["metrics"]
-        cmp_res = _compare(ds, fit_res, entr, panel, {}, quiet)
-        prof = a["profiles"].to_dict()
+        cmp_res = _compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]])
+        prof = a["profiles"].finish().to_dict()
         findings = _forensics(ds, quiet)
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
