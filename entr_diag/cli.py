@@ -282,13 +282,12 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
     return ds
 
 
-def _check_alignment(ds, allow: bool, quiet: bool) -> None:
-    """Stop (exit 2) when train and inference logprobs look shifted by one token."""
+def _check_alignment(finding, allow: bool, quiet: bool) -> None:
+    """Stop (exit 2) when train and inference logprobs look shifted by one token
+    (``finding``: the result of the off-by-one check, computed in the command's pass)."""
     from entr_diag.errors import InputError
-    from entr_diag.forensics import detect_misalignment
 
-    with _status("checking token alignment...", quiet):
-        f = detect_misalignment(ds)
+    f = finding
     if f is None:
         return
     if allow:
@@ -375,11 +374,13 @@ def inspect(
 # ----------------------------------------------------------------- fit
 
 
-def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, full: bool = True,
-         forensics: bool = False, profiles: bool = False):
+def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
+         full: bool = True, forensics: bool = False, profiles: bool = False):
     """The scaling-law fit (with ``full``: its strata and the mismatch metrics; with
-    ``forensics`` / ``profiles``: those too), all in ONE pass over the tokens: every
-    analysis contributes accumulators to :func:`entr_diag.passes.run_pass`.
+    ``forensics`` / ``profiles``: those too) and the off-by-one alignment check, all in ONE
+    pass over the tokens: every analysis contributes accumulators to
+    :func:`entr_diag.passes.run_pass`. A misaligned input stops the command after the pass
+    (exit 2) unless ``allow_misaligned``.
 
     Returns a dict with keys ``fit`` (FitResult), ``metrics``, ``findings`` (None when not
     asked for) and ``profiles``: the unfinished ProfilesPlan (its version-switch follow-up
@@ -407,13 +408,20 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, full: bool = Tru
         from entr_diag.forensics import forensics_plan
 
         plans["findings"] = forensics_plan(ds)
+        align = plans["findings"].misalign
+    else:
+        from entr_diag.forensics import misalignment_plan
+
+        align = plans["alignment"] = misalignment_plan(ds)
     if profiles:
         from entr_diag.profiles import profiles_plan
 
         plans["profiles"] = profiles_plan(ds.lf, eps=eps)
-    what = ", ".join(["the scaling law", *(k for k in plans if k != "fit")])
+    what = ", ".join(["the scaling law", *(k for k in plans if k not in ("fit", "alignment"))])
     with _status(f"reading tokens ({what})...", quiet, rows=ds.accounting.tokens_valid):
         run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators])
+    if align is not None:
+        _check_alignment(align.finish(), allow_misaligned, quiet)
     with _status("fitting...", quiet):
         out = {k: (p if k == "profiles" else p.finish()) for k, p in plans.items()}
     return {k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}
@@ -448,10 +456,9 @@ def fit(
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet)
-        _check_alignment(ds, allow_misaligned, quiet)
-        a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet)
-        fit_res, metrics = a["fit"], a["metrics"]
-        findings = _forensics(ds, quiet)
+        a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
+                 allow_misaligned=allow_misaligned, forensics=True)
+        fit_res, metrics, findings = a["fit"], a["metrics"], a["findings"]
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
@@ -478,6 +485,7 @@ def flag(
     framework: FrameworkOpt = None,
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
+    allow_misaligned: MisalignedOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Write the low-entropy noise tokens (H < H* and delta^2/(H+eps) > tau) to Parquet.
@@ -491,7 +499,8 @@ def flag(
         _check_output(output, "--output")
         _refuse_overwriting_inputs(paths, {"--output": output})
         ds = _load(paths, column, framework, layout, entropy, quiet)
-        res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False)["fit"]
+        res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
+                   allow_misaligned=allow_misaligned)["fit"]
         bp = res.to_dict().get("breakpoint")
         h_star = None if bp is None else bp["h_star"]
         # always written (empty, same columns, when there is no break): a stale file from an
@@ -624,8 +633,8 @@ def compare(
         _check_output(export, "--export")
         _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
         ds = _load(paths, column, framework, layout, entropy, quiet)
-        _check_alignment(ds, allow_misaligned, quiet)
-        fit_res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False)["fit"]
+        fit_res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
+                       allow_misaligned=allow_misaligned)["fit"]
         res = _compare(ds, fit_res, entr, panel, sweeps, quiet)
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
@@ -682,12 +691,11 @@ def report(
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet)
-        _check_alignment(ds, allow_misaligned, quiet)
-        a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, profiles=True)
-        fit_res, metrics = a["fit"], a["metrics"]
+        a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
+                 allow_misaligned=allow_misaligned, forensics=True, profiles=True)
+        fit_res, metrics, findings = a["fit"], a["metrics"], a["findings"]
         cmp_res = _compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]])
         prof = a["profiles"].finish().to_dict()
-        findings = _forensics(ds, quiet)
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
                   "entropy": entropy, "framework": framework}
