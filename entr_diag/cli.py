@@ -395,11 +395,9 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             "unavailable; map one with --column entropy=NAME (or --entropy train for a "
             "trainer-side entropy)."
         )
-    steps = ds.accounting.steps
-    plans = {"fit": fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
-                             n_boot=n_boot, seed=seed, with_strata=full,
-                             fine_counts=ds.entropy_fine_counts,
-                             step_range=(min(steps), max(steps)) if steps else None)}
+    with _status("binning entropy...", quiet):  # pass 1 of the fit: tokens per fine bin
+        plans = {"fit": fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
+                                 n_boot=n_boot, seed=seed, with_strata=full)}
     if full:
         from entr_diag.metrics import metrics_plan
 

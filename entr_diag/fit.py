@@ -90,6 +90,7 @@ from entr_diag.aggregate import (
     _check_blocks,
     _inputs,
     _sums,
+    block_expr,
     coarse_binning,
     fine_bin_expr,
     fine_query,
@@ -982,38 +983,54 @@ class _FitSums:
     the |delta| histogram per coarse bin, and per sequence a bitmask of the coarse bins it
     touches (OR-merged by seq_key: the exact number of sequences per bin).
 
-    Per batch, polars computes the fine entropy bin (the same expression as pass 1, so a
-    token's cell is the one pass 1 counted it in), the staleness bucket and the step range;
-    numpy maps fine bins to cells and coarse bins through lookup tables and adds weights
-    with ``bincount``."""
+    The per-token keys and weights are polars expressions (:attr:`exprs`) that the streaming
+    engine computes during the scan (the fine entropy bin is the same expression as pass 1,
+    so a token's cell is the one pass 1 counted it in; cells and coarse bins are lookup
+    tables over fine bins); per batch, numpy only adds weights with ``bincount``."""
 
     def __init__(self, names: list[str], binning: CoarseBinning, cells: CoarseBinning,
                  B: int, eps: float, tau: float, stale: pl.Expr | None,
                  step_range: pl.Expr | None, n_ranges: int) -> None:
-        self.columns = [c for c in ("seq_key", "entropy", "delta", "infer_logprob", "step",
-                                    "staleness", "policy_version", "train_version")
-                        if c in names]
+        self.columns: list[str] = []
         self.nb, self.nc, self.B = binning.n_bins, cells.n_bins, B
         self.eps, self.tau = eps, tau
         self.nr = n_ranges
         self.n_stale = len(STALENESS_BUCKETS)
         self.words = -(-self.nb // 64)
-        fine = np.arange(N_FINE + 1)
-        self.lut_cell = cells.coarse_of_fine(fine).astype(np.int64)
-        self.lut_coarse = binning.coarse_of_fine(fine).astype(np.int64)
-        self.p_edges = np.log([hi for _, _, hi in P_BINS[:-1]])
+        NP = len(P_BINS)
         d, h = pl.col("delta"), pl.col("entropy")
-        exprs = [fine_bin_expr().alias("fine"), h.alias("h"), d.alias("d"),
-                 pl.col("infer_logprob").alias("lp"), pl.col("seq_key")]
+        usable = h.is_not_null() & h.is_finite() & (h >= 0) & d.is_finite()
+        fine = fine_bin_expr()
+        cell = pl.lit(pl.Series(cells.coarse_of_fine(np.arange(N_FINE + 1)), dtype=pl.Int32)
+                      ).gather(fine)
+        coarse = pl.lit(pl.Series(binning.coarse_of_fine(np.arange(N_FINE + 1)),
+                                  dtype=pl.Int32)).gather(fine)
+        block = block_expr(B)
+        d2 = d * d
+        skip = pl.lit(-1, dtype=pl.Int64)  # int64 keys: bincount takes them without a copy
+
+        def key(e: pl.Expr) -> pl.Expr:  # -1 for tokens the fit does not use
+            return pl.when(usable & (cell >= 0)).then(e).otherwise(skip).cast(pl.Int64)
+
+        ex = {
+            "_fit_cb": key(cell * B + block),
+            "_fit_reg": key((cell * 2 + (d2 / (h + eps) > tau).cast(pl.Int32)) * NP
+                            + p_bin_expr()),
+            "_fit_hist": key(coarse * (_N_D + 1) + _abs_delta_bin_expr()),
+            "_fit_h": h, "_fit_d": d, "_fit_d2": d2, "_fit_ad": d.abs(),
+            "_fit_z2": d2 / (h + eps), "_fit_seq": pl.col("seq_key"),
+            "_fit_bit": pl.lit(pl.Series([1 << i for i in range(64)], dtype=pl.UInt64))
+            .gather(coarse % 64),
+        }
+        if self.words > 1:
+            ex["_fit_word"] = coarse // 64
         if stale is not None:
-            exprs.append(stale.fill_null(-1).alias("st"))
+            ex["_fit_st"] = key(((stale * self.nb + coarse) * B + block).fill_null(-1))
         if step_range is not None:
-            exprs.append(step_range.fill_null(-1).alias("sr"))
-        self._exprs = exprs
-        self._usable = h.is_not_null() & h.is_finite() & (h >= 0) & d.is_finite()
+            ex["_fit_sr"] = key(((step_range * self.nb + coarse) * B + block).fill_null(-1))
+        self.exprs = [e.alias(k) for k, e in ex.items()]
         self.cb = {c: np.zeros(self.nc * B) for c in ("n", "s_h", "s_d2")}
-        self.reg = {c: np.zeros(self.nc * 2 * len(P_BINS))
-                    for c in ("n", "s_d", "s_d2", "s_absd", "s_z2")}
+        self.reg = {c: np.zeros(self.nc * 2 * NP) for c in ("n", "s_d", "s_d2", "s_absd", "s_z2")}
         self.hist = np.zeros(self.nb * (_N_D + 1))
         self.st = {c: np.zeros(self.n_stale * self.nb * B) for c in ("n", "s_h", "s_d2")}
         self.sr = {c: np.zeros(max(self.nr, 1) * self.nb * B) for c in ("n", "s_h", "s_d2")}
@@ -1026,49 +1043,45 @@ class _FitSums:
         acc += np.bincount(k, weights=w, minlength=acc.size)
 
     def update(self, batch: pl.DataFrame) -> None:
-        t = batch.filter(self._usable).select(self._exprs)
-        if t.height == 0:
+        k = batch["_fit_cb"].to_numpy()
+        ok = k >= 0
+        if not ok.any():
             return
-        B = self.B
-        h, d, lp = t["h"].to_numpy(), t["d"].to_numpy(), t["lp"].to_numpy()
-        fine = t["fine"].to_numpy()
-        cell, coarse = self.lut_cell[fine], self.lut_coarse[fine]
-        sk = t["seq_key"].to_numpy()
-        ok = cell >= 0  # -1: outside the binned range (not for tokens pass 1 counted)
-        if not ok.all():
-            h, d, lp, cell, coarse, sk = h[ok], d[ok], lp[ok], cell[ok], coarse[ok], sk[ok]
-            t = t.filter(pl.Series(ok))
-        block = (sk % np.uint64(B)).astype(np.int64)
-        d2 = d * d
-        z2 = d2 / (h + self.eps)
-        k = cell * B + block
+        full = bool(ok.all())
+
+        def col(name: str) -> np.ndarray:
+            v = batch[name].to_numpy()
+            return v if full else v[ok]
+
+        k = k if full else k[ok]
+        h, d, d2 = col("_fit_h"), col("_fit_d"), col("_fit_d2")
         self._add(self.cb["n"], k)
         self._add(self.cb["s_h"], k, h)
         self._add(self.cb["s_d2"], k, d2)
-        pbin = sum((lp >= e).astype(np.int64) for e in self.p_edges)
-        k = (cell * 2 + (z2 > self.tau)) * len(P_BINS) + pbin
-        ad = np.abs(d)
-        for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", ad), ("s_z2", z2)):
+        k = col("_fit_reg")
+        for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", col("_fit_ad")),
+                        ("s_z2", col("_fit_z2"))):
             self._add(self.reg[name], k, w)
-        with np.errstate(divide="ignore"):
-            dbin = np.floor((np.log(np.maximum(ad, _D_MIN)) - math.log(_D_MIN)) * _D_SCALE)
-        dbin = np.where(ad < _D_MIN, 0, np.clip(dbin, 0, _N_D - 1) + 1).astype(np.int64)
-        self._add(self.hist, coarse * (_N_D + 1) + dbin)
-        for key, acc in (("st", self.st), ("sr", self.sr)):
-            if key in t.columns:
-                s_ = t[key].to_numpy().astype(np.int64)
-                sel = s_ >= 0
-                kk = (s_[sel] * self.nb + coarse[sel]) * B + block[sel]
+        self._add(self.hist, col("_fit_hist"))
+        for key, acc in (("_fit_st", self.st), ("_fit_sr", self.sr)):
+            if key in batch.columns:
+                kk = col(key)
+                sel = kk >= 0
+                kk = kk[sel]
                 self._add(acc["n"], kk)
                 self._add(acc["s_h"], kk, h[sel])
                 self._add(acc["s_d2"], kk, d2[sel])
         # sequences per bin: OR of 2^coarse over runs of one sequence (rows of a sequence
         # are usually contiguous), then merged by seq_key
-        starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
-        word, bit = coarse // 64, np.left_shift(np.uint64(1), (coarse % 64).astype(np.uint64))
+        sk, bit = col("_fit_seq"), col("_fit_bit")
+        change = np.empty(sk.size, dtype=bool)
+        change[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=change[1:])
+        starts = np.flatnonzero(change)
         cols = {"seq_key": sk[starts]}
+        word = col("_fit_word") if self.words > 1 else None
         for w in range(self.words):
-            bits = bit if self.words == 1 else np.where(word == w, bit, np.uint64(0))
+            bits = bit if word is None else np.where(word == w, bit, np.uint64(0))
             cols[f"m{w}"] = np.bitwise_or.reduceat(bits, starts)
         self.masks.update(pl.DataFrame(cols))
 

@@ -301,7 +301,7 @@ class _SeqTables:
 
     - ``bins``: n, sum H, sum delta^2 per (seq_key, bin, _stale), kept as partial rows (a
       key may repeat across batches; readers only sum them over coarser keys), merged when
-      they exceed ``compact_rows``; memory O(sequences x bins), 40 bytes a row;
+      they exceed ``compact_rows`` and twice the last merged table; memory O(sequences x bins), 40 bytes a row;
     - ``seqs``: per sequence seq_id, n, sums of |delta|, delta^2, H and the count of H,
       merged by addition, and the last valid position ``pos_max`` (corrupt rows), merged by
       max (a :class:`GroupAgg` fed with the batch's rows).
@@ -310,10 +310,10 @@ class _SeqTables:
     columns = ("seq_key", "seq_id", "entropy", "staleness", "delta", "position")
     _KEYS = ("seq_key", "bin", "_stale")
 
-    def __init__(self, compact_rows: int = 4_000_000) -> None:
+    def __init__(self, compact_rows: int = 8_000_000) -> None:
         self.compact_rows = compact_rows
         self._parts: list[pl.DataFrame] = []
-        self._rows = 0
+        self._rows = self._merged_rows = 0
         d = pl.col("delta")
         self._aggs = [
             pl.col("seq_id").first(),
@@ -336,10 +336,14 @@ class _SeqTables:
         self.seqs.update(p)
         self._parts.append(p.select(*self._KEYS, "n", "sh", "sd2"))
         self._rows += p.height
-        if self._rows > self.compact_rows and len(self._parts) > 1:
+        # merged when the partial rows exceed compact_rows and twice the last merged table
+        # (a table of many keys is not re-merged at every batch: linear work)
+        if (self._rows > max(self.compact_rows, 2 * self._merged_rows)
+                and len(self._parts) > 1):
             merged = pl.concat(self._parts).group_by(self._KEYS).agg(
                 pl.col("n", "sh", "sd2").sum())
             self._parts, self._rows = [merged], merged.height
+            self._merged_rows = merged.height
 
     def tables(self, empty: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         """(bins, seqs); ``empty``: a typed empty batch (with the derived columns) for a pass

@@ -43,8 +43,8 @@ __all__ = [
     "run_pass",
 ]
 
-#: Rows per batch handed to the accumulators (memory of one batch: ~100 MB at 12 columns).
-CHUNK_ROWS: int = 1_000_000
+#: Rows per batch handed to the accumulators (smaller batches: less memory in flight).
+CHUNK_ROWS: int = 250_000
 
 ProgressFn = Callable[[int], None]
 _PROGRESS: contextvars.ContextVar[ProgressFn | None] = contextvars.ContextVar(
@@ -64,7 +64,14 @@ def progress_hook(fn: ProgressFn | None) -> Iterator[None]:
 
 
 class Accumulator(Protocol):
-    """Reduces batches of the token frame. ``columns``: the canonical columns it reads."""
+    """Reduces batches of the token frame. ``columns``: the canonical columns it reads.
+
+    Optionally ``exprs``: named polars expressions over the frame, computed by the streaming
+    engine as part of the scan (on its worker threads, overlapping the Python-side work of
+    the accumulators) and added to every batch; their names must be unique to the
+    accumulator (a prefix such as ``_fit_``), unless two accumulators mean the same
+    expression.
+    """
 
     columns: Sequence[str]
 
@@ -81,7 +88,7 @@ def run_pass(
     """Stream ``lf`` once and feed every batch to every accumulator; return the row count.
 
     Only the union of the accumulators' ``columns`` is read (projection pushdown to the
-    Parquet reader). Batches arrive in no particular order (``maintain_order=False``):
+    Parquet reader), plus their ``exprs``, computed by the streaming engine. Batches arrive in no particular order (``maintain_order=False``):
     accumulators must not depend on it. Errors of the scan (unreadable file, schema
     mismatch between shards) propagate as polars exceptions.
     """
@@ -93,11 +100,16 @@ def run_pass(
         for c in acc.columns:
             if c in names and c not in cols:
                 cols.append(c)
-    if not cols:  # nothing to read but rows: count them
+    exprs: dict[str, pl.Expr] = {}
+    for acc in accumulators:
+        for e in getattr(acc, "exprs", ()):
+            exprs.setdefault(e.meta.output_name(), e)
+    if not cols and not exprs:  # nothing to read but rows: count them
         cols = names[:1]
     progress = _PROGRESS.get()
     rows = 0
-    for batch in lf.select(cols).collect_batches(chunk_size=chunk_size, maintain_order=False):
+    q = lf.select(*cols, *exprs.values())
+    for batch in q.collect_batches(chunk_size=chunk_size, maintain_order=False):
         if batch.height == 0:
             continue
         for acc in accumulators:
@@ -114,8 +126,11 @@ class GroupAgg:
     ``prepare``: maps the batch (a LazyFrame) to the frame to group (add key columns,
     filter); ``aggs``: the per-batch aggregations, each aliased; ``merge``: the
     aggregations that combine partial rows of one key (e.g. ``pl.col("n").sum()`` for a
-    count, ``.min()`` of a minimum). Partial tables are compacted whenever they hold more
-    than ``compact_rows`` rows, so memory stays bounded by the number of distinct keys.
+    count, ``.min()`` of a minimum). Partial tables are compacted (merged into one) when
+    they hold more than ``compact_rows`` rows and more than twice the rows of the last
+    compacted table: memory stays within about twice the number of distinct keys, and the
+    merging work stays linear in the input (a table of many keys is not re-merged at every
+    batch).
     :meth:`result` returns the merged table (one row per key, unsorted).
     """
 
@@ -126,7 +141,7 @@ class GroupAgg:
         aggs: Sequence[pl.Expr],
         merge: Sequence[pl.Expr],
         prepare: Callable[[pl.LazyFrame], pl.LazyFrame] | None = None,
-        compact_rows: int = 2_000_000,
+        compact_rows: int = 250_000,
     ) -> None:
         self.columns = list(columns)
         self.keys = list(keys)
@@ -136,6 +151,7 @@ class GroupAgg:
         self.compact_rows = compact_rows
         self._parts: list[pl.DataFrame] = []
         self._rows = 0
+        self._merged_rows = 0
 
     def update(self, batch: pl.DataFrame) -> None:
         lf = batch.lazy()
@@ -144,13 +160,14 @@ class GroupAgg:
         part = lf.group_by(self.keys).agg(self.aggs).collect()
         self._parts.append(part)
         self._rows += part.height
-        if self._rows > self.compact_rows and len(self._parts) > 1:
+        if (self._rows > max(self.compact_rows, 2 * self._merged_rows)
+                and len(self._parts) > 1):
             self._compact()
 
     def _compact(self) -> None:
         merged = pl.concat(self._parts, how="vertical_relaxed").group_by(self.keys).agg(self.merge)
         self._parts = [merged]
-        self._rows = merged.height
+        self._rows = self._merged_rows = merged.height
 
     def result(self, empty_schema: pl.DataFrame | None = None) -> pl.DataFrame:
         """The merged table. With no batch seen: ``empty_schema`` when given, else the

@@ -438,3 +438,15 @@ def test_regime_counts_match_flagged_tokens():
     below = lf.filter(pl.col("entropy") < h_star).select(pl.len()).collect().item()
     assert r.regime.flagged_tokens == n > 0
     assert r.regime.tokens_below_h_star == below
+
+
+def test_sequences_per_bin_exact_beyond_64_bins():
+    """With more than 64 bins (several bitmask words per sequence) every bin's token and
+    sequence counts equal a direct count."""
+    _, lf = synth(n_tokens=40_000, seed=5)
+    r = fit_scaling_law(lf, bins=150, n_boot=100)
+    df = lf.collect()
+    assert len(r.bins) > 128
+    for b in r.bins:
+        sel = df.filter((pl.col("entropy") >= b.h_lo) & (pl.col("entropy") < b.h_hi))
+        assert (sel.height, sel["seq_key"].n_unique()) == (b.tokens, b.sequences)

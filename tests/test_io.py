@@ -374,23 +374,3 @@ def test_each_exclusion_reason_via_cli(tmp_path, reason):
     assert acc["exclusions"] == {reason: _EXPECTED[reason]}
     assert acc["tokens_valid"] == 5 - _EXPECTED[reason]
 
-
-def test_accounting_pass_counts_valid_tokens_per_fine_entropy_bin(tmp_path):
-    """The loader's one pass also counts the valid tokens per fine entropy bin (the fit's
-    bins come from it): equal to a direct count, excluded rows left out, whatever the
-    batches; no counts without an entropy column."""
-    import numpy as np
-
-    from entr_diag.aggregate import N_FINE, fine_bin_expr
-    from entr_diag.synth import SynthSpec, write_synth
-
-    path = tmp_path / "s.parquet"
-    write_synth(path, SynthSpec(n_tokens=20_000, seed=4, dirty=True))
-    ds = load_dataset([path])
-    direct = np.bincount(ds.lf.select(fine_bin_expr()).collect().to_series().to_numpy(),
-                         minlength=N_FINE + 1)
-    assert ds.entropy_fine_counts is not None
-    np.testing.assert_array_equal(ds.entropy_fine_counts, direct)
-    assert ds.entropy_fine_counts.sum() == ds.accounting.tokens_valid
-    no_h = _write(tmp_path, _long().drop("entropy"), "noh.parquet")
-    assert load_dataset([no_h]).entropy_fine_counts is None

@@ -22,15 +22,12 @@ from dataclasses import dataclass, field
 from importlib.resources import as_file, files
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from entr_diag.aggregate import N_FINE, fine_bin_expr
 from entr_diag.errors import InputError, SchemaError
 from entr_diag.io import schema as S
-from entr_diag.passes import DenseSums, GroupAgg, run_pass
 
 LAYOUTS = ("auto", "long", "nested")
 ENTROPY_CHOICES = ("auto", "infer", "train")
@@ -373,10 +370,6 @@ class Dataset:
     #: dtype of the input's seq_id (Int64 when every file has integer ids, else String);
     #: ``lf`` exposes seq_id as String, exports cast it back to this dtype
     seq_id_dtype: type[pl.DataType] = pl.String
-    #: valid tokens per fine entropy bin (:func:`entr_diag.aggregate.fine_bin_expr`, int64
-    #: array of length N_FINE + 1), counted in the accounting pass; None without entropy.
-    #: Lets the fit choose its bins without a scan of its own.
-    entropy_fine_counts: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def has(self, column: str) -> bool:
         """True when the canonical column ``column`` is present in :attr:`lf`."""
@@ -548,11 +541,11 @@ def load_dataset(
         )
     valid_cols = _valid_columns(mapping)
     lf = raw.filter(pl.col("reason").is_null()).select(valid_cols)
-    accounting, fine_counts = _account(raw, mapping, infos)
+    accounting = _account(raw, mapping, infos)
     return Dataset(
         lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=tuple(notes),
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
-        seq_id_dtype=sid_dtype, entropy_fine_counts=fine_counts,
+        seq_id_dtype=sid_dtype,
     )
 
 
@@ -733,15 +726,13 @@ def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
     return cols
 
 
-def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo]
-             ) -> tuple[Accounting, np.ndarray | None]:
-    """Token and sequence counts in one streaming pass (:func:`entr_diag.passes.run_pass`),
-    memory O(sequences); also the valid tokens per fine entropy bin.
+def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo]) -> Accounting:
+    """Token and sequence counts in one streaming scan, memory O(sequences).
 
-    Each batch is grouped by (sequence, staleness of valid tokens, reason) (rows, version
-    range, step), and the partial tables merged (sums of counts, min of minima, max of
-    maxima); per-sequence rows, their totals and the valid tokens per staleness are sums of
-    that small table.
+    The scan groups by (sequence, staleness of valid tokens, reason) (rows, version range,
+    step); per-sequence rows, their totals and the valid tokens per staleness are sums of
+    that small table (``pl.collect_all`` of two queries would cache the shared scan in
+    memory).
     """
     reasons = ["unmasked", "empty_row", *S.EXCLUSION_REASONS]
     reason = pl.col("reason")
@@ -809,22 +800,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
             keys.append(pl.when(ok).then(pl.col("train_version") - pl.col("policy_version"))
                         .alias("_s"))
         keys.append(reason)
-        key_names = [k.meta.output_name() for k in keys]
-        merge = [_MERGE[a.meta.output_name()](a.meta.output_name()) for a in sub_aggs]
-        group = GroupAgg(
-            [c for c in ("seq_key", "reason", "position", "policy_version", "train_version",
-                         "step") if c in raw.collect_schema().names()],
-            key_names, sub_aggs, merge,
-            prepare=lambda b: b.with_columns(keys))
-        accs: list = [group]
-        fine = None
-        if "entropy" in mapping:
-            fine = DenseSums(["entropy", "reason"], N_FINE + 1, _valid_fine, {"n": None})
-            accs.append(fine)
-        run_pass(raw, accs)
-        sub = group.result()
-        if sub.height == 0:
-            sub = raw.group_by(keys).agg(sub_aggs).head(0).collect()
+        sub = raw.group_by(keys).agg(sub_aggs).collect(engine="streaming")
         stale = None
         if has_pv and has_tv:
             df = sub.filter(pl.col("_s").is_not_null()).group_by("_s").agg(pl.col("_n").sum())
@@ -835,7 +811,6 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     excluded = {r: int(seq[r]) for r in S.EXCLUSION_REASONS if seq[r]}
     valid_n, unmasked = int(seq["_valid"]), int(seq["unmasked"])
     total = valid_n + unmasked + sum(excluded.values())
-    fine_counts = None if fine is None else np.rint(fine.sums["n"]).astype(np.int64)
     return Accounting(
         tokens_total=total,
         tokens_unmasked=unmasked,
@@ -851,28 +826,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         staleness=stale,
         sequences_with_version_switch=int(seq["n_switch"]) if has_pv else None,
         sequences_with_duplicate_positions=int(seq["n_dup"]),
-    ), fine_counts
-
-
-#: How each per-batch aggregate of :func:`_account` merges across batches.
-_MERGE = {
-    "_n": lambda c: pl.col(c).sum(),
-    "_pmin": lambda c: pl.col(c).min(),
-    "_pmax": lambda c: pl.col(c).max(),
-    "_pvl": lambda c: pl.col(c).min(),
-    "_pvh": lambda c: pl.col(c).max(),
-    "_pvn": lambda c: pl.col(c).sum(),
-    "_tvl": lambda c: pl.col(c).min(),
-    "_tvh": lambda c: pl.col(c).max(),
-    "_st": lambda c: pl.col(c).min(),
-}
-
-
-def _valid_fine(batch: pl.DataFrame) -> np.ndarray:
-    """Fine entropy bin of each valid token of the batch (-1 for the others)."""
-    return batch.select(
-        pl.when(pl.col("reason").is_null()).then(fine_bin_expr()).otherwise(-1)
-    ).to_series().to_numpy()
+    )
 
 
 def _pair(lo, hi) -> tuple[int, int] | None:
