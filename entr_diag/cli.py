@@ -20,13 +20,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
+    Task,
     TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 from entr_diag import __version__
 from entr_diag.errors import EntrDiagError, ParameterError
@@ -105,6 +107,18 @@ def _parse_columns(items: list[str] | None) -> dict[str, str]:
     return out
 
 
+class _RowsColumn(ProgressColumn):
+    """``1.2/4.9M rows`` during a pass over the tokens; nothing otherwise."""
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text("")
+        done, total = int(task.completed), int(task.total)
+        if total >= 1_000_000:
+            return Text(f"{done / 1e6:.1f}/{total / 1e6:.1f}M rows")
+        return Text(f"{done:,}/{total:,} rows")
+
+
 class _Phases:
     """A rich progress bar on stderr: the current phase of a command (reading input, fit,
     gates, ...) and, during a pass over the tokens, the rows read so far out of the rows
@@ -122,16 +136,17 @@ class _Phases:
         if quiet or not stderr.is_terminal:
             return
         self.bar = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-            MofNCompleteColumn(), TextColumn("rows"), TimeElapsedColumn(), console=stderr,
-            transient=True,
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=24),
+            _RowsColumn(), TimeElapsedColumn(), console=stderr, transient=True,
         )
         self.bar.start()
         self.task = self.bar.add_task("starting", total=None)
 
     def phase(self, message: str, rows: int | None) -> None:
-        if self.bar is not None and self.task is not None:
-            self.bar.reset(self.task, total=rows, description=message)
+        if self.bar is not None:  # a new task: rich's reset cannot clear a known total
+            if self.task is not None:
+                self.bar.remove_task(self.task)
+            self.task = self.bar.add_task(message, total=rows)
 
     def advance(self, rows: int) -> None:
         if self.bar is not None and self.task is not None:
@@ -415,8 +430,9 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         from entr_diag.profiles import profiles_plan
 
         plans["profiles"] = profiles_plan(ds.lf, eps=eps)
-    what = ", ".join(["the scaling law", *(k for k in plans if k not in ("fit", "alignment"))])
-    with _status(f"reading tokens ({what})...", quiet, rows=ds.accounting.tokens_valid):
+    what = ", ".join(["fit", *({"findings": "forensics"}.get(k, k) for k in plans
+                                if k not in ("fit", "alignment"))])
+    with _status(f"one pass ({what})", quiet, rows=ds.accounting.tokens_valid):
         run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators])
     if align is not None:
         _check_alignment(align.finish(), allow_misaligned, quiet)
@@ -581,10 +597,10 @@ def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
     )
     rows = ds.accounting.tokens_valid
     extra = [a for p in with_plans for a in p.followup()]
-    with _status("simulating gates (pass 1 of 2)...", quiet, rows=rows):
+    with _status("gates, pass 1 of 2", quiet, rows=rows):
         run_pass(ds.lf, plan.accumulators + extra)
     second = plan.followup()
-    with _status("simulating gates (pass 2 of 2)...", quiet, rows=rows):
+    with _status("gates, pass 2 of 2", quiet, rows=rows):
         run_pass(ds.lf, second)
     return plan.finish()
 
