@@ -265,8 +265,8 @@ def test_verl_entropys_is_trainer_side(tmp_path):
 
 
 def test_misaligned_logprobs_stop_unless_allowed(synth_file, tmp_path):
-    """Logprob columns shifted by one token stop fit with exit 2 naming the shift;
-    --allow-misaligned goes on."""
+    """Logprob columns shifted by one token stop fit, compare, flag and report with exit 2
+    naming the shift, before writing anything; --allow-misaligned goes on."""
     df = pl.read_parquet(synth_file).sort("seq_id", "position")
     df = df.with_columns(pl.col("infer_logprob").shift(1).over("seq_id")).drop_nulls("infer_logprob")
     p = tmp_path / "shifted.parquet"
@@ -276,6 +276,14 @@ def test_misaligned_logprobs_stop_unless_allowed(synth_file, tmp_path):
     msg = re.sub(r"\s+", " ", r.stderr)
     assert "shift" in msg.lower() and "--allow-misaligned" in msg
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--allow-misaligned", "-q"])
+    assert r.exit_code == 0, r.output
+    for cmd in (["compare"], ["flag", "-o", str(tmp_path / "n.parquet")],
+                ["report", "-o", str(tmp_path / "r.html")]):
+        r = runner.invoke(app, [*cmd, str(p), "--n-boot", "100", "-q"])
+        assert r.exit_code == 2 and "--allow-misaligned" in r.stderr, cmd
+        assert not (tmp_path / "r.html").exists() and not (tmp_path / "n.parquet").exists()
+    r = runner.invoke(app, ["flag", str(p), "-o", str(tmp_path / "n.parquet"), "--n-boot", "100",
+                            "--allow-misaligned", "-q"])
     assert r.exit_code == 0, r.output
 
 
@@ -295,3 +303,44 @@ def test_output_checks_before_reading(tmp_path):
     r = runner.invoke(app, ["flag", str(p), "-o", str(p)])
     assert r.exit_code == 2
     assert "valid loss-masked tokens" not in r.stderr and "never overwrites" in r.stderr
+
+
+def test_progress_bar_counts_rows_on_a_terminal(monkeypatch, tmp_path):
+    """On a terminal, the progress bar names each phase and counts the rows of each pass
+    over the tokens (batch by batch); with --quiet it stays silent."""
+    import io
+
+    from rich.console import Console
+
+    import entr_diag.cli as cli
+    import entr_diag.passes as passes
+
+    seen: list[str] = []
+    advanced: list[int] = []
+    real_phase, real_advance = cli._Phases.phase, cli._Phases.advance
+
+    def phase(self, message, rows):
+        seen.append(f"{message}|{rows}")
+        real_phase(self, message, rows)
+
+    def advance(self, rows):
+        advanced.append(rows)
+        real_advance(self, rows)
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cli, "stderr", Console(file=buf, force_terminal=True, width=100))
+    monkeypatch.setattr(cli._Phases, "phase", phase)
+    monkeypatch.setattr(cli._Phases, "advance", advance)
+    real_run = passes.run_pass
+    monkeypatch.setattr(passes, "run_pass",
+                        lambda lf, accs, chunk_size=20_000: real_run(lf, accs, chunk_size=chunk_size))
+    r = CliRunner().invoke(app, ["fit", "--json", str(tmp_path / "f.json")])
+    assert r.exit_code == 0, r.output
+    valid = json.loads((tmp_path / "f.json").read_text())["inputs"]["accounting"]["tokens_valid"]
+    passes_ = [s for s in seen if not s.endswith("|None")]
+    assert passes_ == [f"one pass (fit, metrics, forensics)|{valid}"]
+    assert sum(advanced) == valid and len(advanced) >= 5 and max(advanced) <= 20_000
+    assert "rows" in buf.getvalue()
+    seen.clear()
+    r = CliRunner().invoke(app, ["fit", "--quiet", "--json", str(tmp_path / "g.json")])
+    assert r.exit_code == 0 and seen == []
