@@ -15,11 +15,18 @@ Accumulators are mergeable by construction: a table of sums computed on two halv
 input and added equals the table of the whole (up to float summation order), so the
 result does not depend on how the frame is cut into batches, nor on row order.
 
-Two kinds cover the analyses:
+Building blocks:
 
+- ``Accumulator.exprs``: per-token keys and weights as polars expressions, computed by the
+  streaming engine during the scan (on its worker threads, overlapping the Python-side
+  reduction of the previous batch). On 2 cores the Python-side per-batch work is what
+  bounds the speed, so it should be little more than the reductions below.
 - :class:`GroupAgg`: a polars ``group_by`` per batch, partial tables re-aggregated with
   merge expressions (sum of sums, min of mins, ...). For keys whose number is bounded by
   bins or sequences.
+- :func:`reduce_runs`: runs of consecutive equal keys (the tokens of one sequence are
+  usually contiguous) collapsed by ``numpy.ufunc.reduceat`` before a :class:`GroupAgg`, so
+  the hash group-by sees a few thousand rows per batch instead of every token.
 - :class:`DenseSums`: ``numpy.bincount`` of weights on a dense integer key computed per
   batch; for fixed-size grids (bins x blocks), where it beats a hash group-by.
 """
