@@ -711,11 +711,6 @@ _BOUNDARY_ROWS = 262_144
 _N_SB = len(STALENESS_BUCKETS) + 1  # staleness buckets, then "no bucket"
 
 
-def _bit_bins(x: np.ndarray) -> np.ndarray:
-    """Histogram bin (see ``_HIST_SHIFT``) of non-negative, non-NaN float64 values."""
-    return (np.abs(x).view(np.uint64) >> np.uint64(_HIST_SHIFT)).astype(np.int64)
-
-
 def _bin_bounds(b: int) -> tuple[float, float]:
     """Smallest and largest float64 of histogram bin ``b`` (``inf`` for the top bin)."""
     lo, hi = np.array([b << _HIST_SHIFT, ((b + 1) << _HIST_SHIFT) - 1], dtype=np.uint64).view(
@@ -842,91 +837,23 @@ class _Searcher:
         return out
 
 
-class _FirstPass:
-    """Pass 1 of :class:`ComparePlan`: totals, entropy range, both sweeps, ``|delta|`` /
-    ``delta^2`` histograms and per-sequence partials (one row per ``seq_key``)."""
+def _run_starts(keys: np.ndarray) -> np.ndarray:
+    """Start index of every run of equal consecutive values of a non-empty array."""
+    change = np.empty(keys.size, dtype=bool)
+    change[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=change[1:])
+    return np.flatnonzero(change)
 
-    def __init__(self, plan: ComparePlan) -> None:
-        self.plan = plan
-        self.columns = ["seq_key", "delta", "entropy"]
-        self.n = 0
-        self.entr_kept = 0
-        self.h_null = 0
-        self.h_max: float | None = None
-        self.h_min_pos: float | None = None
-        self.a_min: float | None = None
-        self.a_max: float | None = None
-        self.tau_counts = np.zeros((plan.taus.size + 1) * 3, dtype=np.int64)
-        self.c_counts = np.zeros((plan.cs.size + 1) * 3, dtype=np.int64)
-        self.hist_a = np.zeros(_HIST_SIZE, dtype=np.int64)
-        self.with_d2 = any(isinstance(g, M2PO) for g in plan.gates)
-        self.hist_q = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.int64)
-        self.hist_qs = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.float64)
-        absd = pl.col("__absd")
-        # token gates' decisions packed in words: per sequence, OR = some token kept,
-        # AND = every token kept
-        words = _pack([plan.all_gates[i].keep_expr() for i in plan.seq_count_idx], "__w")
-        self.n_words = len(words)
-        aggs: list[pl.Expr] = []
-        merge: list[pl.Expr] = []
-        for w in range(self.n_words):
-            aggs += [pl.col(f"__w{w}").bitwise_or().alias(f"__or{w}"),
-                     pl.col(f"__w{w}").bitwise_and().alias(f"__and{w}")]
-            merge += [pl.col(f"__or{w}").bitwise_or(), pl.col(f"__and{w}").bitwise_and()]
-        partial_cols: list[pl.Expr] = []
-        for name, (e, how) in plan.partials.items():
-            col = f"__p_{name}"
-            if e.meta.is_column():  # aggregated straight from the input column
-                aggs.append(getattr(e, how)().alias(col))
-            else:  # per-token values computed in the select (shares exp(delta) there)
-                partial_cols.append(e.alias(col))
-                aggs.append(getattr(pl.col(col), how)())
-            merge.append(getattr(pl.col(col), "sum" if how == "count" else how)())
-        aggs += [absd.min().alias("__amin"), absd.max().alias("__amax")]
-        merge += [pl.col("__amin").min(), pl.col("__amax").max()]
-        self.seq = GroupAgg([], ["seq_key"], aggs, merge)
-        #: sequences holding tokens with a null / NaN |delta| (never kept by a threshold)
-        self.invalid = GroupAgg([], ["seq_key"], [pl.len().alias("__bad")],
-                                [pl.col("__bad").sum()])
-        self._select = [
-            pl.col("seq_key"),
-            pl.col("delta"),
-            plan.cat.alias("__cat"),
-            pl.col("delta").abs().alias("__absd"),
-            entr_score_expr(plan.entr.eps).alias("__score"),
-            *words,
-            *partial_cols,
-        ]
-        self._ti = _Searcher(plan.taus, "left")
-        self._ci = _Searcher(plan.cs, "left")
 
-    def update(self, batch: pl.DataFrame) -> None:
-        h = batch.get_column("entropy").cast(pl.Float64)
-        self.h_null += h.null_count() + int(h.is_nan().sum() or 0)
-        self.h_max = _opt(max, self.h_max, h.max())
-        self.h_min_pos = _opt(min, self.h_min_pos, h.filter(h > 0).min())
-        df = batch.lazy().select(self._select).collect()
-        self.n += df.height
-        w0 = df.get_column("__w0").to_numpy()
-        self.entr_kept += int(np.count_nonzero(w0 & np.uint64(1)))
-        cat = df.get_column("__cat").to_numpy().astype(np.int64)
-        ti = self._ti.series(df.get_column("__score"))
-        ci = self._ci.series(df.get_column("__absd"))
-        self.tau_counts += np.bincount(ti * 3 + cat, minlength=self.tau_counts.size)
-        self.c_counts += np.bincount(ci * 3 + cat, minlength=self.c_counts.size)
-        a = df.get_column("__absd").to_numpy()
-        ok = ~np.isnan(a)
-        if not ok.all():
-            a = a[ok]
-            self.invalid.update(df.filter(pl.Series(~ok)))
-        if a.size:
-            self.a_min = _opt(min, self.a_min, float(a.min()))
-            self.a_max = _opt(max, self.a_max, float(a.max()))
-            _hist_add(self.hist_a, _bit_bins(a))
-            if self.with_d2:
-                q = a * a
-                _hist_add(self.hist_q, _bit_bins(q), self.hist_qs, q)
-        self.seq.update(df)
+def _bit_bin_expr(x: pl.Expr) -> pl.Expr:
+    """Histogram bin (see ``_HIST_SHIFT``) of a non-negative float64 expression, as Int64;
+    -1 for null and NaN: the IEEE-754 bit pattern shifted right (monotone for x >= 0)."""
+    b = x.cast(pl.Float64).reinterpret(dtype=pl.Int64) // (1 << _HIST_SHIFT)
+    return pl.when(x.is_not_nan()).then(b).otherwise(pl.lit(-1, dtype=pl.Int64))
+
+
+_REDUCE = {"or": np.bitwise_or, "and": np.bitwise_and, "sum": np.add, "min": np.minimum,
+           "max": np.maximum}
 
 
 def _hist_add(counts: np.ndarray, bins: np.ndarray, sums: np.ndarray | None = None,
@@ -947,20 +874,223 @@ def _opt(fn: Callable[[float, float], float], a: float | None, b: Any) -> float 
     return float(b) if a is None else fn(a, float(b))
 
 
+def _sorted_counts(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values of a sorted, non-empty 1-d array and their counts."""
+    starts = _run_starts(s)
+    return s[starts], np.diff(np.append(starts, s.size))
+
+
+def _sum_by(keys: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ``keys`` (sorted) and the sum of ``n`` per key (small arrays)."""
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    u, c = _sorted_counts(k)
+    starts = np.append(0, np.cumsum(c)[:-1])
+    return u, np.add.reduceat(n[order], starts)
+
+
+def _step_offset(step: pl.Series, bits: int) -> int | None:
+    """The smallest step of a batch when every step minus it fits ``bits`` bits (integer
+    steps, no null), else None."""
+    if step.null_count() or not step.dtype.is_integer() or step.dtype == pl.UInt64:
+        return None
+    lo, hi = step.min(), step.max()
+    return int(lo) if int(hi) - int(lo) < 1 << bits else None  # type: ignore[arg-type]
+
+
+class _Pending:
+    """Pre-aggregated partial tables handed to a :class:`GroupAgg` some batches at a time:
+    one group-by per about ``rows`` rows instead of one per batch."""
+
+    def __init__(self, acc: GroupAgg, rows: int = 65_536) -> None:
+        self.acc, self.rows = acc, rows
+        self._parts: list[pl.DataFrame] = []
+        self._n = 0
+
+    def add(self, part: pl.DataFrame) -> None:
+        self._parts.append(part)
+        self._n += part.height
+        if self._n >= self.rows:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            self.acc.update(pl.concat(self._parts, how="vertical_relaxed"))
+            self._parts, self._n = [], 0
+
+    def result(self, empty_schema: pl.DataFrame | None = None) -> pl.DataFrame:
+        self.flush()
+        return self.acc.result(empty_schema)
+
+
+def _count_patterns(step: pl.Series, words: np.ndarray, n_bits: int) -> pl.DataFrame:
+    """Rows per (step, pattern words) of a batch: ``step``, ``__w0``..., ``n`` (a polars
+    group-by)."""
+    df = pl.DataFrame({f"__w{j}": words[:, j] for j in range(words.shape[1])})
+    return df.with_columns(step).group_by("step", *df.columns).agg(n=pl.len())
+
+
+_P1 = "__g1_"  # names of the first pass's expressions (computed by the streaming engine)
+_P2 = "__g2_"  # and of the second pass's
+
+
+class _FirstPass:
+    """Pass 1 of :class:`ComparePlan`: totals, entropy range, both sweeps, ``|delta|`` /
+    ``delta^2`` histograms and per-sequence partials (one row per ``seq_key``).
+
+    Every per-token value is one of :attr:`exprs` (the streaming engine computes them during
+    the scan): Int64 keys of the sweeps (``(sweep index * 3 + category) * 2 + ENTR keeps``)
+    and of the histograms, ``|delta|``, the token gates' keep bits packed in words and the
+    sequence gates' per-token partials. Per batch, numpy adds the keys up with ``bincount``
+    and collapses runs of one ``seq_key`` (``ufunc.reduceat``: sums, minima, maxima, OR / AND
+    of the words) before the per-sequence group-by; a batch with a null ``seq_key`` or a
+    null / NaN value to reduce goes through polars' group-by instead (its null-skipping
+    aggregations)."""
+
+    def __init__(self, plan: ComparePlan) -> None:
+        self.plan = plan
+        self.n = 0
+        self.entr_kept = 0
+        self.h_null = 0
+        self.h_max: float | None = None
+        self.h_min_pos: float | None = None
+        self.a_min: float | None = None
+        self.a_max: float | None = None
+        self.tau_counts = np.zeros((plan.taus.size + 1) * 3, dtype=np.int64)
+        self.c_counts = np.zeros((plan.cs.size + 1) * 3, dtype=np.int64)
+        self.hist_a = np.zeros(_HIST_SIZE, dtype=np.int64)
+        self.with_d2 = any(isinstance(g, M2PO) for g in plan.gates)
+        self.hist_q = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.int64)
+        self.hist_qs = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.float64)
+        absd = pl.col("delta").abs()
+        cat = plan.cat.cast(pl.Int64)
+        k0 = plan.entr.keep_expr().fill_null(False).cast(pl.Int64)
+        ex: dict[str, pl.Expr] = {
+            "tk": (_count_above(entr_score_expr(plan.entr.eps), plan.taus).cast(pl.Int64) * 3
+                   + cat) * 2 + k0,
+            "ck": _count_above(absd, plan.cs).cast(pl.Int64) * 3 + cat,
+            "a": absd,
+            "ab": _bit_bin_expr(absd),
+        }
+        if self.with_d2:
+            ex["q"] = absd * absd
+            ex["qb"] = _bit_bin_expr(absd * absd)
+        # token gates' decisions packed in words: per sequence, OR = some token kept,
+        # AND = every token kept
+        words = _pack([plan.all_gates[i].keep_expr() for i in plan.seq_count_idx], _P1 + "w")
+        self.n_words = len(words)
+        #: per-sequence reductions: (output column, batch column, how)
+        self.reduce: list[tuple[str, str, str]] = []
+        for w in range(self.n_words):
+            self.reduce += [(f"__or{w}", f"{_P1}w{w}", "or"), (f"__and{w}", f"{_P1}w{w}", "and")]
+        self.columns = ["seq_key", "entropy"]
+        for name, (e, how) in plan.partials.items():
+            if e.meta.is_column():  # aggregated straight from the input column
+                src = e.meta.output_name()
+                if src not in self.columns:
+                    self.columns.append(src)
+            else:
+                src = f"{_P1}p_{name}"
+                ex[f"p_{name}"] = e
+            self.reduce.append((f"__p_{name}", src, how))
+        self.reduce += [("__amin", f"{_P1}a", "min"), ("__amax", f"{_P1}a", "max")]
+        self.exprs = [*(e.alias(_P1 + k) for k, e in ex.items()), *words]
+        agg = {"or": "bitwise_or", "and": "bitwise_and", "sum": "sum", "count": "count",
+               "min": "min", "max": "max"}
+        #: the per-batch aggregations of a batch polars groups (nulls, NaN) ...
+        self._aggs = [getattr(pl.col(src), agg[how])().alias(out)
+                      for out, src, how in self.reduce]
+        #: ... and the merge of partial rows (a count merges by sum)
+        merge = [getattr(pl.col(out), agg["sum" if how == "count" else how])()
+                 for out, _src, how in self.reduce]
+        self.seq = _Pending(GroupAgg([], ["seq_key"], merge, merge))
+        #: sequences holding tokens with a null / NaN |delta| (never kept by a threshold)
+        self.invalid = GroupAgg([], ["seq_key"], [pl.len().alias("__bad")],
+                                [pl.col("__bad").sum()])
+
+    def update(self, batch: pl.DataFrame) -> None:
+        h = batch.get_column("entropy").cast(pl.Float64)
+        self.h_null += h.null_count() + int(h.is_nan().sum() or 0)
+        self.h_max = _opt(max, self.h_max, h.max())
+        self.h_min_pos = _opt(min, self.h_min_pos, h.filter(h > 0).min())
+        self.n += batch.height
+        tk = np.bincount(batch.get_column(f"{_P1}tk").to_numpy(),
+                         minlength=2 * self.tau_counts.size)
+        self.tau_counts += tk[0::2] + tk[1::2]
+        self.entr_kept += int(tk[1::2].sum())
+        self.c_counts += np.bincount(batch.get_column(f"{_P1}ck").to_numpy(),
+                                     minlength=self.c_counts.size)
+        a = batch.get_column(f"{_P1}a").to_numpy()
+        ab = batch.get_column(f"{_P1}ab").to_numpy()
+        ok = None
+        if int(ab.min()) < 0:  # null / NaN |delta|
+            ok = ab >= 0
+            self.invalid.update(batch.filter(pl.Series(~ok)))
+        runs = self._runs(batch) if ok is None else None
+        if runs is None:
+            runs = batch.group_by("seq_key").agg(self._aggs)
+            sel = a if ok is None else a[ok]
+            if sel.size:
+                self.a_min = _opt(min, self.a_min, float(sel.min()))
+                self.a_max = _opt(max, self.a_max, float(sel.max()))
+        else:
+            self.a_min = _opt(min, self.a_min, float(runs.get_column("__amin").min()))
+            self.a_max = _opt(max, self.a_max, float(runs.get_column("__amax").max()))
+        self.seq.add(runs)
+        if ok is not None:
+            ab = ab[ok]
+            if not ab.size:
+                return
+        _hist_add(self.hist_a, ab)
+        if self.with_d2:
+            qb = batch.get_column(f"{_P1}qb").to_numpy()
+            q = batch.get_column(f"{_P1}q").to_numpy()
+            if ok is not None:
+                qb, q = qb[ok], q[ok]
+            _hist_add(self.hist_q, qb, self.hist_qs, q)
+
+    def _runs(self, batch: pl.DataFrame) -> pl.DataFrame | None:
+        """The batch's rows collapsed per run of one ``seq_key`` (the per-sequence partials
+        of each run), or None when a value to reduce is null or NaN."""
+        sk = batch.get_column("seq_key")
+        if sk.null_count() or any(batch.get_column(src).null_count()
+                                  for _o, src, _h in self.reduce):
+            return None
+        starts = _run_starts(sk.to_numpy())
+        out: dict[str, Any] = {"seq_key": sk.gather(starts)}
+        lengths = None
+        for col, src, how in self.reduce:
+            if how == "count":  # no null: the run's length
+                if lengths is None:
+                    lengths = np.diff(np.append(starts, batch.height))
+                out[col] = lengths
+                continue
+            v = _REDUCE[how].reduceat(batch.get_column(src).to_numpy(), starts)
+            if v.dtype.kind == "f" and np.isnan(v).any():
+                return None
+            out[col] = v
+        return pl.DataFrame(out)
+
+
 class _SecondPass:
     """Pass 2 of :class:`ComparePlan`: token counts by (cell, keep pattern) and by (step,
     keep pattern), a cell being (entropy bin, p bin, staleness bucket, category) and the
     pattern every gate's keep bit (then TIS's truncation bits) packed in words; TIS weight
-    sums per cell; the tokens of each bracketed threshold's bin by exact value."""
+    sums per cell; the tokens of each bracketed threshold's bin by exact value.
+
+    The cell of a token and its token gates' bits are :attr:`exprs`; when the pattern fits
+    one word, one Int64 key ``cell * 2^bits + pattern``. Per batch, the sequence gates' bits
+    are looked up once per run of one ``seq_key`` (a sorted-key search in the per-sequence
+    decisions) and added; keys are counted with ``numpy.unique`` (a sort of few distinct
+    values), TIS's weights summed per cell with ``bincount``. Patterns of more than one
+    word go through a polars group-by on (cell, words)."""
 
     def __init__(self, plan: ComparePlan, e_edges: np.ndarray, cuts: Sequence[_Cut],
                  decisions: pl.DataFrame | None) -> None:
         self.plan = plan
         self.rows = 0
-        self.columns = ["seq_key", "delta", "entropy", "infer_logprob"] + [
-            c for c in ("step", "staleness") if c in plan.schema
-        ]
-        self.decisions = decisions
+        self.has_step = plan.has_step
+        self.columns = ["seq_key"] + (["step"] if plan.has_step else [])
         self.n_eb, self.n_pb = len(e_edges) - 1, len(plan.p_e) - 1
         self.n_cells = self.n_eb * self.n_pb * _N_SB * 3
         gates = plan.all_gates
@@ -971,86 +1101,168 @@ class _SecondPass:
             if i in cut_of:
                 bits.append(cut_of[i].sure_keep_expr())
             elif isinstance(g, SequenceGate):
-                bits.append(pl.lit(False))  # from the joined per-sequence words
+                bits.append(pl.lit(False))  # from the per-sequence decisions
             else:
                 bits.append(g.keep_expr())
         self.tis = [i for i, g in enumerate(gates) if isinstance(g, TIS)]
         bits += [gates[i].truncated_expr() for i in self.tis]  # type: ignore[attr-defined]
         self.n_bits = len(bits)
-        words = _pack(bits, "__w")
-        if decisions is not None:  # sequence gates' bits, packed at the same positions
-            n_dec = -(-len(gates) // _WORD)
-            words = [
-                (w + pl.col(f"__sw{j}").fill_null(0)).alias(f"__w{j}") if j < n_dec else w
-                for j, w in enumerate(words)
-            ]
-        self.word_cols = [f"__w{j}" for j in range(len(words))]
+        words = _pack(bits, _P2 + "w")
+        self.n_words = len(words)
+        #: one Int64 key per token: cell * 2^bits + pattern
+        self.packed = self.n_words == 1 and self.n_cells << self.n_bits < 1 << 62
         if plan.has_stale:
             s = pl.col("staleness")
             chain = None
             for j, (_lab, lo_, hi_) in enumerate(STALENESS_BUCKETS):
                 cond = (s >= lo_) & (s <= hi_)
                 chain = (pl.when(cond) if chain is None else chain.when(cond)).then(
-                    pl.lit(j, dtype=pl.Int32)
+                    pl.lit(j, dtype=pl.Int64)
                 )
-            sb = chain.otherwise(pl.lit(_N_SB - 1, dtype=pl.Int32))  # type: ignore[union-attr]
+            sb = chain.otherwise(pl.lit(_N_SB - 1, dtype=pl.Int64))  # type: ignore[union-attr]
         else:
-            sb = pl.lit(_N_SB - 1, dtype=pl.Int32)
-        self._eb = _Searcher(e_edges[1:-1], "right")
-        self._pb = _Searcher(plan.p_e[1:-1], "right")
-        extra: list[pl.Expr] = []
-        sums: list[pl.Expr] = []
+            sb = pl.lit(_N_SB - 1, dtype=pl.Int64)
+        eb = _bin_index(pl.col("entropy").cast(pl.Float64), e_edges).cast(pl.Int64)
+        pb = _bin_index(pl.col("infer_logprob").exp().cast(pl.Float64), plan.p_e).cast(pl.Int64)
+        code = (eb * self.n_pb + pb) * (_N_SB * 3) + sb * 3 + plan.cat.cast(pl.Int64)
+        ex: dict[str, pl.Expr] = {}
+        if self.packed:
+            ex["K"] = code * (1 << self.n_bits) + words[0].cast(pl.Int64)
+            self.exprs = []
+        else:
+            ex["code"] = code
+            self.exprs = list(words)
         for i in self.tis:
             g = gates[i]
             assert isinstance(g, TIS)
-            extra += [g.removed_mass_expr().alias(f"rmass{i}"),
-                      pl.col("delta").exp().alias(f"rsum{i}")]
-            sums += [pl.col(f"rmass{i}").sum(), pl.col(f"rsum{i}").sum()]
+            # null weights add nothing (as polars' sum skips them)
+            ex[f"rmass{i}"] = g.removed_mass_expr().fill_null(0.0)
+            ex[f"rsum{i}"] = pl.col("delta").exp().fill_null(0.0)
         for j, c in enumerate(self.bracketed):
-            extra.append(_cut_value(c.kind).alias(f"__v{j}"))
-        if self.bracketed:
-            extra.append(bits[0].fill_null(False).alias("__k0"))
-        self._select = [
-            pl.col("entropy").alias("__h"),
-            pl.col("infer_logprob").exp().alias("__p"),
-            (sb * 3 + plan.cat.cast(pl.Int32)).alias("__sc"),
-            plan.step_expr,
-            *words,
-            *extra,
-        ]
-        self.cells = GroupAgg([], ["__code", *self.word_cols], [pl.len().alias("n"), *sums],
-                              [pl.col("n").sum(), *sums])
-        self.steps = GroupAgg([], ["step", *self.word_cols], [pl.len().alias("n")],
-                              [pl.col("n").sum()])
+            ex[f"v{j}"] = _cut_value(c.kind)
+        self.exprs += [e.alias(_P2 + k) for k, e in ex.items()]
+        self.tis_sums = np.zeros((len(self.tis), 2, self.n_cells))
+        # the sequence gates' bits (packed at their gates' positions), by sorted seq_key
+        self.dec_keys = self.dec_words = None
+        if decisions is not None:
+            d = decisions.drop_nulls("seq_key").sort("seq_key")
+            self.decisions = decisions
+            self.dec_keys = d.get_column("seq_key").to_numpy()
+            self.dec_words = _words(d, "__sw")
+        wcols = [f"__w{j}" for j in range(self.n_words)]
+        #: bits of the cell key ``cell * 2^bits + pattern``
+        self.k_bits = (self.n_cells << self.n_bits).bit_length()
+        n_sum = [pl.col("n").sum()]
+        self.cells = _Pending(GroupAgg([], ["__K"] if self.packed else ["__code", *wcols],
+                                       n_sum, n_sum))
+        self.steps = _Pending(GroupAgg([], ["step", *wcols], n_sum, n_sum))
         self.bound: list[list[pl.DataFrame]] = [[] for _ in self.bracketed]
+
+    def _seq_words(self, batch: pl.DataFrame) -> np.ndarray:
+        """The sequence gates' decision words of every row, ``(rows, words)`` uint64: one
+        search per run of one ``seq_key``; a sequence not in the table gets 0."""
+        assert self.dec_keys is not None and self.dec_words is not None
+        sk_s = batch.get_column("seq_key")
+        n_dec = self.dec_words.shape[1]
+        if sk_s.null_count() or not self.dec_keys.size:
+            j = sk_s.to_frame().join(self.decisions, on="seq_key", how="left",
+                                     maintain_order="left")
+            return _words(j.fill_null(0), "__sw").reshape(batch.height, n_dec)
+        sk = sk_s.to_numpy()
+        starts = _run_starts(sk)
+        rk = sk[starts]
+        idx = np.minimum(np.searchsorted(self.dec_keys, rk), self.dec_keys.size - 1)
+        w = np.where((self.dec_keys[idx] == rk)[:, None], self.dec_words[idx], np.uint64(0))
+        lengths = np.diff(np.append(starts, sk.size))
+        if n_dec == 1:  # a 1-d repeat is cheaper
+            return np.repeat(w[:, 0], lengths).reshape(-1, 1)
+        return np.repeat(w, lengths, axis=0)
 
     def update(self, batch: pl.DataFrame) -> None:
         self.rows += batch.height
-        lf = batch.lazy()
-        if self.decisions is not None:
-            lf = lf.join(self.decisions.lazy(), on="seq_key", how="left")
-        df = lf.select(self._select).collect()
-        eb = self._eb.series(df.get_column("__h"))
-        pb = self._pb.series(df.get_column("__p"))
-        sc = df.get_column("__sc").to_numpy()
-        code = (eb * self.n_pb + pb) * (_N_SB * 3) + sc
-        df = df.with_columns(pl.Series("__code", code, dtype=pl.Int64))
-        self.cells.update(df)
-        self.steps.update(df)
+        nb = self.n_bits
+        dec = self._seq_words(batch) if self.dec_keys is not None else None
+        step = batch.get_column("step") if self.has_step else None
+        if not self.packed:
+            self._update_words(batch, dec, step)
+            return
+        # key = (step - lo) * 2^kb + cell * 2^nb + pattern: one sort counts both tables
+        kb = self.k_bits
+        lo = _step_offset(step, 62 - kb) if step is not None else None
+        K0 = batch.get_column(f"{_P2}K").to_numpy()
+        if lo is not None:
+            assert step is not None
+            key = step.to_numpy().astype(np.int64)
+            key -= lo
+            key <<= kb
+            key += K0
+        else:
+            key = K0.copy()
+        if dec is not None:
+            key += dec[:, 0].view(np.int64)
+        if self.tis or self.bracketed:
+            code = key >> nb
+            if lo is not None:
+                code &= (1 << (kb - nb)) - 1
+            self._tis_and_bound(batch, code, key & 1, step)
+        if step is not None and lo is None:  # steps not in the key: polars counts them
+            w = (key & ((1 << nb) - 1)).view(np.uint64).reshape(-1, 1)
+            self.steps.add(_count_patterns(step, w, nb))
+        key.sort()
+        u, n = _sorted_counts(key)
+        if lo is None:
+            self.cells.add(pl.DataFrame({"__K": u, "n": n}))
+            return
+        ku, kn = _sum_by(u & ((1 << kb) - 1), n)
+        self.cells.add(pl.DataFrame({"__K": ku, "n": kn}))
+        su, sn = _sum_by(((u >> kb) << nb) | (u & ((1 << nb) - 1)), n)
+        assert step is not None
+        self.steps.add(pl.DataFrame({
+            "step": pl.Series((su >> nb) + lo).cast(step.dtype),
+            "__w0": (su & ((1 << nb) - 1)).view(np.uint64),
+            "n": sn,
+        }))
+
+    def _update_words(self, batch: pl.DataFrame, dec: np.ndarray | None,
+                      step: pl.Series | None) -> None:
+        """:meth:`update` for patterns of more than one word (a polars group-by)."""
+        code = batch.get_column(f"{_P2}code").to_numpy()
+        words = _words(batch, f"{_P2}w")
+        if dec is not None:
+            words[:, : dec.shape[1]] += dec
+        wdf = pl.DataFrame({f"__w{j}": words[:, j] for j in range(self.n_words)})
+        self.cells.add(wdf.with_columns(pl.Series("__code", code)).group_by(
+            "__code", *wdf.columns).agg(n=pl.len()))
+        if step is not None:
+            self.steps.add(_count_patterns(step, words, self.n_bits))
+        self._tis_and_bound(batch, code, words[:, 0] & np.uint64(1), step)
+
+    def _tis_and_bound(self, batch: pl.DataFrame, code: np.ndarray, k0: np.ndarray,
+                       step: pl.Series | None) -> None:
+        """TIS's weight sums per cell; the tokens of the bracketed bins by exact value."""
+        for t, i in enumerate(self.tis):
+            for s, name in enumerate(("rmass", "rsum")):
+                self.tis_sums[t, s] += np.bincount(
+                    code, weights=batch.get_column(f"{_P2}{name}{i}").to_numpy(),
+                    minlength=self.n_cells)
         for j, c in enumerate(self.bracketed):
-            v = df.get_column(f"__v{j}").to_numpy()
+            v = batch.get_column(f"{_P2}v{j}").to_numpy()
             inside = (v >= c.lo) & (v <= c.hi)
             if inside.any():
-                sel = df.select("__code", "__k0", "step", pl.col(f"__v{j}").alias("v"))
-                self.bound[j].append(
-                    sel.filter(pl.Series(inside)).group_by("__code", "__k0", "step", "v")
-                    .agg(n=pl.len())
-                )
+                sel = pl.DataFrame({
+                    "__code": code[inside],
+                    "__k0": k0[inside].astype(bool),
+                    "step": (step.filter(pl.Series(inside)) if step is not None
+                             else pl.zeros(int(inside.sum()), dtype=pl.Int64, eager=True)),
+                    "v": v[inside],
+                })
+                self.bound[j].append(sel.group_by("__code", "__k0", "step", "v").agg(n=pl.len()))
 
     def tables(self) -> tuple[list[str], np.ndarray, pl.DataFrame]:
         """After the pass: the columns ``n``, ``kept{i}``, ``both{i}`` (i > 0) and TIS's
         ``trunc{i}``, ``rmass{i}``, ``rsum{i}`` per cell, as one ``(columns, cells)`` float
-        array, and the per-step counts ``step``, ``n``, ``kept{i}``."""
+        array, and the per-step counts ``step``, ``n``, ``kept{i}`` (no row without a
+        ``step`` column)."""
         n_g = len(self.plan.all_gates)
         cols = ["n"] + [f"kept{i}" for i in range(n_g)] + [f"both{i}" for i in range(1, n_g)]
         for i in self.tis:
@@ -1058,9 +1270,14 @@ class _SecondPass:
         out = np.zeros((len(cols), self.n_cells), dtype=np.float64)
         ix = {c: j for j, c in enumerate(cols)}
         t = self.cells.result()
-        code = t.get_column("__code").to_numpy().astype(np.int64)
         n = t.get_column("n").to_numpy().astype(np.float64)
-        words = _words(t, "__w")
+        if self.packed:
+            K = t.get_column("__K").to_numpy()
+            code = K >> self.n_bits
+            words = (K & ((1 << self.n_bits) - 1)).astype(np.uint64).reshape(-1, 1)
+        else:
+            code = t.get_column("__code").to_numpy().astype(np.int64)
+            words = _words(t, "__w")
         size = self.n_cells
 
         def add(col: str, weights: np.ndarray) -> None:
@@ -1075,9 +1292,10 @@ class _SecondPass:
                 add(f"both{i}", n * (ki & k0))
         for j, i in enumerate(self.tis):
             add(f"trunc{i}", n * _bit(words, n_g + j))
-            add(f"rmass{i}", t.get_column(f"rmass{i}").to_numpy())
-            add(f"rsum{i}", t.get_column(f"rsum{i}").to_numpy())
-        st = self.steps.result()
+            out[ix[f"rmass{i}"]] = self.tis_sums[j, 0]
+            out[ix[f"rsum{i}"]] = self.tis_sums[j, 1]
+        st = self.steps.result(pl.DataFrame(schema={"step": pl.Int64, "__w0": pl.UInt64,
+                                                    "n": pl.Int64}))
         sw = _words(st, "__w")
         sn = st.get_column("n").to_numpy().astype(np.int64)
         steps = st.select("step").with_columns(
