@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ import polars as pl
 from scipy import stats
 
 from entr_diag.errors import ParameterError
+from entr_diag.metrics import PartialRows, column, has_nulls, run_starts
 from entr_diag.passes import Accumulator, GroupAgg, run_pass
 
 __all__ = [
@@ -294,21 +295,101 @@ def _merged(acc: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
     return acc.result(empty_schema=lf.group_by(acc.keys).agg(acc.aggs).collect())
 
 
+#: prefix of the per-token key the streaming engine computes for :class:`_TokenTables`
+_FX = "_fx_"
+#: at most this many slots in each dense table of :class:`_TokenTables`: (bin, step,
+#: staleness) cells and (bin, staleness, block) blocks; above, polars group-bys
+_DENSE_MAX_SLOTS = 400_000
+
+
+def _slot_expr(col: str, values: Sequence[int]) -> pl.Expr:
+    """Int64 index of ``col`` in ``values`` (sorted, distinct), -1 for a null or a value not
+    listed."""
+    c, n = pl.col(col), len(values)
+    if n and list(values) == list(range(values[0], values[0] + n)):
+        i = c - values[0]
+        return pl.when((i >= 0) & (i < n)).then(i).otherwise(-1).fill_null(-1)
+    return c.replace_strict(list(values), list(range(n)), default=-1, return_dtype=pl.Int64)
+
+
+def _small_int(values: Sequence[int]) -> pl.DataType:
+    """The smallest signed integer dtype holding ``values``."""
+    lo, hi = min(values, default=0), max(values, default=0)
+    for dt, bits in ((pl.Int8, 8), (pl.Int16, 16), (pl.Int32, 32)):
+        if -(1 << (bits - 1)) <= lo and hi < (1 << (bits - 1)):
+            return dt
+    return pl.Int64
+
+
+@dataclass(frozen=True)
+class _Slots:
+    """Dense layout of the token-pass keys, from the accounting: the step values and the
+    staleness values (a single 0 for an absent column, as the derived ``_step`` /
+    ``_stale`` constants). A token whose step or staleness is null or not listed, or whose
+    bin is null, has no slot (its batch takes the group-by path)."""
+
+    steps: tuple[int, ...]
+    stales: tuple[int, ...]
+
+    @property
+    def ns(self) -> int:
+        return len(self.steps)
+
+    @property
+    def nt(self) -> int:
+        return len(self.stales)
+
+    def sub(self, names: set[str]) -> pl.Expr:
+        """Int32 (bin, staleness) slot ``bin * nt + staleness index`` of a token, -1 for
+        none."""
+        b = (_bin_expr() if "entropy" in names else pl.lit(0, dtype=pl.Int32)).cast(pl.Int64)
+        ti = (_slot_expr("staleness", self.stales) if "staleness" in names
+              else pl.lit(0, dtype=pl.Int64))
+        return (pl.when(ti >= 0).then(b * self.nt + ti).otherwise(-1).fill_null(-1)
+                .cast(pl.Int32))
+
+
+def _dense_slots(ctx: Any) -> _Slots | None:
+    """The dense layout when the accounting lists the steps and staleness values and the
+    tables stay within :data:`_DENSE_MAX_SLOTS`; else None (group-bys)."""
+    acc = getattr(ctx.ds, "accounting", None)
+    if acc is None:
+        return None
+    steps, stales = (0,), (0,)
+    if ctx.has("step"):
+        if acc.steps is None:
+            return None
+        steps = tuple(sorted(set(acc.steps)))
+    if ctx.has("staleness"):
+        if acc.staleness is None:
+            return None
+        stales = tuple(sorted(acc.staleness))
+    s = _Slots(steps, stales)
+    if not s.ns or not s.nt or max(N_BINS * s.ns * s.nt,
+                                   N_BINS * s.nt * N_BLOCKS) > _DENSE_MAX_SLOTS:
+        return None
+    return s
+
+
 class _SeqTables:
-    """Token-pass accumulator of the sequence-level checks (on a batch with the
-    :class:`_Derived` columns). Per batch, one group-by per (sequence, entropy bin,
-    staleness); its rows are split into
+    """The tables of the sequence-level checks:
 
     - ``bins``: n, sum H, sum delta^2 per (seq_key, bin, _stale), kept as partial rows (a
       key may repeat across batches; readers only sum them over coarser keys), merged when
-      they exceed ``compact_rows`` and twice the last merged table; memory O(sequences x bins), 40 bytes a row;
+      they exceed ``compact_rows`` and twice the last merged table; memory O(sequences x
+      bins), about 30 bytes a row from :class:`_TokenTables` (small integer dtypes for bin
+      and staleness);
     - ``seqs``: per sequence seq_id, n, sums of |delta|, delta^2, H and the count of H,
       merged by addition, and the last valid position ``pos_max`` (corrupt rows), merged by
-      max (a :class:`GroupAgg` fed with the batch's rows).
+      max.
+
+    As an accumulator (the group-by path, inside :class:`_Derived`): one polars group-by
+    per (sequence, entropy bin, staleness) and batch. With a dense layout,
+    :class:`_TokenTables` adds the rows it reduced with numpy.
     """
 
-    columns = ("seq_key", "seq_id", "entropy", "staleness", "delta", "position")
     _KEYS = ("seq_key", "bin", "_stale")
+    columns = ("seq_key", "seq_id", "entropy", "staleness", "delta", "position")
 
     def __init__(self, compact_rows: int = 8_000_000) -> None:
         self.compact_rows = compact_rows
@@ -324,23 +405,27 @@ class _SeqTables:
             d.abs().sum().alias("sad"),
             pl.col("position").max().alias("pos_max"),
         ]
-        sums = [pl.col(c).cast(pl.Int64).sum() for c in ("n", "nh")] + [
-            pl.col(c).sum() for c in ("sh", "sd2", "sad")]
-        pos_max = pl.col("pos_max").max()
-        self.seqs = GroupAgg(
-            ["seq_key"], ["seq_key"], [pl.col("seq_id").first(), *sums, pos_max],
-            [pl.col("seq_id").first(), *_sums(("n", "nh", "sh", "sd2", "sad")), pos_max])
+        self.seqs = PartialRows(
+            ["seq_key"], [pl.col("seq_id").first(), *_sums(("n", "nh", "sh", "sd2", "sad")),
+                          pl.col("pos_max").max()])
 
     def update(self, batch: pl.DataFrame) -> None:
-        p = batch.lazy().group_by(self._KEYS).agg(self._aggs).collect()
-        self.seqs.update(p)
-        self._parts.append(p.select(*self._KEYS, "n", "sh", "sd2"))
+        """A batch with the :class:`_Derived` columns, by a polars group-by."""
+        p = batch.group_by(self._KEYS).agg(self._aggs)
+        self.seqs.add(p.group_by("seq_key").agg(
+            pl.col("seq_id").first(), *[pl.col(c).cast(pl.Int64).sum() for c in ("n", "nh")],
+            *_sums(("sh", "sd2", "sad")), pl.col("pos_max").max()))
+        self.add_bins(p.select(*self._KEYS, "n", "sh", "sd2"))
+
+    def add_bins(self, p: pl.DataFrame) -> None:
+        """Partial (seq_key, bin, _stale) rows n, sh, sd2."""
+        self._parts.append(p)
         self._rows += p.height
         # merged when the partial rows exceed compact_rows and twice the last merged table
         # (a table of many keys is not re-merged at every batch: linear work)
         if (self._rows > max(self.compact_rows, 2 * self._merged_rows)
                 and len(self._parts) > 1):
-            merged = pl.concat(self._parts).group_by(self._KEYS).agg(
+            merged = pl.concat(self._parts, how="vertical_relaxed").group_by(self._KEYS).agg(
                 pl.col("n", "sh", "sd2").sum())
             self._parts, self._rows = [merged], merged.height
             self._merged_rows = merged.height
@@ -350,33 +435,222 @@ class _SeqTables:
         that saw no row."""
         if not self._parts:
             self.update(empty)
-        bins = self._parts[0] if len(self._parts) == 1 else pl.concat(self._parts)
+        # the partial tables as chunks of one frame (no copy)
+        bins = pl.concat(self._parts, how="vertical_relaxed", rechunk=False)
         self._parts = [bins]
         return bins, self.seqs.result()
 
 
+def _derive(names: set[str]) -> list[pl.Expr]:
+    """The columns the forensics group by (entropy bin, step, staleness, entropy, sequence
+    block), constants for an absent column."""
+    return [
+        _bin_expr() if "entropy" in names else pl.lit(0, dtype=pl.Int32).alias("bin"),
+        (pl.col("step") if "step" in names else pl.lit(0, dtype=pl.Int64)).alias("_step"),
+        (pl.col("staleness") if "staleness" in names
+         else pl.lit(0, dtype=pl.Int64)).alias("_stale"),
+        (pl.col("entropy") if "entropy" in names else pl.lit(0.0)).alias("_h"),
+        (pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block"),
+    ]
+
+
 class _Derived:
-    """Adds the columns the forensics group by (entropy bin, step, staleness, entropy,
-    sequence block) to each batch once, then feeds it to the inner accumulators."""
+    """Adds the columns the forensics group by (:func:`_derive`) to each batch once, then
+    feeds it to the inner accumulators (the group-by path)."""
 
     def __init__(self, names: set[str], inner: Sequence[Accumulator]) -> None:
         self.inner = list(inner)
         self.columns = list(dict.fromkeys(c for a in self.inner for c in a.columns))
-        #: entropy bin, step, staleness, entropy and sequence block of each row (constants
-        #: for an absent column)
-        self.derive = [
-            _bin_expr() if "entropy" in names else pl.lit(0, dtype=pl.Int32).alias("bin"),
-            (pl.col("step") if "step" in names else pl.lit(0, dtype=pl.Int64)).alias("_step"),
-            (pl.col("staleness") if "staleness" in names
-             else pl.lit(0, dtype=pl.Int64)).alias("_stale"),
-            (pl.col("entropy") if "entropy" in names else pl.lit(0.0)).alias("_h"),
-            (pl.col("seq_key") % N_BLOCKS).cast(pl.Int32).alias("block"),
-        ]
+        self.derive = _derive(names)
 
     def update(self, batch: pl.DataFrame) -> None:
         b = batch.with_columns(self.derive)
         for acc in self.inner:
             acc.update(b)
+
+
+class _TokenTables:
+    """Token-pass accumulator of the forensics tables on a dense layout (:class:`_Slots`):
+    the (bin, step, staleness) cell sums, the (bin, staleness, block) block sums and the
+    sequence tables (:class:`_SeqTables`), each when given.
+
+    The (bin, staleness) slot of each token is computed by the streaming engine
+    (:attr:`exprs`). Per batch, numpy reduces the tokens to (run, bin, staleness) slots with
+    ``bincount`` (a run: consecutive tokens of one sequence, so one step and one block; the
+    tokens of a sequence are usually contiguous, a batch holds a few thousand runs); the
+    cells, blocks and sequence rows are sums of those few slots. A batch with a null, a
+    step or staleness the accounting did not list (never on a validated frame) takes the
+    group-by path: ``cells_fb`` / ``blocks_fb`` and the group-by of ``seq``, on the
+    :class:`_Derived` columns; :meth:`cells` / :meth:`blocks` merge their tables.
+    """
+
+    def __init__(self, names: set[str], slots: _Slots, floor: bool,
+                 cells_fb: GroupAgg | None, blocks_fb: GroupAgg | None,
+                 seq: _SeqTables | None) -> None:
+        self.slots, self.floor = slots, floor
+        self.has_step = "step" in names
+        self.cells_fb, self.blocks_fb, self.seq = cells_fb, blocks_fb, seq
+        self.columns = ["seq_key", "entropy", "step", "staleness", "delta"]
+        if blocks_fb is not None or floor:
+            self.columns.append("train_logprob")
+        if blocks_fb is not None:
+            self.columns.append("infer_logprob")
+        if floor:
+            self.columns.append("train_logprob_recompute")
+        if seq is not None:
+            self.columns += ["seq_id", "position"]
+        self._nulls = [c for c in self.columns if c != "train_logprob_recompute"]
+        self.derive = _derive(names)
+        self.exprs = [slots.sub(names).alias(_FX + "sub")]
+        self._steps = np.array(slots.steps, dtype=np.int64)
+        self._stale_of = pl.Series("_stale", slots.stales, dtype=_small_int(slots.stales))
+        #: the weights summed per slot
+        self._w = ["sh", "sd2"]
+        if cells_fb is not None:
+            self._w += ["sd", "sad", "nneg", *(_FLOOR_COLS if floor else ())]
+        if blocks_fb is not None:
+            self._w += list(_BLOCK_COLS)
+        if seq is not None:
+            self._w.append("sad")
+        self._w = list(dict.fromkeys(self._w))
+        self._cells = ({c: np.zeros(N_BINS * slots.ns * slots.nt)
+                        for c in ("n", *_CELL_COLS, *(_FLOOR_COLS if floor else ()))}
+                       if cells_fb is not None else None)
+        self._blocks = ({c: np.zeros(N_BINS * slots.nt * N_BLOCKS) for c in ("n", *_BLOCK_COLS)}
+                        if blocks_fb is not None else None)
+        self._fallback = False
+        self._buf = np.empty(0)
+
+    def _grouped(self, batch: pl.DataFrame) -> None:
+        b = batch.with_columns(self.derive)
+        for acc in (self.cells_fb, self.blocks_fb, self.seq):
+            if acc is not None:
+                acc.update(b)
+        self._fallback = True
+
+    def _terms(self, batch: pl.DataFrame) -> Iterator[tuple[str, np.ndarray]]:
+        """(name, per-token weight) for each slot sum; a weight is valid until the next one
+        is drawn (computed in one reused buffer)."""
+        d = column(batch, "delta")
+        x = column(batch, "train_logprob") if "train_logprob" in self.columns else None
+        y = column(batch, "infer_logprob") if "infer_logprob" in self.columns else None
+        if self._buf.size < d.size:
+            self._buf = np.empty(d.size)
+        buf = self._buf[:d.size]
+        ok = e = None
+        if self.floor:
+            assert x is not None
+            rc = column(batch, "train_logprob_recompute")
+            ok = np.isfinite(rc)
+            e = np.where(ok, x - rc, 0.0)
+        fns: dict[str, Callable[[], np.ndarray]] = {
+            "sh": lambda: (column(batch, "entropy") if "entropy" in batch.columns
+                           else np.zeros(d.size)),
+            "sd": lambda: d, "sd2": lambda: np.multiply(d, d, out=buf),
+            "sad": lambda: np.abs(d, out=buf), "nneg": lambda: np.less(d, 0.0, out=buf),
+            "f_n": lambda: ok.astype(np.float64), "f_e2": lambda: e * e,
+            "f_d2": lambda: np.where(ok, d * d, 0.0), "f_ae": lambda: np.abs(e),
+            "f_ad": lambda: np.where(ok, np.abs(d), 0.0),
+            "sx": lambda: x, "sy": lambda: y, "sxx": lambda: np.multiply(x, x, out=buf),
+            "syy": lambda: np.multiply(y, y, out=buf), "sxy": lambda: np.multiply(x, y, out=buf),
+        }
+        for name in self._w:
+            yield name, fns[name]()
+
+    def update(self, batch: pl.DataFrame) -> None:
+        sub = column(batch, _FX + "sub")
+        if has_nulls(batch, self._nulls) or int(sub.min()) < 0:
+            self._grouped(batch)
+            return
+        s = self.slots
+        starts = run_starts(batch, ["seq_key", "step"] if self.has_step else ["seq_key"])
+        si = np.zeros(starts.size, dtype=np.int64)  # step index of each run
+        if self.has_step:
+            sv = column(batch, "step")[starts]
+            si = np.minimum(np.searchsorted(self._steps, sv), s.ns - 1)
+            if not np.array_equal(self._steps[si], sv):  # a step the accounting did not list
+                self._grouped(batch)
+                return
+        # slot of a token: run * m + rank of its (bin, staleness) among those of the batch
+        nsub = N_BINS * s.nt
+        ids = np.flatnonzero(np.bincount(sub, minlength=nsub))
+        m = ids.size
+        rank = np.zeros(nsub, dtype=np.int64)
+        rank[ids] = np.arange(m)
+        k = np.zeros(sub.size, dtype=np.int64)
+        k[starts[1:]] = m
+        np.cumsum(k, out=k)
+        k += rank[sub]
+        size = starts.size * m
+        cnt = np.bincount(k, minlength=size)
+        nz = np.flatnonzero(cnt)
+        sums = {"n": cnt[nz].astype(np.float64)}
+        for name, w in self._terms(batch):
+            sums[name] = np.bincount(k, weights=w, minlength=size)[nz]
+        run, sb = nz // m, ids[nz % m]  # run and (bin, staleness) of each slot
+        bin_, ti = sb // s.nt, sb % s.nt
+        sk = column(batch, "seq_key")[starts]
+        if self._cells is not None:
+            self._add(self._cells, ((bin_ * s.ns + si[run]) * s.nt + ti), sums)
+        if self._blocks is not None:
+            self._add(self._blocks, sb * N_BLOCKS + (sk % N_BLOCKS).astype(np.int64)[run], sums)
+        if self.seq is not None:
+            self._add_seq(batch, starts, sk, run, bin_, ti, sums)
+
+    @staticmethod
+    def _add(table: dict[str, np.ndarray], key: np.ndarray, sums: dict[str, np.ndarray]
+             ) -> None:
+        for c, acc in table.items():
+            acc += np.bincount(key, weights=sums[c], minlength=acc.size)
+
+    def _add_seq(self, batch: pl.DataFrame, starts: np.ndarray, sk: np.ndarray,
+                 run: np.ndarray, bin_: np.ndarray, ti: np.ndarray,
+                 sums: dict[str, np.ndarray]) -> None:
+        assert self.seq is not None
+        self.seq.add_bins(pl.DataFrame({
+            "seq_key": sk[run], "bin": bin_.astype(np.int8),
+            "_stale": self._stale_of.gather(ti), "n": sums["n"].astype(np.int32),
+            "sh": sums["sh"], "sd2": sums["sd2"]}))
+        first = np.flatnonzero(np.diff(run, prepend=-1))  # first slot of each run
+        length = np.diff(np.append(starts, batch.height)).astype(np.int64)
+        self.seq.seqs.add(pl.DataFrame({
+            "seq_key": sk, "seq_id": batch["seq_id"].gather(pl.Series(starts)),
+            "n": length, "nh": length,
+            **{c: np.add.reduceat(sums[c], first) for c in ("sh", "sd2", "sad")},
+            "pos_max": np.maximum.reduceat(column(batch, "position"), starts)}))
+
+    def _table(self, sums: dict[str, np.ndarray], keys: dict[str, Callable[[np.ndarray], Any]],
+               ints: Sequence[str], fb: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
+        nz = np.flatnonzero(sums["n"])
+        cols: dict[str, Any] = {k: f(nz) for k, f in keys.items()}
+        for c, v in sums.items():
+            cols[c] = pl.Series(c, np.rint(v[nz]).astype(np.int64) if c in ints else v[nz])
+        out = pl.DataFrame(cols)
+        if self._fallback:  # batches that took the group-by path: merged with their table
+            out = (pl.concat([out, _merged(fb, empty)], how="vertical_relaxed")
+                   .group_by(list(keys)).agg(_sums(sums)))
+        return out
+
+    def cells(self, empty: pl.DataFrame) -> pl.DataFrame:
+        """Rows per (bin, _step, _stale) with a token, as the group-by of the cells."""
+        assert self._cells is not None and self.cells_fb is not None
+        s = self.slots
+        steps = pl.Series("_step", s.steps, dtype=pl.Int64)
+        stales = pl.Series("_stale", s.stales, dtype=pl.Int64)
+        keys = {"bin": lambda i: pl.Series("bin", i // (s.ns * s.nt), dtype=pl.Int32),
+                "_step": lambda i: steps.gather(i // s.nt % s.ns),
+                "_stale": lambda i: stales.gather(i % s.nt)}
+        return self._table(self._cells, keys, ("n", "nneg", "f_n"), self.cells_fb, empty)
+
+    def blocks(self, empty: pl.DataFrame) -> pl.DataFrame:
+        """Rows per (bin, block, _stale) with a token, as the group-by of the blocks."""
+        assert self._blocks is not None and self.blocks_fb is not None
+        s = self.slots
+        stales = pl.Series("_stale", s.stales, dtype=pl.Int64)
+        keys = {"bin": lambda i: pl.Series("bin", i // (s.nt * N_BLOCKS), dtype=pl.Int32),
+                "block": lambda i: pl.Series("block", i % N_BLOCKS, dtype=pl.Int32),
+                "_stale": lambda i: stales.gather(i // N_BLOCKS % s.nt)}
+        return self._table(self._blocks, keys, ("n",), self.blocks_fb, empty)
 
 
 class _Ctx:
@@ -1857,8 +2131,24 @@ class ForensicsPlan:
         cells_aggs = [n, *_cell_aggs(floor)]
         cell_vals = [*_CELL_COLS, *(_FLOOR_COLS if floor else ())]
         self._joint = self._cells = self._blocks = None
+        self._dense: _TokenTables | None = None
+        self._cell_vals = cell_vals
+        cells_acc = GroupAgg(cell_cols, ["bin", "_step", "_stale"], cells_aggs,
+                             _sums(["n", *cell_vals]))
+        blocks_acc = GroupAgg(block_cols, ["bin", "block", "_stale"], [n, *_block_aggs()],
+                              _sums(["n", *_BLOCK_COLS]))
+        slots = _dense_slots(ctx) if need & {"cells", "blocks", "seqbins"} else None
+        self.accumulators: list[Accumulator] = []
         inner: list[Accumulator] = []
-        if "cells" in need and "blocks" in need and ctx._joint_rows_bound() <= _JOINT_MAX_ROWS:
+        self._seq: _SeqTables | None = _SeqTables() if "seqbins" in need else None
+        if slots is not None:
+            # dense sums by numpy; the group-by accumulators take the batches outside the
+            # layout (none on a validated frame)
+            self._dense = _TokenTables(ctx.names, slots, floor,
+                                       cells_acc if "cells" in need else None,
+                                       blocks_acc if "blocks" in need else None, self._seq)
+            self.accumulators.append(self._dense)
+        elif "cells" in need and "blocks" in need and ctx._joint_rows_bound() <= _JOINT_MAX_ROWS:
             # sums per (bin, step, staleness, block): both tables are sums of it
             self._joint = GroupAgg(
                 list(dict.fromkeys(cell_cols + block_cols)), ["bin", "_step", "_stale", "block"],
@@ -1866,19 +2156,13 @@ class ForensicsPlan:
             inner.append(self._joint)
         else:
             if "cells" in need:
-                self._cells = GroupAgg(cell_cols, ["bin", "_step", "_stale"], cells_aggs,
-                                       _sums(["n", *cell_vals]))
+                self._cells = cells_acc
                 inner.append(self._cells)
             if "blocks" in need:
-                self._blocks = GroupAgg(block_cols, ["bin", "block", "_stale"],
-                                        [n, *_block_aggs()], _sums(["n", *_BLOCK_COLS]))
+                self._blocks = blocks_acc
                 inner.append(self._blocks)
-        self._cell_vals = cell_vals
-        self._seq: _SeqTables | None = None
-        if "seqbins" in need:
-            self._seq = _SeqTables()
+        if self._seq is not None and slots is None:
             inner.append(self._seq)
-        self.accumulators: list[Accumulator] = []
         if inner:
             self.accumulators.append(_Derived(ctx.names, inner))
         if self.misalign is not None:
@@ -1930,7 +2214,12 @@ class ForensicsPlan:
     def _tables(self) -> None:
         ctx = self.ctx
         # a typed empty batch with the derived columns, for tables of a pass that saw no row
-        empty = pl.DataFrame(schema=self._schema).with_columns(_Derived(ctx.names, []).derive)
+        empty = pl.DataFrame(schema=self._schema).with_columns(_derive(ctx.names))
+        if self._dense is not None:
+            if self._dense.cells_fb is not None:
+                ctx._cells = self._dense.cells(empty)
+            if self._dense.blocks_fb is not None:
+                ctx._blocks = self._dense.blocks(empty)
         if self._joint is not None:
             joint = _merged(self._joint, empty)
             ctx._cells = joint.group_by("bin", "_step", "_stale").agg(

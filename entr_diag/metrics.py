@@ -36,12 +36,14 @@ the token frame.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from entr_diag.errors import FitError
-from entr_diag.passes import Accumulator, GroupAgg, run_pass
+from entr_diag.passes import Accumulator, run_pass
 
 __all__ = [
     "METRIC_NAMES",
@@ -145,6 +147,11 @@ def _per_seq_exprs() -> list[pl.Expr]:
     ]
 
 
+#: the per-token expression of :class:`_SeqSums` computed by the streaming engine
+_EXP = "_mx_exp_delta"
+_LOG2 = math.log(2.0)
+
+
 _SUM_COLS: tuple[str, ...] = (
     "n", "s_k1", "s_k3", "s_r2", "s_r", "n_gt_log2",
     "s_d", "s_train", "n_train", "s_infer", "n_infer",
@@ -190,11 +197,143 @@ def _make(tok: dict, seq: dict, step: int | None = None) -> MetricSet:
     )
 
 
+class _ArrayCache:
+    """numpy arrays of the columns of the batch being processed, shared by the accumulators
+    of a pass (a batch's columns are usually several chunks: ``to_numpy`` copies them, once
+    per batch instead of once per accumulator). Weakly bound to the batch: arrays of the
+    previous batch are dropped when the next one is read."""
+
+    def __init__(self) -> None:
+        self._batch: weakref.ref[pl.DataFrame] | None = None
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def get(self, batch: pl.DataFrame, name: str) -> np.ndarray:
+        if self._batch is None or self._batch() is not batch:
+            self._batch, self._arrays = weakref.ref(batch), {}
+        a = self._arrays.get(name)
+        if a is None:
+            a = self._arrays[name] = batch[name].to_numpy()
+        return a
+
+
+_ARRAYS = _ArrayCache()
+
+
+def column(batch: pl.DataFrame, name: str) -> np.ndarray:
+    """``batch[name].to_numpy()``, computed once per batch (read-only: never modify it)."""
+    return _ARRAYS.get(batch, name)
+
+
+def run_starts(batch: pl.DataFrame, keys: list[str]) -> np.ndarray:
+    """Start index of each run of consecutive rows of ``batch`` (non-empty) with equal
+    ``keys`` (columns without nulls)."""
+    change = np.empty(batch.height, dtype=bool)
+    change[0] = True
+    change[1:] = False
+    for k in keys:
+        v = column(batch, k)
+        change[1:] |= v[1:] != v[:-1]
+    return np.flatnonzero(change)
+
+
+def has_nulls(batch: pl.DataFrame, cols: list[str]) -> bool:
+    """Whether a column of ``cols`` (those in ``batch``) holds a null."""
+    return any(batch[c].null_count() for c in cols if c in batch.columns)
+
+
+class PartialRows:
+    """Rows of partial sums (minima, ...) keyed by ``keys``, added per batch already reduced
+    (e.g. one row per run of a sequence) and merged by ``group_by(keys).agg(merge)`` only
+    when they exceed ``compact_rows`` and twice the rows of the last merged table: no
+    per-batch group-by, memory within about twice the number of distinct keys, linear
+    merging work. The role of :class:`~entr_diag.passes.GroupAgg` for rows that need no
+    per-batch aggregation."""
+
+    def __init__(self, keys: list[str], merge: list[pl.Expr],
+                 compact_rows: int = 250_000) -> None:
+        self.keys, self.merge, self.compact_rows = keys, merge, compact_rows
+        self._parts: list[pl.DataFrame] = []
+        self._rows = self._merged_rows = 0
+
+    def add(self, part: pl.DataFrame) -> None:
+        self._parts.append(part)
+        self._rows += part.height
+        if self._rows > max(self.compact_rows, 2 * self._merged_rows) and len(self._parts) > 1:
+            self._compact()
+
+    def _compact(self) -> None:
+        merged = pl.concat(self._parts, how="vertical_relaxed").group_by(self.keys).agg(
+            self.merge)
+        self._parts = [merged]
+        self._rows = self._merged_rows = merged.height
+
+    def result(self, empty: pl.DataFrame | None = None) -> pl.DataFrame:
+        """The merged table (one row per key, unsorted); ``empty`` (else an empty frame)
+        when nothing was added."""
+        if not self._parts:
+            return empty if empty is not None else pl.DataFrame()
+        if len(self._parts) > 1 or not self._merged_rows:
+            self._compact()
+        return self._parts[0]
+
+
+class _SeqSums:
+    """Per-sequence partial sums of the token pass (keys ``(step, seq_key)``, or ``seq_key``
+    without a step column): the token count ``n``, the token sums of the token metrics, the
+    sum of delta and the sums and counts of both logprobs.
+
+    ``exp(delta)`` is computed by the streaming engine during the scan (:attr:`exprs`); per
+    batch, numpy sums the per-token terms over runs of consecutive rows of one sequence
+    (tokens of a sequence are usually contiguous: a batch collapses to about one row per
+    sequence, ``reduceat``), and the rows are merged by key after the pass
+    (:class:`PartialRows`). A batch with a null in a key or a value column takes the polars
+    group-by (null-skipping sums and counts). Memory O(sequences)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.has_step = "step" in names
+        self.keys = ["step", "seq_key"] if self.has_step else ["seq_key"]
+        self.columns = [*self.keys, "train_logprob", "infer_logprob", "delta"]
+        self.exprs = [pl.col("delta").exp().alias(_EXP)]
+        self.table = PartialRows(self.keys, [pl.col(c).sum() for c in _SUM_COLS])
+
+    def update(self, batch: pl.DataFrame) -> None:
+        if has_nulls(batch, self.columns):
+            self.table.add(batch.group_by(self.keys).agg(*_token_aggs(), *_per_seq_exprs()))
+            return
+        starts = run_starts(batch, self.keys)
+        d = column(batch, "delta")
+        e = column(batch, _EXP)
+        r = e  # exp(clip(delta, -20, 20)): exp(delta) unless some |delta| > 20
+        if np.abs(d).max() > SAFETY_BOUND:
+            r = np.exp(np.clip(d, -SAFETY_BOUND, SAFETY_BOUND))
+        n = np.diff(np.append(starts, d.size)).astype(np.int64)
+        s_d = np.add.reduceat(d, starts)
+
+        def red(v: np.ndarray) -> np.ndarray:
+            return np.add.reduceat(v, starts)
+
+        idx = pl.Series(starts)
+        self.table.add(pl.DataFrame({
+            **{k: batch[k].gather(idx) for k in self.keys},
+            "n": n,
+            "s_k1": -s_d,
+            "s_k3": red(e - 1.0 - d),
+            "s_r2": red(r * r),
+            "s_r": red(r),
+            "n_gt_log2": red((np.abs(d) > _LOG2).astype(np.int64)),
+            "s_d": s_d,
+            "s_train": red(column(batch, "train_logprob")),
+            "n_train": n,
+            "s_infer": red(column(batch, "infer_logprob")),
+            "n_infer": n,
+        }))
+
+
 class MetricsPlan:
     """The mismatch metrics as one accumulator of a streaming pass (:mod:`entr_diag.passes`).
 
-    One :class:`~entr_diag.passes.GroupAgg` keyed by sequence (``(step, seq_key)``, or
-    ``seq_key`` without a step column) holds per-sequence partial sums (token sums of the
+    One table keyed by sequence (``(step, seq_key)``, or ``seq_key`` without a step column,
+    :class:`_SeqSums`) holds per-sequence partial sums (token sums of the
     token metrics, sum of delta, sums and counts of both logprobs), merged by addition, so a
     sequence split across batches adds up. :meth:`finish` derives the per-sequence quantities
     (sum delta, mean logprobs) from the merged table and sums them overall and per step.
@@ -202,22 +341,14 @@ class MetricsPlan:
     """
 
     def __init__(self, lf: pl.LazyFrame) -> None:
-        names = lf.collect_schema().names()
-        self.has_step = "step" in names
-        keys = ["step", "seq_key"] if self.has_step else ["seq_key"]
-        self._per_seq = GroupAgg(
-            columns=[c for c in ("seq_key", "step", "train_logprob", "infer_logprob", "delta")
-                     if c in names],
-            keys=keys,
-            aggs=[*_token_aggs(), *_per_seq_exprs()],
-            merge=[pl.col(c).sum() for c in _SUM_COLS],
-        )
+        self._per_seq = _SeqSums(lf.collect_schema().names())
+        self.has_step = self._per_seq.has_step
         self.accumulators: list[Accumulator] = [self._per_seq]
 
     def finish(self) -> MismatchMetrics:
         """The metrics from the merged per-sequence table; :class:`FitError` when the pass
         saw no token."""
-        per_seq = self._per_seq.result()
+        per_seq = self._per_seq.table.result()
         if per_seq.height == 0:
             raise FitError("No token to compute mismatch metrics on: the token frame is empty.")
         per_seq = per_seq.with_columns(_seq_means())

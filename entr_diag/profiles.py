@@ -39,7 +39,8 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import ParameterError
-from entr_diag.passes import Accumulator, GroupAgg, run_pass
+from entr_diag.metrics import PartialRows, column, has_nulls, run_starts
+from entr_diag.passes import Accumulator, run_pass
 
 __all__ = [
     "Density2D",
@@ -62,21 +63,18 @@ _H_GRID = ((1e-5, 20.0), 42)
 _ABS_DELTA_GRID = ((1e-6, 100.0), 48)
 _P_GRID = ((1e-6, 1.0), 24)
 
+#: names of the per-token keys the streaming engine computes for the accumulators
+_DENS = "_pf_density_cell"
+_PBIN = "_pf_p_bin"
+#: accumulators per bin of :class:`_ProbSums`
+_LANES = 8
+
 
 # ----------------------------------------------------------------------------- helpers
 
 
 def _columns(lf: pl.LazyFrame) -> set[str]:
     return set(lf.collect_schema().names())
-
-
-def _keep(batch: pl.DataFrame, cond: pl.Expr) -> pl.DataFrame:
-    """The rows of ``batch`` where ``cond`` holds (null counts as false); the batch itself,
-    without a copy, when every row passes (the usual case on the validated token frame)."""
-    cond = cond.fill_null(False)
-    if batch.select(cond.all()).item():
-        return batch
-    return batch.filter(cond)
 
 
 def log_edges(lo: float, hi: float, n: int) -> list[float]:
@@ -134,28 +132,33 @@ class Density2D:
 
 class _DensityCounts:
     """Accumulator of :func:`density_2d`: token counts per (entropy bin, |delta| bin) cell,
-    by ``numpy.bincount`` on the flat cell index; tokens without a finite entropy and delta
-    are not counted. Mergeable (counts add). :attr:`counts`: int64, shape
+    by ``numpy.bincount`` on the flat cell index, which the streaming engine computes
+    during the scan (:attr:`exprs`; -1 for a token without a finite entropy and delta, not
+    counted). Mergeable (counts add). :attr:`counts`: int64, shape
     ``(h_bins + 1, abs_delta_bins + 1)``."""
 
-    columns = ("entropy", "delta")
+    columns = ()
 
     def __init__(self, h_range: tuple[float, float], h_bins: int,
-                 abs_delta_range: tuple[float, float], abs_delta_bins: int) -> None:
+                 abs_delta_range: tuple[float, float], abs_delta_bins: int,
+                 has_h: bool = True) -> None:
         self.h_range, self.h_bins = h_range, h_bins
         self.d_range, self.d_bins = abs_delta_range, abs_delta_bins
         self.counts = np.zeros((h_bins + 1, abs_delta_bins + 1), dtype=np.int64)
+        self.exprs: list[pl.Expr] = []
+        if has_h:
+            h, d = pl.col("entropy"), pl.col("delta")
+            cell = (_log_bin(h, *h_range, h_bins) * (abs_delta_bins + 1)
+                    + _log_bin(d.abs(), *abs_delta_range, abs_delta_bins))
+            self.exprs = [pl.when(h.is_finite() & d.is_finite()).then(cell).otherwise(-1)
+                          .fill_null(-1).cast(pl.Int32).alias(_DENS)]
 
     def update(self, batch: pl.DataFrame) -> None:
-        if "entropy" not in batch.columns:
+        if _DENS not in batch.columns:
             return
-        h, d = pl.col("entropy"), pl.col("delta")
-        batch = _keep(batch, h.is_finite() & d.is_finite())
-        if batch.height == 0:
-            return
-        x = batch.select(_log_bin(h, *self.h_range, self.h_bins).alias("i"),
-                         _log_bin(d.abs(), *self.d_range, self.d_bins).alias("j"))
-        k = x["i"].to_numpy().astype(np.intp) * (self.d_bins + 1) + x["j"].to_numpy()
+        k = column(batch, _DENS)
+        if int(k.min()) < 0:
+            k = k[k >= 0]
         self.counts += np.bincount(k, minlength=self.counts.size).reshape(self.counts.shape)
 
 
@@ -178,8 +181,8 @@ def density_2d(
     """
     log_edges(h_range[0], h_range[1], h_bins)  # parameter checks before the pass
     log_edges(abs_delta_range[0], abs_delta_range[1], abs_delta_bins)
-    acc = _DensityCounts(h_range, h_bins, abs_delta_range, abs_delta_bins)
     has_h = "entropy" in _columns(lf)
+    acc = _DensityCounts(h_range, h_bins, abs_delta_range, abs_delta_bins, has_h)
     if has_h:
         run_pass(lf, [acc])
     return _density_result(acc, has_h=has_h)
@@ -253,45 +256,56 @@ class _ProbSums:
     """Accumulator of :func:`mismatch_by_prob`: per p bin, the token count ``n`` and the
     sums ``s1`` (delta), ``sa`` (|delta|), ``s2`` (delta^2) and, with an entropy column,
     ``sh`` / ``nh`` (sum / count of the finite entropies), over tokens with a finite delta
-    and infer_logprob. Mergeable (sums add). :attr:`sums`: name -> float64 ``(bins + 1,)``."""
-
-    columns = ("infer_logprob", "delta", "entropy")
+    and infer_logprob. The p bin of each token is computed by the streaming engine
+    (:attr:`exprs`, -1 for a token not counted); per batch, numpy adds the terms with
+    ``bincount``. Mergeable (sums add). :attr:`sums`: name -> float64 ``(bins + 1,)``."""
 
     def __init__(self, p_range: tuple[float, float], bins: int, has_h: bool) -> None:
         self.p_range, self.bins, self.has_h = p_range, bins, has_h
         names = ("n", "s1", "sa", "s2", *(("sh", "nh") if has_h else ()))
         self.sums = {c: np.zeros(bins + 1, dtype=np.float64) for c in names}
+        self.columns = ["delta", *(["entropy"] if has_h else [])]
+        d, lp = pl.col("delta"), pl.col("infer_logprob")
+        self.exprs = [pl.when(d.is_finite() & lp.is_finite())
+                      .then(_log_bin(lp.exp(), *p_range, bins)).otherwise(-1).fill_null(-1)
+                      .cast(pl.Int64).alias(_PBIN)]
+        self._buf = np.empty(0)
+        self._lane = np.empty(0, dtype=np.int64)
 
     def update(self, batch: pl.DataFrame) -> None:
-        d, lp = pl.col("delta"), pl.col("infer_logprob")
-        batch = _keep(batch, d.is_finite() & lp.is_finite())
-        if batch.height == 0:
-            return
-        # a group_by on the few p bins beats numpy.bincount here (weighted bincounts into
-        # 25 bins serialise on the same few accumulators)
-        part = (batch.lazy().group_by(_log_bin(lp.exp(), *self.p_range, self.bins).alias("b"))
-                .agg(_prob_aggs(self.has_h)).collect())
-        b = part["b"].to_numpy()  # distinct bins
-        for c, s in self.sums.items():
-            s[b] += part[c].to_numpy()
+        k = column(batch, _PBIN)
+        d = column(batch, "delta")
+        h = column(batch, "entropy") if self.has_h else None
+        if int(k.min()) < 0:  # tokens not counted (a non-finite delta or infer_logprob)
+            sel = k >= 0
+            k, d = k[sel], d[sel]
+            h = None if h is None else h[sel]
+        n = k.size
+        if self._lane.size < n:
+            self._lane = np.arange(n, dtype=np.int64) % _LANES
+            self._buf = np.empty(n)
+        # most tokens fall in the last bins: one accumulator per (bin, lane) so that
+        # consecutive tokens do not add to the same memory cell
+        k = k * _LANES + self._lane[:n]
+        buf = self._buf[:n]
+        size = (self.bins + 1) * _LANES
 
+        def add(name: str, w: np.ndarray | None) -> None:
+            self.sums[name] += np.bincount(k, weights=w, minlength=size).reshape(
+                -1, _LANES).sum(axis=1)
 
-def _prob_aggs(has_h: bool) -> list[pl.Expr]:
-    d = pl.col("delta")
-    aggs = [
-        pl.len().alias("n"),
-        d.sum().alias("s1"),
-        d.abs().sum().alias("sa"),
-        (d * d).sum().alias("s2"),
-    ]
-    if has_h:
-        h = pl.col("entropy")
-        # when/then rather than filter inside the aggregation: one pass, no gather
-        aggs += [
-            pl.when(h.is_finite()).then(h).sum().alias("sh"),
-            h.is_finite().sum().alias("nh"),
-        ]
-    return aggs
+        add("n", None)
+        add("s1", d)
+        add("sa", np.abs(d, out=buf))
+        add("s2", np.multiply(d, d, out=buf))
+        if h is not None:
+            fin = np.isfinite(h)
+            if fin.all():
+                add("nh", None)
+                add("sh", h)
+            else:
+                add("nh", fin.astype(np.float64))
+                add("sh", np.where(fin, h, 0.0))
 
 
 def mismatch_by_prob(
@@ -345,22 +359,36 @@ def _prob_result(acc: _ProbSums) -> ProbProfile:
 # ----------------------------------------------------------------------------- per sequence
 
 
-def _seq_table_acc(cols: set[str]) -> GroupAgg:
+_SEQ_TABLE_SCHEMA = {"seq_key": pl.UInt64, "policy_version": pl.Int64, "first": pl.Int64,
+                     "last": pl.Int64, "seq_id": pl.String, "step": pl.Int64,
+                     "n_fin": pl.UInt32, "s_abs": pl.Float64, "m_abs": pl.Float64}
+_SEQ_COLS = list(_SEQ_TABLE_SCHEMA)
+
+
+class _SeqVersions:
     """Accumulator of the per-(seq_key, policy_version) table shared by
     :func:`version_switch_profile` (version runs) and the sequence half of :func:`offenders`:
     the first and last position, ``seq_id``, ``step``, and the count, sum and max of |delta|
-    over finite deltas. Partial rows of one key merge by min / max / sum (``seq_id`` and
-    ``step`` are constant within a sequence). Without a policy_version column the version
-    is null (one row per sequence). O(sequences x versions) rows."""
-    add = [pl.lit(None, dtype=pl.Int64).alias(c) for c in ("policy_version", "step")
-           if c not in cols]
-    d = pl.col("delta")
-    fin = d.is_finite()
-    return GroupAgg(
-        columns=[c for c in ("seq_key", "policy_version", "position", "seq_id", "step", "delta")
-                 if c in cols],
-        keys=["seq_key", "policy_version"],
-        aggs=[
+    over finite deltas. Without a policy_version column the version is null (one row per
+    sequence). O(sequences x versions) rows.
+
+    Per batch, runs of consecutive rows of one (sequence, version) are reduced with numpy
+    ``reduceat`` (the tokens of a sequence are usually contiguous: a batch collapses to about
+    one row per sequence); a batch with a null key or position takes a polars group-by.
+    Partial rows of one key merge by min / max / sum (``seq_id`` and ``step`` are constant
+    within a sequence) after the pass (:class:`~entr_diag.metrics.PartialRows`).
+    """
+
+    def __init__(self, cols: set[str]) -> None:
+        self.keys = [c for c in ("seq_key", "policy_version") if c in cols]
+        self.columns = [c for c in ("seq_key", "policy_version", "position", "seq_id", "step",
+                                    "delta") if c in cols]
+        #: columns the frame lacks, added as nulls
+        self._add = [pl.lit(None, dtype=pl.Int64).alias(c) for c in ("policy_version", "step")
+                     if c not in cols]
+        d = pl.col("delta")
+        fin = d.is_finite()
+        self._aggs = [
             pl.col("position").min().alias("first"),
             pl.col("position").max().alias("last"),
             pl.col("seq_id").first(),
@@ -368,8 +396,8 @@ def _seq_table_acc(cols: set[str]) -> GroupAgg:
             fin.sum().alias("n_fin"),
             pl.when(fin).then(d.abs()).sum().alias("s_abs"),
             pl.when(fin).then(d.abs()).max().alias("m_abs"),
-        ],
-        merge=[
+        ]
+        self.table = PartialRows(["seq_key", "policy_version"], [
             pl.col("first").min(),
             pl.col("last").max(),
             pl.col("seq_id").first(),
@@ -377,18 +405,42 @@ def _seq_table_acc(cols: set[str]) -> GroupAgg:
             pl.col("n_fin").sum(),
             pl.col("s_abs").sum(),
             pl.col("m_abs").max(),
-        ],
-        prepare=(lambda lf: lf.with_columns(add)) if add else None,
-    )
+        ])
+
+    def update(self, batch: pl.DataFrame) -> None:
+        if has_nulls(batch, [*self.keys, "position"]):
+            self.table.add(batch.with_columns(self._add).group_by("seq_key", "policy_version")
+                           .agg(self._aggs).select(_SEQ_COLS)
+                           .with_columns(pl.col("n_fin").cast(pl.Int64)))
+            return
+        starts = run_starts(batch, self.keys)
+        idx = pl.Series(starts)
+        pos = column(batch, "position")
+        ad = np.abs(column(batch, "delta"))
+        fin = np.isfinite(ad)
+        if not fin.all():
+            ad = np.where(fin, ad, 0.0)
+        self.table.add(pl.DataFrame({
+            **{k: batch[k].gather(idx) for k in self.keys},
+            "first": np.minimum.reduceat(pos, starts),
+            "last": np.maximum.reduceat(pos, starts),
+            "seq_id": batch["seq_id"].gather(idx),
+            **({"step": batch["step"].gather(idx)} if "step" in batch.columns else {}),
+            "n_fin": np.add.reduceat(fin.astype(np.int64), starts),
+            "s_abs": np.add.reduceat(ad, starts),
+            # -1 for a run without a finite delta (null after the merge, as max of nothing)
+            "m_abs": np.maximum.reduceat(np.where(fin, ad, -1.0), starts),
+        }).with_columns(self._add).select(_SEQ_COLS))
+
+    def result(self) -> pl.DataFrame:
+        """The merged table (schema :data:`_SEQ_TABLE_SCHEMA`, one row per key)."""
+        t = self.table.result(pl.DataFrame(schema=_SEQ_TABLE_SCHEMA))
+        return t.with_columns(pl.col("n_fin").cast(pl.UInt32),
+                              pl.when(pl.col("n_fin") > 0).then(pl.col("m_abs")).alias("m_abs"))
 
 
-_SEQ_TABLE_SCHEMA = {"seq_key": pl.UInt64, "policy_version": pl.Int64, "first": pl.Int64,
-                     "last": pl.Int64, "seq_id": pl.String, "step": pl.Int64,
-                     "n_fin": pl.UInt32, "s_abs": pl.Float64, "m_abs": pl.Float64}
-
-
-def _seq_table(acc: GroupAgg) -> pl.DataFrame:
-    return acc.result(pl.DataFrame(schema=_SEQ_TABLE_SCHEMA))
+def _seq_table(acc: _SeqVersions) -> pl.DataFrame:
+    return acc.result()
 
 
 # ----------------------------------------------------------------------------- switches
@@ -532,7 +584,7 @@ def version_switch_profile(lf: pl.LazyFrame, *, max_offset: int = 16) -> Version
     cols = _columns(lf)
     if "policy_version" not in cols:
         return _switch_result(max_offset, None, None, has_pv=False)
-    acc = _seq_table_acc(cols)
+    acc = _SeqVersions(cols)
     run_pass(lf, [acc])
     sw = _switches(_seq_table(acc))
     offs = None
@@ -637,48 +689,58 @@ class _TopTokens:
     (delta^2 / (H + eps), or delta^2 without entropy) over tokens with a finite delta (and
     entropy), ties broken by (seq_id, position) ascending.
 
-    Mergeable: each batch keeps its own top ``top`` rows in that total order, and the kept
-    rows are merged by keeping the top ``top`` of their union, which is the top of the
-    whole frame (rows equal in score, seq_id and position - duplicated tokens - are
-    interchangeable). Within a batch, the score column alone is ranked first and only the
-    rows at or above the batch's ``top``-th score (NaN scores, which sort above every
-    number, included) are carried into the full-row ``top_k``. Memory O(top)."""
+    Mergeable: the kept rows are merged with each batch's candidates by keeping the top
+    ``top`` of their union in that total order, which is the top of the whole frame (rows
+    equal in score, seq_id and position - duplicated tokens - are interchangeable). The
+    score is computed with numpy; the candidates of a batch are its rows scoring at or
+    above the ``top``-th score kept so far (NaN scores, which sort above every number,
+    included), usually none once ``top`` rows are kept. Memory O(top)."""
 
     def __init__(self, cols: set[str], top: int, eps: float) -> None:
-        self.top = top
+        self.top, self.eps = top, eps
         self.has_h = "entropy" in cols
-        d = pl.col("delta")
-        self.score = (d * d) / (pl.col("entropy") + eps) if self.has_h else d * d
-        self.ok = d.is_finite() & pl.col("entropy").is_finite() if self.has_h else d.is_finite()
 
         def opt(c: str, dt: pl.DataType) -> pl.Expr:
             return pl.col(c) if c in cols else pl.lit(None, dtype=dt).alias(c)
 
         self.row = [pl.col("seq_id"), pl.col("position"), opt("step", pl.Int64),
                     opt("token_id", pl.Int64), opt("entropy", pl.Float64),
-                    pl.col("infer_logprob").exp().alias("p"), d]
+                    pl.col("infer_logprob").exp().alias("p"), pl.col("delta")]
         self.columns = [c for c in ("seq_id", "position", "step", "token_id", "entropy",
                                     "infer_logprob", "delta") if c in cols]
         self._kept: pl.DataFrame | None = None
+        #: the lowest number among the kept scores once ``top`` rows are kept (+inf when
+        #: they are all NaN): a row scoring below it cannot enter
+        self._floor = -np.inf
 
     def update(self, batch: pl.DataFrame) -> None:
-        batch = _keep(batch, self.ok)
-        if batch.height == 0:
+        d = column(batch, "delta")
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            score = d * d
+            ok = np.isfinite(d)
+            if self.has_h:
+                h = column(batch, "entropy")
+                ok &= np.isfinite(h)
+                score /= h + self.eps
+        cand = ok & ((score >= self._floor) | np.isnan(score))
+        idx = np.flatnonzero(cand)
+        if idx.size == 0:
             return
-        s = batch.select(self.score.alias("score")).to_series()
-        if s.len() > self.top:
-            best = s.top_k(self.top)
-            num = best.filter(best.is_not_nan())
-            mask = s.is_nan()
-            if num.len():  # the top-th score is a number (else NaN: only NaN rows can enter)
-                mask = mask | (s >= num.min())
-            batch, s = batch.filter(mask), s.filter(mask)
-        rows = batch.select(self.row).with_columns(s).top_k(
-            self.top, by=_TOK_BY, reverse=_TOK_REVERSE)
+        sc = score[idx]
+        num = sc[~np.isnan(sc)]
+        if num.size > self.top:  # only the batch's top-th number and above can enter
+            cut = np.partition(num, num.size - self.top)[num.size - self.top]
+            keep = (sc >= cut) | np.isnan(sc)
+            idx, sc = idx[keep], sc[keep]
+        rows = (batch.select(self.columns)[idx].select(self.row)
+                .with_columns(pl.Series("score", sc)))
         if self._kept is not None:
-            rows = pl.concat([self._kept, rows], how="vertical_relaxed").top_k(
-                self.top, by=_TOK_BY, reverse=_TOK_REVERSE)
+            rows = pl.concat([self._kept, rows], how="vertical_relaxed")
+        rows = rows.top_k(self.top, by=_TOK_BY, reverse=_TOK_REVERSE)
         self._kept = rows
+        if rows.height >= self.top:
+            num = rows["score"].filter(rows["score"].is_not_nan())
+            self._floor = float(num.min()) if num.len() else np.inf
 
     def result(self) -> pl.DataFrame | None:
         """The top rows, best first; None when no token was seen."""
@@ -706,7 +768,7 @@ def offenders(lf: pl.LazyFrame, *, top: int = 20, eps: float = 0.01) -> Offender
     _check_offenders(top, eps)
     cols = _columns(lf)
     tok = _TopTokens(cols, top, eps)
-    seq = _seq_table_acc(cols)
+    seq = _SeqVersions(cols)
     run_pass(lf, [tok, seq])
     return _offenders_result(tok, _seq_table(seq), top, eps)
 
@@ -777,9 +839,9 @@ class ProfilesPlan:
         cols = _columns(lf)
         self._has_h = "entropy" in cols
         self._has_pv = "policy_version" in cols
-        self._density = _DensityCounts(*_H_GRID, *_ABS_DELTA_GRID)
+        self._density = _DensityCounts(*_H_GRID, *_ABS_DELTA_GRID, self._has_h)
         self._prob = _ProbSums(*_P_GRID, self._has_h)
-        self._seq = _seq_table_acc(cols)
+        self._seq = _SeqVersions(cols)
         self._tokens = _TopTokens(cols, top, eps)
         self.accumulators: list[Accumulator] = [self._density, self._prob, self._seq,
                                                 self._tokens]
