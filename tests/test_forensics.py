@@ -629,3 +629,56 @@ def test_plan_does_not_depend_on_batch_size(tmp_path, case):
         assert ev["sequence_outliers"]["sequences_flagged"] > 0
         # no excluded row in the accounting: no raw pass at all
         assert not ds.accounting.excluded and FX.forensics_plan(ds).raw_accumulators == []
+
+
+def _frames_close(a: pl.DataFrame, b: pl.DataFrame, keys: list[str]) -> None:
+    """Two tables with the same rows (sorted by ``keys``; floats up to summation order)."""
+    a, b = a.sort(keys), b.sort(keys)
+    assert a.columns == b.columns and a.height == b.height
+    for c in a.columns:
+        if a[c].dtype.is_float():
+            np.testing.assert_allclose(a[c].to_numpy(), b[c].to_numpy(), rtol=1e-9, atol=1e-12)
+        else:
+            assert a[c].to_list() == b[c].to_list(), c
+
+
+def test_dense_sums_equal_group_by_tables(tmp_path, monkeypatch):
+    """The token tables are the same whether the batches are reduced with numpy on the dense
+    layout of the accounting, every other batch takes the group-by path (a batch with a
+    null or a key the accounting did not list), or all use group-bys (no layout)."""
+    import dataclasses
+
+    from entr_diag.passes import run_pass
+
+    b = generate(SynthSpec(n_tokens=20_000, seed=3))
+    ds = _load(tmp_path, _with_delta(
+        b, pl.when(pl.col("seq_id") % 41 == 0).then(DELTA * 6).otherwise(DELTA)))
+    no_layout = dataclasses.replace(
+        ds, accounting=dataclasses.replace(ds.accounting, steps=None))
+
+    def tables(d, fallback_every=0):
+        FX._MISALIGN_LAST.clear()
+        plan = FX.forensics_plan(d)
+        assert (plan._dense is None) == (d is no_layout)
+        calls = iter(range(10**6))
+        if fallback_every:
+            real = FX.has_nulls
+            monkeypatch.setattr(FX, "has_nulls", lambda batch, cols: (
+                next(calls) % fallback_every == 0 or real(batch, cols)))
+        run_pass(d.lf, plan.accumulators, chunk_size=997)
+        monkeypatch.undo()
+        res = plan.finish().to_dict()
+        ctx = plan.ctx
+        seqbins = ctx.seqbins.group_by("seq_key", "bin", "_stale").agg(
+            pl.col("n").cast(pl.Int64).sum(), pl.col("sh", "sd2").sum()).with_columns(
+            pl.col("bin").cast(pl.Int32), pl.col("_stale").cast(pl.Int64))
+        return res, ctx.cells, ctx.blocks, seqbins, ctx.seqs
+
+    ref = tables(ds)
+    assert ref[0]["checks"]["sequence_outliers"]["status"] == "found"
+    for other in (tables(ds, fallback_every=2), tables(no_layout)):
+        _same(ref[0], other[0])
+        for t, o, keys in zip(ref[1:], other[1:], (
+                ["bin", "_step", "_stale"], ["bin", "block", "_stale"],
+                ["seq_key", "bin", "_stale"], ["seq_key"]), strict=True):
+            _frames_close(t, o.select(t.columns), keys)

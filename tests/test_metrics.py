@@ -179,3 +179,35 @@ def test_plan_does_not_depend_on_batch_size():
         assert (a["tokens"], a["sequences"]) == (b["tokens"], b["sequences"])
         for k in METRIC_NAMES:
             assert a[k] == pytest.approx(b[k], rel=1e-12, abs=1e-15), k
+
+
+def test_numpy_runs_equal_the_group_by(monkeypatch):
+    """The per-sequence sums reduced with numpy over runs of a sequence (clipped
+    log-ratios beyond +-20 included) equal those of the polars group-by that batches with a
+    null take, with and without a step column."""
+    import numpy as np
+
+    import entr_diag.metrics as M
+    from entr_diag.passes import run_pass
+
+    rng = np.random.default_rng(5)
+    rows = [(f"s{i % 37}", i % 3, float(-rng.exponential()), float(-rng.exponential()))
+            for i in range(600)]
+    rows[5] = (rows[5][0], rows[5][1], -30.0, -0.5)  # delta < -20: clamped before exp
+    rows[9] = (rows[9][0], rows[9][1], -0.1, -25.0)  # delta > 20
+    for with_step in (True, False):
+        lf = _frame(rows, with_step=with_step)
+        out = []
+        for force in (False, True):
+            if force:
+                monkeypatch.setattr(M, "has_nulls", lambda batch, cols: True)
+            plan = M.metrics_plan(lf)
+            run_pass(lf, plan.accumulators, chunk_size=53)
+            monkeypatch.undo()
+            out.append(plan.finish().to_dict())
+        fast, grouped = out
+        for a, b in zip([fast["overall"], *fast["per_step"]],
+                        [grouped["overall"], *grouped["per_step"]], strict=True):
+            assert (a["tokens"], a["sequences"]) == (b["tokens"], b["sequences"])
+            for k in METRIC_NAMES:
+                assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-15), k

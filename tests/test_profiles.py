@@ -357,3 +357,56 @@ def test_profiles_plan_rejects_bad_parameters(kw):
     """The plan checks its parameters before any pass."""
     with pytest.raises(ParameterError):
         profiles_plan(_frame([_tok(1, 0, -0.1, -0.4, h=1.0)]), **kw)
+
+
+def test_non_finite_tokens_as_the_polars_reference(monkeypatch):
+    """Tokens with a NaN, infinite or null delta, entropy or infer_logprob are left out of
+    the histograms, the p-bin sums and the top tokens exactly as polars' filters and
+    null-skipping sums would; the per-(sequence, version) table reduced with numpy equals
+    the polars group-by that batches with a null key take."""
+    import entr_diag.profiles as P
+
+    df = _random_frame(3000, seed=4)
+    n = df.height
+    bad = {"delta": [float("nan"), float("inf"), None], "entropy": [float("nan"), None, -0.0],
+           "infer_logprob": [float("-inf"), None, float("nan")]}
+    for j, (c, vals) in enumerate(bad.items()):
+        col = df[c].to_list()
+        for i in range(j * 7, n, 97):
+            col[i] = vals[i % 3]
+        df = df.with_columns(pl.Series(c, col, dtype=pl.Float64))
+    lf = df.lazy()
+    plan = profiles_plan(lf, eps=0.01, top=15)
+    run_pass(lf, plan.accumulators, chunk_size=101)
+    got = plan.finish()
+    h, d, lp = pl.col("entropy"), pl.col("delta"), pl.col("infer_logprob")
+    fin = df.filter((h.is_finite() & d.is_finite()).fill_null(False))
+    cells = fin.group_by(P._log_bin(h, *P._H_GRID[0], P._H_GRID[1]).alias("i"),
+                         P._log_bin(d.abs(), *P._ABS_DELTA_GRID[0], P._ABS_DELTA_GRID[1])
+                         .alias("j")).len()
+    ref = np.zeros((P._H_GRID[1] + 1, P._ABS_DELTA_GRID[1] + 1), dtype=np.int64)
+    ref[cells["i"].to_numpy(), cells["j"].to_numpy()] = cells["len"].to_numpy()
+    assert np.array_equal(np.array(got.density_2d.counts), ref)
+    pb = (df.filter((d.is_finite() & lp.is_finite()).fill_null(False))
+          .group_by(P._log_bin(lp.exp(), *P._P_GRID[0], P._P_GRID[1]).alias("b"))
+          .agg(pl.len().alias("n"), d.mean().alias("m"), (d * d).mean().alias("q"),
+               h.filter(h.is_finite()).mean().alias("mh")).sort("b"))
+    bins = {b: row for b, row in enumerate(got.mismatch_by_prob.bins)}
+    for b, n_b, m, q, mh in pb.iter_rows():
+        assert bins[b].tokens == n_b
+        assert bins[b].mean_delta == pytest.approx(m, rel=1e-9, abs=1e-15)
+        assert bins[b].mean_delta_sq == pytest.approx(q, rel=1e-9)
+        assert bins[b].mean_entropy == pytest.approx(mh, rel=1e-9)
+    top = (fin.with_columns((d * d / (h + 0.01)).alias("score"))
+           .top_k(15, by=["score", "seq_id", "position"], reverse=[False, True, True])
+           .sort(["score", "seq_id", "position"], descending=[True, False, False]))
+    assert [(t["seq_id"], t["position"]) for t in got.offenders.tokens] == list(
+        zip(top["seq_id"], top["position"], strict=True))
+    monkeypatch.setattr(P, "has_nulls", lambda batch, cols: True)
+    grouped = profiles_plan(lf, eps=0.01, top=15)
+    run_pass(lf, grouped.accumulators, chunk_size=101)
+    _close(got.to_dict(), grouped.finish().to_dict())
+    a, b = (P._seq_table(p._seq).sort("seq_key", "policy_version") for p in (plan, grouped))
+    assert a.schema == b.schema
+    assert a.select(pl.exclude("s_abs")).equals(b.select(pl.exclude("s_abs")))
+    np.testing.assert_allclose(a["s_abs"].to_numpy(), b["s_abs"].to_numpy(), rtol=1e-12)
