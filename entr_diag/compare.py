@@ -639,11 +639,16 @@ def default_entropy_edges(h_min_pos: float | None, h_max: float | None, n_bins: 
 def _search(values: Sequence[float], expr: pl.Expr, side: str) -> pl.Expr:
     """Per row, the number of ``values`` (sorted) below ``expr`` (``side="left"``: strictly
     below; ``"right"``: at or below), Int32; null rows give 0 and NaN rows ``len(values)``
-    (as summing one comparison per value would)."""
+    (as summing one comparison per value would).
+
+    One comparison per value, summed: an elementwise expression, which the streaming
+    engine computes batch by batch (``search_sorted`` on a literal is not elementwise and
+    makes the engine hold the whole column)."""
     if len(values) == 0:
         return pl.lit(0, dtype=pl.Int32)
-    v = pl.Series(np.asarray(values, dtype=float), dtype=pl.Float64)
-    return pl.lit(v).search_sorted(expr, side=side).fill_null(0).cast(pl.Int32)  # type: ignore[arg-type]
+    x = expr.cast(pl.Float64)
+    below = [(x > v) if side == "left" else (x >= v) for v in np.asarray(values, dtype=float)]
+    return pl.sum_horizontal(below).cast(pl.Int32)
 
 
 def _bin_index(expr: pl.Expr, edges: Sequence[float]) -> pl.Expr:
@@ -1248,15 +1253,17 @@ class _SecondPass:
         for j, c in enumerate(self.bracketed):
             v = batch.get_column(f"{_P2}v{j}").to_numpy()
             inside = (v >= c.lo) & (v <= c.hi)
-            if inside.any():
-                sel = pl.DataFrame({
+            if inside.any():  # listed as they come (grouped after the pass: no polars
+                # query runs while the streaming engine holds the thread pool)
+                m = int(inside.sum())
+                self.bound[j].append(pl.DataFrame({
                     "__code": code[inside],
                     "__k0": k0[inside].astype(bool),
                     "step": (step.filter(pl.Series(inside)) if step is not None
-                             else pl.zeros(int(inside.sum()), dtype=pl.Int64, eager=True)),
+                             else pl.zeros(m, dtype=pl.Int64, eager=True)),
                     "v": v[inside],
-                })
-                self.bound[j].append(sel.group_by("__code", "__k0", "step", "v").agg(n=pl.len()))
+                    "n": np.ones(m, dtype=np.int64),
+                }))
 
     def tables(self) -> tuple[list[str], np.ndarray, pl.DataFrame]:
         """After the pass: the columns ``n``, ``kept{i}``, ``both{i}`` (i > 0) and TIS's
