@@ -66,6 +66,7 @@ _P_GRID = ((1e-6, 1.0), 24)
 #: names of the per-token keys the streaming engine computes for the accumulators
 _DENS = "_pf_density_cell"
 _PBIN = "_pf_p_bin"
+_NEAR = "_pf_near_switch"
 #: accumulators per bin of :class:`_ProbSums`
 _LANES = 8
 
@@ -519,11 +520,13 @@ def _switches(seq_table: pl.DataFrame) -> _Switches:
 
 
 class _SwitchOffsets:
-    """Accumulator of the second pass of :func:`version_switch_profile`: each batch joined
-    to the (small) switch table on ``seq_key``, kept within ``max_offset`` positions of a
-    switch, and summed per offset by ``numpy.bincount``: (token, switch) pairs ``n``,
-    non-null deltas ``nd`` and their |delta| sum ``sad``, finite entropies ``nh`` and their
-    sum ``sh``. Mergeable (sums add)."""
+    """Accumulator of the second pass of :func:`version_switch_profile`: the tokens of each
+    batch between ``max_offset`` positions before the first switch of their sequence and
+    ``max_offset`` after its last one (found by the streaming engine, :attr:`exprs`: a
+    lookup of the small per-sequence switch range) are joined to the switch table on
+    ``seq_key``, kept within ``max_offset`` positions of a switch, and summed per offset by
+    ``numpy.bincount``: (token, switch) pairs ``n``, non-null deltas ``nd`` and their |delta|
+    sum ``sad``, finite entropies ``nh`` and their sum ``sh``. Mergeable (sums add)."""
 
     columns = ("seq_key", "position", "delta", "entropy")
 
@@ -533,9 +536,23 @@ class _SwitchOffsets:
         size = 2 * max_offset + 1
         self.sums = {c: np.zeros(size, dtype=np.float64) for c in ("n", "nd", "sad", "nh", "sh")}
         self.fed = False
+        rng = switches.group_by("seq_key").agg(
+            (pl.col("switch_pos").min() - max_offset).alias("lo"),
+            (pl.col("switch_pos").max() + max_offset).alias("hi"))
+        keys = rng["seq_key"]
+
+        def bound(c: str) -> pl.Expr:
+            return pl.col("seq_key").replace_strict(keys, rng[c], default=None,
+                                                    return_dtype=pl.Int64)
+
+        self.exprs = [pl.col("position").is_between(bound("lo"), bound("hi")).fill_null(False)
+                      .alias(_NEAR)]
 
     def update(self, batch: pl.DataFrame) -> None:
         self.fed = True
+        near = np.flatnonzero(column(batch, _NEAR))
+        if near.size == 0:
+            return
         k = self.max_offset
         d = pl.col("delta")
         exprs = [(pl.col("position") - pl.col("switch_pos") + k).alias("k"),
@@ -547,8 +564,7 @@ class _SwitchOffsets:
             exprs += [fin.cast(pl.Float64).alias("nh"),
                       pl.when(fin).then(h).otherwise(0.0).alias("sh")]
         x = (
-            batch.lazy()
-            .select([c for c in self.columns if c in batch.columns])
+            batch.select([c for c in self.columns if c in batch.columns])[near].lazy()
             .join(self.switches, on="seq_key", how="inner")
             .select(exprs)
             .filter(pl.col("k").is_between(0, 2 * k))
