@@ -503,7 +503,8 @@ class _TokenTables:
         self.derive = _derive(names)
         self.exprs = [slots.sub(names).alias(_FX + "sub")]
         self._steps = np.array(slots.steps, dtype=np.int64)
-        self._stale_of = pl.Series("_stale", slots.stales, dtype=_small_int(slots.stales))
+        self._stale_of = pl.Series("_stale", slots.stales,
+                                   dtype=_small_int(slots.stales)).to_numpy()
         #: the weights summed per slot
         self._w = ["sh", "sd2"]
         if cells_fb is not None:
@@ -609,7 +610,7 @@ class _TokenTables:
         assert self.seq is not None
         self.seq.add_bins(pl.DataFrame({
             "seq_key": sk[run], "bin": bin_.astype(np.int8),
-            "_stale": self._stale_of.gather(ti), "n": sums["n"].astype(np.int32),
+            "_stale": self._stale_of[ti], "n": sums["n"].astype(np.int32),
             "sh": sums["sh"], "sd2": sums["sd2"]}))
         first = np.flatnonzero(np.diff(run, prepend=-1))  # first slot of each run
         length = np.diff(np.append(starts, batch.height)).astype(np.int64)

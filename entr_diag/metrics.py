@@ -312,9 +312,8 @@ class _SeqSums:
         def red(v: np.ndarray) -> np.ndarray:
             return np.add.reduceat(v, starts)
 
-        idx = pl.Series(starts)
         self.table.add(pl.DataFrame({
-            **{k: batch[k].gather(idx) for k in self.keys},
+            **{k: column(batch, k)[starts] for k in self.keys},
             "n": n,
             "s_k1": -s_d,
             "s_k3": red(e - 1.0 - d),

@@ -66,7 +66,6 @@ _P_GRID = ((1e-6, 1.0), 24)
 #: names of the per-token keys the streaming engine computes for the accumulators
 _DENS = "_pf_density_cell"
 _PBIN = "_pf_p_bin"
-_NEAR = "_pf_near_switch"
 #: accumulators per bin of :class:`_ProbSums`
 _LANES = 8
 
@@ -421,17 +420,26 @@ class _SeqVersions:
         fin = np.isfinite(ad)
         if not fin.all():
             ad = np.where(fin, ad, 0.0)
+
+        def first(c: str) -> Any:  # the value of column c at the start of each run
+            if c not in batch.columns:
+                return pl.Series(c, [None] * starts.size, dtype=_SEQ_TABLE_SCHEMA[c])
+            if batch[c].dtype.is_numeric() and not batch[c].null_count():
+                return column(batch, c)[starts]
+            return batch[c].gather(idx)
+
         self.table.add(pl.DataFrame({
-            **{k: batch[k].gather(idx) for k in self.keys},
+            "seq_key": first("seq_key"),
+            "policy_version": first("policy_version"),
             "first": np.minimum.reduceat(pos, starts),
             "last": np.maximum.reduceat(pos, starts),
-            "seq_id": batch["seq_id"].gather(idx),
-            **({"step": batch["step"].gather(idx)} if "step" in batch.columns else {}),
+            "seq_id": first("seq_id"),
+            "step": first("step"),
             "n_fin": np.add.reduceat(fin.astype(np.int64), starts),
             "s_abs": np.add.reduceat(ad, starts),
             # -1 for a run without a finite delta (null after the merge, as max of nothing)
             "m_abs": np.maximum.reduceat(np.where(fin, ad, -1.0), starts),
-        }).with_columns(self._add).select(_SEQ_COLS))
+        }))
 
     def result(self) -> pl.DataFrame:
         """The merged table (schema :data:`_SEQ_TABLE_SCHEMA`, one row per key)."""
@@ -522,10 +530,10 @@ def _switches(seq_table: pl.DataFrame) -> _Switches:
 class _SwitchOffsets:
     """Accumulator of the second pass of :func:`version_switch_profile`: the tokens of each
     batch between ``max_offset`` positions before the first switch of their sequence and
-    ``max_offset`` after its last one (found by the streaming engine, :attr:`exprs`: a
-    lookup of the small per-sequence switch range) are joined to the switch table on
-    ``seq_key``, kept within ``max_offset`` positions of a switch, and summed per offset by
-    ``numpy.bincount``: (token, switch) pairs ``n``, non-null deltas ``nd`` and their |delta|
+    ``max_offset`` after its last one (per run of a sequence: a lookup of its switch range
+    in the small sorted table) are paired with each switch of their sequence (numpy; a
+    polars join for rows with a null), kept within ``max_offset`` positions of a switch, and
+    summed per offset by ``numpy.bincount``: (token, switch) pairs ``n``, non-null deltas ``nd`` and their |delta|
     sum ``sad``, finite entropies ``nh`` and their sum ``sh``. Mergeable (sums add)."""
 
     columns = ("seq_key", "position", "delta", "entropy")
@@ -538,21 +546,65 @@ class _SwitchOffsets:
         self.fed = False
         rng = switches.group_by("seq_key").agg(
             (pl.col("switch_pos").min() - max_offset).alias("lo"),
-            (pl.col("switch_pos").max() + max_offset).alias("hi"))
-        keys = rng["seq_key"]
+            (pl.col("switch_pos").max() + max_offset).alias("hi")).sort("seq_key")
+        self._keys = rng["seq_key"].to_numpy()
+        self._lo, self._hi = rng["lo"].to_numpy(), rng["hi"].to_numpy()
+        sw = switches.sort("seq_key", "switch_pos")
+        self._sw_key, self._sw_pos = sw["seq_key"].to_numpy(), sw["switch_pos"].to_numpy()
 
-        def bound(c: str) -> pl.Expr:
-            return pl.col("seq_key").replace_strict(keys, rng[c], default=None,
-                                                    return_dtype=pl.Int64)
-
-        self.exprs = [pl.col("position").is_between(bound("lo"), bound("hi")).fill_null(False)
-                      .alias(_NEAR)]
+    def _near(self, batch: pl.DataFrame) -> np.ndarray | None:
+        """Row indices of the tokens within the switch range of their sequence (found per
+        run of a sequence); None for all rows (a null seq_key)."""
+        if batch["seq_key"].null_count():
+            return None
+        starts = run_starts(batch, ["seq_key"])
+        rk = column(batch, "seq_key")[starts]
+        j = np.minimum(np.searchsorted(self._keys, rk), self._keys.size - 1)
+        hit = np.flatnonzero(self._keys[j] == rk)
+        if hit.size == 0:
+            return hit
+        length = np.diff(np.append(starts, batch.height))[hit]
+        # the rows of the runs of switching sequences, with their sequence's switch range
+        first = starts[hit] - np.cumsum(length) + length
+        rows = np.arange(int(length.sum())) + np.repeat(first, length)
+        pos = column(batch, "position")[rows]
+        jj = j[hit]
+        keep = (pos >= np.repeat(self._lo[jj], length)) & (pos <= np.repeat(self._hi[jj], length))
+        return rows[keep]
 
     def update(self, batch: pl.DataFrame) -> None:
         self.fed = True
-        near = np.flatnonzero(column(batch, _NEAR))
-        if near.size == 0:
+        near = self._near(batch)
+        if near is not None and near.size == 0:
             return
+        if near is None or has_nulls(batch, ["position", "delta"]):
+            self._update_joined(batch if near is None else batch[near])
+            return
+        # offsets to each switch of the row's sequence (the r-th switch, r = 0, 1, ...)
+        k = self.max_offset
+        size = 2 * k + 1
+        sk = column(batch, "seq_key")[near]
+        a = np.searchsorted(self._sw_key, sk, side="left")
+        b = np.searchsorted(self._sw_key, sk, side="right")
+        pos = column(batch, "position")[near]
+        ad = np.abs(column(batch, "delta")[near])
+        h = column(batch, "entropy")[near] if "entropy" in batch.columns else None
+        for r in range(int((b - a).max())):
+            on = np.flatnonzero(b - a > r)
+            off = pos[on] - self._sw_pos[a[on] + r] + k
+            inside = (off >= 0) & (off < size)
+            on, off = on[inside], off[inside]
+            self.sums["n"] += np.bincount(off, minlength=size)
+            self.sums["nd"] += np.bincount(off, minlength=size)
+            self.sums["sad"] += np.bincount(off, weights=ad[on], minlength=size)
+            if h is not None:
+                fin = np.isfinite(h[on])
+                self.sums["nh"] += np.bincount(off, weights=fin, minlength=size)
+                self.sums["sh"] += np.bincount(off, weights=np.where(fin, h[on], 0.0),
+                                               minlength=size)
+
+    def _update_joined(self, batch: pl.DataFrame) -> None:
+        """Rows with a null seq_key, position or delta, by a polars join."""
         k = self.max_offset
         d = pl.col("delta")
         exprs = [(pl.col("position") - pl.col("switch_pos") + k).alias("k"),
@@ -564,7 +616,8 @@ class _SwitchOffsets:
             exprs += [fin.cast(pl.Float64).alias("nh"),
                       pl.when(fin).then(h).otherwise(0.0).alias("sh")]
         x = (
-            batch.select([c for c in self.columns if c in batch.columns])[near].lazy()
+            batch.lazy()
+            .select([c for c in self.columns if c in batch.columns])
             .join(self.switches, on="seq_key", how="inner")
             .select(exprs)
             .filter(pl.col("k").is_between(0, 2 * k))
