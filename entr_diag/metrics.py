@@ -236,6 +236,14 @@ def run_starts(batch: pl.DataFrame, keys: list[str]) -> np.ndarray:
     return np.flatnonzero(change)
 
 
+def run_rows(starts: np.ndarray, height: int, runs: np.ndarray) -> np.ndarray:
+    """Row indices (ascending) of the runs ``runs`` (indices into ``starts``, ascending) of a
+    batch of ``height`` rows whose runs start at ``starts``."""
+    length = np.diff(np.append(starts, height))[runs]
+    offset = starts[runs] - np.cumsum(length) + length
+    return np.arange(int(length.sum())) + np.repeat(offset, length)
+
+
 def has_nulls(batch: pl.DataFrame, cols: list[str]) -> bool:
     """Whether a column of ``cols`` (those in ``batch``) holds a null."""
     return any(batch[c].null_count() for c in cols if c in batch.columns)

@@ -39,7 +39,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import ParameterError
-from entr_diag.metrics import PartialRows, column, has_nulls, run_starts
+from entr_diag.metrics import PartialRows, column, has_nulls, run_rows, run_starts
 from entr_diag.passes import Accumulator, run_pass
 
 __all__ = [
@@ -563,10 +563,9 @@ class _SwitchOffsets:
         hit = np.flatnonzero(self._keys[j] == rk)
         if hit.size == 0:
             return hit
-        length = np.diff(np.append(starts, batch.height))[hit]
         # the rows of the runs of switching sequences, with their sequence's switch range
-        first = starts[hit] - np.cumsum(length) + length
-        rows = np.arange(int(length.sum())) + np.repeat(first, length)
+        rows = run_rows(starts, batch.height, hit)
+        length = np.diff(np.append(starts, batch.height))[hit]
         pos = column(batch, "position")[rows]
         jj = j[hit]
         keep = (pos >= np.repeat(self._lo[jj], length)) & (pos <= np.repeat(self._hi[jj], length))
