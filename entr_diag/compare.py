@@ -853,8 +853,8 @@ def _run_starts(keys: np.ndarray) -> np.ndarray:
 def _bit_bin_expr(x: pl.Expr) -> pl.Expr:
     """Histogram bin (see ``_HIST_SHIFT``) of a non-negative float64 expression, as Int64;
     -1 for null and NaN: the IEEE-754 bit pattern shifted right (monotone for x >= 0)."""
-    b = x.cast(pl.Float64).reinterpret(dtype=pl.Int64) // (1 << _HIST_SHIFT)
-    return pl.when(x.is_not_nan()).then(b).otherwise(pl.lit(-1, dtype=pl.Int64))
+    b = (x.cast(pl.Float64).reinterpret(dtype=pl.Int64) // (1 << _HIST_SHIFT)).cast(pl.Int32)
+    return pl.when(x.is_not_nan()).then(b).otherwise(pl.lit(-1, dtype=pl.Int32))
 
 
 _REDUCE = {"or": np.bitwise_or, "and": np.bitwise_and, "sum": np.add, "min": np.minimum,
@@ -892,15 +892,6 @@ def _sum_by(keys: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     u, c = _sorted_counts(k)
     starts = np.append(0, np.cumsum(c)[:-1])
     return u, np.add.reduceat(n[order], starts)
-
-
-def _step_offset(step: pl.Series, bits: int) -> int | None:
-    """The smallest step of a batch when every step minus it fits ``bits`` bits (integer
-    steps, no null), else None."""
-    if step.null_count() or not step.dtype.is_integer() or step.dtype == pl.UInt64:
-        return None
-    lo, hi = step.min(), step.max()
-    return int(lo) if int(hi) - int(lo) < 1 << bits else None  # type: ignore[arg-type]
 
 
 class _Pending:
@@ -968,12 +959,12 @@ class _FirstPass:
         self.hist_q = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.int64)
         self.hist_qs = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.float64)
         absd = pl.col("delta").abs()
-        cat = plan.cat.cast(pl.Int64)
-        k0 = plan.entr.keep_expr().fill_null(False).cast(pl.Int64)
+        cat = plan.cat.cast(pl.Int32)
+        k0 = plan.entr.keep_expr().fill_null(False).cast(pl.Int32)
         ex: dict[str, pl.Expr] = {
-            "tk": (_count_above(entr_score_expr(plan.entr.eps), plan.taus).cast(pl.Int64) * 3
-                   + cat) * 2 + k0,
-            "ck": _count_above(absd, plan.cs).cast(pl.Int64) * 3 + cat,
+            "tk": ((_count_above(entr_score_expr(plan.entr.eps), plan.taus) * 3 + cat) * 2
+                   + k0).cast(pl.Int32),
+            "ck": (_count_above(absd, plan.cs) * 3 + cat).cast(pl.Int32),
             "a": absd,
             "ab": _bit_bin_expr(absd),
         }
@@ -1131,8 +1122,22 @@ class _SecondPass:
         pb = _bin_index(pl.col("infer_logprob").exp().cast(pl.Float64), plan.p_e).cast(pl.Int64)
         code = (eb * self.n_pb + pb) * (_N_SB * 3) + sb * 3 + plan.cat.cast(pl.Int64)
         ex: dict[str, pl.Expr] = {}
+        #: bits of the cell key ``cell * 2^bits + pattern``
+        self.k_bits = (self.n_cells << self.n_bits).bit_length()
+        #: integer steps in [0, step_limit) are part of the packed key
+        self.step_limit = 1 << max(62 - self.k_bits, 0)
+        self.step_in_key = (self.packed and plan.has_step
+                            and plan.schema["step"].is_integer())
         if self.packed:
-            ex["K"] = code * (1 << self.n_bits) + words[0].cast(pl.Int64)
+            key = code * (1 << self.n_bits) + words[0].cast(pl.Int64)
+            if self.step_in_key:
+                st = pl.col("step")
+                ok = (st >= 0) & (st < self.step_limit)
+                key = key + pl.when(ok).then(st.cast(pl.Int64) * (1 << self.k_bits)).otherwise(
+                    pl.lit(0, dtype=pl.Int64))
+            ex["K"] = key
+            if self.tis or self.bracketed:
+                ex["c"] = code
             self.exprs = []
         else:
             ex["code"] = code
@@ -1155,8 +1160,6 @@ class _SecondPass:
             self.dec_keys = d.get_column("seq_key").to_numpy()
             self.dec_words = _words(d, "__sw")
         wcols = [f"__w{j}" for j in range(self.n_words)]
-        #: bits of the cell key ``cell * 2^bits + pattern``
-        self.k_bits = (self.n_cells << self.n_bits).bit_length()
         n_sum = [pl.col("n").sum()]
         self.cells = _Pending(GroupAgg([], ["__K"] if self.packed else ["__code", *wcols],
                                        n_sum, n_sum))
@@ -1191,39 +1194,30 @@ class _SecondPass:
         if not self.packed:
             self._update_words(batch, dec, step)
             return
-        # key = (step - lo) * 2^kb + cell * 2^nb + pattern: one sort counts both tables
+        # key = step * 2^kb + cell * 2^nb + pattern (from the engine), plus the sequence
+        # gates' bits: one sort counts both tables
         kb = self.k_bits
-        lo = _step_offset(step, 62 - kb) if step is not None else None
         K0 = batch.get_column(f"{_P2}K").to_numpy()
-        if lo is not None:
-            assert step is not None
-            key = step.to_numpy().astype(np.int64)
-            key -= lo
-            key <<= kb
-            key += K0
-        else:
-            key = K0.copy()
-        if dec is not None:
-            key += dec[:, 0].view(np.int64)
+        key = K0 + dec[:, 0].view(np.int64) if dec is not None else K0.copy()
         if self.tis or self.bracketed:
-            code = key >> nb
-            if lo is not None:
-                code &= (1 << (kb - nb)) - 1
-            self._tis_and_bound(batch, code, key & 1, step)
-        if step is not None and lo is None:  # steps not in the key: polars counts them
+            self._tis_and_bound(batch, batch.get_column(f"{_P2}c").to_numpy(), key, step)
+        in_key = step is not None and self.step_in_key and not step.null_count() and (
+            0 <= step.min() and step.max() < self.step_limit)  # type: ignore[operator]
+        if step is not None and not in_key:  # steps not (all) in the key: polars counts
+            key &= (1 << kb) - 1
             w = (key & ((1 << nb) - 1)).view(np.uint64).reshape(-1, 1)
             self.steps.add(_count_patterns(step, w, nb))
         key.sort()
         u, n = _sorted_counts(key)
-        if lo is None:
+        if not in_key:
             self.cells.add(pl.DataFrame({"__K": u, "n": n}))
             return
-        ku, kn = _sum_by(u & ((1 << kb) - 1), n)
-        self.cells.add(pl.DataFrame({"__K": ku, "n": kn}))
-        su, sn = _sum_by(((u >> kb) << nb) | (u & ((1 << nb) - 1)), n)
         assert step is not None
+        ku, kn = (u, n) if u[0] >> kb == u[-1] >> kb else _sum_by(u & ((1 << kb) - 1), n)
+        self.cells.add(pl.DataFrame({"__K": ku & ((1 << kb) - 1), "n": kn}))
+        su, sn = _sum_by(((u >> kb) << nb) | (u & ((1 << nb) - 1)), n)
         self.steps.add(pl.DataFrame({
-            "step": pl.Series((su >> nb) + lo).cast(step.dtype),
+            "step": pl.Series(su >> nb).cast(step.dtype),
             "__w0": (su & ((1 << nb) - 1)).view(np.uint64),
             "n": sn,
         }))
@@ -1240,11 +1234,12 @@ class _SecondPass:
             "__code", *wdf.columns).agg(n=pl.len()))
         if step is not None:
             self.steps.add(_count_patterns(step, words, self.n_bits))
-        self._tis_and_bound(batch, code, words[:, 0] & np.uint64(1), step)
+        self._tis_and_bound(batch, code, words[:, 0], step)
 
-    def _tis_and_bound(self, batch: pl.DataFrame, code: np.ndarray, k0: np.ndarray,
+    def _tis_and_bound(self, batch: pl.DataFrame, code: np.ndarray, bits: np.ndarray,
                        step: pl.Series | None) -> None:
-        """TIS's weight sums per cell; the tokens of the bracketed bins by exact value."""
+        """TIS's weight sums per cell; the tokens of the bracketed bins by exact value.
+        ``bits``: per token, an integer whose lowest bit is ENTR's keep bit."""
         for t, i in enumerate(self.tis):
             for s, name in enumerate(("rmass", "rsum")):
                 self.tis_sums[t, s] += np.bincount(
@@ -1258,7 +1253,7 @@ class _SecondPass:
                 m = int(inside.sum())
                 self.bound[j].append(pl.DataFrame({
                     "__code": code[inside],
-                    "__k0": k0[inside].astype(bool),
+                    "__k0": (bits[inside] & 1).astype(bool),
                     "step": (step.filter(pl.Series(inside)) if step is not None
                              else pl.zeros(m, dtype=pl.Int64, eager=True)),
                     "v": v[inside],

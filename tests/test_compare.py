@@ -541,6 +541,31 @@ class TestPlan:
         _assert_same(out[0], out[1])
         _assert_same(out[1], compare_gates(df.lazy(), **kw).to_dict())
 
+    def test_batch_size_and_order_with_missing_values(self):
+        """Shuffled rows with NaN / null deltas, a null seq_key and null steps (the batches
+        that skip the run reduction) give the same result whatever the batch size."""
+        from entr_diag.compare import compare_plan
+        from entr_diag.passes import run_pass
+
+        df = _frame(5, 40).sample(fraction=1.0, shuffle=True, seed=3)
+        i = pl.int_range(pl.len())
+        df = df.with_columns(
+            delta=pl.when(i % 17 == 3).then(float("nan"))
+            .when(i % 23 == 5).then(None).otherwise(pl.col("delta")),
+            seq_key=pl.when(i == 11).then(None).otherwise(pl.col("seq_key")),
+            step=pl.when(i % 29 == 7).then(None).otherwise(pl.col("step")),
+        )
+        kw = dict(entr=EntrGate(tau=2.0), panel=(*DEFAULT_PANEL, M2PO(max_mean_sq=0.01)),
+                  h_star=0.05, law_k=0.09)
+        out = []
+        for chunk in (7, 64, 1_000_000):
+            plan = compare_plan(df.lazy(), **kw)
+            run_pass(df.lazy(), plan.accumulators, chunk_size=chunk)
+            run_pass(df.lazy(), plan.followup(), chunk_size=chunk)
+            out.append(plan.finish().to_dict())
+        _assert_same(out[0], out[1])
+        _assert_same(out[0], out[2])
+
     def test_finish_runs_the_second_pass_once(self, monkeypatch):
         """finish() runs the second pass itself, unless the caller fed followup()."""
         import entr_diag.compare as C
