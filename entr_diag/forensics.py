@@ -2089,15 +2089,20 @@ class ForensicsPlan:
       negatives, and with train_logprob_recompute the trainer-floor sums (drift, staleness,
       truncation, trainer floor, expected |delta| of the outliers);
     - per (entropy bin, sequence block, staleness): sums of both logprobs and products
-      (temperature slope and its jackknife). With few steps x staleness values both come
-      from one joint (bin, step, staleness, block) table (one group-by per batch);
+      (temperature slope and its jackknife);
     - per (sequence, entropy bin, staleness): n, sums of H and delta^2; per sequence:
       seq_id, n, sums of |delta|, delta^2, H, the last valid position (:class:`_SeqTables`;
       sequence outliers: the expected |delta| of each sequence, the robust z with its
       median / MAD over sequences and the law without the flagged sequences are computed
-      after the pass from these tables; memory O(sequences x bins));
-    - the rows of a hash-sampled subset of sequences for the lag check
-      (:class:`MisalignmentPlan`, in ``misalign``; ``None`` when cached or not asked).
+      after the pass from these tables; memory O(sequences x bins)).
+
+    When the accounting lists the steps and staleness values (the loader's always does),
+    the three come from one numpy accumulator on a dense layout (:class:`_TokenTables`:
+    ``bincount`` over (run of a sequence, bin, staleness) slots, a few per sequence and
+    batch); else from polars group-bys (with few steps x staleness values, the first two
+    from one joint (bin, step, staleness, block) table). The token pass also keeps the rows
+    of a hash-sampled subset of sequences for the lag check (:class:`MisalignmentPlan`, in
+    ``misalign``; ``None`` when cached or not asked).
 
     Raw pass (``raw_accumulators``, over ``ds.raw``; empty when no chosen check reads it, or
     when the accounting counted no non-finite or placeholder row): bad masked rows per
