@@ -521,6 +521,7 @@ class _TokenTables:
                         if blocks_fb is not None else None)
         self._fallback = False
         self._buf = np.empty(0)
+        self._k = np.empty(0, dtype=np.int64)
 
     def _grouped(self, batch: pl.DataFrame) -> None:
         b = batch.with_columns(self.derive)
@@ -578,10 +579,13 @@ class _TokenTables:
         m = ids.size
         rank = np.zeros(nsub, dtype=np.int64)
         rank[ids] = np.arange(m)
-        k = np.zeros(sub.size, dtype=np.int64)
+        if self._k.size < 2 * sub.size:  # two reused int64 buffers (no page faults)
+            self._k = np.empty(2 * sub.size, dtype=np.int64)
+        k, r = self._k[:sub.size], self._k[sub.size:2 * sub.size]
+        k.fill(0)
         k[starts[1:]] = m
         np.cumsum(k, out=k)
-        k += rank[sub]
+        k += np.take(rank, sub, out=r)
         size = starts.size * m
         cnt = np.bincount(k, minlength=size)
         nz = np.flatnonzero(cnt)
