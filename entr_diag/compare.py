@@ -962,9 +962,8 @@ class _FirstPass:
         cat = plan.cat.cast(pl.Int32)
         k0 = plan.entr.keep_expr().fill_null(False).cast(pl.Int32)
         ex: dict[str, pl.Expr] = {
-            "tk": ((_count_above(entr_score_expr(plan.entr.eps), plan.taus) * 3 + cat) * 2
-                   + k0).cast(pl.Int32),
-            "ck": (_count_above(absd, plan.cs) * 3 + cat).cast(pl.Int32),
+            "s": entr_score_expr(plan.entr.eps),
+            "ck": (cat * 2 + k0).cast(pl.Int64),
             "a": absd,
             "ab": _bit_bin_expr(absd),
         }
@@ -1000,6 +999,8 @@ class _FirstPass:
         merge = [getattr(pl.col(out), agg["sum" if how == "count" else how])()
                  for out, _src, how in self.reduce]
         self.seq = _Pending(GroupAgg([], ["seq_key"], merge, merge))
+        self._ti = _Searcher(plan.taus, "left")
+        self._ci = _Searcher(plan.cs, "left")
         #: sequences holding tokens with a null / NaN |delta| (never kept by a threshold)
         self.invalid = GroupAgg([], ["seq_key"], [pl.len().alias("__bad")],
                                 [pl.col("__bad").sum()])
@@ -1010,12 +1011,19 @@ class _FirstPass:
         self.h_max = _opt(max, self.h_max, h.max())
         self.h_min_pos = _opt(min, self.h_min_pos, h.filter(h > 0).min())
         self.n += batch.height
-        tk = np.bincount(batch.get_column(f"{_P1}tk").to_numpy(),
-                         minlength=2 * self.tau_counts.size)
+        # sweep keys: (sweep index * 3 + category) * 2 + ENTR keeps; the searches are
+        # lookup tables in numpy (cheaper than one comparison per value in the engine)
+        ck = batch.get_column(f"{_P1}ck").to_numpy()
+        tk = self._ti.series(batch.get_column(f"{_P1}s"))
+        tk *= 6
+        tk += ck
+        tk = np.bincount(tk, minlength=2 * self.tau_counts.size)
         self.tau_counts += tk[0::2] + tk[1::2]
         self.entr_kept += int(tk[1::2].sum())
-        self.c_counts += np.bincount(batch.get_column(f"{_P1}ck").to_numpy(),
-                                     minlength=self.c_counts.size)
+        ci = self._ci.series(batch.get_column(f"{_P1}a"))
+        ci *= 3
+        ci += ck >> 1
+        self.c_counts += np.bincount(ci, minlength=self.c_counts.size)
         a = batch.get_column(f"{_P1}a").to_numpy()
         ab = batch.get_column(f"{_P1}ab").to_numpy()
         ok = None
@@ -1118,10 +1126,12 @@ class _SecondPass:
             sb = chain.otherwise(pl.lit(_N_SB - 1, dtype=pl.Int64))  # type: ignore[union-attr]
         else:
             sb = pl.lit(_N_SB - 1, dtype=pl.Int64)
-        eb = _bin_index(pl.col("entropy").cast(pl.Float64), e_edges).cast(pl.Int64)
-        pb = _bin_index(pl.col("infer_logprob").exp().cast(pl.Float64), plan.p_e).cast(pl.Int64)
-        code = (eb * self.n_pb + pb) * (_N_SB * 3) + sb * 3 + plan.cat.cast(pl.Int64)
-        ex: dict[str, pl.Expr] = {}
+        # cell = (entropy bin * n_pb + p bin) * (_N_SB * 3) + staleness bucket * 3 + category:
+        # the engine computes the last two, numpy the bins (lookup-table searches)
+        sc = sb * 3 + plan.cat.cast(pl.Int64)
+        self._eb = _Searcher(e_edges[1:-1], "right")
+        self._pb = _Searcher(plan.p_e[1:-1], "right")
+        ex: dict[str, pl.Expr] = {"h": pl.col("entropy"), "p": pl.col("infer_logprob").exp()}
         #: bits of the cell key ``cell * 2^bits + pattern``
         self.k_bits = (self.n_cells << self.n_bits).bit_length()
         #: integer steps in [0, step_limit) are part of the packed key
@@ -1129,18 +1139,16 @@ class _SecondPass:
         self.step_in_key = (self.packed and plan.has_step
                             and plan.schema["step"].is_integer())
         if self.packed:
-            key = code * (1 << self.n_bits) + words[0].cast(pl.Int64)
+            key = sc * (1 << self.n_bits) + words[0].cast(pl.Int64)
             if self.step_in_key:
                 st = pl.col("step")
                 ok = (st >= 0) & (st < self.step_limit)
                 key = key + pl.when(ok).then(st.cast(pl.Int64) * (1 << self.k_bits)).otherwise(
                     pl.lit(0, dtype=pl.Int64))
             ex["K"] = key
-            if self.tis or self.bracketed:
-                ex["c"] = code
             self.exprs = []
         else:
-            ex["code"] = code
+            ex["sc"] = sc
             self.exprs = list(words)
         for i in self.tis:
             g = gates[i]
@@ -1197,10 +1205,15 @@ class _SecondPass:
         # key = step * 2^kb + cell * 2^nb + pattern (from the engine), plus the sequence
         # gates' bits: one sort counts both tables
         kb = self.k_bits
-        K0 = batch.get_column(f"{_P2}K").to_numpy()
-        key = K0 + dec[:, 0].view(np.int64) if dec is not None else K0.copy()
+        key = self._cell_hi(batch)
+        key <<= nb
+        key += batch.get_column(f"{_P2}K").to_numpy()
+        if dec is not None:
+            key += dec[:, 0].view(np.int64)
         if self.tis or self.bracketed:
-            self._tis_and_bound(batch, batch.get_column(f"{_P2}c").to_numpy(), key, step)
+            code = key >> nb
+            code &= (1 << (kb - nb)) - 1
+            self._tis_and_bound(batch, code, key, step)
         in_key = step is not None and self.step_in_key and not step.null_count() and (
             0 <= step.min() and step.max() < self.step_limit)  # type: ignore[operator]
         if step is not None and not in_key:  # steps not (all) in the key: polars counts
@@ -1222,10 +1235,19 @@ class _SecondPass:
             "n": sn,
         }))
 
+    def _cell_hi(self, batch: pl.DataFrame) -> np.ndarray:
+        """Per token, ``(entropy bin * n_pb + p bin) * (_N_SB * 3)`` (a new int64 array)."""
+        c = self._eb.series(batch.get_column(f"{_P2}h"))
+        c *= self.n_pb
+        c += self._pb.series(batch.get_column(f"{_P2}p"))
+        c *= _N_SB * 3
+        return c
+
     def _update_words(self, batch: pl.DataFrame, dec: np.ndarray | None,
                       step: pl.Series | None) -> None:
         """:meth:`update` for patterns of more than one word (a polars group-by)."""
-        code = batch.get_column(f"{_P2}code").to_numpy()
+        code = self._cell_hi(batch)
+        code += batch.get_column(f"{_P2}sc").to_numpy()
         words = _words(batch, f"{_P2}w")
         if dec is not None:
             words[:, : dec.shape[1]] += dec
