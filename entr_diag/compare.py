@@ -639,26 +639,18 @@ def default_entropy_edges(h_min_pos: float | None, h_max: float | None, n_bins: 
 def _search(values: Sequence[float], expr: pl.Expr, side: str) -> pl.Expr:
     """Per row, the number of ``values`` (sorted) below ``expr`` (``side="left"``: strictly
     below; ``"right"``: at or below), Int32; null rows give 0 and NaN rows ``len(values)``
-    (as summing one comparison per value would).
-
-    One comparison per value, summed: an elementwise expression, which the streaming
-    engine computes batch by batch (``search_sorted`` on a literal is not elementwise and
-    makes the engine hold the whole column)."""
+    (as summing one comparison per value would). The reference of :class:`_Searcher`, which
+    the passes use: ``search_sorted`` on a literal is not elementwise, so in a streaming
+    query the engine would hold the whole column."""
     if len(values) == 0:
         return pl.lit(0, dtype=pl.Int32)
-    x = expr.cast(pl.Float64)
-    below = [(x > v) if side == "left" else (x >= v) for v in np.asarray(values, dtype=float)]
-    return pl.sum_horizontal(below).cast(pl.Int32)
+    v = pl.Series(np.asarray(values, dtype=float), dtype=pl.Float64)
+    return pl.lit(v).search_sorted(expr, side=side).fill_null(0).cast(pl.Int32)  # type: ignore[arg-type]
 
 
 def _bin_index(expr: pl.Expr, edges: Sequence[float]) -> pl.Expr:
     """0-based bin of ``expr`` for bins ``[e_i, e_{i+1})``; below e_0 -> 0, above -> last."""
     return _search(list(edges[1:-1]), expr, "right")
-
-
-def _count_above(expr: pl.Expr, values: Sequence[float]) -> pl.Expr:
-    """Number of sweep values strictly below ``expr`` (so kept at value j iff result <= j)."""
-    return _search(values, expr, "left")
 
 
 def _bin_labels(edges: Sequence[float]) -> tuple[str, ...]:
@@ -851,7 +843,7 @@ def _run_starts(keys: np.ndarray) -> np.ndarray:
 
 
 def _bit_bin_expr(x: pl.Expr) -> pl.Expr:
-    """Histogram bin (see ``_HIST_SHIFT``) of a non-negative float64 expression, as Int64;
+    """Histogram bin (see ``_HIST_SHIFT``) of a non-negative float64 expression, as Int32;
     -1 for null and NaN: the IEEE-754 bit pattern shifted right (monotone for x >= 0)."""
     b = (x.cast(pl.Float64).reinterpret(dtype=pl.Int64) // (1 << _HIST_SHIFT)).cast(pl.Int32)
     return pl.when(x.is_not_nan()).then(b).otherwise(pl.lit(-1, dtype=pl.Int32))
@@ -934,14 +926,16 @@ class _FirstPass:
     """Pass 1 of :class:`ComparePlan`: totals, entropy range, both sweeps, ``|delta|`` /
     ``delta^2`` histograms and per-sequence partials (one row per ``seq_key``).
 
-    Every per-token value is one of :attr:`exprs` (the streaming engine computes them during
-    the scan): Int64 keys of the sweeps (``(sweep index * 3 + category) * 2 + ENTR keeps``)
-    and of the histograms, ``|delta|``, the token gates' keep bits packed in words and the
-    sequence gates' per-token partials. Per batch, numpy adds the keys up with ``bincount``
-    and collapses runs of one ``seq_key`` (``ufunc.reduceat``: sums, minima, maxima, OR / AND
-    of the words) before the per-sequence group-by; a batch with a null ``seq_key`` or a
-    null / NaN value to reduce goes through polars' group-by instead (its null-skipping
-    aggregations)."""
+    The per-token values are :attr:`exprs`, computed by the streaming engine during the scan:
+    ENTR's score, ``|delta|``, ``category * 2 + ENTR keeps``, the histogram bin of ``|delta|``
+    (and ``delta^2`` with its bin), the token gates' keep bits packed in words and the
+    sequence gates' per-token partials. Per batch, numpy finds the sweep indices (lookup
+    tables, :class:`_Searcher`: far cheaper than one comparison per sweep value in the
+    engine), adds the int64 keys up with ``bincount`` (sweeps: ``(sweep index * 3 +
+    category) * 2 + ENTR keeps``) and collapses runs of one ``seq_key`` (``ufunc.reduceat``:
+    sums, minima, maxima, OR / AND of the words) before the per-sequence group-by; a batch
+    with a null ``seq_key`` or a null / NaN value to reduce goes through polars' group-by
+    instead (its null-skipping aggregations)."""
 
     def __init__(self, plan: ComparePlan) -> None:
         self.plan = plan
@@ -1082,12 +1076,15 @@ class _SecondPass:
     pattern every gate's keep bit (then TIS's truncation bits) packed in words; TIS weight
     sums per cell; the tokens of each bracketed threshold's bin by exact value.
 
-    The cell of a token and its token gates' bits are :attr:`exprs`; when the pattern fits
-    one word, one Int64 key ``cell * 2^bits + pattern``. Per batch, the sequence gates' bits
-    are looked up once per run of one ``seq_key`` (a sorted-key search in the per-sequence
-    decisions) and added; keys are counted with ``numpy.unique`` (a sort of few distinct
-    values), TIS's weights summed per cell with ``bincount``. Patterns of more than one
-    word go through a polars group-by on (cell, words)."""
+    The engine computes (:attr:`exprs`) entropy, p, and, when the pattern fits one word, one
+    Int64 key ``step * 2^kb + (staleness bucket * 3 + category) * 2^bits + pattern`` (token
+    gates' bits; integer steps in ``[0, step_limit)``, else 0). Per batch, numpy adds the
+    entropy and p bins (lookup tables, :class:`_Searcher`) to make it ``step * 2^kb + cell *
+    2^bits + pattern`` and the sequence gates' bits, looked up once per run of one
+    ``seq_key`` (a search in the sorted per-sequence decisions); one sort of the keys then
+    counts both tables; TIS's weights are summed per cell with ``bincount``. A batch whose
+    steps are not all in the key counts steps with a polars group-by; patterns of more than
+    one word go through a polars group-by on (cell, words)."""
 
     def __init__(self, plan: ComparePlan, e_edges: np.ndarray, cuts: Sequence[_Cut],
                  decisions: pl.DataFrame | None) -> None:
@@ -1332,11 +1329,11 @@ class _SecondPass:
 class ComparePlan:
     """:func:`compare_gates` as accumulators: two streaming passes over the token frame.
 
-    Pass 1 (:attr:`accumulators`, reads ``seq_key``, ``delta``, ``entropy``, ``step``):
+    Pass 1 (:attr:`accumulators`, reads ``seq_key``, ``delta``, ``entropy``):
     token count, entropy range and null count, ENTR's kept count, both sweeps (token counts
     by sweep index and category), histograms of ``|delta|`` and ``delta^2`` on bins of
-    0.2% relative width, and one row of mergeable partials per sequence (token count, kept
-    tokens of each token gate, the sequence gates' partial statistics, min / max
+    0.2% relative width, and one row of mergeable partials per sequence (which token gates
+    keep some / every token, the sequence gates' partial statistics, min / max
     ``|delta|``; memory O(sequences)).
 
     Pass 2 (:meth:`followup`; :meth:`finish` runs it when the caller has not): keep counts
