@@ -816,7 +816,8 @@ class _Searcher:
             return np.zeros(x.shape, dtype=np.int64)
         if self.lut is None:
             return np.searchsorted(self.values, x, self.side)  # type: ignore[call-overload]
-        f = (x.view(np.uint64) >> np.uint64(_LUT_SHIFT)).astype(np.int64)
+        # (arithmetic shift: negative x give negative f, clipped to 0, then searched exactly)
+        f = x.view(np.int64) >> _LUT_SHIFT
         f -= self.f0 - 1
         np.clip(f, 0, self.lut.size - 1, out=f)
         out = self.lut[f]
