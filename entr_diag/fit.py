@@ -1001,33 +1001,23 @@ class _FitSums:
         d, h = pl.col("delta"), pl.col("entropy")
         usable = h.is_not_null() & h.is_finite() & (h >= 0) & d.is_finite()
         fine = fine_bin_expr()
-        cell = pl.lit(pl.Series(cells.coarse_of_fine(np.arange(N_FINE + 1)), dtype=pl.Int32)
-                      ).gather(fine)
-        coarse = pl.lit(pl.Series(binning.coarse_of_fine(np.arange(N_FINE + 1)),
-                                  dtype=pl.Int32)).gather(fine)
-        block = block_expr(B)
-        d2 = d * d
-        skip = pl.lit(-1, dtype=pl.Int64)  # int64 keys: bincount takes them without a copy
-
-        def key(e: pl.Expr) -> pl.Expr:  # -1 for tokens the fit does not use
-            return pl.when(usable & (cell >= 0)).then(e).otherwise(skip).cast(pl.Int64)
-
+        self.lut_cell = cells.coarse_of_fine(np.arange(N_FINE + 1)).astype(np.int64)
+        self.lut_coarse = binning.coarse_of_fine(np.arange(N_FINE + 1)).astype(np.int64)
+        self.bits = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
+        # each per-token value computed once by the engine (int64: numpy uses it as is);
+        # keys are combined in numpy through lookup tables over the fine bin
+        i64 = pl.Int64
         ex = {
-            "_fit_cb": key(cell * B + block),
-            "_fit_reg": key((cell * 2 + (d2 / (h + eps) > tau).cast(pl.Int32)) * NP
-                            + p_bin_expr()),
-            "_fit_hist": key(coarse * (_N_D + 1) + _abs_delta_bin_expr()),
-            "_fit_h": h, "_fit_d": d, "_fit_d2": d2, "_fit_ad": d.abs(),
-            "_fit_z2": d2 / (h + eps), "_fit_seq": pl.col("seq_key"),
-            "_fit_bit": pl.lit(pl.Series([1 << i for i in range(64)], dtype=pl.UInt64))
-            .gather(coarse % 64),
+            "_fit_fine": pl.when(usable).then(fine).otherwise(-1).cast(i64),
+            "_fit_block": block_expr(B).cast(i64),
+            "_fit_pbin": p_bin_expr().cast(i64),
+            "_fit_dbin": _abs_delta_bin_expr().cast(i64),
+            "_fit_h": h, "_fit_d": d, "_fit_seq": pl.col("seq_key"),
         }
-        if self.words > 1:
-            ex["_fit_word"] = coarse // 64
         if stale is not None:
-            ex["_fit_st"] = key(((stale * self.nb + coarse) * B + block).fill_null(-1))
+            ex["_fit_st"] = stale.fill_null(-1).cast(i64)
         if step_range is not None:
-            ex["_fit_sr"] = key(((step_range * self.nb + coarse) * B + block).fill_null(-1))
+            ex["_fit_sr"] = step_range.fill_null(-1).cast(i64)
         self.exprs = [e.alias(k) for k, e in ex.items()]
         self.cb = {c: np.zeros(self.nc * B) for c in ("n", "s_h", "s_d2")}
         self.reg = {c: np.zeros(self.nc * 2 * NP) for c in ("n", "s_d", "s_d2", "s_absd", "s_z2")}
@@ -1043,8 +1033,11 @@ class _FitSums:
         acc += np.bincount(k, weights=w, minlength=acc.size)
 
     def update(self, batch: pl.DataFrame) -> None:
-        k = batch["_fit_cb"].to_numpy()
-        ok = k >= 0
+        fine = batch["_fit_fine"].to_numpy()
+        # -1: a token the fit does not use (no finite entropy or delta), or outside the binned
+        # range (not for tokens pass 1 counted); lut[-1] is read for those, then dropped
+        cell = np.where(fine >= 0, self.lut_cell[fine], -1)
+        ok = cell >= 0
         if not ok.any():
             return
         full = bool(ok.all())
@@ -1053,33 +1046,40 @@ class _FitSums:
             v = batch[name].to_numpy()
             return v if full else v[ok]
 
-        k = k if full else k[ok]
-        h, d, d2 = col("_fit_h"), col("_fit_d"), col("_fit_d2")
+        if not full:
+            cell, fine = cell[ok], fine[ok]
+        coarse = self.lut_coarse[fine]
+        B, NP = self.B, len(P_BINS)
+        h, d, block = col("_fit_h"), col("_fit_d"), col("_fit_block")
+        d2 = d * d
+        z2 = d2 / (h + self.eps)
+        k = cell * B + block
         self._add(self.cb["n"], k)
         self._add(self.cb["s_h"], k, h)
         self._add(self.cb["s_d2"], k, d2)
-        k = col("_fit_reg")
-        for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", col("_fit_ad")),
-                        ("s_z2", col("_fit_z2"))):
+        k = (cell * 2 + (z2 > self.tau)) * NP + col("_fit_pbin")
+        for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", np.abs(d)),
+                        ("s_z2", z2)):
             self._add(self.reg[name], k, w)
-        self._add(self.hist, col("_fit_hist"))
+        self._add(self.hist, coarse * (_N_D + 1) + col("_fit_dbin"))
         for key, acc in (("_fit_st", self.st), ("_fit_sr", self.sr)):
             if key in batch.columns:
-                kk = col(key)
-                sel = kk >= 0
-                kk = kk[sel]
+                s_ = col(key)
+                sel = s_ >= 0
+                kk = ((s_ * self.nb + coarse) * B + block)[sel]
                 self._add(acc["n"], kk)
                 self._add(acc["s_h"], kk, h[sel])
                 self._add(acc["s_d2"], kk, d2[sel])
         # sequences per bin: OR of 2^coarse over runs of one sequence (rows of a sequence
         # are usually contiguous), then merged by seq_key
-        sk, bit = col("_fit_seq"), col("_fit_bit")
+        sk = col("_fit_seq")
         change = np.empty(sk.size, dtype=bool)
         change[0] = True
         np.not_equal(sk[1:], sk[:-1], out=change[1:])
         starts = np.flatnonzero(change)
+        bit = self.bits[coarse % 64]
         cols = {"seq_key": sk[starts]}
-        word = col("_fit_word") if self.words > 1 else None
+        word = coarse // 64 if self.words > 1 else None
         for w in range(self.words):
             bits = bit if word is None else np.where(word == w, bit, np.uint64(0))
             cols[f"m{w}"] = np.bitwise_or.reduceat(bits, starts)
