@@ -108,15 +108,16 @@ def _parse_columns(items: list[str] | None) -> dict[str, str]:
 
 
 class _RowsColumn(ProgressColumn):
-    """``1.2/4.9M rows`` during a pass over the tokens; nothing otherwise."""
+    """``1.2/4.9M tokens`` (valid loss-masked tokens read) during a pass over the tokens;
+    nothing otherwise."""
 
     def render(self, task: Task) -> Text:
         if task.total is None:
             return Text("")
         done, total = int(task.completed), int(task.total)
         if total >= 1_000_000:
-            return Text(f"{done / 1e6:.1f}/{total / 1e6:.1f}M rows")
-        return Text(f"{done:,}/{total:,} rows")
+            return Text(f"{done / 1e6:.1f}/{total / 1e6:.1f}M tokens")
+        return Text(f"{done:,}/{total:,} tokens")
 
 
 class _Phases:
@@ -221,10 +222,20 @@ def _check_output(path: Path | None, what: str) -> None:
 
 def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
     """Input files are never modified: an output naming an input file is refused (checked
-    on the resolved input paths, before any data is read)."""
+    on the resolved input paths, before any data is read); so are two outputs naming the
+    same file."""
     from entr_diag.errors import InputError
     from entr_diag.io.load import bundled_sample_path, resolve_paths
 
+    given = {what: path.resolve() for what, path in outputs.items() if path is not None}
+    seen: dict[Path, str] = {}
+    for what, path in given.items():
+        if path in seen:
+            raise InputError(
+                f"{seen[path]} and {what} name the same file ({path}); give each output its "
+                "own path."
+            )
+        seen[path] = what
     files = resolve_paths([str(p) for p in paths]) if paths else [bundled_sample_path()]
     inputs = {f.resolve() for f in files}
     for what, path in outputs.items():
@@ -467,6 +478,9 @@ def fit(
     from entr_diag.report.terminal_fit import render_fit
 
     with _errors(quiet):
+        from entr_diag.fit import check_fit_parameters
+
+        check_fit_parameters(eps, tau, n_boot)
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet)
@@ -510,6 +524,9 @@ def flag(
     from entr_diag.regime import flagged_tokens
 
     with _errors(quiet):
+        from entr_diag.fit import check_fit_parameters
+
+        check_fit_parameters(eps, tau, n_boot)
         _check_output(output, "--output")
         _refuse_overwriting_inputs(paths, {"--output": output})
         ds = _load(paths, column, framework, layout, entropy, quiet)

@@ -132,6 +132,7 @@ __all__ = [
     "StratumFit",
     "Verdict",
     "FitPlan",
+    "check_fit_parameters",
     "fit_plan",
     "fit_scaling_law",
 ]
@@ -626,6 +627,11 @@ def _search_break(
 
     ``h_lo``/``h_hi``: entropy edges of the eligible bins (same order as ``bd``)."""
     n = len(bd.h)
+    if n < 3:  # too few breakpoint bins to fit even the single law (tiny runs)
+        s = BreakpointSearch(0, _NAN, _NAN, _NAN, _NAN, _CI_NAN, _NAN, False,
+                             f"only {n} of the finer breakpoint bins hold >= {MIN_BIN_TOKENS} "
+                             "tokens from >= 2 sequence blocks: a breakpoint needs at least 4")
+        return s, None, 0
     x, y, w = bd.lx, bd.ly, bd.w_log()
     LXr, LYr = bd.log_reps()
     R = LYr.shape[1]
@@ -1141,7 +1147,7 @@ def fit_plan(
     ``fine_counts`` (int array of length ``N_FINE + 1``, tokens of ``lf`` per fine bin of
     :func:`~entr_diag.aggregate.fine_bin_expr`, e.g. ``Dataset.entropy_fine_counts``) and
     ``step_range`` (lowest, highest step of ``lf``) skip pass 1 when they are known."""
-    _check_fit_params(eps, tau, n_boot)
+    check_fit_parameters(eps, tau, n_boot)
     _check_blocks(n_blocks)
     lfu = usable(lf)
     names = lf.collect_schema().names()
@@ -1201,7 +1207,9 @@ def fit_plan(
                    notices=notices, step_labels=step_labels, has_stale=stale_key is not None)
 
 
-def _check_fit_params(eps: float, tau: float, n_boot: int) -> None:
+def check_fit_parameters(eps: float, tau: float, n_boot: int) -> None:
+    """Raise :class:`ParameterError` unless ``eps >= 0``, ``tau > 0`` (both finite) and
+    ``n_boot`` is an integer >= MIN_BOOT (the checks of :func:`fit_scaling_law`)."""
     if not (eps >= 0 and math.isfinite(eps)):
         raise ParameterError(f"eps must be >= 0, got {eps!r}.")
     if not (tau > 0 and math.isfinite(tau)):

@@ -956,7 +956,9 @@ def _misalignment(sample: pl.DataFrame, keep: int) -> _Result:
                 "offsets; re-dump with both arrays indexed by the same generated token."
             ),
         )
-        return _found(f, f"lag {best:+d} fits {mad[0] / mad[best]:.1f}x better than lag 0")
+        better = (f"{mad[0] / mad[best]:.1f}x better than lag 0" if mad[best] > 0
+                  else "exactly (mean |difference| 0), lag 0 does not")
+        return _found(f, f"lag {best:+d} fits {better}")
     return _clear(
         name,
         f"lag 0 fits best (mean |diff| {mad[0]:.3g} vs {mad[-1]:.3g} / {mad[1]:.3g} at -1 / +1)",

@@ -344,3 +344,71 @@ def test_progress_bar_counts_rows_on_a_terminal(monkeypatch, tmp_path):
     seen.clear()
     r = CliRunner().invoke(app, ["fit", "--quiet", "--json", str(tmp_path / "g.json")])
     assert r.exit_code == 0 and seen == []
+
+
+def test_tiny_run_fits_without_a_breakpoint_search(tmp_path):
+    """A run too small for the finer breakpoint bins (400 tokens) is fitted and says why no
+    breakpoint was searched, instead of crashing."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 400
+    h = rng.exponential(0.5, n)
+    infer = -rng.exponential(0.5, n)
+    df = pl.DataFrame({"seq_id": np.repeat(np.arange(10), 40), "infer_logprob": infer,
+                       "train_logprob": np.minimum(infer + rng.normal(0, 0.3, n), 0.0),
+                       "entropy": h})
+    p = tmp_path / "tiny.parquet"
+    df.write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--json", str(tmp_path / "f.json")])
+    assert r.exit_code == 0, r.output
+    bp = json.loads((tmp_path / "f.json").read_text())
+    assert bp["breakpoint"] is None and "breakpoint needs at least 4" in r.stdout
+
+
+def test_exact_off_by_one_stops_with_the_shift(tmp_path):
+    """train_logprob[t] == infer_logprob[t-1] exactly (no noise) is the clearest shift: exit
+    2 naming it, not a division by zero; --allow-misaligned goes on."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    n_seq, length = 40, 60
+    infer = -rng.exponential(0.7, n_seq * length)
+    df = pl.DataFrame({"seq_id": np.repeat(np.arange(n_seq), length),
+                       "position": np.tile(np.arange(length), n_seq),
+                       "infer_logprob": infer, "entropy": rng.exponential(0.5, n_seq * length)})
+    df = df.with_columns(pl.col("infer_logprob").shift(1).over("seq_id").alias("train_logprob")
+                         ).drop_nulls()
+    p = tmp_path / "shifted.parquet"
+    df.write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q"])
+    assert r.exit_code == 2, r.output
+    assert "shifted by -1 token" in re.sub(r"\s+", " ", r.stderr)
+    assert runner.invoke(app, ["inspect", str(p), "-q"]).exit_code == 0
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--allow-misaligned"])
+    assert r.exit_code == 0, r.output
+
+
+def test_two_outputs_with_one_path_are_refused(tmp_path):
+    """Two outputs naming the same file are refused before any work (exit 2)."""
+    same = tmp_path / "same.out"
+    for args in (["report", "-o", str(same), "--json", str(same)],
+                 ["compare", "--export", str(same), "--json", str(same)]):
+        r = runner.invoke(app, [*args, "-q"])
+        assert r.exit_code == 2 and "name the same file" in r.stderr, args
+        assert not same.exists()
+
+
+@pytest.mark.parametrize("cmd", [["fit"], ["flag", "-o", "noise.parquet"]])
+@pytest.mark.parametrize("bad", [["--tau", "0"], ["--tau", "nan"], ["--eps", "-1"]])
+def test_fit_and_flag_check_tau_and_eps_before_reading(cmd, bad, tmp_path, monkeypatch):
+    """fit and flag refuse a bad --tau / --eps before reading any data (exit 2)."""
+    import entr_diag.io
+
+    def no_read(*a, **k):
+        raise AssertionError("data read before the parameters were checked")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(entr_diag.io, "load_dataset", no_read)
+    r = runner.invoke(app, [*cmd, *bad, "-q"])
+    assert r.exit_code == 2 and "must be" in r.stderr, r.output
