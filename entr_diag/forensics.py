@@ -46,8 +46,15 @@ import polars as pl
 from scipy import stats
 
 from entr_diag.errors import ParameterError
-from entr_diag.metrics import PartialRows, column, has_nulls, run_starts
-from entr_diag.passes import Accumulator, GroupAgg, run_pass
+from entr_diag.passes import (
+    Accumulator,
+    GroupAgg,
+    PartialRows,
+    column,
+    has_nulls,
+    run_pass,
+    run_starts,
+)
 
 __all__ = [
     "CHECKS",
@@ -395,9 +402,8 @@ class _SeqTables:
     columns = ("seq_key", "seq_id", "entropy", "staleness", "delta", "position")
 
     def __init__(self, compact_rows: int = 32_000_000) -> None:
-        self.compact_rows = compact_rows
-        self._parts: list[pl.DataFrame] = []
-        self._rows = self._merged_rows = 0
+        self._bins = PartialRows(list(self._KEYS), [pl.col("n", "sh", "sd2").sum()],
+                                 compact_rows)
         d = pl.col("delta")
         self._aggs = [
             pl.col("seq_id").first(),
@@ -422,25 +428,15 @@ class _SeqTables:
 
     def add_bins(self, p: pl.DataFrame) -> None:
         """Partial (seq_key, bin, _stale) rows n, sh, sd2."""
-        self._parts.append(p)
-        self._rows += p.height
-        # merged when the partial rows exceed compact_rows and twice the last merged table
-        # (a table of many keys is not re-merged at every batch: linear work)
-        if (self._rows > max(self.compact_rows, 2 * self._merged_rows)
-                and len(self._parts) > 1):
-            merged = pl.concat(self._parts, how="vertical_relaxed").group_by(self._KEYS).agg(
-                pl.col("n", "sh", "sd2").sum())
-            self._parts, self._rows = [merged], merged.height
-            self._merged_rows = merged.height
+        self._bins.add(p)
 
     def tables(self, empty: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         """(bins, seqs); ``empty``: a typed empty batch (with the derived columns) for a pass
         that saw no row."""
-        if not self._parts:
+        bins = self._bins.rows()
+        if bins is None:
             self.update(empty)
-        # the partial tables as chunks of one frame (no copy)
-        bins = pl.concat(self._parts, how="vertical_relaxed", rechunk=False)
-        self._parts = [bins]
+            bins = self._bins.rows()
         return bins, self.seqs.result()
 
 

@@ -36,14 +36,13 @@ the token frame.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
 from entr_diag.errors import FitError
-from entr_diag.passes import Accumulator, run_pass
+from entr_diag.passes import Accumulator, PartialRows, column, has_nulls, run_pass, run_starts
 
 __all__ = [
     "METRIC_NAMES",
@@ -195,94 +194,6 @@ def _make(tok: dict, seq: dict, step: int | None = None) -> MetricSet:
         share_abs_delta_gt_log2=t("n_gt_log2"),
         step=step,
     )
-
-
-class _ArrayCache:
-    """numpy arrays of the columns of the batch being processed, shared by the accumulators
-    of a pass (a batch's columns are usually several chunks: ``to_numpy`` copies them, once
-    per batch instead of once per accumulator). Weakly bound to the batch: arrays of the
-    previous batch are dropped when the next one is read."""
-
-    def __init__(self) -> None:
-        self._batch: weakref.ref[pl.DataFrame] | None = None
-        self._arrays: dict[str, np.ndarray] = {}
-
-    def get(self, batch: pl.DataFrame, name: str) -> np.ndarray:
-        if self._batch is None or self._batch() is not batch:
-            self._batch, self._arrays = weakref.ref(batch), {}
-        a = self._arrays.get(name)
-        if a is None:
-            a = self._arrays[name] = batch[name].to_numpy()
-        return a
-
-
-_ARRAYS = _ArrayCache()
-
-
-def column(batch: pl.DataFrame, name: str) -> np.ndarray:
-    """``batch[name].to_numpy()``, computed once per batch (read-only: never modify it)."""
-    return _ARRAYS.get(batch, name)
-
-
-def run_starts(batch: pl.DataFrame, keys: list[str]) -> np.ndarray:
-    """Start index of each run of consecutive rows of ``batch`` (non-empty) with equal
-    ``keys`` (columns without nulls)."""
-    change = np.empty(batch.height, dtype=bool)
-    change[0] = True
-    change[1:] = False
-    for k in keys:
-        v = column(batch, k)
-        change[1:] |= v[1:] != v[:-1]
-    return np.flatnonzero(change)
-
-
-def run_rows(starts: np.ndarray, height: int, runs: np.ndarray) -> np.ndarray:
-    """Row indices (ascending) of the runs ``runs`` (indices into ``starts``, ascending) of a
-    batch of ``height`` rows whose runs start at ``starts``."""
-    length = np.diff(np.append(starts, height))[runs]
-    offset = starts[runs] - np.cumsum(length) + length
-    return np.arange(int(length.sum())) + np.repeat(offset, length)
-
-
-def has_nulls(batch: pl.DataFrame, cols: list[str]) -> bool:
-    """Whether a column of ``cols`` (those in ``batch``) holds a null."""
-    return any(batch[c].null_count() for c in cols if c in batch.columns)
-
-
-class PartialRows:
-    """Rows of partial sums (minima, ...) keyed by ``keys``, added per batch already reduced
-    (e.g. one row per run of a sequence) and merged by ``group_by(keys).agg(merge)`` only
-    when they exceed ``compact_rows`` and twice the rows of the last merged table: no
-    per-batch group-by, memory within about twice the number of distinct keys, linear
-    merging work. The role of :class:`~entr_diag.passes.GroupAgg` for rows that need no
-    per-batch aggregation."""
-
-    def __init__(self, keys: list[str], merge: list[pl.Expr],
-                 compact_rows: int = 250_000) -> None:
-        self.keys, self.merge, self.compact_rows = keys, merge, compact_rows
-        self._parts: list[pl.DataFrame] = []
-        self._rows = self._merged_rows = 0
-
-    def add(self, part: pl.DataFrame) -> None:
-        self._parts.append(part)
-        self._rows += part.height
-        if self._rows > max(self.compact_rows, 2 * self._merged_rows) and len(self._parts) > 1:
-            self._compact()
-
-    def _compact(self) -> None:
-        merged = pl.concat(self._parts, how="vertical_relaxed").group_by(self.keys).agg(
-            self.merge)
-        self._parts = [merged]
-        self._rows = self._merged_rows = merged.height
-
-    def result(self, empty: pl.DataFrame | None = None) -> pl.DataFrame:
-        """The merged table (one row per key, unsorted); ``empty`` (else an empty frame)
-        when nothing was added."""
-        if not self._parts:
-            return empty if empty is not None else pl.DataFrame()
-        if len(self._parts) > 1 or not self._merged_rows:
-            self._compact()
-        return self._parts[0]
 
 
 class _SeqSums:

@@ -24,9 +24,10 @@ Building blocks:
 - :class:`GroupAgg`: a polars ``group_by`` per batch, partial tables re-aggregated with
   merge expressions (sum of sums, min of mins, ...). For keys whose number is bounded by
   bins or sequences.
-- :func:`reduce_runs`: runs of consecutive equal keys (the tokens of one sequence are
-  usually contiguous) collapsed by ``numpy.ufunc.reduceat`` before a :class:`GroupAgg`, so
-  the hash group-by sees a few thousand rows per batch instead of every token.
+- :func:`run_starts` / :class:`PartialRows`: runs of consecutive rows of one sequence (the
+  tokens of a sequence are usually contiguous) reduced with ``numpy.ufunc.reduceat``, the
+  run rows kept and merged by key only when they grow, so no hash group-by sees every
+  token; :func:`column` shares a batch's numpy arrays between accumulators.
 - :class:`DenseSums`: ``numpy.bincount`` of weights on a dense integer key computed per
   batch; for fixed-size grids (bins x blocks), where it beats a hash group-by.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
@@ -46,9 +48,13 @@ __all__ = [
     "Accumulator",
     "DenseSums",
     "GroupAgg",
+    "PartialRows",
+    "column",
+    "has_nulls",
     "progress_hook",
-    "reduce_runs",
     "run_pass",
+    "run_rows",
+    "run_starts",
 ]
 
 #: Rows per batch handed to the accumulators (smaller batches: less memory in flight).
@@ -134,11 +140,9 @@ class GroupAgg:
     ``prepare``: maps the batch (a LazyFrame) to the frame to group (add key columns,
     filter); ``aggs``: the per-batch aggregations, each aliased; ``merge``: the
     aggregations that combine partial rows of one key (e.g. ``pl.col("n").sum()`` for a
-    count, ``.min()`` of a minimum). Partial tables are compacted (merged into one) when
-    they hold more than ``compact_rows`` rows and more than twice the rows of the last
-    compacted table: memory stays within about twice the number of distinct keys, and the
-    merging work stays linear in the input (a table of many keys is not re-merged at every
-    batch).
+    count, ``.min()`` of a minimum). The partial tables are kept in a :class:`PartialRows`
+    (merged when they exceed ``compact_rows`` and twice the rows of the last merged table:
+    memory within about twice the number of distinct keys, linear merging work).
     :meth:`result` returns the merged table (one row per key, unsorted).
     """
 
@@ -154,35 +158,111 @@ class GroupAgg:
         self.columns = list(columns)
         self.keys = list(keys)
         self.aggs = list(aggs)
-        self.merge = list(merge)
         self.prepare = prepare
-        self.compact_rows = compact_rows
-        self._parts: list[pl.DataFrame] = []
-        self._rows = 0
-        self._merged_rows = 0
+        self._rows = PartialRows(self.keys, list(merge), compact_rows)
 
     def update(self, batch: pl.DataFrame) -> None:
         lf = batch.lazy()
         if self.prepare is not None:
             lf = self.prepare(lf)
-        part = lf.group_by(self.keys).agg(self.aggs).collect()
+        self._rows.add(lf.group_by(self.keys).agg(self.aggs).collect())
+
+    def result(self, empty_schema: pl.DataFrame | None = None) -> pl.DataFrame:
+        """The merged table; ``empty_schema`` (else an empty frame) when no batch was seen."""
+        return self._rows.result(empty_schema)
+
+
+class _ArrayCache:
+    """numpy arrays of the columns of the batch being processed, shared by the accumulators
+    of a pass (a batch's columns are usually several chunks: ``to_numpy`` copies them, once
+    per batch instead of once per accumulator). Weakly bound to the batch: arrays of the
+    previous batch are dropped when the next one is read."""
+
+    def __init__(self) -> None:
+        self._batch: weakref.ref[pl.DataFrame] | None = None
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def get(self, batch: pl.DataFrame, name: str) -> np.ndarray:
+        if self._batch is None or self._batch() is not batch:
+            self._batch, self._arrays = weakref.ref(batch), {}
+        a = self._arrays.get(name)
+        if a is None:
+            a = self._arrays[name] = batch[name].to_numpy()
+        return a
+
+
+_ARRAYS = _ArrayCache()
+
+
+def column(batch: pl.DataFrame, name: str) -> np.ndarray:
+    """``batch[name].to_numpy()``, computed once per batch (read-only: never modify it)."""
+    return _ARRAYS.get(batch, name)
+
+
+def run_starts(batch: pl.DataFrame, keys: list[str]) -> np.ndarray:
+    """Start index of each run of consecutive rows of ``batch`` (non-empty) with equal
+    ``keys`` (columns without nulls)."""
+    change = np.empty(batch.height, dtype=bool)
+    change[0] = True
+    change[1:] = False
+    for k in keys:
+        v = column(batch, k)
+        change[1:] |= v[1:] != v[:-1]
+    return np.flatnonzero(change)
+
+
+def run_rows(starts: np.ndarray, height: int, runs: np.ndarray) -> np.ndarray:
+    """Row indices (ascending) of the runs ``runs`` (indices into ``starts``, ascending) of a
+    batch of ``height`` rows whose runs start at ``starts``."""
+    length = np.diff(np.append(starts, height))[runs]
+    offset = starts[runs] - np.cumsum(length) + length
+    return np.arange(int(length.sum())) + np.repeat(offset, length)
+
+
+def has_nulls(batch: pl.DataFrame, cols: list[str]) -> bool:
+    """Whether a column of ``cols`` (those in ``batch``) holds a null."""
+    return any(batch[c].null_count() for c in cols if c in batch.columns)
+
+
+class PartialRows:
+    """Rows of partial sums (minima, ...) keyed by ``keys``, added per batch already reduced
+    (e.g. one row per run of a sequence) and merged by ``group_by(keys).agg(merge)`` only
+    when they exceed ``compact_rows`` and twice the rows of the last merged table: no
+    per-batch group-by, memory within about twice the number of distinct keys, linear
+    merging work. :class:`GroupAgg` feeds it its per-batch group-by results."""
+
+    def __init__(self, keys: list[str], merge: list[pl.Expr],
+                 compact_rows: int = 250_000) -> None:
+        self.keys, self.merge, self.compact_rows = keys, merge, compact_rows
+        self._parts: list[pl.DataFrame] = []
+        self._rows = self._merged_rows = 0
+
+    def add(self, part: pl.DataFrame) -> None:
         self._parts.append(part)
         self._rows += part.height
-        if (self._rows > max(self.compact_rows, 2 * self._merged_rows)
-                and len(self._parts) > 1):
+        if self._rows > max(self.compact_rows, 2 * self._merged_rows) and len(self._parts) > 1:
             self._compact()
 
     def _compact(self) -> None:
-        merged = pl.concat(self._parts, how="vertical_relaxed").group_by(self.keys).agg(self.merge)
+        merged = pl.concat(self._parts, how="vertical_relaxed").group_by(self.keys).agg(
+            self.merge)
         self._parts = [merged]
         self._rows = self._merged_rows = merged.height
 
-    def result(self, empty_schema: pl.DataFrame | None = None) -> pl.DataFrame:
-        """The merged table. With no batch seen: ``empty_schema`` when given, else the
-        aggregation run on an empty frame is impossible to type, so an empty frame."""
+    def rows(self) -> pl.DataFrame | None:
+        """The partial rows as chunks of one frame, not merged (a key may repeat: for
+        readers that only sum them over coarser keys); None when nothing was added."""
         if not self._parts:
-            return empty_schema if empty_schema is not None else pl.DataFrame()
-        if len(self._parts) > 1:
+            return None
+        self._parts = [pl.concat(self._parts, how="vertical_relaxed", rechunk=False)]
+        return self._parts[0]
+
+    def result(self, empty: pl.DataFrame | None = None) -> pl.DataFrame:
+        """The merged table (one row per key, unsorted); ``empty`` (else an empty frame)
+        when nothing was added."""
+        if not self._parts:
+            return empty if empty is not None else pl.DataFrame()
+        if len(self._parts) > 1 or not self._merged_rows:
             self._compact()
         return self._parts[0]
 
@@ -227,49 +307,3 @@ class DenseSums:
                 self.sums[name] += np.bincount(k, weights=w if all_ok else w[ok],
                                                minlength=self.size)
 
-
-def reduce_runs(
-    batch: pl.DataFrame,
-    keys: Sequence[str],
-    *,
-    sums: Sequence[str] = (),
-    mins: Sequence[str] = (),
-    maxs: Sequence[str] = (),
-    firsts: Sequence[str] = (),
-    count: str | None = "n",
-) -> pl.DataFrame:
-    """Collapse runs of consecutive rows with equal ``keys`` into one row each (sums, minima,
-    maxima, first values and the row count of the run), by ``numpy.ufunc.reduceat``.
-
-    A cheap first step before a :class:`GroupAgg` keyed by the same keys: the tokens of one
-    sequence are usually contiguous in a dump, so a batch of 250k tokens collapses to a few
-    thousand rows without a hash table. Exact whatever the order (rows of one key that are
-    not contiguous give several rows, which the group-by merges). ``sums`` / ``mins`` /
-    ``maxs`` columns must be numeric without nulls or NaN (numpy's reductions, not polars'
-    null-skipping ones); ``firsts`` may be any dtype; each column may appear once (else
-    ``ValueError``). Returns a frame with ``keys``, then
-    ``count`` (Int64, unless None), then the reduced columns under their own names.
-    """
-    names = [*keys, *sums, *mins, *maxs, *firsts]
-    if len(set(names)) != len(names) or (count and count in names):
-        raise ValueError(f"reduce_runs: a column is named twice in {names} (count={count!r}).")
-    n = batch.height
-    if n == 0:
-        return batch.select(*keys, *sums, *mins, *maxs, *firsts).head(0).with_columns(
-            *([pl.lit(0, dtype=pl.Int64).alias(count)] if count else []))
-    change = np.zeros(n, dtype=bool)
-    change[0] = True
-    for k in keys:
-        v = batch[k].to_numpy()
-        change[1:] |= v[1:] != v[:-1]
-    starts = np.flatnonzero(change)
-    idx = pl.Series(starts)
-    out: dict[str, object] = {k: batch[k].gather(idx) for k in keys}
-    if count:
-        out[count] = pl.Series(count, np.diff(np.append(starts, n)).astype(np.int64))
-    for cols, fn in ((sums, np.add), (mins, np.minimum), (maxs, np.maximum)):
-        for c in cols:
-            out[c] = pl.Series(c, fn.reduceat(batch[c].to_numpy(), starts))
-    for c in firsts:
-        out[c] = batch[c].gather(idx)
-    return pl.DataFrame(out)

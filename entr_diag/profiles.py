@@ -39,8 +39,15 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import ParameterError
-from entr_diag.metrics import PartialRows, column, has_nulls, run_rows, run_starts
-from entr_diag.passes import Accumulator, run_pass
+from entr_diag.passes import (
+    Accumulator,
+    PartialRows,
+    column,
+    has_nulls,
+    run_pass,
+    run_rows,
+    run_starts,
+)
 
 __all__ = [
     "Density2D",
@@ -376,7 +383,7 @@ class _SeqVersions:
     ``reduceat`` (the tokens of a sequence are usually contiguous: a batch collapses to about
     one row per sequence); a batch with a null key or position takes a polars group-by.
     Partial rows of one key merge by min / max / sum (``seq_id`` and ``step`` are constant
-    within a sequence) after the pass (:class:`~entr_diag.metrics.PartialRows`).
+    within a sequence) after the pass (:class:`~entr_diag.passes.PartialRows`).
     """
 
     def __init__(self, cols: set[str]) -> None:

@@ -56,34 +56,3 @@ def test_dense_sums_ignore_keys_out_of_range():
     run_pass(df.lazy(), [acc])
     assert acc.sums["n"].tolist() == [1.0, 2.0]
 
-
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_reduce_runs_then_group_equals_group_by(shuffle):
-    """Collapsing runs of equal keys, then grouping, equals one group_by (contiguous keys or
-    not): counts, sums, minima, maxima, first values."""
-    from entr_diag.passes import reduce_runs
-
-    df = _frame(3000).sort("seq_key").with_columns(
-        pl.col("seq_key").cast(pl.String).alias("name"), (pl.col("seq_key") % 3).alias("b"),
-        pl.col("delta").alias("d_max"))
-    if shuffle:
-        df = df.sample(fraction=1.0, shuffle=True, seed=1)
-    r = reduce_runs(df, ["seq_key", "b"], sums=["delta"], mins=["entropy"], maxs=["d_max"],
-                    firsts=["name"])
-    assert r.height < df.height or shuffle
-    got = (r.group_by("seq_key", "b").agg(pl.col("n").sum(), pl.col("delta").sum().alias("s"),
-                                          pl.col("entropy").min(), pl.col("d_max").max(),
-                                          pl.col("name").first())
-           .sort("seq_key", "b"))
-    want = (df.group_by("seq_key", "b").agg(pl.len().alias("n"), pl.col("delta").sum().alias("s"),
-                                            pl.col("entropy").min(), pl.col("delta").max()
-                                            .alias("d_max"), pl.col("name").first())
-            .sort("seq_key", "b"))
-    assert got["n"].to_list() == [int(x) for x in want["n"]]
-    np.testing.assert_allclose(got["s"].to_numpy(), want["s"].to_numpy(), atol=1e-12)
-    assert got["entropy"].to_list() == want["entropy"].to_list()
-    assert got["d_max"].to_list() == want["d_max"].to_list()
-    assert got["name"].to_list() == want["name"].to_list()
-    assert reduce_runs(df.head(0), ["seq_key"], sums=["delta"]).height == 0
-    with pytest.raises(ValueError):
-        reduce_runs(df, ["seq_key"], sums=["delta"], maxs=["delta"])
