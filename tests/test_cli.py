@@ -412,3 +412,14 @@ def test_fit_and_flag_check_tau_and_eps_before_reading(cmd, bad, tmp_path, monke
     monkeypatch.setattr(entr_diag.io, "load_dataset", no_read)
     r = runner.invoke(app, [*cmd, *bad, "-q"])
     assert r.exit_code == 2 and "must be" in r.stderr, r.output
+
+
+def test_inspect_all_masked_allows_nothing(tmp_path):
+    """With no valid loss-masked token, inspect lists every analysis as unavailable (as fit
+    then refuses it) and prints no 'None' step range."""
+    p = _file(tmp_path, response_mask=[0, 0, 0, 0])
+    r = runner.invoke(app, ["inspect", str(p), "-q", "--json", str(tmp_path / "i.json")])
+    assert r.exit_code == 0, r.output
+    assert "None" not in r.stdout
+    caps = json.loads((tmp_path / "i.json").read_text())["inputs"]["capabilities"]
+    assert caps and all(v == "no valid loss-masked token" for v in caps.values())

@@ -382,6 +382,10 @@ class Dataset:
     def capabilities(self) -> dict[str, str | None]:
         """Analyses the data allow: name -> None when available, else the reason it is not."""
         caps: dict[str, str | None] = {}
+        if self.accounting.tokens_valid == 0:  # nothing is available without a token
+            return {k: "no valid loss-masked token" for k in (
+                "scaling_law_fit", "entr_gate", "staleness", "version_switches", "per_step",
+                "token_tables", "trainer_noise_floor")}
         caps["scaling_law_fit"] = None if self.has("entropy") else "no entropy column"
         caps["entr_gate"] = caps["scaling_law_fit"]
         caps["staleness"] = None if self.has("staleness") else (

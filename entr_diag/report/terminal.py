@@ -57,7 +57,8 @@ def render_inspect(desc: dict, console: Console) -> None:
     st = acc.get("steps")
     lines = []
     if st:
-        lines.append(f"steps: {st['count']} ({st['min']}..{st['max']})")
+        lines.append(f"steps: {st['count']}" + (
+            f" ({st['min']}..{st['max']})" if st.get("min") is not None else ""))
     if acc.get("policy_versions"):
         lo, hi = acc["policy_versions"]
         lines.append(f"policy_version: {lo}..{hi}")
