@@ -38,6 +38,8 @@ import contextlib
 import contextvars
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -46,12 +48,16 @@ import polars as pl
 __all__ = [
     "CHUNK_ROWS",
     "Accumulator",
+    "Chunk",
+    "QueryAccumulator",
     "DenseSums",
     "GroupAgg",
     "PartialRows",
     "column",
     "has_nulls",
+    "chunks_of",
     "progress_hook",
+    "register_chunks",
     "run_pass",
     "run_rows",
     "run_starts",
@@ -80,11 +86,17 @@ def progress_hook(fn: ProgressFn | None) -> Iterator[None]:
 class Accumulator(Protocol):
     """Reduces batches of the token frame. ``columns``: the canonical columns it reads.
 
+    (Query accumulators instead have ``queries(lf)``, ``n_queries`` and ``absorb(results)``:
+    see :class:`QueryAccumulator`.)
+
     Optionally ``exprs``: named polars expressions over the frame, computed by the streaming
     engine as part of the scan (on its worker threads, overlapping the Python-side work of
     the accumulators) and added to every batch; their names must be unique to the
     accumulator (a prefix such as ``_fit_``), unless two accumulators mean the same
-    expression.
+    expression. Optionally ``stages``: lists of named expressions added (``with_columns``)
+    one list after the other before ``exprs`` are computed, for intermediate values that
+    several ``exprs`` use (computed once: polars does not share a sub-expression that holds
+    a literal Series, such as a lookup table).
     """
 
     columns: Sequence[str]
@@ -93,45 +105,196 @@ class Accumulator(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """One piece of a token frame: ``frame`` reads a contiguous range of row groups of one
+    input file (``rows``: its estimated token rows). ``streamed``: the piece is too large to
+    hold (a file written as one huge row group, or one whose canonical frame needs the whole
+    file, e.g. positions numbered per sequence): it is read in batches instead."""
+
+    frame: pl.LazyFrame
+    rows: int
+    streamed: bool = False
+
+
+#: Chunks registered for frames (id -> (weak reference to the frame, chunks)).
+_CHUNKS: dict[int, tuple[weakref.ref, tuple[Chunk, ...]]] = {}
+
+
+def register_chunks(lf: pl.LazyFrame, chunks: Sequence[Chunk]) -> None:
+    """Declare that ``lf`` is the concatenation of ``chunks`` (same schema, every row in
+    exactly one chunk): :func:`run_pass` over ``lf`` then runs chunk by chunk. Used by the
+    loader for :attr:`Dataset.lf` and :attr:`Dataset.raw`; frames derived from ``lf`` are
+    not chunked."""
+    for k in [k for k, (ref, _) in _CHUNKS.items() if ref() is None]:
+        del _CHUNKS[k]
+    _CHUNKS[id(lf)] = (weakref.ref(lf), tuple(chunks))
+
+
+def chunks_of(lf: pl.LazyFrame) -> tuple[Chunk, ...] | None:
+    """The chunks registered for ``lf`` (:func:`register_chunks`), else None."""
+    hit = _CHUNKS.get(id(lf))
+    if hit is None or hit[0]() is not lf:
+        return None
+    return hit[1]
+
+
 def run_pass(
     lf: pl.LazyFrame,
     accumulators: Sequence[Accumulator],
     *,
     chunk_size: int = CHUNK_ROWS,
 ) -> int:
-    """Stream ``lf`` once and feed every batch to every accumulator; return the row count.
+    """Read ``lf`` once and feed every accumulator; return the row count.
 
-    Only the union of the accumulators' ``columns`` is read (projection pushdown to the
-    Parquet reader), plus their ``exprs``, computed by the streaming engine. Batches arrive in no particular order (``maintain_order=False``):
-    accumulators must not depend on it. Errors of the scan (unreadable file, schema
-    mismatch between shards) propagate as polars exceptions.
+    Two kinds of accumulators (:class:`Accumulator`): batch accumulators (``update``) get
+    the frame in batches of at most ``chunk_size`` rows, in no particular order; query
+    accumulators (``queries`` / ``absorb``) get the results of their polars queries run on
+    each piece of the frame, computed by the streaming engine.
+
+    When ``lf`` has registered chunks (:func:`register_chunks`, e.g. a loaded
+    :class:`~entr_diag.io.load.Dataset`), each chunk is one ``pl.collect_all`` of every
+    query accumulator's queries plus the batch accumulators' columns: the queries share
+    one decode of the chunk (common-subplan elimination caches only that chunk, so memory
+    is bounded by the chunk size), and the next chunk is computed on a worker thread while
+    the accumulators reduce the current one. Otherwise (and for a ``streamed`` chunk) the
+    frame is streamed with ``collect_batches`` and the queries run on each batch.
+
+    Only the union of the batch accumulators' ``columns`` is read (projection pushdown),
+    plus their ``exprs``, computed by the streaming engine. Errors of the scan (unreadable
+    file, schema mismatch between shards) propagate as polars exceptions.
     """
     if not accumulators:
         return 0
+    chunks = chunks_of(lf)
+    if chunks is None:
+        return _stream(lf, accumulators, chunk_size)
+    rows = 0
+    batch_accs = [a for a in accumulators if not _is_query(a)]
+    query_accs = [a for a in accumulators if _is_query(a)]
+    progress = _PROGRESS.get()
+
+    def compute(chunk: Chunk) -> tuple[list[pl.DataFrame], pl.DataFrame | None]:
+        qs: list[pl.LazyFrame] = []
+        for acc in query_accs:
+            qs.extend(acc.queries(chunk.frame))
+        if batch_accs:
+            qs.append(_project(chunk.frame, batch_accs))
+        else:
+            qs.append(chunk.frame.select(pl.len().alias("n")))
+        out = pl.collect_all(qs, engine="streaming")
+        return out[:-1], out[-1]
+
+    todo = [c for c in chunks if not c.streamed]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(compute, todo[0]) if todo else None
+        for i in range(len(todo)):
+            results, tail = pending.result()  # type: ignore[union-attr]
+            pending = pool.submit(compute, todo[i + 1]) if i + 1 < len(todo) else None
+            _absorb(query_accs, results)
+            if not batch_accs:
+                n = int(tail["n"][0])
+                rows += n
+                if progress is not None and n:
+                    progress(n)
+                continue
+            for off in range(0, tail.height, chunk_size):
+                batch = tail.slice(off, chunk_size)
+                for acc in batch_accs:
+                    acc.update(batch)
+                rows += batch.height
+                if progress is not None:
+                    progress(batch.height)
+    for c in chunks:
+        if c.streamed:
+            rows += _stream(c.frame, accumulators, chunk_size)
+    return rows
+
+
+def _is_query(acc: Accumulator) -> bool:
+    return hasattr(acc, "queries")
+
+
+def _absorb(query_accs: Sequence[Accumulator], results: list[pl.DataFrame]) -> None:
+    k = 0
+    for acc in query_accs:
+        m = acc.n_queries  # type: ignore[attr-defined]
+        acc.absorb(results[k:k + m])  # type: ignore[attr-defined]
+        k += m
+
+
+def _project(lf: pl.LazyFrame, accumulators: Sequence[Accumulator],
+             keep_all: bool = False) -> pl.LazyFrame:
+    """``lf`` reduced to the accumulators' ``columns`` and ``exprs`` (after their ``stages``;
+    ``keep_all``: every column of ``lf`` too)."""
     names = lf.collect_schema().names()
     cols: list[str] = []
     for acc in accumulators:
-        for c in acc.columns:
+        for c in getattr(acc, "columns", ()):
             if c in names and c not in cols:
                 cols.append(c)
+    if keep_all:
+        cols += [c for c in names if c not in cols]
     exprs: dict[str, pl.Expr] = {}
     for acc in accumulators:
         for e in getattr(acc, "exprs", ()):
             exprs.setdefault(e.meta.output_name(), e)
     if not cols and not exprs:  # nothing to read but rows: count them
         cols = names[:1]
+    depth = max((len(getattr(acc, "stages", ())) for acc in accumulators), default=0)
+    for i in range(depth):
+        stage: dict[str, pl.Expr] = {}
+        for acc in accumulators:
+            st = getattr(acc, "stages", ())
+            if i < len(st):
+                for e in st[i]:
+                    stage.setdefault(e.meta.output_name(), e)
+        lf = lf.with_columns(*stage.values())
+    return lf.select(*cols, *exprs.values())
+
+
+def _stream(lf: pl.LazyFrame, accumulators: Sequence[Accumulator], chunk_size: int) -> int:
+    """Batch mode: ``collect_batches`` of the batch accumulators' columns; the query
+    accumulators' queries run on each batch (in memory)."""
+    batch_accs = [a for a in accumulators if not _is_query(a)]
+    query_accs = [a for a in accumulators if _is_query(a)]
     progress = _PROGRESS.get()
     rows = 0
-    q = lf.select(*cols, *exprs.values())
+    # the queries read the frame's own columns
+    q = _project(lf, batch_accs, keep_all=bool(query_accs))
     for batch in q.collect_batches(chunk_size=chunk_size, maintain_order=False):
         if batch.height == 0:
             continue
-        for acc in accumulators:
+        for acc in batch_accs:
             acc.update(batch)
+        if query_accs:
+            blf = batch.lazy()
+            _absorb(query_accs, pl.collect_all([q for a in query_accs for q in a.queries(blf)]))
         rows += batch.height
         if progress is not None:
             progress(batch.height)
     return rows
+
+
+class QueryAccumulator:
+    """Base of query accumulators: :meth:`build` returns the polars queries (LazyFrames of
+    small aggregated tables) over a piece of the token frame; :meth:`absorb` merges their
+    results (one DataFrame per query, in order). The results of all pieces must merge into
+    the result of the whole (sums, minima, ...)."""
+
+    n_queries: int = 1
+
+    def queries(self, lf: pl.LazyFrame) -> list[pl.LazyFrame]:
+        qs = self.build(lf)
+        if len(qs) != self.n_queries:  # pragma: no cover - programming error
+            raise AssertionError(f"{type(self).__name__}: {len(qs)} queries, not {self.n_queries}")
+        return qs
+
+    def build(self, lf: pl.LazyFrame) -> list[pl.LazyFrame]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def absorb(self, results: list[pl.DataFrame]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
 
 
 class GroupAgg:
