@@ -109,12 +109,16 @@ def _parse_columns(items: list[str] | None) -> dict[str, str]:
 
 class _RowsColumn(ProgressColumn):
     """``1.2/4.9M tokens`` (valid loss-masked tokens read) during a pass over the tokens;
-    nothing otherwise."""
+    ``3.1M rows`` (token rows read, masked or not) while the input is read; nothing
+    otherwise."""
 
     def render(self, task: Task) -> Text:
+        done = int(task.completed)
         if task.total is None:
-            return Text("")
-        done, total = int(task.completed), int(task.total)
+            if not done:
+                return Text("")
+            return Text(f"{done / 1e6:.1f}M rows" if done >= 1_000_000 else f"{done:,} rows")
+        total = int(task.total)
         if total >= 1_000_000:
             return Text(f"{done / 1e6:.1f}/{total / 1e6:.1f}M tokens")
         return Text(f"{done:,}/{total:,} tokens")
@@ -423,7 +427,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         )
     with _status("binning entropy...", quiet):  # pass 1 of the fit: tokens per fine bin
         plans = {"fit": fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
-                                 n_boot=n_boot, seed=seed, with_strata=full)}
+                                 n_boot=n_boot, seed=seed, with_strata=full,
+                                 fine_counts=ds.entropy_fine_counts, step_range=ds.step_range)}
     if full:
         from entr_diag.metrics import metrics_plan
 

@@ -316,15 +316,15 @@ def test_progress_bar_counts_rows_on_a_terminal(monkeypatch, tmp_path):
     import entr_diag.passes as passes
 
     seen: list[str] = []
-    advanced: list[int] = []
+    advanced: dict[str, list[int]] = {}
     real_phase, real_advance = cli._Phases.phase, cli._Phases.advance
 
     def phase(self, message, rows):
         seen.append(f"{message}|{rows}")
         real_phase(self, message, rows)
 
-    def advance(self, rows):
-        advanced.append(rows)
+    def advance(self, rows):  # rows counted per phase
+        advanced.setdefault(seen[-1] if seen else "", []).append(rows)
         real_advance(self, rows)
 
     buf = io.StringIO()
@@ -339,7 +339,10 @@ def test_progress_bar_counts_rows_on_a_terminal(monkeypatch, tmp_path):
     valid = json.loads((tmp_path / "f.json").read_text())["inputs"]["accounting"]["tokens_valid"]
     passes_ = [s for s in seen if not s.endswith("|None")]
     assert passes_ == [f"one pass (fit, metrics, forensics)|{valid}"]
-    assert sum(advanced) == valid and len(advanced) >= 5 and max(advanced) <= 20_000
+    done = advanced[passes_[0]]
+    assert sum(done) == valid and len(done) >= 5 and max(done) <= 20_000
+    total = json.loads((tmp_path / "f.json").read_text())["inputs"]["accounting"]["tokens_total"]
+    assert sum(advanced["reading input...|None"]) == total  # every token row, masked or not
     assert "rows" in buf.getvalue()
     seen.clear()
     r = CliRunner().invoke(app, ["fit", "--quiet", "--json", str(tmp_path / "g.json")])

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from importlib.resources import as_file, files
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from entr_diag.errors import InputError, SchemaError
 from entr_diag.io import schema as S
+from entr_diag.passes import Chunk, PartialRows, QueryAccumulator, register_chunks, run_pass
 
 LAYOUTS = ("auto", "long", "nested")
 ENTROPY_CHOICES = ("auto", "infer", "train")
@@ -370,6 +372,12 @@ class Dataset:
     #: dtype of the input's seq_id (Int64 when every file has integer ids, else String);
     #: ``lf`` exposes seq_id as String, exports cast it back to this dtype
     seq_id_dtype: type[pl.DataType] = pl.String
+    #: usable tokens (finite entropy >= 0 and delta) per fine entropy bin
+    #: (:func:`entr_diag.aggregate.fine_bin_expr`, length ``N_FINE + 1``), counted by the
+    #: accounting scan; None without an entropy column
+    entropy_fine_counts: np.ndarray | None = field(default=None, repr=False)
+    #: (lowest, highest) step of those tokens; None without a step column or such token
+    step_range: tuple[int, int] | None = None
 
     def has(self, column: str) -> bool:
         """True when the canonical column ``column`` is present in :attr:`lf`."""
@@ -447,12 +455,14 @@ def load_dataset(
     file_list = resolve_paths(list(paths))  # type: ignore[arg-type]
     schemas: dict[Path, pa.Schema] = {}
     rows: dict[Path, int] = {}
+    metas: dict[Path, pq.FileMetaData] = {}
     for f in file_list:
         schemas[f] = _read_schema(f)
         try:
-            rows[f] = pq.ParquetFile(f).metadata.num_rows
+            metas[f] = pq.ParquetFile(f).metadata
         except (pa.ArrowInvalid, OSError) as e:
             raise InputError(f"cannot read {f} as Parquet ({_short(e)}).") from None
+        rows[f] = metas[f].num_rows
 
     # union of available columns (hive partition keys count as string columns)
     available: dict[str, pa.DataType] = {}
@@ -501,6 +511,7 @@ def load_dataset(
         if t is None or not pa.types.is_integer(_value_type(t)):
             sid_dtype = pl.String
     frames: list[pl.LazyFrame] = []
+    pieces: list[tuple[pl.LazyFrame, int, bool]] = []  # (frame, est. tokens, streamed)
     for f in file_list:
         sch = schemas[f]
         hive = _hive_values(f)
@@ -523,6 +534,16 @@ def load_dataset(
             )
         infos.append(FileInfo(f, file_layout, rows[f], tuple(sch.names), hive))
         frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype))
+        whole_file = file_layout == "long" and "position" not in mapping  # numbered per file
+        ranges = _row_group_ranges(metas[f], mapping["train_logprob"] if nested else None,
+                                   split=not whole_file)
+        if len(ranges) == 1:
+            off, n, tokens = ranges[0]
+            pieces.append((frames[-1], tokens, tokens > _STREAM_TOKENS))
+        else:
+            for off, n, tokens in ranges:
+                pieces.append((_file_frame(f, types, hive, mapping, file_layout, sid_dtype,
+                                           rows=(off, n)), tokens, tokens > _STREAM_TOKENS))
 
     total_rows = sum(rows.values())
     if total_rows == 0:
@@ -531,26 +552,81 @@ def load_dataset(
             f"({', '.join(str(f) for f in file_list[:_MAX_LISTED])})."
         )
 
+    order = frames[0].collect_schema().names()
     if len(frames) > 1:  # same columns in the same order in every file's frame
-        order = frames[0].collect_schema().names()
         frames = [fr.select(order) for fr in frames]
     raw = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-    raw = raw.with_columns(_seq_key_expr(mapping))
-    raw = raw.with_columns(_reason_expr(mapping).alias("reason"))
+
+    def canonical_raw(fr: pl.LazyFrame) -> pl.LazyFrame:
+        return fr.with_columns(_seq_key_expr(mapping)).with_columns(
+            _reason_expr(mapping).alias("reason"))
+
+    def canonical_valid(fr: pl.LazyFrame) -> pl.LazyFrame:
+        # the filter is the reason's conjunction (the same rows as reason null)
+        return (fr.with_columns(_seq_key_expr(mapping)).filter(_valid_expr(mapping))
+                .select(valid_cols))
+
+    valid_cols = _valid_columns(mapping)
+    lf = canonical_valid(raw)
+    raw = canonical_raw(raw)
 
     entropy_source = None
     if "entropy" in mapping:
         entropy_source = (
             "trainer" if mapping.get("train_entropy") == mapping["entropy"] else "inference"
         )
-    valid_cols = _valid_columns(mapping)
-    lf = raw.filter(pl.col("reason").is_null()).select(valid_cols)
-    accounting = _account(raw, mapping, infos)
+    # the same frames per chunk (row-group ranges of each file): passes run chunk by chunk
+    raw_chunks, chunks = [], []
+    for fr, tokens, streamed in pieces:
+        fr = fr.select(order)
+        raw_chunks.append(Chunk(canonical_raw(fr), tokens, streamed))
+        chunks.append(Chunk(canonical_valid(fr), tokens, streamed))
+    register_chunks(raw, raw_chunks)
+    register_chunks(lf, chunks)
+    accounting, fine = _account(raw, mapping, infos)
     return Dataset(
         lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=tuple(notes),
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
-        seq_id_dtype=sid_dtype,
+        seq_id_dtype=sid_dtype, entropy_fine_counts=fine[0], step_range=fine[1],
     )
+
+
+#: Token rows per chunk of a pass (whole row groups; :func:`entr_diag.passes.run_pass`).
+CHUNK_TOKENS: int = 1_000_000
+#: A single row group (or unsplittable file) above this many token rows is streamed in
+#: batches instead of read as one chunk.
+_STREAM_TOKENS: int = 8 * CHUNK_TOKENS
+
+
+def _row_group_ranges(meta: pq.FileMetaData, list_column: str | None, *,
+                      split: bool = True) -> list[tuple[int, int, int]]:
+    """Consecutive row groups of a file grouped into chunks of about :data:`CHUNK_TOKENS`
+    token rows: ``(first row, rows, estimated token rows)`` each. Token rows of a nested
+    file are the values of ``list_column`` (from the row-group metadata)."""
+    sizes: list[tuple[int, int]] = []
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        tokens = rg.num_rows
+        if list_column is not None:
+            for j in range(rg.num_columns):
+                col = rg.column(j)
+                if col.path_in_schema.split(".")[0] == list_column:
+                    tokens = max(col.num_values, rg.num_rows)
+                    break
+        sizes.append((rg.num_rows, tokens))
+    if not split or len(sizes) <= 1:
+        return [(0, meta.num_rows, sum(t for _, t in sizes) or meta.num_rows)]
+    out: list[tuple[int, int, int]] = []
+    start = n = tok = 0
+    for rows, tokens in sizes:
+        if n and tok + tokens > CHUNK_TOKENS:
+            out.append((start, n, tok))
+            start, n, tok = start + n, 0, 0
+        n += rows
+        tok += tokens
+    if n:
+        out.append((start, n, tok))
+    return out
 
 
 def _int_like(v: str) -> bool:
@@ -573,13 +649,19 @@ def _file_frame(
     mapping: Mapping[str, str],
     layout: str,
     sid_dtype: type[pl.DataType] = pl.String,
+    rows: tuple[int, int] | None = None,
 ) -> pl.LazyFrame:
     """Canonical raw rows of one file: one row per token, every mapped column, ``_empty``.
 
     ``seq_id`` has dtype ``sid_dtype`` here (Int64 or String); the valid frame exposes it as
-    String.
+    String. ``rows``: (first row, number of rows) for a chunk of the file (whole row
+    groups; the file-level checks, e.g. ragged nested rows, run only for the whole file).
     """
     lf = pl.scan_parquet(path, hive_partitioning=False)
+    first_row = 0
+    if rows is not None:
+        first_row = rows[0]
+        lf = lf.slice(rows[0], rows[1])
     # hive partition values become literal columns
     hive_cols = [
         pl.lit(int(v) if _int_like(v) else v).alias(k)
@@ -594,7 +676,7 @@ def _file_frame(
         del srcs["loss_mask"]
 
     if layout == "nested":
-        lf = lf.with_row_index("_row")
+        lf = lf.with_row_index("_row", offset=first_row)
         list_srcs = [src for src in set(srcs.values()) if src in types and _is_list(types[src])]
         ref = srcs["train_logprob"]
         lens = {src: pl.col(src).list.len() for src in list_srcs}
@@ -602,7 +684,8 @@ def _file_frame(
         for src in list_srcs:
             if src != ref:
                 ragged = ragged | (lens[src].fill_null(-1) != lens[ref].fill_null(-1))
-        _check_ragged(path, lf, ragged, srcs, list_srcs)
+        if rows is None:
+            _check_ragged(path, lf, ragged, srcs, list_srcs)
         sid = (
             pl.col(srcs["seq_id"]).cast(sid_dtype)
             if "seq_id" in srcs
@@ -685,32 +768,53 @@ def _seq_key_expr(mapping: Mapping[str, str]) -> pl.Expr:
     return pl.col("seq_id").hash(seed=0).alias("seq_key")
 
 
-def _reason_expr(mapping: Mapping[str, str]) -> pl.Expr:
+def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
+    """(reason, condition) in order of precedence: a row's reason is the first whose
+    condition is true (a null condition counts as false); no reason: a valid token."""
     tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
     mask = pl.col("loss_mask") if "loss_mask" in mapping else pl.lit(True)
-    e = (
-        pl.when(pl.col("_empty")).then(pl.lit("empty_row"))
-        .when(mask.is_null()).then(pl.lit("null_loss_mask"))
-        .when(~mask).then(pl.lit("unmasked"))
-        .when(pl.col("seq_id").is_null()).then(pl.lit("missing_seq_id"))
-        .when(tl.is_null() | il.is_null() | ~tl.is_finite() | ~il.is_finite())
-        .then(pl.lit("non_finite_logprob"))
-        .when((tl <= S.SENTINEL_FLOOR) | (il <= S.SENTINEL_FLOOR)).then(pl.lit("sentinel_logprob"))
-        .when((tl > 0) | (il > 0)).then(pl.lit("positive_logprob"))
-        .when(((tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX))
-              | ((il == 0) & (tl < S.ZERO_PLACEHOLDER_OTHER_MAX)))
-        .then(pl.lit("zero_placeholder"))
-    )
+    out = [
+        ("empty_row", pl.col("_empty")),
+        ("null_loss_mask", mask.is_null()),
+        ("unmasked", ~mask),
+        ("missing_seq_id", pl.col("seq_id").is_null()),
+        ("non_finite_logprob", tl.is_null() | il.is_null() | ~tl.is_finite() | ~il.is_finite()),
+        ("sentinel_logprob", (tl <= S.SENTINEL_FLOOR) | (il <= S.SENTINEL_FLOOR)),
+        ("positive_logprob", (tl > 0) | (il > 0)),
+        ("zero_placeholder", ((tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX))
+         | ((il == 0) & (tl < S.ZERO_PLACEHOLDER_OTHER_MAX))),
+    ]
     if "entropy" in mapping:
         h = pl.col("entropy")
-        e = e.when(h.is_null() | ~h.is_finite() | (h < 0)).then(pl.lit("invalid_entropy"))
+        out.append(("invalid_entropy", h.is_null() | ~h.is_finite() | (h < 0)))
     vers = [pl.col(c) < 0 for c in ("policy_version", "train_version") if c in mapping]
     if vers:
         cond = vers[0]
         for v in vers[1:]:
             cond = cond | v
-        e = e.when(cond.fill_null(False)).then(pl.lit("negative_version"))
-    return e.otherwise(pl.lit(None, dtype=pl.String))
+        out.append(("negative_version", cond.fill_null(False)))
+    return out
+
+
+def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False) -> pl.Expr:
+    """The ``reason`` of each raw row (String, null for a valid loss-masked token); with
+    ``codes``: its index in :func:`_reason_conditions` (UInt8; cheaper to group by)."""
+    conds = _reason_conditions(mapping)
+    e = None
+    for i, (name, cond) in enumerate(conds):
+        val = pl.lit(i, dtype=pl.UInt8) if codes else pl.lit(name)
+        e = pl.when(cond).then(val) if e is None else e.when(cond).then(val)
+    assert e is not None
+    return e.otherwise(pl.lit(None, dtype=pl.UInt8 if codes else pl.String))
+
+
+def _valid_expr(mapping: Mapping[str, str]) -> pl.Expr:
+    """True for a valid loss-masked token (``reason`` is null): no condition holds. A
+    conjunction of booleans, much cheaper per row than computing the reason."""
+    out = pl.lit(True)
+    for _, cond in _reason_conditions(mapping):
+        out = out & ~cond.fill_null(False)
+    return out
 
 
 def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
@@ -730,13 +834,61 @@ def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
     return cols
 
 
-def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo]) -> Accounting:
-    """Token and sequence counts in one streaming scan, memory O(sequences).
+class _AccountingScan(QueryAccumulator):
+    """The accounting pass over the raw frame, chunk by chunk: per chunk, the rows per
+    (sequence, staleness of valid tokens, reason) with their position, version and step
+    ranges (partial rows, merged at the end: a sequence may span chunks), and the usable
+    tokens per fine entropy bin with their step range (for the fit's bins)."""
 
-    The scan groups by (sequence, staleness of valid tokens, reason) (rows, version range,
+    def __init__(self, code: pl.Expr, keys: list[pl.Expr], sub_aggs: list[pl.Expr],
+                 merge: list[pl.Expr], fine: bool, has_step: bool) -> None:
+        self.code, self.keys, self.sub_aggs = code, keys, sub_aggs
+        self.fine, self.has_step = fine, has_step
+        self.n_queries = 2 if fine else 1
+        self.parts = PartialRows([k.meta.output_name() for k in keys], merge, 4_000_000)
+        from entr_diag.aggregate import N_FINE
+
+        self.counts = np.zeros(N_FINE + 1, dtype=np.int64)
+        self.step_lo: int | None = None
+        self.step_hi: int | None = None
+
+    def build(self, lf: pl.LazyFrame) -> list[pl.LazyFrame]:
+        lf = lf.with_columns(self.code.alias("_rc"))
+        qs = [lf.group_by(self.keys).agg(self.sub_aggs)]
+        if self.fine:
+            from entr_diag.aggregate import fine_bin_expr
+
+            h = pl.col("entropy")
+            d = pl.col("train_logprob") - pl.col("infer_logprob")
+            ok = (pl.col("_rc").is_null() & h.is_not_null() & h.is_finite() & (h >= 0)
+                  & d.is_finite())
+            aggs = [pl.len().alias("n")]
+            if self.has_step:
+                aggs += [pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi")]
+            qs.append(lf.filter(ok).group_by(fine_bin_expr().alias("fine")).agg(aggs))
+        return qs
+
+    def absorb(self, results: list[pl.DataFrame]) -> None:
+        if results[0].height:
+            self.parts.add(results[0])
+        if self.fine and results[1].height:
+            t = results[1]
+            np.add.at(self.counts, t["fine"].to_numpy(), t["n"].to_numpy())
+            if self.has_step and t["lo"].min() is not None:
+                lo, hi = int(t["lo"].min()), int(t["hi"].max())  # type: ignore[arg-type]
+                self.step_lo = lo if self.step_lo is None else min(self.step_lo, lo)
+                self.step_hi = hi if self.step_hi is None else max(self.step_hi, hi)
+
+
+def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo]
+             ) -> tuple[Accounting, tuple[np.ndarray | None, tuple[int, int] | None]]:
+    """Token and sequence counts in one streaming pass (chunk by chunk), memory
+    O(sequences); with an entropy column, the same pass counts the usable tokens per fine
+    entropy bin (returned with their step range, for the fit).
+
+    The pass groups by (sequence, staleness of valid tokens, reason) (rows, version range,
     step); per-sequence rows, their totals and the valid tokens per staleness are sums of
-    that small table (``pl.collect_all`` of two queries would cache the shared scan in
-    memory).
+    that small table.
     """
     reasons = ["unmasked", "empty_row", *S.EXCLUSION_REASONS]
     reason = pl.col("reason")
@@ -745,19 +897,22 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
                                 "step" in mapping)
     # the scan groups by (sequence, staleness of the valid tokens, reason): the reason is a
     # key, not one comparison per reason and token, and every aggregation is a plain
-    # streaming min/max/count (no filter, n_unique or first inside an aggregation: those
-    # fall back to an in-memory group_by whose memory grows with the tokens)
+    # streaming min/max/count, mergeable over chunks
     sub_aggs = [pl.len().alias("_n"), pl.col("position").min().alias("_pmin"),
                 pl.col("position").max().alias("_pmax")]
+    merge = [pl.col("_n").sum(), pl.col("_pmin").min(), pl.col("_pmax").max()]
     if has_pv:
         pv = pl.col("policy_version")
         sub_aggs += [pv.min().alias("_pvl"), pv.max().alias("_pvh"),
                      pv.null_count().alias("_pvn")]
+        merge += [pl.col("_pvl").min(), pl.col("_pvh").max(), pl.col("_pvn").sum()]
     if has_tv:
         sub_aggs += [pl.col("train_version").min().alias("_tvl"),
                      pl.col("train_version").max().alias("_tvh")]
+        merge += [pl.col("_tvl").min(), pl.col("_tvh").max()]
     if has_step:
         sub_aggs.append(pl.col("step").min().alias("_st"))
+        merge.append(pl.col("_st").min())
     # per sequence, from the (sequence, staleness, reason) rows
     v = ok  # on the small table the reason column is the key
     per_seq_aggs = [pl.col("_n").filter(v).sum().alias("_valid"),
@@ -798,13 +953,23 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         totals += [pl.col("_tv_lo").min(), pl.col("_tv_hi").max()]
     if has_step:
         totals.append(pl.col("_step").drop_nulls().unique().sort().implode().alias("_steps"))
+    # the pass groups by the reason's code (UInt8), named afterwards on the small table
+    rc = pl.col("_rc")
+    keys = [pl.col("seq_key")]
+    if has_pv and has_tv:
+        keys.append(pl.when(rc.is_null()).then(pl.col("train_version") - pl.col("policy_version"))
+                    .alias("_s"))
+    keys.append(rc)
+    names = [name for name, _ in _reason_conditions(mapping)]
+    scan = _AccountingScan(_reason_expr(mapping, codes=True), keys, sub_aggs, merge,
+                           "entropy" in mapping, has_step)
     try:
-        keys = [pl.col("seq_key")]
-        if has_pv and has_tv:
-            keys.append(pl.when(ok).then(pl.col("train_version") - pl.col("policy_version"))
-                        .alias("_s"))
-        keys.append(reason)
-        sub = raw.group_by(keys).agg(sub_aggs).collect(engine="streaming")
+        run_pass(raw, [scan])
+        empty = (raw.with_columns(_reason_expr(mapping, codes=True).alias("_rc"))
+                 .group_by(keys).agg(sub_aggs).clear().collect())
+        sub = scan.parts.result(empty).with_columns(
+            rc.replace_strict(list(range(len(names))), names, default=None,
+                              return_dtype=pl.String).alias("reason")).drop("_rc")
         stale = None
         if has_pv and has_tv:
             df = sub.filter(pl.col("_s").is_not_null()).group_by("_s").agg(pl.col("_n").sum())
@@ -812,6 +977,10 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         seq = sub.group_by("seq_key").agg(per_seq_aggs).select(totals).row(0, named=True)
     except pl.exceptions.ComputeError as e:  # e.g. a value that does not cast
         raise InputError(f"cannot read the input ({_short(e)}).") from None
+    fine: tuple[np.ndarray | None, tuple[int, int] | None] = (None, None)
+    if scan.fine:
+        rng = None if scan.step_lo is None else (scan.step_lo, scan.step_hi)
+        fine = (scan.counts, rng)  # type: ignore[assignment]
     excluded = {r: int(seq[r]) for r in S.EXCLUSION_REASONS if seq[r]}
     valid_n, unmasked = int(seq["_valid"]), int(seq["unmasked"])
     total = valid_n + unmasked + sum(excluded.values())
@@ -830,7 +999,9 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         staleness=stale,
         sequences_with_version_switch=int(seq["n_switch"]) if has_pv else None,
         sequences_with_duplicate_positions=int(seq["n_dup"]),
-    )
+    ), fine
+
+
 
 
 def _pair(lo, hi) -> tuple[int, int] | None:
