@@ -98,7 +98,7 @@ from entr_diag.aggregate import (
     usable,
 )
 from entr_diag.errors import FitError, ParameterError
-from entr_diag.passes import GroupAgg, run_pass
+from entr_diag.passes import PartialRows, run_pass
 from entr_diag.regime import (
     P_BINS,
     RegimeResult,
@@ -984,15 +984,17 @@ def fit_scaling_law(
 
 
 class _FitSums:
-    """The fit's one-pass accumulator: dense sums per (cell, block), per (staleness bucket,
-    coarse bin, block), per (step range, coarse bin, block), per (cell, z^2 > tau, p bin),
+    """The fit's one-pass accumulator: dense sums per (cell, staleness bucket, step range,
+    block) (summed afterwards into the per-(cell, block), per-(staleness bucket, coarse bin,
+    block) and per-(step range, coarse bin, block) tables), per (cell, z^2 > tau, p bin),
     the |delta| histogram per coarse bin, and per sequence a bitmask of the coarse bins it
     touches (OR-merged by seq_key: the exact number of sequences per bin).
 
     The per-token keys and weights are polars expressions (:attr:`exprs`) that the streaming
     engine computes during the scan (the fine entropy bin is the same expression as pass 1,
     so a token's cell is the one pass 1 counted it in; cells and coarse bins are lookup
-    tables over fine bins); per batch, numpy only adds weights with ``bincount``."""
+    tables over fine bins, applied by the engine); per batch, numpy only adds weights with
+    ``bincount``."""
 
     def __init__(self, names: list[str], binning: CoarseBinning, cells: CoarseBinning,
                  B: int, eps: float, tau: float, stale: pl.Expr | None,
@@ -1004,46 +1006,56 @@ class _FitSums:
         self.n_stale = len(STALENESS_BUCKETS)
         self.words = -(-self.nb // 64)
         NP = len(P_BINS)
+        # joint key sizes: index 0 of a stratum axis holds the tokens outside every stratum
+        self.S1 = self.n_stale + 1 if stale is not None else 1
+        self.R1 = max(self.nr, 1) + 1 if step_range is not None else 1
+        self.has_stale, self.has_sr = stale is not None, step_range is not None
+        fine = np.arange(N_FINE + 1)
+        lut_cell = cells.coarse_of_fine(fine).astype(np.int64)
+        lut_coarse = binning.coarse_of_fine(fine).astype(np.int64)
+        self.cell_coarse = binning.coarse_of_fine(cells.starts[:-1]).astype(np.int64)
+        self.bits = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
         d, h = pl.col("delta"), pl.col("entropy")
         usable = h.is_not_null() & h.is_finite() & (h >= 0) & d.is_finite()
-        fine = fine_bin_expr()
-        self.lut_cell = cells.coarse_of_fine(np.arange(N_FINE + 1)).astype(np.int64)
-        self.lut_coarse = binning.coarse_of_fine(np.arange(N_FINE + 1)).astype(np.int64)
-        self.bits = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
-        # each per-token value computed once by the engine (int64: numpy uses it as is);
-        # keys are combined in numpy through lookup tables over the fine bin
         i64 = pl.Int64
+        # stage 1: the fine bin; stage 2: cell (-1: a token the fit does not use, no finite
+        # entropy or delta, or outside the binned range: never for tokens pass 1 counted)
+        # and coarse bin, looked up once per token
+        fine = pl.col("_fit_fine")
+        self.stages = [
+            [fine_bin_expr().alias("_fit_fine")],
+            [pl.when(usable).then(pl.lit(pl.Series(lut_cell)).gather(fine)).otherwise(-1)
+             .alias("_fit_cell"),
+             pl.lit(pl.Series(lut_coarse)).gather(fine).alias("_fit_coarse")],
+        ]
+        cell, coarse = pl.col("_fit_cell"), pl.col("_fit_coarse")
+        st1 = stale.fill_null(-1).cast(i64) + 1 if stale is not None else pl.lit(0, i64)
+        sr1 = step_range.fill_null(-1).cast(i64) + 1 if step_range is not None else pl.lit(0, i64)
+        joint = ((cell * self.S1 + st1) * self.R1 + sr1) * B + block_expr(B).cast(i64)
+        z2 = d * d / (h + eps)
+        reg = (cell * 2 + (z2 > tau).cast(i64)) * NP + p_bin_expr().cast(i64)
+        # each per-token value computed once by the engine (numpy uses the int64 keys as is)
         ex = {
-            "_fit_fine": pl.when(usable).then(fine).otherwise(-1).cast(i64),
-            "_fit_block": block_expr(B).cast(i64),
-            "_fit_pbin": p_bin_expr().cast(i64),
-            "_fit_dbin": _abs_delta_bin_expr().cast(i64),
+            "_fit_joint": pl.when(cell >= 0).then(joint).otherwise(-1).cast(i64),
+            "_fit_reg": pl.when(cell >= 0).then(reg).otherwise(-1).cast(i64),
+            "_fit_hist": (coarse * (_N_D + 1) + _abs_delta_bin_expr().cast(i64)).cast(i64),
             "_fit_h": h, "_fit_d": d, "_fit_seq": pl.col("seq_key"),
         }
-        if stale is not None:
-            ex["_fit_st"] = stale.fill_null(-1).cast(i64)
-        if step_range is not None:
-            ex["_fit_sr"] = step_range.fill_null(-1).cast(i64)
         self.exprs = [e.alias(k) for k, e in ex.items()]
-        self.cb = {c: np.zeros(self.nc * B) for c in ("n", "s_h", "s_d2")}
+        size = self.nc * self.S1 * self.R1 * B
+        self.joint = {c: np.zeros(size) for c in ("n", "s_h", "s_d2")}
         self.reg = {c: np.zeros(self.nc * 2 * NP) for c in ("n", "s_d", "s_d2", "s_absd", "s_z2")}
         self.hist = np.zeros(self.nb * (_N_D + 1))
-        self.st = {c: np.zeros(self.n_stale * self.nb * B) for c in ("n", "s_h", "s_d2")}
-        self.sr = {c: np.zeros(max(self.nr, 1) * self.nb * B) for c in ("n", "s_h", "s_d2")}
-        self.masks = GroupAgg(["seq_key"], ["seq_key"],
-                              [pl.col(f"m{w}").bitwise_or() for w in range(self.words)],
-                              [pl.col(f"m{w}").bitwise_or() for w in range(self.words)])
+        self.masks = PartialRows(["seq_key"],
+                                 [pl.col(f"m{w}").bitwise_or() for w in range(self.words)])
 
     @staticmethod
     def _add(acc: np.ndarray, k: np.ndarray, w: np.ndarray | None = None) -> None:
         acc += np.bincount(k, weights=w, minlength=acc.size)
 
     def update(self, batch: pl.DataFrame) -> None:
-        fine = batch["_fit_fine"].to_numpy()
-        # -1: a token the fit does not use (no finite entropy or delta), or outside the binned
-        # range (not for tokens pass 1 counted); lut[-1] is read for those, then dropped
-        cell = np.where(fine >= 0, self.lut_cell[fine], -1)
-        ok = cell >= 0
+        kj = batch["_fit_joint"].to_numpy()
+        ok = kj >= 0
         if not ok.any():
             return
         full = bool(ok.all())
@@ -1053,31 +1065,21 @@ class _FitSums:
             return v if full else v[ok]
 
         if not full:
-            cell, fine = cell[ok], fine[ok]
-        coarse = self.lut_coarse[fine]
-        B, NP = self.B, len(P_BINS)
-        h, d, block = col("_fit_h"), col("_fit_d"), col("_fit_block")
+            kj = kj[ok]
+        h, d = col("_fit_h"), col("_fit_d")
         d2 = d * d
-        z2 = d2 / (h + self.eps)
-        k = cell * B + block
-        self._add(self.cb["n"], k)
-        self._add(self.cb["s_h"], k, h)
-        self._add(self.cb["s_d2"], k, d2)
-        k = (cell * 2 + (z2 > self.tau)) * NP + col("_fit_pbin")
+        self._add(self.joint["n"], kj)
+        self._add(self.joint["s_h"], kj, h)
+        self._add(self.joint["s_d2"], kj, d2)
+        k = col("_fit_reg")
         for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", np.abs(d)),
-                        ("s_z2", z2)):
+                        ("s_z2", d2 / (h + self.eps))):
             self._add(self.reg[name], k, w)
-        self._add(self.hist, coarse * (_N_D + 1) + col("_fit_dbin"))
-        for key, acc in (("_fit_st", self.st), ("_fit_sr", self.sr)):
-            if key in batch.columns:
-                s_ = col(key)
-                sel = s_ >= 0
-                kk = ((s_ * self.nb + coarse) * B + block)[sel]
-                self._add(acc["n"], kk)
-                self._add(acc["s_h"], kk, h[sel])
-                self._add(acc["s_d2"], kk, d2[sel])
+        kh = col("_fit_hist")
+        self._add(self.hist, kh)
         # sequences per bin: OR of 2^coarse over runs of one sequence (rows of a sequence
         # are usually contiguous), then merged by seq_key
+        coarse = kh // (_N_D + 1)
         sk = col("_fit_seq")
         change = np.empty(sk.size, dtype=bool)
         change[0] = True
@@ -1089,7 +1091,39 @@ class _FitSums:
         for w in range(self.words):
             bits = bit if word is None else np.where(word == w, bit, np.uint64(0))
             cols[f"m{w}"] = np.bitwise_or.reduceat(bits, starts)
-        self.masks.update(pl.DataFrame(cols))
+        self.masks.add(pl.DataFrame(cols))
+
+    def _joint(self, name: str) -> np.ndarray:
+        return self.joint[name].reshape(self.nc, self.S1, self.R1, self.B)
+
+    @property
+    def cb(self) -> dict[str, np.ndarray]:
+        """Sums per (cell, block), flat ``(nc * B,)``."""
+        return {c: self._joint(c).sum(axis=(1, 2)).ravel() for c in self.joint}
+
+    def _strata(self, axis: int, n: int) -> dict[str, np.ndarray]:
+        out = {}
+        ok = self.cell_coarse >= 0
+        for c in self.joint:
+            J = self._joint(c).sum(axis=2 if axis == 1 else 1)[:, 1:n + 1, :]  # (nc, n, B)
+            t = np.zeros((self.nb, n, self.B))
+            np.add.at(t, self.cell_coarse[ok], J[ok])
+            out[c] = t.transpose(1, 0, 2).ravel()
+        return out
+
+    @property
+    def st(self) -> dict[str, np.ndarray]:
+        """Sums per (staleness bucket, coarse bin, block), flat ``(n_stale * nb * B,)``."""
+        if not self.has_stale:
+            return {c: np.zeros(self.n_stale * self.nb * self.B) for c in self.joint}
+        return self._strata(1, self.n_stale)
+
+    @property
+    def sr(self) -> dict[str, np.ndarray]:
+        """Sums per (step range, coarse bin, block), flat ``(max(nr, 1) * nb * B,)``."""
+        if not self.has_sr:
+            return {c: np.zeros(max(self.nr, 1) * self.nb * self.B) for c in self.joint}
+        return self._strata(2, max(self.nr, 1))
 
     def sequences_per_bin(self) -> np.ndarray:
         """Exact number of distinct sequences with a token in each coarse bin."""
@@ -1102,6 +1136,7 @@ class _FitSums:
             for j in range(64 * w, min(64 * (w + 1), self.nb)):
                 out[j] = int(((m >> np.uint64(j - 64 * w)) & np.uint64(1)).sum())
         return out
+
 
 class FitPlan:
     """:func:`fit_scaling_law` in two steps: the accumulators of its one pass over the token
