@@ -102,8 +102,13 @@ def _parse_columns(items: list[str] | None) -> dict[str, str]:
             raise ParameterError(
                 f"--column {item}: expected CANONICAL=SOURCE, e.g. --column infer_logprob=rollout_log_probs."
             )
-        canon, src = item.split("=", 1)
-        out[canon.strip()] = src.strip()
+        canon, src = (part.strip() for part in item.split("=", 1))
+        if canon in out and out[canon] != src:
+            raise ParameterError(
+                f"--column {canon}={out[canon]} and --column {canon}={src}: {canon} is mapped "
+                "twice; give one source column."
+            )
+        out[canon] = src
     return out
 
 

@@ -108,6 +108,16 @@ REFUSALS = [
     (lambda t: [str(_empty(t))], ["empty"]),
     (lambda t: [str(_file(t)), "--column", "nonsense"], ["CANONICAL=SOURCE"]),
     (lambda t: [str(_file(t)), "--framework", "nope"], ["unknown framework"]),
+    (lambda t: [str(_file(t)), "-c", "infer_logprob=a", "-c", "infer_logprob=b"],
+     ["--column infer_logprob=a and --column infer_logprob=b", "mapped twice"]),
+    (lambda t: [str(_file(t, infer_logprobs=[-0.1, -0.2, -1.0, -2.0]))],
+     ["ambiguous column infer_logprob", "'rollout_log_probs' and 'infer_logprobs'",
+      "--column infer_logprob=NAME"]),
+    (lambda t: [str(_file(t)), "--framework", "trl"],
+     ["'old_log_probs' is the name verl and roll use for train_logprob",
+      "--column train_logprob=old_log_probs"]),
+    (lambda t: [str(_file(t)), "-c", "train_logprob=rollout_log_probs"],
+     ["takes 'rollout_log_probs'", "infer_logprob has no source left"]),
     (lambda t: [str(_file(t)), "--layout", "nested"], ["layout nested"]),
 ]
 
