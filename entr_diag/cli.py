@@ -29,11 +29,83 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.text import Text
+from typer.core import TyperGroup
 
 from entr_diag import __version__
 from entr_diag.errors import EntrDiagError, ParameterError
 
+#: click's exception classes, found through typer's public BadParameter (typer vendors click
+#: in recent versions, so ``import click`` may not be the click typer raises from)
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _given_value(args: list[str], opts: list[str]) -> str | None:
+    """The last value given on the command line to an option spelled ``opts``."""
+    value = None
+    for i, a in enumerate(args):
+        for o in opts:
+            if a == o and i + 1 < len(args):
+                value = args[i + 1]
+            elif o.startswith("--") and a.startswith(o + "="):
+                value = a[len(o) + 1:]
+    return value
+
+
+def _usage_message(e, args: list[str]) -> str:
+    """One sentence for a command-line usage error of click/typer (a bad option value, an
+    unknown option or command, a missing option), naming the option and the bad value."""
+    name = type(e).__name__
+    param = getattr(e, "param", None)
+    ctx = getattr(e, "ctx", None)
+    see = f" See '{ctx.command_path} --help'." if ctx is not None else ""
+    if name == "BadParameter" and param is not None and getattr(param, "opts", None):
+        opts = [*param.opts, *getattr(param, "secondary_opts", [])]
+        opt = max(opts, key=len)
+        value = _given_value(args, opts)
+        lo = getattr(param, "min", getattr(getattr(param, "type", None), "min", None))
+        hi = getattr(param, "max", getattr(getattr(param, "type", None), "max", None))
+        if lo is not None and hi is not None:
+            bounds = f"{lo} to {hi:,}"
+        else:
+            bounds = f">= {lo}" if lo is not None else f"<= {hi}" if hi is not None else ""
+        try:
+            x = float(value) if value is not None else math.nan
+        except ValueError:
+            x = math.nan
+        if (lo is not None and x < lo) or (hi is not None and x > hi):
+            why = f"out of range ({bounds})"
+        else:  # not a number of the right kind: pydantic's first clause, e.g. "should be a
+            # valid integer"; click's message otherwise
+            why = str(getattr(e, "message", "") or e.format_message())
+            why = why.replace("Input should be", "must be").split(",")[0].rstrip(".")
+            why = why[:1].lower() + why[1:] + (f" ({bounds})" if bounds else "")
+        shown = f" {value}" if value is not None else ""
+        return f"{opt}{shown}: {why}.{see}"
+    msg = e.format_message().strip().rstrip(".")
+    return f"{msg[:1].lower() + msg[1:]}.{see}"
+
+
+class _Group(TyperGroup):
+    """The ``entr-diag`` command group: click/typer usage errors (bad option values, unknown
+    options or commands, missing options) print one plain ``error: ...`` line on stderr and
+    exit with code 2, like every other refusal, instead of a usage block and a boxed panel."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except _ClickException as e:
+            if type(e).__name__ != "NoArgsIsHelpError":  # that one has printed the help
+                stderr.print(f"[bold red]error:[/bold red] {escape(_usage_message(e, argv))}",
+                             soft_wrap=True)
+            sys.exit(e.exit_code)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
 app = typer.Typer(
+    cls=_Group,
     name="entr-diag",
     help=(
         "Offline diagnostic for train-inference log-ratio mismatch in asynchronous RL "

@@ -158,6 +158,47 @@ def test_inspect_refusals_exit_2(tmp_path, case):
         assert w in msg, (w, msg)
 
 
+USAGE_ERRORS = [
+    # (args, words the one line must hold)
+    (["fit", "--bins", "0"], ["--bins 0", "out of range (3 to 500)"]),
+    (["fit", "--bins=501"], ["--bins 501", "out of range (3 to 500)"]),
+    (["compare", "--n-boot", "-1"], ["--n-boot -1", "out of range (100 to 100,000)"]),
+    (["report", "--seed", "-5"], ["--seed -5", "out of range (>= 0)"]),
+    (["fit", "--bins", "abc"], ["--bins abc", "must be a valid integer"]),
+    (["fit", "--tau", "x"], ["--tau x", "must be a valid number"]),
+    (["fit", "--bogus"], ["no such option: --bogus"]),
+    (["nosuchcmd"], ["no such command 'nosuchcmd'"]),
+    (["synth"], ["missing option '--output'"]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(USAGE_ERRORS)))
+def test_usage_errors_one_plain_line(case):
+    """A click/typer usage error (option bound, bad value, unknown option or command, missing
+    option) is one plain `error: ...` line on stderr naming the option and value, exit 2."""
+    args, words = USAGE_ERRORS[case]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Usage:" not in r.output and "\u256d" not in r.output  # no usage block, no panel
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert r.stdout == ""
+
+
+def test_usage_error_subprocess_and_help_still_work():
+    """As a real process a bound error is one line with exit 2, and --help still prints the
+    help with exit 0."""
+    out = subprocess.run([sys.executable, "-m", "entr_diag", "fit", "--bins", "0"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().startswith("error: --bins 0") and len(out.stderr.splitlines()) == 1
+    out = subprocess.run([sys.executable, "-m", "entr_diag", "fit", "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "Usage:" in out.stdout and "--bins" in out.stdout
+
+
 def test_cli_subprocess_no_traceback(tmp_path):
     """Run as a real process: exit code 2 and no traceback for a non-Parquet file."""
     p = tmp_path / "bad.parquet"
