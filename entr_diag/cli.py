@@ -398,8 +398,48 @@ def _check_alignment(finding, allow: bool, quiet: bool) -> None:
             stderr.print(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
         return
     raise InputError(
-        f"{f.title}. {f.message} Likely shift: {f.evidence.get('likely_shift')} token(s). "
-        f"Check: {f.check} Pass --allow-misaligned to analyse the input anyway."
+        f"{f.title}. {_alignment_numbers(f)} Check: {f.check} Pass --allow-misaligned to "
+        "analyse the input anyway."
+    )
+
+
+def _sig(x, corr: bool = False) -> str:
+    """A number of the alignment evidence: a mean |difference| with its 4 significant digits
+    (trailing zeros kept, so 0.9996 never shows as 1), exact 0 as 0; a correlation with 4
+    decimals (1.0000 means at least 0.99995)."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    if corr:
+        return f"{x:.4f}"
+    return "0" if x == 0 else f"{x:#.4g}".rstrip(".")
+
+
+def _alignment_numbers(f) -> str:
+    """The misalignment finding's explanation with its numbers at 4 significant digits,
+    built from its evidence (the finding's own message rounds them to 3)."""
+    ev = f.evidence
+    lag = ev.get("likely_shift")
+    if lag not in (-1, 1):
+        return f.message
+    side = "minus1" if lag == -1 else "plus1"
+    mad_l, mad_0 = ev.get(f"mean_abs_diff_lag_{side}"), ev.get("mean_abs_diff_lag0")
+    marker = ": mean |difference|"
+    why = f.message.split(marker)[0] if marker in f.message else \
+        f"train_logprob[t] agrees with infer_logprob[t{lag:+d}]"
+    if mad_l == 0:
+        how = "identical values"
+    elif mad_l and mad_0:
+        ratio = mad_0 / mad_l
+        how = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.3g}"
+        how += " times smaller than at lag 0"
+    else:
+        how = ""
+    return (
+        f"{why}: mean |train_logprob[t] - infer_logprob[t{lag:+d}]| = {_sig(mad_l)}"
+        + (f" ({how})" if how else "")
+        + f" against {_sig(mad_0)} at lag 0, correlation "
+        f"{_sig(ev.get(f'corr_lag_{side}'), True)} against {_sig(ev.get('corr_lag0'), True)}, over {ev.get('tokens_compared', 0):,} token "
+        f"pairs. Every ratio computed from these columns is wrong. Likely shift: {lag:+d} token."
     )
 
 

@@ -434,10 +434,38 @@ def test_exact_off_by_one_stops_with_the_shift(tmp_path):
     df.write_parquet(p)
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q"])
     assert r.exit_code == 2, r.output
-    assert "shifted by -1 token" in re.sub(r"\s+", " ", r.stderr)
-    assert runner.invoke(app, ["inspect", str(p), "-q"]).exit_code == 0
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert "shifted by -1 token" in msg
+    out = tmp_path / "i.json"
+    assert runner.invoke(app, ["inspect", str(p), "-q", "--json", str(out)]).exit_code == 0
+    ev = next(f["evidence"] for f in json.loads(out.read_text())["forensics"]["findings"]
+              if f["kind"] == "misalignment")
+    # the numbers at 4 significant digits (4 decimals for correlations), never rounded to 0/1
+    assert (f"infer_logprob[t-1]| = 0 (identical values) against "
+            f"{ev['mean_abs_diff_lag0']:#.4g} at lag 0, correlation 1.0000 against "
+            f"{ev['corr_lag0']:.4f}, over {ev['tokens_compared']:,} token pairs") in msg
+    assert "Likely shift: -1 token." in msg
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--allow-misaligned"])
     assert r.exit_code == 0, r.output
+
+
+def test_alignment_numbers_keep_their_digits():
+    """The off-by-one message shows 4 significant digits: 0.9996 is not "1", a correlation
+    of 0.99996 is not "1.0", an exact 0 stays 0."""
+    from types import SimpleNamespace
+
+    from entr_diag.cli import _alignment_numbers
+
+    f = SimpleNamespace(message="train_logprob[t] agrees with X: mean |difference| 0.000412 "
+                        "at lag +1 vs 1 at lag 0", evidence={
+                            "likely_shift": 1, "mean_abs_diff_lag_plus1": 0.0004121,
+                            "mean_abs_diff_lag0": 0.9996, "corr_lag_plus1": 0.99996,
+                            "corr_lag0": 0.01234, "tokens_compared": 12345})
+    text = _alignment_numbers(f)
+    assert text.startswith("train_logprob[t] agrees with X: mean |train_logprob[t] - "
+                           "infer_logprob[t+1]| = 0.0004121 (2,426 times smaller")
+    assert "against 0.9996 at lag 0, correlation 1.0000 against 0.0123, over 12,345" in text
+    assert "vs 1 at lag 0" not in text
 
 
 def test_two_outputs_with_one_path_are_refused(tmp_path):
