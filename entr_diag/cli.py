@@ -443,6 +443,17 @@ def _alignment_numbers(f) -> str:
     )
 
 
+def _fit_dict(fit_res, ds) -> dict:
+    """The fit's ``to_dict()`` with ``verdict.caveat``: the small-sample caveat shown beside
+    the verdict in the terminal, JSON and HTML (None when the bootstrap has enough sequences)."""
+    from entr_diag.report.caveats import small_sample_caveat
+
+    fd = fit_res.to_dict()
+    fd["verdict"] = {**fd["verdict"],
+                     "caveat": small_sample_caveat(fd, ds.accounting.sequences_valid)}
+    return fd
+
+
 def _forensics(ds, quiet: bool):
     from entr_diag.forensics import run_forensics
 
@@ -607,12 +618,13 @@ def fit(
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
-        fd = fit_res.to_dict()
+        fd = _fit_dict(fit_res, ds)
+        caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
                                         metrics=metrics.to_dict(),
                                         forensics=findings.to_dict()), quiet)
-        render_fit(fit_res, metrics, stdout)
+        render_fit(fit_res, metrics, stdout, caveat=caveat)
         render_findings(findings, stdout, show_checks=False)
 
 
@@ -788,7 +800,7 @@ def compare(
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed}
         _write_json(json_path, envelope("compare", ds.describe(), params, compare=res.to_dict(),
-                                        fit=fit_res.to_dict()), quiet)
+                                        fit=_fit_dict(fit_res, ds)), quiet)
         if export is not None:
             from entr_diag.atomic import write_with
             from entr_diag.compare import decisions_frame
@@ -865,7 +877,7 @@ def report(
             "entropy_source": desc["entropy_source"],
             "parameters": params,
         }
-        doc = envelope("report", desc, params, fit=fit_res.to_dict(), metrics=metrics.to_dict(),
+        doc = envelope("report", desc, params, fit=_fit_dict(fit_res, ds), metrics=metrics.to_dict(),
                        compare=cmp_res.to_dict(), profiles=prof, forensics=findings.to_dict())
         html = build_report_html(summary=sanitize(summary), fit=doc["fit"], metrics=doc["metrics"],
                                  compare=doc["compare"], profiles=doc["profiles"],
@@ -875,9 +887,11 @@ def report(
         write_text(output, html)
         _write_json(json_path, doc, quiet)
         stdout.print(f"wrote {output} ({Path(output).stat().st_size / 1e6:.1f} MB)")
-        verdict = (doc["fit"].get("verdict") or {}).get("text")
-        if verdict:
-            stdout.print(verdict, soft_wrap=True)
+        verdict = doc["fit"].get("verdict") or {}
+        if verdict.get("text"):
+            stdout.print(verdict["text"], soft_wrap=True)
+        if verdict.get("caveat"):
+            stdout.print(verdict["caveat"], style="yellow", soft_wrap=True)
 
 
 # ----------------------------------------------------------------- synth

@@ -468,6 +468,46 @@ def test_alignment_numbers_keep_their_digits():
     assert "vs 1 at lag 0" not in text
 
 
+def test_small_sample_caveat_threshold():
+    """The caveat appears below 30 bootstrap units (non-empty sequence blocks) and names the
+    sequences; at 30 there is none."""
+    from entr_diag.report.caveats import MIN_BOOTSTRAP_UNITS, small_sample_caveat
+
+    assert MIN_BOOTSTRAP_UNITS == 30
+    fit = {"parameters": {"blocks_nonempty": 29}}
+    assert small_sample_caveat(fit, 29).startswith("caveat: only 29 sequences to resample")
+    assert "only 29 independent sequence blocks (of 31 sequences)" in small_sample_caveat(fit, 31)
+    assert small_sample_caveat({"parameters": {"blocks_nonempty": 30}}, 30) is None
+
+
+def test_few_sequences_verdict_has_caveat(synth_file, tmp_path):
+    """A run of 3 long sequences gets its verdict with a caveat line in fit's terminal output,
+    in verdict.caveat of the JSON and under the report's verdict (stdout and HTML); the
+    bundled sample run (hundreds of sequences) gets none."""
+    df = pl.read_parquet(synth_file).sort("seq_id", "position")
+    df = df.with_columns(pl.col("seq_id") % 3, pl.lit(1).alias("step")).with_columns(
+        pl.int_range(pl.len()).over("seq_id").alias("position"))
+    p = tmp_path / "three.parquet"
+    df.write_parquet(p)
+    out = tmp_path / "fit.json"
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("Verdict: ")
+    assert lines[1].startswith("caveat: only 3 sequences to resample (fewer than 30)")
+    assert json.loads(out.read_text())["verdict"]["caveat"] == lines[1]
+    html, rj = tmp_path / "r.html", tmp_path / "r.json"
+    r = runner.invoke(app, ["report", str(p), "--n-boot", "100", "-q", "-o", str(html),
+                            "--json", str(rj)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == lines[1]
+    assert json.loads(rj.read_text())["fit"]["verdict"]["caveat"] == lines[1]
+    assert f'<p class="caveat">{lines[1]}</p>' in html.read_text()
+    r = runner.invoke(app, ["fit", "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0 and "caveat" not in r.stdout
+    assert json.loads(out.read_text())["verdict"]["caveat"] is None
+
+
 def test_two_outputs_with_one_path_are_refused(tmp_path):
     """Two outputs naming the same file are refused before any work (exit 2)."""
     same = tmp_path / "same.out"
