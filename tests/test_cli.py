@@ -508,6 +508,18 @@ def test_few_sequences_verdict_has_caveat(synth_file, tmp_path):
     assert json.loads(out.read_text())["verdict"]["caveat"] is None
 
 
+def test_report_streams_as_documented(tmp_path):
+    """report (as the README shows it): notes on stderr; the file written and the verdict on
+    stdout, nothing else."""
+    r = runner.invoke(app, ["report", "-o", str(tmp_path / "run.html"), "--n-boot", "100"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.startswith("no input given: using the bundled sample run")
+    assert "valid loss-masked tokens of" in r.stderr
+    out = r.stdout.splitlines()
+    assert len(out) == 2 and out[0].startswith(f"wrote {tmp_path / 'run.html'} (")
+    assert out[1].startswith("law ")
+
+
 def test_two_outputs_with_one_path_are_refused(tmp_path):
     """Two outputs naming the same file are refused before any work (exit 2)."""
     same = tmp_path / "same.out"
