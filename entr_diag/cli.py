@@ -528,6 +528,12 @@ def inspect(
 # ----------------------------------------------------------------- fit
 
 
+def _check_bin_edges(bin_edges: str) -> None:
+    """Refuse an unknown --bin-edges before any data is read."""
+    if bin_edges not in ("quantile", "log"):
+        raise ParameterError(f"--bin-edges {bin_edges}: expected quantile or log.")
+
+
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
          full: bool = True, forensics: bool = False, profiles: bool = False):
     """The scaling-law fit (with ``full``: its strata and the mismatch metrics; with
@@ -609,6 +615,7 @@ def fit(
         from entr_diag.fit import check_fit_parameters
 
         check_fit_parameters(eps, tau, n_boot)
+        _check_bin_edges(bin_edges)
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet)
@@ -656,6 +663,7 @@ def flag(
         from entr_diag.fit import check_fit_parameters
 
         check_fit_parameters(eps, tau, n_boot)
+        _check_bin_edges(bin_edges)
         _check_output(output, "--output")
         _refuse_overwriting_inputs(paths, {"--output": output})
         ds = _load(paths, column, framework, layout, entropy, quiet)
@@ -789,6 +797,7 @@ def compare(
     with _errors(quiet):
         sweeps = _parse_sweep(sweep)
         entr, panel = _gates(gate, tau, eps)
+        _check_bin_edges(bin_edges)
         _check_output(json_path, "--json")
         _check_output(export, "--export")
         _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
@@ -847,6 +856,7 @@ def report(
 
     with _errors(quiet):
         entr, panel = _gates(gate, tau, eps)
+        _check_bin_edges(bin_edges)
         _check_output(output, "--output")
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path})

@@ -169,6 +169,9 @@ USAGE_ERRORS = [
     (["fit", "--bogus"], ["no such option: --bogus"]),
     (["nosuchcmd"], ["no such command 'nosuchcmd'"]),
     (["synth"], ["missing option '--output'"]),
+    (["fit", "--bin-edges", "foo"], ["--bin-edges foo: expected quantile or log"]),
+    (["report", "--bin-edges", "foo"], ["--bin-edges foo: expected quantile or log"]),
+    (["inspect", "--layout", "foo"], ["--layout must be one of auto, long, nested, not 'foo'"]),
 ]
 
 
