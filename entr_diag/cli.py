@@ -29,11 +29,83 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.text import Text
+from typer.core import TyperGroup
 
 from entr_diag import __version__
 from entr_diag.errors import EntrDiagError, ParameterError
 
+#: click's exception classes, found through typer's public BadParameter (typer vendors click
+#: in recent versions, so ``import click`` may not be the click typer raises from)
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def _given_value(args: list[str], opts: list[str]) -> str | None:
+    """The last value given on the command line to an option spelled ``opts``."""
+    value = None
+    for i, a in enumerate(args):
+        for o in opts:
+            if a == o and i + 1 < len(args):
+                value = args[i + 1]
+            elif o.startswith("--") and a.startswith(o + "="):
+                value = a[len(o) + 1:]
+    return value
+
+
+def _usage_message(e, args: list[str]) -> str:
+    """One sentence for a command-line usage error of click/typer (a bad option value, an
+    unknown option or command, a missing option), naming the option and the bad value."""
+    name = type(e).__name__
+    param = getattr(e, "param", None)
+    ctx = getattr(e, "ctx", None)
+    see = f" See '{ctx.command_path} --help'." if ctx is not None else ""
+    if name == "BadParameter" and param is not None and getattr(param, "opts", None):
+        opts = [*param.opts, *getattr(param, "secondary_opts", [])]
+        opt = max(opts, key=len)
+        value = _given_value(args, opts)
+        lo = getattr(param, "min", getattr(getattr(param, "type", None), "min", None))
+        hi = getattr(param, "max", getattr(getattr(param, "type", None), "max", None))
+        if lo is not None and hi is not None:
+            bounds = f"{lo} to {hi:,}"
+        else:
+            bounds = f">= {lo}" if lo is not None else f"<= {hi}" if hi is not None else ""
+        try:
+            x = float(value) if value is not None else math.nan
+        except ValueError:
+            x = math.nan
+        if (lo is not None and x < lo) or (hi is not None and x > hi):
+            why = f"out of range ({bounds})"
+        else:  # not a number of the right kind: pydantic's first clause, e.g. "should be a
+            # valid integer"; click's message otherwise
+            why = str(getattr(e, "message", "") or e.format_message())
+            why = why.replace("Input should be", "must be").split(",")[0].rstrip(".")
+            why = why[:1].lower() + why[1:] + (f" ({bounds})" if bounds else "")
+        shown = f" {value}" if value is not None else ""
+        return f"{opt}{shown}: {why}.{see}"
+    msg = e.format_message().strip().rstrip(".")
+    return f"{msg[:1].lower() + msg[1:]}.{see}"
+
+
+class _Group(TyperGroup):
+    """The ``entr-diag`` command group: click/typer usage errors (bad option values, unknown
+    options or commands, missing options) print one plain ``error: ...`` line on stderr and
+    exit with code 2, like every other refusal, instead of a usage block and a boxed panel."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            rv = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except _ClickException as e:
+            if type(e).__name__ != "NoArgsIsHelpError":  # that one has printed the help
+                stderr.print(f"[bold red]error:[/bold red] {escape(_usage_message(e, argv))}",
+                             soft_wrap=True)
+            sys.exit(e.exit_code)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
 app = typer.Typer(
+    cls=_Group,
     name="entr-diag",
     help=(
         "Offline diagnostic for train-inference log-ratio mismatch in asynchronous RL "
@@ -102,8 +174,13 @@ def _parse_columns(items: list[str] | None) -> dict[str, str]:
             raise ParameterError(
                 f"--column {item}: expected CANONICAL=SOURCE, e.g. --column infer_logprob=rollout_log_probs."
             )
-        canon, src = item.split("=", 1)
-        out[canon.strip()] = src.strip()
+        canon, src = (part.strip() for part in item.split("=", 1))
+        if canon in out and out[canon] != src:
+            raise ParameterError(
+                f"--column {canon}={out[canon]} and --column {canon}={src}: {canon} is mapped "
+                "twice; give one source column."
+            )
+        out[canon] = src
     return out
 
 
@@ -325,9 +402,60 @@ def _check_alignment(finding, allow: bool, quiet: bool) -> None:
             stderr.print(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
         return
     raise InputError(
-        f"{f.title}. {f.message} Likely shift: {f.evidence.get('likely_shift')} token(s). "
-        f"Check: {f.check} Pass --allow-misaligned to analyse the input anyway."
+        f"{f.title}. {_alignment_numbers(f)} Check: {f.check} Pass --allow-misaligned to "
+        "analyse the input anyway."
     )
+
+
+def _sig(x, corr: bool = False) -> str:
+    """A number of the alignment evidence: a mean |difference| with its 4 significant digits
+    (trailing zeros kept, so 0.9996 never shows as 1), exact 0 as 0; a correlation with 4
+    decimals (1.0000 means at least 0.99995)."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "n/a"
+    if corr:
+        return f"{x:.4f}"
+    return "0" if x == 0 else f"{x:#.4g}".rstrip(".")
+
+
+def _alignment_numbers(f) -> str:
+    """The misalignment finding's explanation with its numbers at 4 significant digits,
+    built from its evidence (the finding's own message rounds them to 3)."""
+    ev = f.evidence
+    lag = ev.get("likely_shift")
+    if lag not in (-1, 1):
+        return f.message
+    side = "minus1" if lag == -1 else "plus1"
+    mad_l, mad_0 = ev.get(f"mean_abs_diff_lag_{side}"), ev.get("mean_abs_diff_lag0")
+    marker = ": mean |difference|"
+    why = f.message.split(marker)[0] if marker in f.message else \
+        f"train_logprob[t] agrees with infer_logprob[t{lag:+d}]"
+    if mad_l == 0:
+        how = "identical values"
+    elif mad_l and mad_0:
+        ratio = mad_0 / mad_l
+        how = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.3g}"
+        how += " times smaller than at lag 0"
+    else:
+        how = ""
+    return (
+        f"{why}: mean |train_logprob[t] - infer_logprob[t{lag:+d}]| = {_sig(mad_l)}"
+        + (f" ({how})" if how else "")
+        + f" against {_sig(mad_0)} at lag 0, correlation "
+        f"{_sig(ev.get(f'corr_lag_{side}'), True)} against {_sig(ev.get('corr_lag0'), True)}, over {ev.get('tokens_compared', 0):,} token "
+        f"pairs. Every ratio computed from these columns is wrong. Likely shift: {lag:+d} token."
+    )
+
+
+def _fit_dict(fit_res, ds) -> dict:
+    """The fit's ``to_dict()`` with ``verdict.caveat``: the small-sample caveat shown beside
+    the verdict in the terminal, JSON and HTML (None when the bootstrap has enough sequences)."""
+    from entr_diag.report.caveats import small_sample_caveat
+
+    fd = fit_res.to_dict()
+    fd["verdict"] = {**fd["verdict"],
+                     "caveat": small_sample_caveat(fd, ds.accounting.sequences_valid)}
+    return fd
 
 
 def _forensics(ds, quiet: bool):
@@ -402,6 +530,12 @@ def inspect(
 
 
 # ----------------------------------------------------------------- fit
+
+
+def _check_bin_edges(bin_edges: str) -> None:
+    """Refuse an unknown --bin-edges before any data is read."""
+    if bin_edges not in ("quantile", "log"):
+        raise ParameterError(f"--bin-edges {bin_edges}: expected quantile or log.")
 
 
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
@@ -486,6 +620,7 @@ def fit(
         from entr_diag.fit import check_fit_parameters
 
         check_fit_parameters(eps, tau, n_boot)
+        _check_bin_edges(bin_edges)
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet)
@@ -495,12 +630,13 @@ def fit(
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
-        fd = fit_res.to_dict()
+        fd = _fit_dict(fit_res, ds)
+        caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
                                         metrics=metrics.to_dict(),
                                         forensics=findings.to_dict()), quiet)
-        render_fit(fit_res, metrics, stdout)
+        render_fit(fit_res, metrics, stdout, caveat=caveat)
         render_findings(findings, stdout, show_checks=False)
 
 
@@ -532,6 +668,7 @@ def flag(
         from entr_diag.fit import check_fit_parameters
 
         check_fit_parameters(eps, tau, n_boot)
+        _check_bin_edges(bin_edges)
         _check_output(output, "--output")
         _refuse_overwriting_inputs(paths, {"--output": output})
         ds = _load(paths, column, framework, layout, entropy, quiet)
@@ -665,6 +802,7 @@ def compare(
     with _errors(quiet):
         sweeps = _parse_sweep(sweep)
         entr, panel = _gates(gate, tau, eps)
+        _check_bin_edges(bin_edges)
         _check_output(json_path, "--json")
         _check_output(export, "--export")
         _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
@@ -676,7 +814,7 @@ def compare(
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed}
         _write_json(json_path, envelope("compare", ds.describe(), params, compare=res.to_dict(),
-                                        fit=fit_res.to_dict()), quiet)
+                                        fit=_fit_dict(fit_res, ds)), quiet)
         if export is not None:
             from entr_diag.atomic import write_with
             from entr_diag.compare import decisions_frame
@@ -723,6 +861,7 @@ def report(
 
     with _errors(quiet):
         entr, panel = _gates(gate, tau, eps)
+        _check_bin_edges(bin_edges)
         _check_output(output, "--output")
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path})
@@ -753,7 +892,7 @@ def report(
             "entropy_source": desc["entropy_source"],
             "parameters": params,
         }
-        doc = envelope("report", desc, params, fit=fit_res.to_dict(), metrics=metrics.to_dict(),
+        doc = envelope("report", desc, params, fit=_fit_dict(fit_res, ds), metrics=metrics.to_dict(),
                        compare=cmp_res.to_dict(), profiles=prof, forensics=findings.to_dict())
         html = build_report_html(summary=sanitize(summary), fit=doc["fit"], metrics=doc["metrics"],
                                  compare=doc["compare"], profiles=doc["profiles"],
@@ -763,9 +902,11 @@ def report(
         write_text(output, html)
         _write_json(json_path, doc, quiet)
         stdout.print(f"wrote {output} ({Path(output).stat().st_size / 1e6:.1f} MB)")
-        verdict = (doc["fit"].get("verdict") or {}).get("text")
-        if verdict:
-            stdout.print(verdict, soft_wrap=True)
+        verdict = doc["fit"].get("verdict") or {}
+        if verdict.get("text"):
+            stdout.print(verdict["text"], soft_wrap=True)
+        if verdict.get("caveat"):
+            stdout.print(verdict["caveat"], style="yellow", soft_wrap=True)
 
 
 # ----------------------------------------------------------------- synth

@@ -108,6 +108,16 @@ REFUSALS = [
     (lambda t: [str(_empty(t))], ["empty"]),
     (lambda t: [str(_file(t)), "--column", "nonsense"], ["CANONICAL=SOURCE"]),
     (lambda t: [str(_file(t)), "--framework", "nope"], ["unknown framework"]),
+    (lambda t: [str(_file(t)), "-c", "infer_logprob=a", "-c", "infer_logprob=b"],
+     ["--column infer_logprob=a and --column infer_logprob=b", "mapped twice"]),
+    (lambda t: [str(_file(t, infer_logprobs=[-0.1, -0.2, -1.0, -2.0]))],
+     ["ambiguous column infer_logprob", "'rollout_log_probs' and 'infer_logprobs'",
+      "--column infer_logprob=NAME"]),
+    (lambda t: [str(_file(t)), "--framework", "trl"],
+     ["'old_log_probs' is the name verl and roll use for train_logprob",
+      "--column train_logprob=old_log_probs"]),
+    (lambda t: [str(_file(t)), "-c", "train_logprob=rollout_log_probs"],
+     ["takes 'rollout_log_probs'", "infer_logprob has no source left"]),
     (lambda t: [str(_file(t)), "--layout", "nested"], ["layout nested"]),
 ]
 
@@ -146,6 +156,50 @@ def test_inspect_refusals_exit_2(tmp_path, case):
     msg = re.sub(r"\s+", " ", r.stderr)
     for w in words:
         assert w in msg, (w, msg)
+
+
+USAGE_ERRORS = [
+    # (args, words the one line must hold)
+    (["fit", "--bins", "0"], ["--bins 0", "out of range (3 to 500)"]),
+    (["fit", "--bins=501"], ["--bins 501", "out of range (3 to 500)"]),
+    (["compare", "--n-boot", "-1"], ["--n-boot -1", "out of range (100 to 100,000)"]),
+    (["report", "--seed", "-5"], ["--seed -5", "out of range (>= 0)"]),
+    (["fit", "--bins", "abc"], ["--bins abc", "must be a valid integer"]),
+    (["fit", "--tau", "x"], ["--tau x", "must be a valid number"]),
+    (["fit", "--bogus"], ["no such option: --bogus"]),
+    (["nosuchcmd"], ["no such command 'nosuchcmd'"]),
+    (["synth"], ["missing option '--output'"]),
+    (["fit", "--bin-edges", "foo"], ["--bin-edges foo: expected quantile or log"]),
+    (["report", "--bin-edges", "foo"], ["--bin-edges foo: expected quantile or log"]),
+    (["inspect", "--layout", "foo"], ["--layout must be one of auto, long, nested, not 'foo'"]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(USAGE_ERRORS)))
+def test_usage_errors_one_plain_line(case):
+    """A click/typer usage error (option bound, bad value, unknown option or command, missing
+    option) is one plain `error: ...` line on stderr naming the option and value, exit 2."""
+    args, words = USAGE_ERRORS[case]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Usage:" not in r.output and "\u256d" not in r.output  # no usage block, no panel
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert r.stdout == ""
+
+
+def test_usage_error_subprocess_and_help_still_work():
+    """As a real process a bound error is one line with exit 2, and --help still prints the
+    help with exit 0."""
+    out = subprocess.run([sys.executable, "-m", "entr_diag", "fit", "--bins", "0"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().startswith("error: --bins 0") and len(out.stderr.splitlines()) == 1
+    out = subprocess.run([sys.executable, "-m", "entr_diag", "fit", "--help"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and "Usage:" in out.stdout and "--bins" in out.stdout
 
 
 def test_cli_subprocess_no_traceback(tmp_path):
@@ -386,10 +440,90 @@ def test_exact_off_by_one_stops_with_the_shift(tmp_path):
     df.write_parquet(p)
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q"])
     assert r.exit_code == 2, r.output
-    assert "shifted by -1 token" in re.sub(r"\s+", " ", r.stderr)
-    assert runner.invoke(app, ["inspect", str(p), "-q"]).exit_code == 0
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert "shifted by -1 token" in msg
+    out = tmp_path / "i.json"
+    assert runner.invoke(app, ["inspect", str(p), "-q", "--json", str(out)]).exit_code == 0
+    ev = next(f["evidence"] for f in json.loads(out.read_text())["forensics"]["findings"]
+              if f["kind"] == "misalignment")
+    # the numbers at 4 significant digits (4 decimals for correlations), never rounded to 0/1
+    assert (f"infer_logprob[t-1]| = 0 (identical values) against "
+            f"{ev['mean_abs_diff_lag0']:#.4g} at lag 0, correlation 1.0000 against "
+            f"{ev['corr_lag0']:.4f}, over {ev['tokens_compared']:,} token pairs") in msg
+    assert "Likely shift: -1 token." in msg
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--allow-misaligned"])
     assert r.exit_code == 0, r.output
+
+
+def test_alignment_numbers_keep_their_digits():
+    """The off-by-one message shows 4 significant digits: 0.9996 is not "1", a correlation
+    of 0.99996 is not "1.0", an exact 0 stays 0."""
+    from types import SimpleNamespace
+
+    from entr_diag.cli import _alignment_numbers
+
+    f = SimpleNamespace(message="train_logprob[t] agrees with X: mean |difference| 0.000412 "
+                        "at lag +1 vs 1 at lag 0", evidence={
+                            "likely_shift": 1, "mean_abs_diff_lag_plus1": 0.0004121,
+                            "mean_abs_diff_lag0": 0.9996, "corr_lag_plus1": 0.99996,
+                            "corr_lag0": 0.01234, "tokens_compared": 12345})
+    text = _alignment_numbers(f)
+    assert text.startswith("train_logprob[t] agrees with X: mean |train_logprob[t] - "
+                           "infer_logprob[t+1]| = 0.0004121 (2,426 times smaller")
+    assert "against 0.9996 at lag 0, correlation 1.0000 against 0.0123, over 12,345" in text
+    assert "vs 1 at lag 0" not in text
+
+
+def test_small_sample_caveat_threshold():
+    """The caveat appears below 30 bootstrap units (non-empty sequence blocks) and names the
+    sequences; at 30 there is none."""
+    from entr_diag.report.caveats import MIN_BOOTSTRAP_UNITS, small_sample_caveat
+
+    assert MIN_BOOTSTRAP_UNITS == 30
+    fit = {"parameters": {"blocks_nonempty": 29}}
+    assert small_sample_caveat(fit, 29).startswith("caveat: only 29 sequences to resample")
+    assert "only 29 independent sequence blocks (of 31 sequences)" in small_sample_caveat(fit, 31)
+    assert small_sample_caveat({"parameters": {"blocks_nonempty": 30}}, 30) is None
+
+
+def test_few_sequences_verdict_has_caveat(synth_file, tmp_path):
+    """A run of 3 long sequences gets its verdict with a caveat line in fit's terminal output,
+    in verdict.caveat of the JSON and under the report's verdict (stdout and HTML); the
+    bundled sample run (hundreds of sequences) gets none."""
+    df = pl.read_parquet(synth_file).sort("seq_id", "position")
+    df = df.with_columns(pl.col("seq_id") % 3, pl.lit(1).alias("step")).with_columns(
+        pl.int_range(pl.len()).over("seq_id").alias("position"))
+    p = tmp_path / "three.parquet"
+    df.write_parquet(p)
+    out = tmp_path / "fit.json"
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("Verdict: ")
+    assert lines[1].startswith("caveat: only 3 sequences to resample (fewer than 30)")
+    assert json.loads(out.read_text())["verdict"]["caveat"] == lines[1]
+    html, rj = tmp_path / "r.html", tmp_path / "r.json"
+    r = runner.invoke(app, ["report", str(p), "--n-boot", "100", "-q", "-o", str(html),
+                            "--json", str(rj)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == lines[1]
+    assert json.loads(rj.read_text())["fit"]["verdict"]["caveat"] == lines[1]
+    assert f'<p class="caveat">{lines[1]}</p>' in html.read_text()
+    r = runner.invoke(app, ["fit", "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0 and "caveat" not in r.stdout
+    assert json.loads(out.read_text())["verdict"]["caveat"] is None
+
+
+def test_report_streams_as_documented(tmp_path):
+    """report (as the README shows it): notes on stderr; the file written and the verdict on
+    stdout, nothing else."""
+    r = runner.invoke(app, ["report", "-o", str(tmp_path / "run.html"), "--n-boot", "100"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.startswith("no input given: using the bundled sample run")
+    assert "valid loss-masked tokens of" in r.stderr
+    out = r.stdout.splitlines()
+    assert len(out) == 2 and out[0].startswith(f"wrote {tmp_path / 'run.html'} (")
+    assert out[1].startswith("law ")
 
 
 def test_two_outputs_with_one_path_are_refused(tmp_path):

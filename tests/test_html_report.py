@@ -295,6 +295,18 @@ def test_summary_carries_inputs_and_verdicts(full_html):
     assert _has(full_html, "inference")
 
 
+def test_verdict_caveat_under_the_verdict(full_html):
+    """A fit whose verdict carries a caveat (few sequences) shows it under the verdict; one
+    without shows none."""
+    fit = _fit()
+    fit["verdict"] = {**fit["verdict"], "caveat": "caveat: only 3 sequences to resample"}
+    html = build_report_html(summary=_summary(), fit=fit, metrics=_metrics(),
+                             compare=_compare(), profiles=_profiles(), findings=[])
+    i = html.index('<p class="caveat">caveat: only 3 sequences to resample</p>')
+    assert html.index("law holds: alpha = 1.00") < i < html.index("Noise regime:")
+    assert not _has(full_html, '<p class="caveat">')
+
+
 def test_offender_tables_rendered(full_html):
     """The worst-offender tables list tokens and sequences with their keys."""
     seg = full_html[full_html.index('id="offenders"') :]

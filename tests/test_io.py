@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 
 from entr_diag.errors import InputError, SchemaError
@@ -124,8 +125,8 @@ def test_framework_names(tmp_path, framework):
     """Every framework's own column names map onto the canonical columns with --framework."""
     names = S.FRAMEWORKS[framework]
     df = _long().rename({k: v for k, v in names.items() if k in _long().columns})
-    if "train_logprob" not in names:  # prime-rl names only the engine side
-        df = df.rename({"train_logprob": "old_log_probs"})
+    # prime-rl names only the engine side: its trainer side keeps the canonical name (a
+    # preset never reads another framework's names, see test_framework_reads_only_its_names)
     ds = load_dataset([_write(tmp_path, df)], framework=framework)
     assert ds.accounting.tokens_valid == 5
     for canon, src in names.items():
@@ -374,3 +375,117 @@ def test_each_exclusion_reason_via_cli(tmp_path, reason):
     assert acc["exclusions"] == {reason: _EXPECTED[reason]}
     assert acc["tokens_valid"] == 5 - _EXPECTED[reason]
 
+
+
+# ------------------------------------------------------------------ framework presets, ambiguity
+
+
+def _verl_names() -> pl.DataFrame:
+    return _long().rename({"train_logprob": "old_log_probs", "infer_logprob": "rollout_log_probs",
+                           "entropy": "entropys", "loss_mask": "response_mask"})
+
+
+def test_framework_reads_only_its_names(tmp_path):
+    """--framework trl never reads verl's names: the logprobs are refused with the names trl
+    expects and how to map verl's, and verl's entropy / loss mask are left unused (noted)."""
+    p = _write(tmp_path, _verl_names())
+    with pytest.raises(SchemaError) as e:
+        load_dataset([p], framework="trl")
+    msg = str(e.value)
+    for w in ("train_logprob", "old_per_token_logps", "--column train_logprob=old_log_probs",
+              "sampling_per_token_logps", "--framework verl"):
+        assert w in msg, w
+    ds = load_dataset([p], framework="trl", columns={"train_logprob": "old_log_probs",
+                                                     "infer_logprob": "rollout_log_probs"})
+    assert "train_entropy" not in ds.mapping and "loss_mask" not in ds.mapping
+    assert any("'entropys' not used as train_entropy (--framework trl)" in n for n in ds.notes)
+    assert any("'response_mask' not used as loss_mask" in n for n in ds.notes)
+    # verl's own preset still reads all four
+    ds = load_dataset([p], framework="verl")
+    assert ds.mapping["train_entropy"] == "entropys" and ds.mapping["loss_mask"] == "response_mask"
+
+
+@pytest.mark.parametrize("framework", sorted(S.FRAMEWORKS))
+def test_framework_never_maps_other_frameworks_names(framework):
+    """Given every name the other presets use (and only the two canonical logprobs), a
+    preset maps none of them."""
+    from entr_diag.io.load import resolve_mapping
+
+    own = set(S.FRAMEWORKS[framework].values())
+    others = {n for k, p in S.FRAMEWORKS.items() if k != framework for n in p.values()}
+    others -= own | set(S.CANONICAL) | {"advantages"}  # the name every framework shares
+    available = {n: pa.float64() for n in others | {"train_logprob", "infer_logprob"}}
+    mapping, _ = resolve_mapping(available, framework=framework)
+    assert others and not set(mapping.values()) & others, mapping
+
+
+def test_two_candidates_for_one_column_refused(tmp_path):
+    """Both rollout_log_probs and infer_logprobs (two infer_logprob candidates) are refused,
+    naming the column and both candidates; --column or --framework decides."""
+    df = _long().rename({"infer_logprob": "rollout_log_probs"}).with_columns(
+        infer_logprobs=pl.col("rollout_log_probs") - 0.5)
+    p = _write(tmp_path, df)
+    with pytest.raises(SchemaError) as e:
+        load_dataset([p])
+    msg = str(e.value)
+    for w in ("ambiguous column infer_logprob", "'rollout_log_probs'", "'infer_logprobs'",
+              "--column infer_logprob=NAME", "--framework roll"):
+        assert w in msg, w
+    ds = load_dataset([p], columns={"infer_logprob": "infer_logprobs"})
+    assert ds.mapping["infer_logprob"] == "infer_logprobs"
+    assert _valid(ds)["delta"][0] == pytest.approx(-0.1 - (-0.12 - 0.5))
+    assert load_dataset([p], framework="roll").mapping["infer_logprob"] == "infer_logprobs"
+    assert load_dataset([p], framework="verl").mapping["infer_logprob"] == "rollout_log_probs"
+
+
+def test_canonical_name_and_alias_refused(tmp_path):
+    """A canonical name beside one of its aliases is ambiguous too (step vs global_step)."""
+    p = _write(tmp_path, _long(global_step=[9, 9, 9, 9, 9]))
+    with pytest.raises(SchemaError, match="ambiguous column step: .*'step' and 'global_step'"):
+        load_dataset([p])
+    assert load_dataset([p], columns={"step": "global_step"}).mapping["step"] == "global_step"
+
+
+def test_train_and_inference_entropy_not_ambiguous(tmp_path):
+    """A verl-style dump with both a trainer-side (entropys) and an inference-side entropy
+    maps them to different canonical columns: no ambiguity."""
+    df = _verl_names().with_columns(rollout_entropy=pl.col("entropys") + 0.01)
+    ds = load_dataset([_write(tmp_path, df)])
+    assert ds.mapping["entropy"] == "rollout_entropy"
+    assert ds.mapping["train_entropy"] == "entropys"
+    assert ds.entropy_source == "inference"
+
+
+def test_bundled_and_synth_dumps_are_unambiguous(tmp_path):
+    """The bundled sample runs and `synth` output (long and nested) load without any option."""
+    from entr_diag.io.load import bundled_sample_path
+    from entr_diag.synth import SynthSpec, write_synth
+
+    paths = [bundled_sample_path(), bundled_sample_path().with_name("sample_run_nested.parquet")]
+    for layout in ("long", "nested"):
+        p = tmp_path / f"synth_{layout}.parquet"
+        write_synth(p, SynthSpec(n_tokens=2_000, seed=0, dirty=True), layout=layout)
+        paths.append(p)
+    for p in paths:
+        assert load_dataset([p]).mapping["infer_logprob"] == "infer_logprob"
+
+
+def test_override_taking_a_needed_column_explained(tmp_path):
+    """--column train_logprob=rollout_log_probs on a verl dump says that the override took the
+    column infer_logprob was read from, and what to do."""
+    p = _write(tmp_path, _verl_names())
+    with pytest.raises(SchemaError) as e:
+        load_dataset([p], columns={"train_logprob": "rollout_log_probs"})
+    msg = str(e.value)
+    for w in ("missing required column(s) infer_logprob",
+              "--column train_logprob=rollout_log_probs takes 'rollout_log_probs'",
+              "infer_logprob has no source left", "--column infer_logprob=NAME"):
+        assert w in msg, w
+    with pytest.raises(SchemaError, match="map one source column to two canonical columns"):
+        load_dataset([p], columns={"train_logprob": "rollout_log_probs",
+                                   "infer_logprob": "rollout_log_probs"})
+    # an optional column losing its source to an override is only noted
+    ds = load_dataset([p], columns={"entropy": "entropys"})
+    assert ds.mapping["entropy"] == "entropys" and "train_entropy" not in ds.mapping
+    assert any("train_entropy: 'entropys' is taken by --column entropy=entropys" in n
+               for n in ds.notes)

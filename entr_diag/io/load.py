@@ -163,6 +163,19 @@ def _type_name(t: pa.DataType) -> str:
     return str(t)
 
 
+def _or_list(names: Sequence[str], word: str = "or") -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    names = list(names)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" {word} " + names[-1]
+
+
+def _whose(src: str, canon: str, foreign: Mapping[str, Sequence[str]]) -> str:
+    """``'old_log_probs' is the name verl and roll use for train_logprob``."""
+    users = S.users_of(src, canon) or tuple(foreign[src])
+    verb = "uses" if len(users) == 1 else "use"
+    return f"'{src}' is the name {_or_list(users, 'and')} {verb} for {canon}"
+
+
 def resolve_mapping(
     available: Mapping[str, pa.DataType],
     *,
@@ -171,6 +184,13 @@ def resolve_mapping(
     entropy: str = "auto",
 ) -> tuple[dict[str, str], list[str]]:
     """Choose, for each canonical column, the source column that holds it.
+
+    A canonical column's candidates are, in order: the framework's own name (with
+    ``framework``), the canonical name, then its generic aliases. With ``framework`` the
+    names only *other* frameworks use are never candidates (:func:`~entr_diag.io.schema.
+    foreign_names`): ``--framework trl`` never reads verl's ``old_log_probs``. A column is
+    never guessed between two present candidates: unless an override or the framework's own
+    name decides, two or more candidates of the right type are refused as ambiguous.
 
     Args:
         available: source column name -> Arrow type (list types for nested columns), the
@@ -186,11 +206,14 @@ def resolve_mapping(
 
     Raises:
         SchemaError: unknown canonical name or framework, an override naming a missing
-            column, a required column missing (the message lists the columns that exist
-            and any ambiguous column that could be mapped), or an alias of the wrong type.
+            column or a column another override already takes, a required column missing
+            (the message lists the columns that exist, any ambiguous column that could be
+            mapped, and what an override or the framework took), two candidates for one
+            column, or an alias of the wrong type.
     """
     overrides = dict(overrides or {})
     notes: list[str] = []
+    taken_by: dict[str, str] = {}  # source -> the canonical column an override maps it to
     for canon, src in overrides.items():
         if canon not in S.BY_NAME:
             raise SchemaError(
@@ -202,7 +225,15 @@ def resolve_mapping(
                 f"--column {canon}={src}: the input has no column '{src}'; "
                 f"columns: {', '.join(sorted(available))}."
             )
+        if src in taken_by:
+            raise SchemaError(
+                f"--column {taken_by[src]}={src} and --column {canon}={src} map one source "
+                f"column to two canonical columns; give {canon} its own column."
+            )
+        taken_by[src] = canon
     fw: dict[str, str] = {}
+    foreign: dict[str, tuple[str, ...]] = {}
+    key = None
     if framework is not None:
         key = framework.lower().replace("_", "-")
         if key not in S.FRAMEWORKS:
@@ -210,11 +241,16 @@ def resolve_mapping(
                 f"unknown framework '{framework}'; known: {', '.join(sorted(S.FRAMEWORKS))}."
             )
         fw = S.FRAMEWORKS[key]
+        foreign = S.foreign_names(key)
     if entropy not in ENTROPY_CHOICES:
         raise SchemaError(f"--entropy must be one of {', '.join(ENTROPY_CHOICES)}, not '{entropy}'.")
 
     mapping: dict[str, str] = {}
     used: set[str] = set(overrides.values())
+    #: canonical -> present candidates that an override took (for the missing-column message)
+    lost: dict[str, list[str]] = {}
+    #: canonical -> present candidates skipped as another framework's names
+    skipped: dict[str, list[str]] = {}
     for col in S.COLUMNS:
         canon = col.name
         if canon in overrides:
@@ -228,12 +264,19 @@ def resolve_mapping(
             mapping[canon] = src
             continue
         candidates: list[str] = []
-        if canon in fw:
-            candidates.append(fw[canon])
-        candidates.append(canon)
-        candidates.extend(col.aliases)
+        for src in (fw.get(canon), canon, *col.aliases):
+            if src is not None and src not in candidates:
+                candidates.append(src)
+        usable: list[str] = []
         for src in candidates:
-            if src not in available or src in used:
+            if src not in available:
+                continue
+            if src in foreign and src != fw.get(canon):
+                skipped.setdefault(canon, []).append(src)
+                continue
+            if src in used:
+                if src in taken_by:
+                    lost.setdefault(canon, []).append(src)
                 continue
             ok = _kind_ok(col.kind, _value_type(available[src]))
             if not ok:
@@ -244,18 +287,25 @@ def resolve_mapping(
                     )
                 notes.append(f"'{src}' not used as {canon}: type {_type_name(available[src])}")
                 continue
-            mapping[canon] = src
-            used.add(src)
-            if src != canon:
-                notes.append(f"{canon} <- '{src}'")
-            break
+            usable.append(src)
+        for src in skipped.get(canon, []):
+            notes.append(f"'{src}' not used as {canon} (--framework {key}): "
+                         f"{_whose(src, canon, foreign)}; map it with --column {canon}={src}")
+        for src in lost.get(canon, []):
+            notes.append(f"{canon}: '{src}' is taken by --column {taken_by[src]}={src}")
+        if not usable or (canon == "entropy" and entropy == "train"):  # not used: no choice
+            continue
+        if len(usable) > 1 and usable[0] != fw.get(canon):
+            _refuse_ambiguous(canon, usable)
+        src = usable[0]
+        mapping[canon] = src
+        used.add(src)
+        if src != canon:
+            notes.append(f"{canon} <- '{src}'")
+        if len(usable) > 1:  # the framework's own name decided
+            notes.append(f"{canon}: using '{src}' (--framework {key}); also present and not "
+                         "used: " + ", ".join(f"'{a}'" for a in usable[1:]))
 
-    for canon, src in list(mapping.items()):
-        col = S.BY_NAME[canon]
-        others = [a for a in (canon, *col.aliases) if a in available and a != src and a not in used]
-        if others and canon not in overrides:
-            notes.append(f"{canon}: using '{src}'; also present and not used: "
-                         + ", ".join(f"'{a}'" for a in others))
     # which entropy is used
     if entropy == "train":
         if "train_entropy" not in mapping:
@@ -276,7 +326,19 @@ def resolve_mapping(
 
     missing = [c for c in S.REQUIRED if c not in mapping]
     if missing:
-        amb = [a for a in S.AMBIGUOUS if a in available]
+        why = ""
+        for c in missing:
+            for src in lost.get(c, []):
+                why += (f" --column {taken_by[src]}={src} takes '{src}', the column {c} is "
+                        f"otherwise read from, so {c} has no source left: map it too "
+                        f"(--column {c}=NAME), or map {taken_by[src]} to another column.")
+            for src in skipped.get(c, []):
+                why += f" {_whose(src, c, foreign)}"
+                why += f" ({key}'s is '{fw[c]}')" if c in fw else f", not {key}'s"
+                why += f": map it with --column {c}={src}"
+                why += (f" (or, if the dump is {S.users_of(src, c)[0]}'s, use --framework "
+                        f"{S.users_of(src, c)[0]})." if S.users_of(src, c) else ".")
+        amb = [a for a in S.AMBIGUOUS if a in available and a not in used]
         hint = ""
         if amb:
             hint = " " + " ".join(
@@ -285,12 +347,28 @@ def resolve_mapping(
                 for a in amb
             )
         raise SchemaError(
-            f"missing required column(s) {', '.join(missing)}. The input has columns: "
-            f"{', '.join(sorted(available))}. Map yours with --column CANONICAL=SOURCE "
-            f"(e.g. --column infer_logprob=my_rollout_logp) or pick --framework "
-            f"({', '.join(sorted(S.FRAMEWORKS))}).{hint}"
+            f"missing required column(s) {', '.join(missing)}.{why} The input has columns: "
+            f"{', '.join(sorted(available))}."
+            + ("" if why else " Map yours with --column CANONICAL=SOURCE (e.g. --column "
+               "infer_logprob=my_rollout_logp) or pick --framework "
+               f"({', '.join(sorted(S.FRAMEWORKS))}).")
+            + hint
         )
     return mapping, notes
+
+
+def _refuse_ambiguous(canon: str, usable: Sequence[str]) -> None:
+    """Two or more present source columns could each be ``canon``: never guess."""
+    names = " and ".join(f"'{s}'" for s in usable) if len(usable) == 2 else \
+        ", ".join(f"'{s}'" for s in usable)
+    fws = [f"--framework {_or_list(S.users_of(s, canon))} reads '{s}'"
+           for s in usable if S.users_of(s, canon)]
+    raise SchemaError(
+        f"ambiguous column {canon}: the input has {len(usable)} candidate columns, {names}, "
+        f"and entr-diag never guesses between them. Choose one with --column {canon}=NAME "
+        f"(e.g. --column {canon}={usable[0]})"
+        + (f", or name the framework ({'; '.join(fws)})." if fws else ".")
+    )
 
 
 # --------------------------------------------------------------------------- dataset

@@ -109,6 +109,29 @@ FRAMEWORKS: dict[str, dict[str, str]] = {
     "prime-rl": {"infer_logprob": "logprobs", "loss_mask": "loss_mask"},
 }
 
+#: Names every framework spells alike with one meaning: never "another framework's name".
+SHARED_NAMES: frozenset[str] = frozenset({"advantages"})
+
+
+def users_of(name: str, canon: str) -> tuple[str, ...]:
+    """The frameworks whose preset reads canonical column ``canon`` from source ``name``."""
+    return tuple(k for k, preset in FRAMEWORKS.items() if preset.get(canon) == name)
+
+
+def foreign_names(framework: str) -> dict[str, tuple[str, ...]]:
+    """Source names that other frameworks' presets use and ``framework``'s does not (name ->
+    those frameworks). With ``--framework`` they are never auto-detected: a preset maps its
+    own names, the canonical names and the generic aliases, never another framework's."""
+    own = set(FRAMEWORKS[framework].values())
+    out: dict[str, list[str]] = {}
+    for key, preset in FRAMEWORKS.items():
+        for name in preset.values():
+            if key != framework and name not in own and name not in CANONICAL \
+                    and name not in SHARED_NAMES and key not in out.get(name, []):
+                out.setdefault(name, []).append(key)
+    return {k: tuple(v) for k, v in out.items()}
+
+
 #: Exclusion reasons, in the order they are tested (a token counts under the first that fits).
 EXCLUSION_REASONS: dict[str, str] = {
     "missing_seq_id": "seq_id is null",

@@ -103,6 +103,7 @@ section.card > h2 { margin:0 0 10px; font-size:18px; font-weight:600; }
 h3 { font-size:15px; margin:16px 0 6px; font-weight:600; }
 .verdict p { margin:4px 0; font-size:15px; }
 .verdict p b { color:#111827; }
+.verdict p.caveat { color:#92400e; font-size:14px; }
 p.how { color:var(--muted); font-size:12.5px; margin:2px 0 10px; }
 p.how b { color:#374151; }
 .unavailable { color:var(--muted); font-style:italic; background:#f3f4f6;
@@ -511,10 +512,12 @@ def _summary_section(summary: dict, fit: dict | None, compare: dict | None) -> s
     files = inputs.get("files") or []
     if isinstance(files, str):
         files = [files]
+    caveat = _get(fit, "verdict", "caveat") if fit else None
     verdict = (
         '<div class="verdict">'
         f"<p>{_e(_fit_sentence(fit))}</p>"
-        f"<p>{_e(_regime_sentence(fit))}</p>"
+        + (f'<p class="caveat">{_e(caveat)}</p>' if caveat else "")
+        + f"<p>{_e(_regime_sentence(fit))}</p>"
         f"<p>{_e(_gate_sentence(compare))}</p></div>"
     )
     shown_files = [str(x) for x in files[:50]]

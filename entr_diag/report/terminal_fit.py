@@ -44,15 +44,19 @@ def _pct(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{100 * x:.3g}%"
 
 
-def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Console) -> None:
+def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Console, *,
+               caveat: str | None = None) -> None:
     """Print the fit (and the mismatch metrics, when given) to ``console``.
 
-    Order: verdict, bins table, laws table, breakpoint and regime lines, strata table,
-    metrics table. Entropies and deltas in nats.
+    Order: verdict (and ``caveat`` under it, e.g.
+    :func:`~entr_diag.report.caveats.small_sample_caveat`), bins table, laws table,
+    breakpoint and regime lines, strata table, metrics table. Entropies and deltas in nats.
     """
     v = result.verdict
     style = {"holds": "bold green", "holds_approximately": "bold yellow"}.get(v.law, "bold red")
     console.print(f"Verdict: {v.text}", style=style, soft_wrap=True)
+    if caveat:
+        console.print(caveat, style="yellow", soft_wrap=True, markup=False)
     console.print()
 
     # ---- bins
