@@ -1,0 +1,103 @@
+"""Chunked passes: an input read as many chunks (row-group ranges) gives the results of the
+same input read whole, for every command's JSON, in both layouts and on dirty data."""
+
+import json
+import math
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+import entr_diag.io.load as load
+from entr_diag.cli import app
+from entr_diag.io import load_dataset
+from entr_diag.passes import chunks_of
+from entr_diag.synth import SynthSpec, write_synth
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("chunks")
+    spec = SynthSpec(n_tokens=60_000, seed=3, dirty=True, mean_seq_len=120)
+    long = d / "long.parquet"
+    write_synth(long, spec, layout="long", row_group_size=4_000)
+    nested = d / "nested.parquet"
+    write_synth(nested, spec, layout="nested", row_group_size=4_000)
+    # nested without seq_id: sequences are named by file and row, which must survive slicing
+    anon = d / "anon.parquet"
+    pq.write_table(pq.read_table(nested).drop(["seq_id"]), anon, row_group_size=30)
+    return {"long": long, "nested": nested, "anon": anon}
+
+
+def _close(a, b, path="$"):
+    """Recursive equality, floats within 1e-9 relative (sums in another order)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9,
+                                                                 abs_tol=1e-12), path
+    else:
+        assert a == b, path
+
+
+def _json(monkeypatch, tmp_path, args, chunk_tokens, stream_tokens=None):
+    monkeypatch.setattr(load, "CHUNK_TOKENS", chunk_tokens)
+    monkeypatch.setattr(load, "_STREAM_TOKENS", stream_tokens or 8 * chunk_tokens)
+    out = tmp_path / f"out-{chunk_tokens}-{stream_tokens}.json"
+    r = runner.invoke(app, [*args, "--quiet", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    doc.pop("created_at")
+    return doc
+
+
+@pytest.mark.parametrize("name", ["long", "nested", "anon"])
+def test_chunks_cover_the_input(files, monkeypatch, name):
+    """Small chunks: many chunks, every row in exactly one (the accounting of the chunked
+    read equals the whole read)."""
+    monkeypatch.setattr(load, "CHUNK_TOKENS", 5_000)
+    ds = load_dataset([files[name]])
+    assert len(chunks_of(ds.lf)) > 3 and len(chunks_of(ds.raw)) == len(chunks_of(ds.lf))
+    total = sum(c.frame.select(pl.len()).collect().item() for c in chunks_of(ds.raw))
+    assert total == ds.accounting.tokens_total
+    valid = sum(c.frame.select(pl.len()).collect().item() for c in chunks_of(ds.lf))
+    assert valid == ds.accounting.tokens_valid == ds.lf.select(pl.len()).collect().item()
+    monkeypatch.setattr(load, "CHUNK_TOKENS", 10**9)
+    whole = load_dataset([files[name]])
+    assert len(chunks_of(whole.lf)) == 1
+    assert whole.accounting == ds.accounting
+    assert (whole.entropy_fine_counts == ds.entropy_fine_counts).all()
+    assert whole.step_range == ds.step_range
+
+
+@pytest.mark.parametrize("name", ["long", "anon"])
+@pytest.mark.parametrize("command", ["fit", "compare", "report"])
+def test_chunked_results_equal_whole(files, monkeypatch, tmp_path, name, command):
+    """Every command's JSON is the same read in many chunks, in one, or streamed in batches."""
+    args = [command, str(files[name])]
+    if command == "report":
+        args += ["-o", str(tmp_path / "r.html")]
+    whole = _json(monkeypatch, tmp_path, args, 10**9)
+    _close(_json(monkeypatch, tmp_path, args, 6_000), whole)
+    _close(_json(monkeypatch, tmp_path, args, 6_000, stream_tokens=1), whole)
+
+
+def test_long_file_without_positions_is_one_chunk(tmp_path, monkeypatch):
+    """Positions numbered per sequence over the whole file: the file is not cut."""
+    p = tmp_path / "nopos.parquet"
+    spec = SynthSpec(n_tokens=20_000, seed=1)
+    write_synth(p, spec, layout="long", row_group_size=2_000)
+    pq.write_table(pq.read_table(p).drop(["position"]), p, row_group_size=2_000)
+    monkeypatch.setattr(load, "CHUNK_TOKENS", 3_000)
+    ds = load_dataset([p])
+    assert len(chunks_of(ds.lf)) == 1
+    assert pq.ParquetFile(p).metadata.num_row_groups > 1
