@@ -9,7 +9,8 @@ one run so machine noise cancels, times in fresh processes:
 - ``fit``, ``compare``, ``report``: the entr-diag commands (``--quiet``, JSON/HTML to a
   temporary folder).
 
-Prints a table: tokens, seconds, tokens/s, ratio to the floor, peak RSS (from ``wait4``).
+Prints a table: tokens, seconds, CPU seconds (user + system: less sensitive to other work on
+the machine than wall time), tokens/s, ratio to the floor, peak RSS (from ``wait4``).
 
 Usage::
 
@@ -61,8 +62,9 @@ print(len(binned), k1, k3, chi2_seq)
 """
 
 
-def run(cmd: list[str]) -> tuple[float, float, int]:
-    """Run ``cmd``; return (seconds, peak RSS in MB, exit code)."""
+def run(cmd: list[str]) -> tuple[float, float, float, int]:
+    """Run ``cmd``; return (seconds, CPU seconds (user + system), peak RSS in MB, exit
+    code)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -71,7 +73,7 @@ def run(cmd: list[str]) -> tuple[float, float, int]:
     if rc != 0:
         err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
         print(f"FAILED ({rc}): {' '.join(cmd)}\n{err[-2000:]}", file=sys.stderr)
-    return dt, usage.ru_maxrss / 1024.0, rc
+    return dt, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024.0, rc
 
 
 def ensure_input(tokens: int, seed: int) -> Path:
@@ -101,24 +103,25 @@ def main() -> None:
     except ImportError:
         have_pandas = False
     out_dir = Path(tempfile.mkdtemp(prefix="entr-bench-"))
-    table = Table("tokens", "what", "seconds", "tokens/s", "x floor", "peak RSS MB",
-                  title="entr-diag benchmark (2 cores)")
+    table = Table("tokens", "what", "seconds", "CPU s", "tokens/s", "x floor", "peak RSS MB",
+                  title=f"entr-diag benchmark ({os.cpu_count()} cores)")
     for n in sizes:
         path = ensure_input(n, args.seed)
-        floor_s, floor_rss, _ = run([sys.executable, "-c", FLOOR, str(path), ",".join(COLUMNS)])
-        rows = [("decode floor (pyarrow)", floor_s, floor_rss)]
+        floor_s, floor_cpu, floor_rss, _ = run([sys.executable, "-c", FLOOR, str(path),
+                                                ",".join(COLUMNS)])
+        rows = [("decode floor (pyarrow)", floor_s, floor_cpu, floor_rss)]
         if have_pandas:
-            s, rss, rc = run([sys.executable, "-c", PANDAS, str(path), ",".join(COLUMNS)])
-            rows.append(("naive pandas fit" + ("" if rc == 0 else " (failed)"), s, rss))
+            s, cpu, rss, rc = run([sys.executable, "-c", PANDAS, str(path), ",".join(COLUMNS)])
+            rows.append(("naive pandas fit" + ("" if rc == 0 else " (failed)"), s, cpu, rss))
         for cmd in args.commands.split(","):
             extra = {"fit": ["--json", str(out_dir / "fit.json")],
                      "compare": ["--json", str(out_dir / "compare.json")],
                      "report": ["-o", str(out_dir / "report.html")]}.get(cmd, [])
-            s, rss, rc = run(["entr-diag", cmd, str(path), "--quiet", *extra])
-            rows.append((f"entr-diag {cmd}" + ("" if rc == 0 else " (failed)"), s, rss))
-        for what, s, rss in rows:
-            table.add_row(f"{n:,}", what, f"{s:.1f}", f"{n / s / 1e6:.1f}M", f"{s / floor_s:.2f}",
-                          f"{rss:,.0f}")
+            s, cpu, rss, rc = run(["entr-diag", cmd, str(path), "--quiet", *extra])
+            rows.append((f"entr-diag {cmd}" + ("" if rc == 0 else " (failed)"), s, cpu, rss))
+        for what, s, cpu, rss in rows:
+            table.add_row(f"{n:,}", what, f"{s:.1f}", f"{cpu:.1f}", f"{n / s / 1e6:.1f}M",
+                          f"{s / floor_s:.2f}", f"{rss:,.0f}")
     Console().print(table)
     shutil.rmtree(out_dir, ignore_errors=True)
 

@@ -50,6 +50,7 @@ from entr_diag.passes import (
     Accumulator,
     GroupAgg,
     PartialRows,
+    QueryAccumulator,
     column,
     has_nulls,
     run_pass,
@@ -830,12 +831,11 @@ def _check_misalignment(ctx: _Ctx) -> _Result:
 _SAMPLE_COLS: tuple[str, ...] = ("seq_key", "position", "train_logprob", "infer_logprob")
 
 
-class _LagSample:
-    """Token-pass accumulator keeping the rows of a hash-sampled subset of sequences (whole
+class _LagSample(QueryAccumulator):
+    """Pass accumulator keeping the rows of a hash-sampled subset of sequences (whole
     sequences: ``seq_key % 1000 < keep``), at most ~MISALIGN_MAX_TOKENS rows of 32 bytes;
-    the lags are taken after the pass, on the sequences put back together."""
-
-    columns = _SAMPLE_COLS
+    the lags are taken after the pass, on the sequences put back together. A query
+    accumulator: the engine filters each chunk."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
@@ -845,12 +845,14 @@ class _LagSample:
         """True on the rows of the sampled sequences."""
         return (pl.col("seq_key") % 1000) < self.keep
 
-    def update(self, batch: pl.DataFrame) -> None:
-        b = batch.select(_SAMPLE_COLS)
+    def build(self, lf: pl.LazyFrame) -> list[pl.LazyFrame]:
         if self.keep < 1000:
-            b = b.filter(self.predicate())
-        if b.height:
-            self.parts.append(b)
+            lf = lf.filter(self.predicate())
+        return [lf.select(_SAMPLE_COLS)]
+
+    def absorb(self, results: list[pl.DataFrame]) -> None:
+        if results[0].height:
+            self.parts.append(results[0])
 
     def frame(self, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
         if not self.parts:

@@ -63,8 +63,13 @@ __all__ = [
     "run_starts",
 ]
 
-#: Rows per batch handed to the accumulators (smaller batches: less memory in flight).
+#: Rows per batch handed to the accumulators when a frame is streamed (smaller batches: less
+#: memory in flight).
 CHUNK_ROWS: int = 250_000
+#: Rows per batch when a chunk is cut into batches (its rows are in memory already; larger
+#: batches: fewer, larger reductions, e.g. a ``bincount`` into a table of a million cells
+#: costs as much for 1k rows as for 500k).
+CHUNK_BATCH_ROWS: int = 500_000
 
 ProgressFn = Callable[[int], None]
 _PROGRESS: contextvars.ContextVar[ProgressFn | None] = contextvars.ContextVar(
@@ -143,12 +148,13 @@ def run_pass(
     lf: pl.LazyFrame,
     accumulators: Sequence[Accumulator],
     *,
-    chunk_size: int = CHUNK_ROWS,
+    chunk_size: int | None = None,
 ) -> int:
     """Read ``lf`` once and feed every accumulator; return the row count.
 
     Two kinds of accumulators (:class:`Accumulator`): batch accumulators (``update``) get
-    the frame in batches of at most ``chunk_size`` rows, in no particular order; query
+    the frame in batches (of at most ``chunk_size`` rows when given; else a chunk's rows
+    at once, or :data:`CHUNK_ROWS` when streaming), in no particular order; query
     accumulators (``queries`` / ``absorb``) get the results of their polars queries run on
     each piece of the frame, computed by the streaming engine.
 
@@ -168,7 +174,7 @@ def run_pass(
         return 0
     chunks = chunks_of(lf)
     if chunks is None:
-        return _stream(lf, accumulators, chunk_size)
+        return _stream(lf, accumulators, chunk_size or CHUNK_ROWS)
     rows = 0
     batch_accs = [a for a in accumulators if not _is_query(a)]
     query_accs = [a for a in accumulators if _is_query(a)]
@@ -198,8 +204,9 @@ def run_pass(
                 if progress is not None and n:
                     progress(n)
                 continue
-            for off in range(0, tail.height, chunk_size):
-                batch = tail.slice(off, chunk_size)
+            size = chunk_size or CHUNK_BATCH_ROWS
+            for off in range(0, tail.height, size):
+                batch = tail.slice(off, size)
                 for acc in batch_accs:
                     acc.update(batch)
                 rows += batch.height
@@ -207,7 +214,7 @@ def run_pass(
                     progress(batch.height)
     for c in chunks:
         if c.streamed:
-            rows += _stream(c.frame, accumulators, chunk_size)
+            rows += _stream(c.frame, accumulators, chunk_size or CHUNK_ROWS)
     return rows
 
 
