@@ -186,19 +186,20 @@ def _parse_columns(items: list[str] | None) -> dict[str, str]:
 
 class _RowsColumn(ProgressColumn):
     """``1.2/4.9M tokens`` (valid loss-masked tokens read) during a pass over the tokens;
-    ``3.1M rows`` (token rows read, masked or not) while the input is read; nothing
+    ``3.1/5.0M rows`` (token rows read, masked or not) while the input is read; nothing
     otherwise."""
 
     def render(self, task: Task) -> Text:
         done = int(task.completed)
+        unit = task.fields.get("unit", "tokens")
         if task.total is None:
             if not done:
                 return Text("")
-            return Text(f"{done / 1e6:.1f}M rows" if done >= 1_000_000 else f"{done:,} rows")
+            return Text(f"{done / 1e6:.1f}M {unit}" if done >= 1_000_000 else f"{done:,} {unit}")
         total = int(task.total)
         if total >= 1_000_000:
-            return Text(f"{done / 1e6:.1f}/{total / 1e6:.1f}M tokens")
-        return Text(f"{done:,}/{total:,} tokens")
+            return Text(f"{done / 1e6:.1f}/{total / 1e6:.1f}M {unit}")
+        return Text(f"{done:,}/{total:,} {unit}")
 
 
 class _Phases:
@@ -234,6 +235,14 @@ class _Phases:
         if self.bar is not None and self.task is not None:
             self.bar.advance(self.task, rows)
 
+    def expect(self, rows: int) -> None:
+        """A pass over the input's rows begins: a phase without a known total (reading
+        the input) gets ``rows`` (input token rows, masked or not) as its total."""
+        if self.bar is not None and self.task is not None:
+            task = self.bar.tasks[[t.id for t in self.bar.tasks].index(self.task)]
+            if task.total is None:
+                self.bar.update(self.task, total=rows, unit="rows")
+
     def end(self) -> None:
         if self.bar is not None:
             self.bar.stop()
@@ -251,7 +260,8 @@ def _errors(quiet: bool = True) -> Iterator[None]:
 
     _phases.begin(quiet)
     try:
-        with progress_hook(_phases.advance if _phases.bar is not None else None):
+        with progress_hook(_phases.advance if _phases.bar is not None else None,
+                           _phases.expect if _phases.bar is not None else None):
             yield
     except EntrDiagError as e:
         _phases.end()

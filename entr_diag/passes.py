@@ -1,26 +1,41 @@
-"""One streaming pass, many statistics: mergeable accumulators fed batch by batch.
+"""One streaming pass, many statistics: mergeable accumulators fed chunk by chunk.
 
 Each analysis (fit, metrics, forensics, gates, profiles) reduces the token frame to small
 tables: sums, counts, minima and maxima keyed by entropy bin, sequence block, step,
 sequence. Written as separate polars queries, every table costs one scan of the Parquet
-input (decode + validation), and ``pl.collect_all`` shares the scan only by caching it, which
-makes memory grow with the input. Here the canonical token frame is streamed ONCE with
-:meth:`polars.LazyFrame.collect_batches`, and every batch (a ``pl.DataFrame`` of at most
-``chunk_size`` rows) is handed to each accumulator, which reduces it and keeps only its
-small running result. Memory is bounded by one batch plus the accumulators (bins,
-sequences), never by the number of tokens; the progress callback sees rows as they are
-read.
+input (decode + validation); ``pl.collect_all`` shares the scan only by caching it, which
+over a whole input makes memory grow with the input. Here the token frame is read ONCE per
+pass, and every piece is handed to each accumulator, which reduces it and keeps only its
+small running result. Memory is bounded by the pieces in flight plus the accumulators
+(bins, sequences), never by the number of tokens; the progress callback sees rows as they
+are read.
+
+How the frame is read (:func:`run_pass`):
+
+- **Chunks.** A loaded dataset registers its frames as chunks (:func:`register_chunks`):
+  contiguous row-group ranges of about a million tokens of one file
+  (``entr_diag.io.load.CHUNK_TOKENS``). Per chunk, one ``pl.collect_all`` runs every query
+  accumulator's queries and the batch accumulators' projection together: common-subplan
+  elimination decodes and validates the chunk once for all of them, and caches only that
+  chunk. The next chunk is computed on a worker thread (polars releases the GIL) while
+  the accumulators reduce the current one, in batches of :data:`CHUNK_BATCH_ROWS` rows.
+- **Streaming.** Any other frame, and a chunk too large to hold (a file written as one
+  huge row group), is streamed with :meth:`polars.LazyFrame.collect_batches` in batches of
+  :data:`CHUNK_ROWS` rows; the query accumulators' queries then run on each batch.
 
 Accumulators are mergeable by construction: a table of sums computed on two halves of the
 input and added equals the table of the whole (up to float summation order), so the
-result does not depend on how the frame is cut into batches, nor on row order.
+result does not depend on how the frame is cut into chunks or batches, nor on row order.
 
 Building blocks:
 
-- ``Accumulator.exprs``: per-token keys and weights as polars expressions, computed by the
-  streaming engine during the scan (on its worker threads, overlapping the Python-side
-  reduction of the previous batch). On 2 cores the Python-side per-batch work is what
-  bounds the speed, so it should be little more than the reductions below.
+- ``Accumulator.exprs`` (and ``stages``): per-token keys and weights as polars
+  expressions, computed by the engine while it reads the chunk (on its worker threads,
+  overlapping the Python-side reduction of the previous chunk). On 2 cores the engine's
+  work (decode, validation, these expressions) and the Python-side reductions are of
+  the same order; both bound the speed.
+- :class:`QueryAccumulator`: polars queries (e.g. a ``group_by``) over each chunk, run by
+  the engine; ``absorb`` merges their small results.
 - :class:`GroupAgg`: a polars ``group_by`` per batch, partial tables re-aggregated with
   merge expressions (sum of sums, min of mins, ...). For keys whose number is bounded by
   bins or sequences.
@@ -46,6 +61,7 @@ import numpy as np
 import polars as pl
 
 __all__ = [
+    "CHUNK_BATCH_ROWS",
     "CHUNK_ROWS",
     "Accumulator",
     "Chunk",
@@ -75,17 +91,23 @@ ProgressFn = Callable[[int], None]
 _PROGRESS: contextvars.ContextVar[ProgressFn | None] = contextvars.ContextVar(
     "entr_diag_progress", default=None
 )
+_EXPECT: contextvars.ContextVar[ProgressFn | None] = contextvars.ContextVar(
+    "entr_diag_expect", default=None
+)
 
 
 @contextlib.contextmanager
-def progress_hook(fn: ProgressFn | None) -> Iterator[None]:
+def progress_hook(fn: ProgressFn | None, expect: ProgressFn | None = None) -> Iterator[None]:
     """Within the block, every :func:`run_pass` calls ``fn(rows)`` after each batch (rows of
-    that batch). Used by the CLI for its progress bar; ``None`` disables."""
-    token = _PROGRESS.set(fn)
+    that batch) and, over a chunked frame, first ``expect(rows)`` with the input rows its
+    chunks hold (from the Parquet metadata: token rows, masked or not). Used by the CLI for
+    its progress bar; ``None`` disables."""
+    token, token_e = _PROGRESS.set(fn), _EXPECT.set(expect)
     try:
         yield
     finally:
         _PROGRESS.reset(token)
+        _EXPECT.reset(token_e)
 
 
 class Accumulator(Protocol):
@@ -178,7 +200,9 @@ def run_pass(
     rows = 0
     batch_accs = [a for a in accumulators if not _is_query(a)]
     query_accs = [a for a in accumulators if _is_query(a)]
-    progress = _PROGRESS.get()
+    progress, expect = _PROGRESS.get(), _EXPECT.get()
+    if expect is not None:
+        expect(sum(c.rows for c in chunks))
 
     def compute(chunk: Chunk) -> tuple[list[pl.DataFrame], pl.DataFrame | None]:
         qs: list[pl.LazyFrame] = []

@@ -381,10 +381,18 @@ def test_progress_bar_counts_rows_on_a_terminal(monkeypatch, tmp_path):
         advanced.setdefault(seen[-1] if seen else "", []).append(rows)
         real_advance(self, rows)
 
+    real_expect = cli._Phases.expect
+    expected: dict[str, int] = {}
+
+    def expect(self, rows):
+        expected[seen[-1]] = rows
+        real_expect(self, rows)
+
     buf = io.StringIO()
     monkeypatch.setattr(cli, "stderr", Console(file=buf, force_terminal=True, width=100))
     monkeypatch.setattr(cli._Phases, "phase", phase)
     monkeypatch.setattr(cli._Phases, "advance", advance)
+    monkeypatch.setattr(cli._Phases, "expect", expect)
     real_run = passes.run_pass
     monkeypatch.setattr(passes, "run_pass",
                         lambda lf, accs, chunk_size=20_000: real_run(lf, accs, chunk_size=chunk_size))
@@ -397,6 +405,8 @@ def test_progress_bar_counts_rows_on_a_terminal(monkeypatch, tmp_path):
     assert sum(done) == valid and len(done) >= 5 and max(done) <= 20_000
     total = json.loads((tmp_path / "f.json").read_text())["inputs"]["accounting"]["tokens_total"]
     assert sum(advanced["reading input...|None"]) == total  # every token row, masked or not
+    assert expected["reading input...|None"] == total  # the bar's total, from the metadata
+    assert "rows" in buf.getvalue() and "tokens" in buf.getvalue()
     assert "rows" in buf.getvalue()
     seen.clear()
     r = CliRunner().invoke(app, ["fit", "--quiet", "--json", str(tmp_path / "g.json")])
