@@ -21,7 +21,8 @@ How the frame is read (:func:`run_pass`):
   the accumulators reduce the current one, in batches of :data:`CHUNK_BATCH_ROWS` rows.
 - **Streaming.** Any other frame, and a chunk too large to hold (a file written as one
   huge row group), is streamed with :meth:`polars.LazyFrame.collect_batches` in batches of
-  :data:`CHUNK_ROWS` rows; the query accumulators' queries then run on each batch.
+  :data:`CHUNK_ROWS` rows; the query accumulators' queries then run as streaming queries
+  of their own (each decodes the frame again).
 
 Accumulators are mergeable by construction: a table of sums computed on two halves of the
 input and added equals the table of the whole (up to float summation order), so the
@@ -186,7 +187,8 @@ def run_pass(
     one decode of the chunk (common-subplan elimination caches only that chunk, so memory
     is bounded by the chunk size), and the next chunk is computed on a worker thread while
     the accumulators reduce the current one. Otherwise (and for a ``streamed`` chunk) the
-    frame is streamed with ``collect_batches`` and the queries run on each batch.
+    frame is streamed with ``collect_batches``, and each query runs as a streaming query of
+    its own over the frame.
 
     Only the union of the batch accumulators' ``columns`` is read (projection pushdown),
     plus their ``exprs``, computed by the streaming engine. Errors of the scan (unreadable
@@ -285,22 +287,31 @@ def _project(lf: pl.LazyFrame, accumulators: Sequence[Accumulator],
 
 
 def _stream(lf: pl.LazyFrame, accumulators: Sequence[Accumulator], chunk_size: int) -> int:
-    """Batch mode: ``collect_batches`` of the batch accumulators' columns; the query
-    accumulators' queries run on each batch (in memory)."""
+    """Streaming mode: the query accumulators' queries run as streaming queries of their own
+    over ``lf`` (no common-subplan elimination: it would cache the whole frame); the batch
+    accumulators get ``collect_batches`` of their columns."""
     batch_accs = [a for a in accumulators if not _is_query(a)]
     query_accs = [a for a in accumulators if _is_query(a)]
     progress = _PROGRESS.get()
+    if query_accs:
+        qs = [q for a in query_accs for q in a.queries(lf)]
+        if not batch_accs:  # the rows, for the count and the progress bar
+            qs.append(lf.select(pl.len().alias("n")))
+        out = pl.collect_all(qs, engine="streaming",
+                             optimizations=pl.QueryOptFlags(comm_subplan_elim=False))
+        _absorb(query_accs, out)
+        if not batch_accs:
+            n = int(out[-1]["n"][0])
+            if progress is not None and n:
+                progress(n)
+            return n
     rows = 0
-    # the queries read the frame's own columns
-    q = _project(lf, batch_accs, keep_all=bool(query_accs))
-    for batch in q.collect_batches(chunk_size=chunk_size, maintain_order=False):
+    for batch in _project(lf, batch_accs).collect_batches(chunk_size=chunk_size,
+                                                          maintain_order=False):
         if batch.height == 0:
             continue
         for acc in batch_accs:
             acc.update(batch)
-        if query_accs:
-            blf = batch.lazy()
-            _absorb(query_accs, pl.collect_all([q for a in query_accs for q in a.queries(blf)]))
         rows += batch.height
         if progress is not None:
             progress(batch.height)

@@ -91,13 +91,29 @@ def test_chunked_results_equal_whole(files, monkeypatch, tmp_path, name, command
     _close(_json(monkeypatch, tmp_path, args, 6_000, stream_tokens=1), whole)
 
 
-def test_long_file_without_positions_is_one_chunk(tmp_path, monkeypatch):
-    """Positions numbered per sequence over the whole file: the file is not cut."""
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_long_file_without_positions_numbers_across_chunks(tmp_path, monkeypatch, shuffle):
+    """Positions numbered per sequence in file order continue across chunks (a sequence cut
+    by a chunk boundary, or spread over the file by shuffled rows, keeps its numbering), and
+    every command's results equal the whole file's."""
     p = tmp_path / "nopos.parquet"
-    spec = SynthSpec(n_tokens=20_000, seed=1)
-    write_synth(p, spec, layout="long", row_group_size=2_000)
-    pq.write_table(pq.read_table(p).drop(["position"]), p, row_group_size=2_000)
-    monkeypatch.setattr(load, "CHUNK_TOKENS", 3_000)
-    ds = load_dataset([p])
-    assert len(chunks_of(ds.lf)) == 1
-    assert pq.ParquetFile(p).metadata.num_row_groups > 1
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=1, dirty=True), layout="long")
+    t = pl.read_parquet(p).drop("position")
+    if shuffle:
+        t = t.sample(fraction=1.0, shuffle=True, seed=0)
+    t.write_parquet(p, row_group_size=1_500)
+
+    def positions(chunk_tokens):
+        monkeypatch.setattr(load, "CHUNK_TOKENS", chunk_tokens)
+        ds = load_dataset([p])
+        rows = pl.concat([c.frame for c in chunks_of(ds.raw)])  # as the passes read them
+        return ds, rows.select("seq_id", "position", "train_logprob").collect().sort(
+            "seq_id", "position")
+
+    ds, cut = positions(2_000)
+    whole_ds, whole = positions(10**9)
+    assert len(chunks_of(ds.lf)) > 5 and len(chunks_of(whole_ds.lf)) == 1
+    assert cut.equals(whole)
+    assert ds.accounting.sequences_with_duplicate_positions == 0
+    args = ["report", str(p), "-o", str(tmp_path / "r.html")]
+    _close(_json(monkeypatch, tmp_path, args, 2_000), _json(monkeypatch, tmp_path, args, 10**9))

@@ -612,16 +612,21 @@ def load_dataset(
             )
         infos.append(FileInfo(f, file_layout, rows[f], tuple(sch.names), hive))
         frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype))
-        whole_file = file_layout == "long" and "position" not in mapping  # numbered per file
+        # positions numbered per sequence over the file: a chunk adds the rows its sequences
+        # have in the chunks before it (unless seq_id is a partition value: then one chunk)
+        numbered = file_layout == "long" and "position" not in mapping
         ranges = _row_group_ranges(metas[f], mapping["train_logprob"] if nested else None,
-                                   split=not whole_file)
+                                   split=not numbered or mapping.get("seq_id") in types)
         if len(ranges) == 1:
             off, n, tokens = ranges[0]
             pieces.append((frames[-1], tokens, tokens > _STREAM_TOKENS))
         else:
-            for off, n, tokens in ranges:
+            offsets = (_position_offsets(f, mapping["seq_id"], sid_dtype, ranges) if numbered
+                       else [None] * len(ranges))
+            for (off, n, tokens), pos in zip(ranges, offsets, strict=True):
                 pieces.append((_file_frame(f, types, hive, mapping, file_layout, sid_dtype,
-                                           rows=(off, n)), tokens, tokens > _STREAM_TOKENS))
+                                           rows=(off, n), position_offsets=pos),
+                               tokens, tokens > _STREAM_TOKENS))
 
     total_rows = sum(rows.values())
     if total_rows == 0:
@@ -728,12 +733,16 @@ def _file_frame(
     layout: str,
     sid_dtype: type[pl.DataType] = pl.String,
     rows: tuple[int, int] | None = None,
+    position_offsets: pl.DataFrame | None = None,
 ) -> pl.LazyFrame:
     """Canonical raw rows of one file: one row per token, every mapped column, ``_empty``.
 
     ``seq_id`` has dtype ``sid_dtype`` here (Int64 or String); the valid frame exposes it as
     String. ``rows``: (first row, number of rows) for a chunk of the file (whole row
     groups; the file-level checks, e.g. ragged nested rows, run only for the whole file).
+    ``position_offsets``: for a chunk of a long file without positions (numbered per
+    sequence in file order), the rows (``_off``) each ``seq_id`` has in the file before
+    the chunk (:func:`_position_offsets`).
     """
     lf = pl.scan_parquet(path, hive_partitioning=False)
     first_row = 0
@@ -813,7 +822,32 @@ def _file_frame(
     lf = lf.select(exprs)
     if "position" not in srcs:
         lf = lf.with_columns(pl.int_range(pl.len()).over("seq_id").cast(pl.Int64).alias("position"))
+        if position_offsets is not None and position_offsets.height:
+            lf = (lf.join(position_offsets.lazy(), on="seq_id", how="left", nulls_equal=True,
+                          maintain_order="left")
+                  .with_columns((pl.col("position") + pl.col("_off").fill_null(0))
+                                .alias("position"))
+                  .drop("_off"))
     return lf
+
+
+def _position_offsets(path: Path, src: str, sid_dtype: type[pl.DataType],
+                      ranges: Sequence[tuple[int, int, int]]) -> list[pl.DataFrame]:
+    """For each chunk ``(first row, rows, _)`` of a long file without positions: the rows
+    (``_off``, Int64) each ``seq_id`` present in the chunk has in the chunks before it, so
+    that positions numbered within the chunk continue the file's numbering. One streaming
+    scan of the ``seq_id`` column per chunk; memory O(sequences)."""
+    scan = pl.scan_parquet(path, hive_partitioning=False)
+    counts = pl.collect_all(
+        [scan.slice(off, n).group_by(pl.col(src).cast(sid_dtype).alias("seq_id"))
+         .agg(pl.len().cast(pl.Int64).alias("_off")) for off, n, _ in ranges],
+        engine="streaming", optimizations=pl.QueryOptFlags(comm_subplan_elim=False))
+    seen = counts[0].clear()
+    out = []
+    for c in counts:
+        out.append(seen.join(c.select("seq_id"), on="seq_id", how="semi", nulls_equal=True))
+        seen = pl.concat([seen, c]).group_by("seq_id").agg(pl.col("_off").sum())
+    return out
 
 
 def _check_ragged(path: Path, lf: pl.LazyFrame, ragged: pl.Expr, srcs: Mapping[str, str],
