@@ -2273,7 +2273,15 @@ class ForensicsPlan:
         statuses: list[CheckStatus] = []
         found: list[tuple[int, Finding]] = []
         for i, n in enumerate(self.checks):
-            st, f = _CHECK_FUNCS[n](self.ctx)
+            try:
+                with np.errstate(all="ignore"):
+                    st, f = _CHECK_FUNCS[n](self.ctx)
+            except (np.linalg.LinAlgError, ValueError, FloatingPointError, OverflowError,
+                    ZeroDivisionError) as e:
+                # extreme values (garbage that passed validation) break a fit: that check
+                # cannot tell, the others still run
+                st, f = _cannot(n, f"its statistics could not be computed on these values "
+                                   f"({type(e).__name__}: {str(e)[:120]})")
             statuses.append(st)
             if f is not None:
                 found.append((i, f))

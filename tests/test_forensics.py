@@ -87,6 +87,20 @@ def test_unknown_check_raises(tmp_path, base):
         run_forensics(_load(tmp_path, base), checks=["nope"])
 
 
+def test_a_check_that_fails_numerically_cannot_tell(tmp_path, base, monkeypatch):
+    """A check whose fit breaks on extreme values (e.g. an SVD that does not converge)
+    reports cannot_tell with the reason; the other checks still run."""
+    def broken(ctx):
+        raise np.linalg.LinAlgError("SVD did not converge")
+
+    monkeypatch.setitem(FX._CHECK_FUNCS, "truncated_sampling", broken)
+    res = run_forensics(_load(tmp_path, base))
+    st = {c.name: c for c in res.checks}
+    assert st["truncated_sampling"].status == "cannot_tell"
+    assert "SVD did not converge" in st["truncated_sampling"].reason
+    assert st["drift"].status == "clear" and len(res.checks) == len(CHECKS)
+
+
 def test_checks_subset_runs_only_those(tmp_path, base):
     """checks= runs the named checks only, in the given order."""
     res = run_forensics(_load(tmp_path, base), checks=["staleness", "drift"])

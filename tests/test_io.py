@@ -186,10 +186,13 @@ _BAD_CASES = {
     "positive_logprob": {"infer_logprob": [-0.12, 1.0, -0.35, -1.1, -1.9]},
     "zero_placeholder": {"infer_logprob": [-0.12, -0.19, 0.0, -1.1, 0.0]},
     "invalid_entropy": {"entropy": [0.5, -0.1, float("nan"), 1.2, 2.0]},
+    # an entropy is at most ln(vocabulary size) < 20 nats: 65504 (a float16 max) is garbage
+    "invalid_entropy_above_ln_v": {"entropy": [0.5, 65504.0, 0.3, 20.5, 20.0]},
     "negative_version": {"policy_version": [1, -1, 2, 0, 0]},
 }
 _EXPECTED = {"non_finite_logprob": 2, "sentinel_logprob": 2, "positive_logprob": 1,
-             "zero_placeholder": 2, "invalid_entropy": 2, "negative_version": 1}
+             "zero_placeholder": 2, "invalid_entropy": 2, "invalid_entropy_above_ln_v": 2,
+             "negative_version": 1}
 
 
 @pytest.mark.parametrize("reason", sorted(_BAD_CASES))
@@ -197,6 +200,7 @@ def test_each_exclusion_reason_counted(tmp_path, reason):
     """Each kind of bad loss-masked token is counted under its reason and excluded."""
     ds = load_dataset([_write(tmp_path, _long(**_BAD_CASES[reason]))])
     n = _EXPECTED[reason]
+    reason = reason.removesuffix("_above_ln_v")
     assert dict(ds.accounting.excluded) == {reason: n}
     assert ds.accounting.tokens_valid == 5 - n
     assert _valid(ds).height == 5 - n
@@ -372,7 +376,7 @@ def test_each_exclusion_reason_via_cli(tmp_path, reason):
     r = CliRunner().invoke(app, ["inspect", str(p), "--json", str(out), "-q"])
     assert r.exit_code == 0, r.output
     acc = json.loads(out.read_text())["inputs"]["accounting"]
-    assert acc["exclusions"] == {reason: _EXPECTED[reason]}
+    assert acc["exclusions"] == {reason.removesuffix("_above_ln_v"): _EXPECTED[reason]}
     assert acc["tokens_valid"] == 5 - _EXPECTED[reason]
 
 

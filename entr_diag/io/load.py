@@ -898,7 +898,8 @@ def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
     ]
     if "entropy" in mapping:
         h = pl.col("entropy")
-        out.append(("invalid_entropy", h.is_null() | ~h.is_finite() | (h < 0)))
+        out.append(("invalid_entropy",
+                    h.is_null() | ~h.is_finite() | (h < 0) | (h > S.ENTROPY_MAX)))
     vers = [pl.col(c) < 0 for c in ("policy_version", "train_version") if c in mapping]
     if vers:
         cond = vers[0]

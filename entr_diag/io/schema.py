@@ -140,7 +140,7 @@ EXCLUSION_REASONS: dict[str, str] = {
     "sentinel_logprob": "a logprob <= -1000 (padding floors such as -9999 / -99999)",
     "positive_logprob": "a logprob > 0 (impossible for a probability; e.g. +1.0 sentinels)",
     "zero_placeholder": "exactly 0.0 on one side while the other side is below -0.05 nats",
-    "invalid_entropy": "entropy NaN, null, +-inf or negative",
+    "invalid_entropy": "entropy NaN, null, +-inf, negative or above 20 nats (H <= ln V)",
     "negative_version": "policy_version or train_version < 0 (prompt-position marker)",
 }
 
@@ -148,3 +148,7 @@ EXCLUSION_REASONS: dict[str, str] = {
 SENTINEL_FLOOR = -1e3
 #: exact 0.0 on one side counts as a placeholder when the other side is below this (nats)
 ZERO_PLACEHOLDER_OTHER_MAX = -0.05
+#: largest plausible token entropy (nats): H <= ln(vocabulary size), and ln V < 20 for any
+#: vocabulary below 485M entries; a larger value is garbage (a sentinel, an unnormalised
+#: value, uninitialised memory), not an entropy
+ENTROPY_MAX = 20.0
