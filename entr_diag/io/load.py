@@ -611,7 +611,8 @@ def load_dataset(
                 f"{file_layout} layout."
             )
         infos.append(FileInfo(f, file_layout, rows[f], tuple(sch.names), hive))
-        frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype))
+        scan = pl.scan_parquet(f, hive_partitioning=False)
+        frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype, scan=scan))
         # positions numbered per sequence over the file: a chunk adds the rows its sequences
         # have in the chunks before it (unless seq_id is a partition value: then one chunk)
         numbered = file_layout == "long" and "position" not in mapping
@@ -621,11 +622,11 @@ def load_dataset(
             off, n, tokens = ranges[0]
             pieces.append((frames[-1], tokens, tokens > _STREAM_TOKENS))
         else:
-            offsets = (_position_offsets(f, mapping["seq_id"], sid_dtype, ranges) if numbered
+            offsets = (_position_offsets(scan, mapping["seq_id"], sid_dtype, ranges) if numbered
                        else [None] * len(ranges))
             for (off, n, tokens), pos in zip(ranges, offsets, strict=True):
                 pieces.append((_file_frame(f, types, hive, mapping, file_layout, sid_dtype,
-                                           rows=(off, n), position_offsets=pos),
+                                           rows=(off, n), position_offsets=pos, scan=scan),
                                tokens, tokens > _STREAM_TOKENS))
 
     total_rows = sum(rows.values())
@@ -734,6 +735,7 @@ def _file_frame(
     sid_dtype: type[pl.DataType] = pl.String,
     rows: tuple[int, int] | None = None,
     position_offsets: pl.DataFrame | None = None,
+    scan: pl.LazyFrame | None = None,
 ) -> pl.LazyFrame:
     """Canonical raw rows of one file: one row per token, every mapped column, ``_empty``.
 
@@ -742,9 +744,11 @@ def _file_frame(
     groups; the file-level checks, e.g. ragged nested rows, run only for the whole file).
     ``position_offsets``: for a chunk of a long file without positions (numbered per
     sequence in file order), the rows (``_off``) each ``seq_id`` has in the file before
-    the chunk (:func:`_position_offsets`).
+    the chunk (:func:`_position_offsets`). ``scan``: the file's ``pl.scan_parquet``, shared
+    by its chunks (polars keeps the parsed footer with the scan: one copy per file, not per
+    chunk).
     """
-    lf = pl.scan_parquet(path, hive_partitioning=False)
+    lf = pl.scan_parquet(path, hive_partitioning=False) if scan is None else scan
     first_row = 0
     if rows is not None:
         first_row = rows[0]
@@ -831,13 +835,12 @@ def _file_frame(
     return lf
 
 
-def _position_offsets(path: Path, src: str, sid_dtype: type[pl.DataType],
+def _position_offsets(scan: pl.LazyFrame, src: str, sid_dtype: type[pl.DataType],
                       ranges: Sequence[tuple[int, int, int]]) -> list[pl.DataFrame]:
     """For each chunk ``(first row, rows, _)`` of a long file without positions: the rows
     (``_off``, Int64) each ``seq_id`` present in the chunk has in the chunks before it, so
     that positions numbered within the chunk continue the file's numbering. One streaming
-    scan of the ``seq_id`` column per chunk; memory O(sequences)."""
-    scan = pl.scan_parquet(path, hive_partitioning=False)
+    scan of the ``seq_id`` column per chunk (``scan``: the file's); memory O(sequences)."""
     counts = pl.collect_all(
         [scan.slice(off, n).group_by(pl.col(src).cast(sid_dtype).alias("seq_id"))
          .agg(pl.len().cast(pl.Int64).alias("_off")) for off, n, _ in ranges],
