@@ -61,6 +61,8 @@ from typing import Protocol
 import numpy as np
 import polars as pl
 
+from entr_diag.errors import InputError
+
 __all__ = [
     "CHUNK_BATCH_ROWS",
     "CHUNK_ROWS",
@@ -143,6 +145,8 @@ class Chunk:
     frame: pl.LazyFrame
     rows: int
     streamed: bool = False
+    #: where the chunk's rows come from (file and row range), named in read errors
+    source: str = ""
 
 
 #: Chunks registered for frames (id -> (weak reference to the frame, chunks)).
@@ -221,7 +225,8 @@ def run_pass(
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(compute, todo[0]) if todo else None
         for i in range(len(todo)):
-            results, tail = pending.result()  # type: ignore[union-attr]
+            with _naming(todo[i]):
+                results, tail = pending.result()  # type: ignore[union-attr]
             pending = pool.submit(compute, todo[i + 1]) if i + 1 < len(todo) else None
             _absorb(query_accs, results)
             if not batch_accs:
@@ -240,8 +245,22 @@ def run_pass(
                     progress(batch.height)
     for c in chunks:
         if c.streamed:
-            rows += _stream(c.frame, accumulators, chunk_size or CHUNK_ROWS)
+            with _naming(c):
+                rows += _stream(c.frame, accumulators, chunk_size or CHUNK_ROWS)
     return rows
+
+
+@contextlib.contextmanager
+def _naming(chunk: Chunk) -> Iterator[None]:
+    """A decode or cast error while reading ``chunk`` becomes an :class:`InputError` naming
+    the file and rows (with a thousand shards, polars' message alone names neither)."""
+    try:
+        yield
+    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError) as e:
+        if not chunk.source:
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"cannot read {chunk.source} ({msg[:300]}).") from None
 
 
 def _is_query(acc: Accumulator) -> bool:

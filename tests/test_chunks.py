@@ -117,3 +117,26 @@ def test_long_file_without_positions_numbers_across_chunks(tmp_path, monkeypatch
     assert ds.accounting.sequences_with_duplicate_positions == 0
     args = ["report", str(p), "-o", str(tmp_path / "r.html")]
     _close(_json(monkeypatch, tmp_path, args, 2_000), _json(monkeypatch, tmp_path, args, 10**9))
+
+
+def test_read_error_names_the_shard_and_rows(tmp_path, monkeypatch):
+    """A value that cannot be read in one shard of several (here a uint64 seq_id above 2**63,
+    in the second chunk of that shard) names that shard and its rows, exit 2."""
+    import numpy as np
+    import pyarrow as pa
+
+    d = tmp_path / "shards"
+    d.mkdir()
+    spec = SynthSpec(n_tokens=6_000, seed=2)
+    for i in range(3):
+        write_synth(d / f"part-{i}.parquet", spec, layout="long", row_group_size=1_000)
+    t = pq.read_table(d / "part-1.parquet")
+    sid = t["seq_id"].to_numpy().astype(np.uint64)
+    sid[t.num_rows // 2:] += np.uint64(2**63)  # only the second half fails to convert
+    t = t.set_column(t.schema.get_field_index("seq_id"), "seq_id", pa.array(sid))
+    pq.write_table(t, d / "part-1.parquet", row_group_size=1_000)
+    monkeypatch.setattr(load, "CHUNK_TOKENS", 1_500)
+    r = runner.invoke(app, ["fit", str(d), "--quiet"])
+    assert r.exit_code == 2
+    assert "part-1.parquet (rows 3,000 to" in r.stderr and "seq_id" in r.stderr
+    assert "Traceback" not in r.output

@@ -589,7 +589,7 @@ def load_dataset(
         if t is None or not pa.types.is_integer(_value_type(t)):
             sid_dtype = pl.String
     frames: list[pl.LazyFrame] = []
-    pieces: list[tuple[pl.LazyFrame, int, bool]] = []  # (frame, est. tokens, streamed)
+    pieces: list[tuple[pl.LazyFrame, int, bool, str]] = []  # (frame, tokens, streamed, source)
     for f in file_list:
         sch = schemas[f]
         hive = _hive_values(f)
@@ -620,14 +620,15 @@ def load_dataset(
                                    split=not numbered or mapping.get("seq_id") in types)
         if len(ranges) == 1:
             off, n, tokens = ranges[0]
-            pieces.append((frames[-1], tokens, tokens > _STREAM_TOKENS))
+            pieces.append((frames[-1], tokens, tokens > _STREAM_TOKENS, str(f)))
         else:
             offsets = (_position_offsets(scan, mapping["seq_id"], sid_dtype, ranges) if numbered
                        else [None] * len(ranges))
             for (off, n, tokens), pos in zip(ranges, offsets, strict=True):
                 pieces.append((_file_frame(f, types, hive, mapping, file_layout, sid_dtype,
                                            rows=(off, n), position_offsets=pos, scan=scan),
-                               tokens, tokens > _STREAM_TOKENS))
+                               tokens, tokens > _STREAM_TOKENS,
+                               f"{f} (rows {off:,} to {off + n - 1:,})"))
 
     total_rows = sum(rows.values())
     if total_rows == 0:
@@ -661,10 +662,10 @@ def load_dataset(
         )
     # the same frames per chunk (row-group ranges of each file): passes run chunk by chunk
     raw_chunks, chunks = [], []
-    for fr, tokens, streamed in pieces:
+    for fr, tokens, streamed, source in pieces:
         fr = fr.select(order)
-        raw_chunks.append(Chunk(canonical_raw(fr), tokens, streamed))
-        chunks.append(Chunk(canonical_valid(fr), tokens, streamed))
+        raw_chunks.append(Chunk(canonical_raw(fr), tokens, streamed, source))
+        chunks.append(Chunk(canonical_valid(fr), tokens, streamed, source))
     register_chunks(raw, raw_chunks)
     register_chunks(lf, chunks)
     accounting, fine = _account(raw, mapping, infos)
