@@ -629,7 +629,7 @@ def fit(
     with _errors(quiet):
         from entr_diag.fit import check_fit_parameters
 
-        check_fit_parameters(eps, tau, n_boot)
+        check_fit_parameters(eps, tau, n_boot, bins)
         _check_bin_edges(bin_edges)
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
@@ -677,7 +677,7 @@ def flag(
     with _errors(quiet):
         from entr_diag.fit import check_fit_parameters
 
-        check_fit_parameters(eps, tau, n_boot)
+        check_fit_parameters(eps, tau, n_boot, bins)
         _check_bin_edges(bin_edges)
         _check_output(output, "--output")
         _refuse_overwriting_inputs(paths, {"--output": output})
@@ -816,6 +816,9 @@ def compare(
         _check_output(json_path, "--json")
         _check_output(export, "--export")
         _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
+        from entr_diag.fit import check_fit_parameters
+
+        check_fit_parameters(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet)
         fit_res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
                        allow_misaligned=allow_misaligned)["fit"]
@@ -875,6 +878,9 @@ def report(
         _check_output(output, "--output")
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path})
+        from entr_diag.fit import check_fit_parameters
+
+        check_fit_parameters(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet)
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
                  allow_misaligned=allow_misaligned, forensics=True, profiles=True)

@@ -1182,7 +1182,7 @@ def fit_plan(
     ``fine_counts`` (int array of length ``N_FINE + 1``, tokens of ``lf`` per fine bin of
     :func:`~entr_diag.aggregate.fine_bin_expr`, e.g. ``Dataset.entropy_fine_counts``) and
     ``step_range`` (lowest, highest step of ``lf``) skip pass 1 when they are known."""
-    check_fit_parameters(eps, tau, n_boot)
+    check_fit_parameters(eps, tau, n_boot, bins)
     _check_blocks(n_blocks)
     lfu = usable(lf)
     names = lf.collect_schema().names()
@@ -1242,9 +1242,16 @@ def fit_plan(
                    notices=notices, step_labels=step_labels, has_stale=stale_key is not None)
 
 
-def check_fit_parameters(eps: float, tau: float, n_boot: int) -> None:
-    """Raise :class:`ParameterError` unless ``eps >= 0``, ``tau > 0`` (both finite) and
-    ``n_boot`` is an integer >= MIN_BOOT (the checks of :func:`fit_scaling_law`)."""
+#: Largest ``n_boot * breakpoint bins``: the bootstrap holds (bins x n_boot) float64 matrices,
+#: a few at a time (20M: 160 MB each).
+MAX_BOOT_CELLS: int = 20_000_000
+
+
+def check_fit_parameters(eps: float, tau: float, n_boot: int, bins: int | None = None) -> None:
+    """Raise :class:`ParameterError` unless ``eps >= 0``, ``tau > 0`` (both finite),
+    ``n_boot`` is an integer >= MIN_BOOT and, with ``bins``, ``n_boot`` times the
+    breakpoint bins (``max(2 * bins, BREAK_BINS)``) is at most MAX_BOOT_CELLS (the checks
+    of :func:`fit_scaling_law`)."""
     if not (eps >= 0 and math.isfinite(eps)):
         raise ParameterError(f"eps must be >= 0, got {eps!r}.")
     if not (tau > 0 and math.isfinite(tau)):
@@ -1254,6 +1261,14 @@ def check_fit_parameters(eps: float, tau: float, n_boot: int) -> None:
             f"n_boot must be an integer >= {MIN_BOOT} (intervals and the breakpoint test are "
             f"bootstrap percentiles), got {n_boot!r}."
         )
+    if bins is not None:
+        fine = max(2 * int(bins), BREAK_BINS)
+        if n_boot * fine > MAX_BOOT_CELLS:
+            raise ParameterError(
+                f"n_boot = {n_boot} with bins = {bins} is too much: the bootstrap would hold "
+                f"{fine} breakpoint bins x {n_boot} resamples per matrix (about "
+                f"{n_boot * fine * 8 / 1e9:.1f} GB each); use at most "
+                f"n_boot = {MAX_BOOT_CELLS // fine} at {bins} bins, or fewer bins.")
 
 
 def _block_sums(acc: np.ndarray, binning: CoarseBinning, cells: CoarseBinning, B: int

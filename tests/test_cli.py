@@ -570,3 +570,19 @@ def test_inspect_all_masked_allows_nothing(tmp_path):
     assert "None" not in r.stdout
     caps = json.loads((tmp_path / "i.json").read_text())["inputs"]["capabilities"]
     assert caps and all(v == "no valid loss-masked token" for v in caps.values())
+
+
+@pytest.mark.parametrize("command", ["fit", "compare", "report"])
+def test_bootstrap_too_large_refused_before_reading(tmp_path, command):
+    """--bins 500 with --n-boot 100000 would hold 0.8 GB bootstrap matrices (and take
+    hours): refused with exit 2 naming the largest n_boot at those bins, before reading."""
+    args = [command, "--bins", "500", "--n-boot", "100000"]
+    if command == "report":
+        args += ["-o", str(tmp_path / "r.html")]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2
+    assert "n_boot = 20000 at 500 bins" in r.stderr
+    assert "valid loss-masked tokens" not in r.stderr  # nothing was read
+    r = runner.invoke(app, ["fit", "--bins", "500", "--n-boot", "20000", "--json",
+                            str(tmp_path / "ok.json"), "--quiet"])
+    assert "n_boot = " not in r.stderr
