@@ -295,11 +295,15 @@ def _check_output(path: Path | None, what: str) -> None:
     if path is None:
         return
 
+    from entr_diag.atomic import output_target
     from entr_diag.errors import InputError
 
     if path.is_dir():
         raise InputError(f"{what} {path} is a directory; give a file name.")
-    parent = path.parent if str(path.parent) else Path(".")
+    target, atomic = output_target(path)
+    if not atomic:  # a device, FIFO or socket: written straight through
+        return
+    parent = target.parent
     if not parent.is_dir():
         raise InputError(f"cannot write {what} {path}: directory {parent} does not exist.")
     import tempfile
@@ -311,26 +315,45 @@ def _check_output(path: Path | None, what: str) -> None:
         raise InputError(f"cannot write {what} {path}: {e.strerror or e}.") from None
 
 
+def _file_identity(path: Path) -> tuple:
+    """What a path names: the (device, inode) of an existing file (through symlinks and hard
+    links), else the path with symlinks resolved."""
+    import os
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ("path", os.path.realpath(path))
+    return ("inode", st.st_dev, st.st_ino)
+
+
 def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
-    """Input files are never modified: an output naming an input file is refused (checked
-    on the resolved input paths, before any data is read); so are two outputs naming the
-    same file."""
+    """Input files are never modified: an output naming an input file (also through a
+    symlink or hard link) is refused; so are two outputs naming the same file (except a
+    character device such as /dev/null). Checked before any data is read."""
+    import os
+    import stat
+
     from entr_diag.errors import InputError
     from entr_diag.io.load import bundled_sample_path, resolve_paths
 
-    given = {what: path.resolve() for what, path in outputs.items() if path is not None}
-    seen: dict[Path, str] = {}
+    given = {what: path for what, path in outputs.items() if path is not None}
+    seen: dict[tuple, str] = {}
     for what, path in given.items():
-        if path in seen:
+        key = _file_identity(path)
+        with contextlib.suppress(OSError):
+            if stat.S_ISCHR(os.stat(path).st_mode):
+                continue  # /dev/null, a terminal: two outputs may both go there
+        if key in seen:
             raise InputError(
-                f"{seen[path]} and {what} name the same file ({path}); give each output its "
+                f"{seen[key]} and {what} name the same file ({path}); give each output its "
                 "own path."
             )
-        seen[path] = what
+        seen[key] = what
     files = resolve_paths([str(p) for p in paths]) if paths else [bundled_sample_path()]
-    inputs = {f.resolve() for f in files}
-    for what, path in outputs.items():
-        if path is not None and path.resolve() in inputs:
+    inputs = {_file_identity(f) for f in files}
+    for what, path in given.items():
+        if _file_identity(path) in inputs:
             raise InputError(
                 f"{what} {path} is one of the input files; entr-diag never overwrites its "
                 "input. Choose another output path."
@@ -671,7 +694,7 @@ def flag(
 
     Example: entr-diag flag logs.parquet -o noise.parquet
     """
-    from entr_diag.atomic import write_with
+    from entr_diag.atomic import output_target, write_with
     from entr_diag.regime import flagged_tokens
 
     with _errors(quiet):
@@ -698,7 +721,10 @@ def flag(
                          + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.",
                          soft_wrap=True)
             return
-        n = pl.scan_parquet(output).select(pl.len()).collect().item()
+        if output_target(output)[1]:
+            n = pl.scan_parquet(output).select(pl.len()).collect().item()
+        else:  # written to a device or a pipe: nothing to read back
+            n = lf.select(pl.len()).collect().item()
         stdout.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "
                      f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True)
 
@@ -911,7 +937,7 @@ def report(
 
         write_text(output, html)
         _write_json(json_path, doc, quiet)
-        stdout.print(f"wrote {output} ({Path(output).stat().st_size / 1e6:.1f} MB)")
+        stdout.print(f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)")
         verdict = doc["fit"].get("verdict") or {}
         if verdict.get("text"):
             stdout.print(verdict["text"], soft_wrap=True)
@@ -949,11 +975,17 @@ def synth(
         if layout not in ("long", "nested"):
             raise ParameterError(f"--layout must be long or nested (got {layout}).")
         _check_output(output, "--output")
+        from entr_diag.atomic import output_target
+
+        target, atomic = output_target(output)
+        if not atomic:  # write_synth renames a finished file into place
+            raise ParameterError(f"--output {output}: synth writes a regular file, not a "
+                                 "device, FIFO or socket; give a file name.")
         spec = SynthSpec(n_tokens=tokens, seed=seed, k=k, alpha=alpha,
                          h_star=None if not h_star else h_star, noise_share=noise_share,
                          dirty=dirty)
         with _status(f"writing {tokens:,} tokens...", quiet):
-            summary = write_synth(output, spec, layout=layout)
+            summary = write_synth(target, spec, layout=layout)  # a symlink stays
         from entr_diag.report.json_report import sanitize
 
         stdout.print(f"wrote {output}")
