@@ -992,9 +992,26 @@ def synth(
         stdout.print(json.dumps(sanitize(summary), indent=2))
 
 
+class _Terminated(BaseException):
+    """Raised by the SIGTERM handler: unwinds like Ctrl-C (temporary output files are
+    removed on the way out), then :func:`main` exits with 143 (128 + SIGTERM), quietly."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup
+    raise _Terminated
+
+
 def main() -> None:
     """Console-script entry point."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         app()
     except KeyboardInterrupt:  # pragma: no cover
         sys.exit(130)
+    except _Terminated:
+        sys.exit(143)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import polars as pl
@@ -215,3 +217,56 @@ def test_synth_refuses_a_device_and_follows_a_symlink(tmp_path, dev_null):
     r = runner.invoke(app, ["synth", "-o", str(link), "--tokens", "2000", "-q"])
     assert r.exit_code == 0, r.output
     assert link.is_symlink() and pl.read_parquet(tmp_path / "real.parquet").height > 0
+
+
+# ------------------------------------------------------------------ signals
+
+_BLOCKING_WRITE = """
+import os, sys, time
+from pathlib import Path
+import polars as pl
+
+def slow_sink(self, path, *args, **kwargs):  # half a file, then wait for the signal
+    Path(path).write_bytes(b"partial")
+    Path(os.environ["MARKER"]).write_text(str(path))
+    time.sleep(60)
+
+pl.LazyFrame.sink_parquet = slow_sink
+from entr_diag.cli import main
+sys.argv = ["entr-diag", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_while_writing_removes_the_temp_file(run_file, tmp_path, sig, code):
+    """SIGTERM (like SIGINT) during an output write removes the temporary file and exits
+    quietly with 128 + the signal number; nothing is left in the output directory."""
+    script = tmp_path / "block.py"
+    script.write_text(_BLOCKING_WRITE)
+    marker = tmp_path / "marker"
+    out_dir = tmp_path / "d"
+    out_dir.mkdir()
+    p = subprocess.Popen(
+        [sys.executable, str(script), "compare", str(run_file), "--export",
+         str(out_dir / "dec.parquet"), "--n-boot", "100", "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "MARKER": str(marker)},
+        start_new_session=True,  # SIGINT not ignored as in a background job
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert p.poll() is None, p.communicate()
+            assert time.monotonic() < deadline, "the write never started"
+            time.sleep(0.05)
+        tmp = Path(marker.read_text())
+        assert tmp.exists() and tmp.parent == out_dir and tmp.name.startswith(".dec.parquet.")
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == code, err
+    assert "Traceback" not in err and "error" not in err
+    assert list(out_dir.iterdir()) == []
