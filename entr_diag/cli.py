@@ -327,10 +327,39 @@ def _file_identity(path: Path) -> tuple:
     return ("inode", st.st_dev, st.st_ino)
 
 
+def _glob_matches(pattern: str, path: str) -> bool:
+    """Whether ``glob.glob(pattern, recursive=True)`` lists the absolute path ``path`` when
+    that file exists (``*`` and ``**`` skip names starting with '.', as glob does)."""
+    import fnmatch
+    import glob
+    import os
+
+    pat = Path(os.path.normpath(os.path.join(glob.escape(os.getcwd()), pattern))).parts
+    parts = Path(path).parts
+
+    def match(i: int, j: int) -> bool:
+        if i == len(pat):
+            return j == len(parts)
+        if pat[i] == "**":
+            for k in range(j, len(parts) + 1):
+                if match(i + 1, k):
+                    return True
+                if k < len(parts) and parts[k].startswith("."):
+                    return False
+            return False
+        if j == len(parts) or (parts[j].startswith(".") and not pat[i].startswith(".")):
+            return False
+        return fnmatch.fnmatchcase(parts[j], pat[i]) and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
 def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
-    """Input files are never modified: an output naming an input file (also through a
-    symlink or hard link) is refused; so are two outputs naming the same file (except a
-    character device such as /dev/null). Checked before any data is read."""
+    """Input files are never modified, nor added to: an output naming an input file (also
+    through a symlink or hard link), lying inside an input directory or matching an input
+    glob is refused (a later run over the same input would read it); so are two outputs
+    naming the same file (except a character device such as /dev/null). Checked before
+    any data is read."""
     import os
     import stat
 
@@ -358,6 +387,23 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
                 f"{what} {path} is one of the input files; entr-diag never overwrites its "
                 "input. Choose another output path."
             )
+        forms = {os.path.abspath(path), os.path.realpath(path)}
+        for raw in map(str, paths or []):
+            if Path(raw).is_dir():
+                dirs = {os.path.abspath(raw), os.path.realpath(raw)}
+                if any(Path(f).is_relative_to(d) for f in forms for d in dirs):
+                    raise InputError(
+                        f"{what} {path} lies inside the input directory {raw}: a later run "
+                        f"over {raw} would read it as input, and entr-diag writes nothing "
+                        "into its input. Choose a path outside it."
+                    )
+            elif not Path(raw).exists() and any(ch in raw for ch in "*?["):
+                if any(_glob_matches(raw, f) for f in forms):
+                    raise InputError(
+                        f"{what} {path} matches the input pattern {raw}: a later run with "
+                        "the same pattern would read it as input. Choose a path the pattern "
+                        "does not match."
+                    )
 
 
 def _require_tokens(ds) -> None:

@@ -270,3 +270,53 @@ def test_signal_while_writing_removes_the_temp_file(run_file, tmp_path, sig, cod
     assert p.returncode == code, err
     assert "Traceback" not in err and "error" not in err
     assert list(out_dir.iterdir()) == []
+
+
+# ------------------------------------------------------------------ outputs among inputs
+
+
+@pytest.mark.parametrize("inp,out,why", [
+    ("shards", "shards/noise.parquet", "inside the input directory"),
+    ("shards/", "shards/sub/deep.json", "inside the input directory"),
+    ("link", "shards/x.json", "inside the input directory"),  # the dir through a symlink
+    ("shards", "outlink.json", "inside the input directory"),  # a link into the dir
+    ("shards/*.parquet", "shards/n.parquet", "matches the input pattern"),
+    ("shards/**/*.parquet", "shards/sub/n.parquet", "matches the input pattern"),
+    ("sh*/s?b/[a-c].parquet", "shards/sub/c.parquet", "matches the input pattern"),
+])
+@pytest.mark.parametrize("opt", [["flag", "-o"], ["fit", "--json"], ["compare", "--export"],
+                                  ["report", "--output"]])
+def test_output_inside_input_directory_or_glob_refused(run_file, tmp_path, monkeypatch,
+                                                       inp, out, why, opt):
+    """An output inside an input directory (recursively) or matching an input glob is
+    refused (exit 2) before any data is read, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shards" / "sub").mkdir(parents=True)
+    for name in ("shards/a.parquet", "shards/sub/b.parquet"):
+        (tmp_path / name).write_bytes(run_file.read_bytes())
+    (tmp_path / "link").symlink_to("shards")
+    (tmp_path / "outlink.json").symlink_to("shards/sub/new.json")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    def no_read(*a, **k):
+        raise AssertionError("data read")
+
+    monkeypatch.setattr("entr_diag.io.load_dataset", no_read)
+    r = runner.invoke(app, [opt[0], inp, opt[1], out, "-q"])
+    assert r.exit_code == 2, r.output
+    assert why in r.stderr and out in r.stderr and inp in r.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_output_beside_an_input_glob_it_does_not_match_is_allowed(run_file, tmp_path,
+                                                                  monkeypatch):
+    """An output next to the inputs that the input glob does not match (another suffix,
+    a hidden name, another directory level) is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "a.parquet").write_bytes(run_file.read_bytes())
+    for out in ("shards/fit.json", "shards/.fit.parquet", "fit.parquet"):
+        r = runner.invoke(app, ["fit", "shards/*.parquet", "--json", out, "--n-boot", "100",
+                                "-q"])
+        assert r.exit_code == 0, (out, r.output)
+        assert json.loads((tmp_path / out).read_text())["command"] == "fit"
