@@ -434,7 +434,17 @@ def _require_tokens(ds) -> None:
 
 def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = True):
     from entr_diag.io import load_dataset
+    from entr_diag.io.load import resolve_paths
 
+    skipped: list[Path] = []
+    if paths and not quiet:
+        resolve_paths([str(p) for p in paths], skipped=skipped)
+    if skipped:
+        stderr.print(
+            f"note: skipped {len(skipped):,} Parquet file(s) in input directories whose names "
+            f"start with '.' or '_' (hidden, temporary or metadata files), e.g. "
+            f"{escape(str(skipped[0]))}: pass them explicitly to read them."
+        )
     with _status("reading input...", quiet):
         ds = load_dataset(
             [str(p) for p in paths] if paths else None,
