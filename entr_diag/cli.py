@@ -621,6 +621,25 @@ def inspect(
 # ----------------------------------------------------------------- fit
 
 
+def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
+    """The message for a missing ``canon`` column: when the loader dropped it because some
+    files lack it (its note ``CANON ('SRC') is missing from N of M files (e.g. FILE): not
+    used``), say so and how to proceed; else that the input has none."""
+    import re
+
+    pattern = (rf"{re.escape(canon)} \('(?P<src>.*)'\) is missing from (?P<n>\d+) of "
+               r"(?P<m>\d+) files \(e\.g\. (?P<file>.*)\): not used")
+    for note in ds.notes:
+        m = re.fullmatch(pattern, note)
+        if m:
+            return (
+                f"the {canon} column ('{m['src']}') is missing from {m['n']} of {m['m']} "
+                f"input files (e.g. {m['file']}), so it was not used, and without it "
+                f"{consequence}. Pass only the files that have it, or {fix}."
+            )
+    return f"the input has no {canon} column, so {consequence}; {fix}."
+
+
 def _check_bin_edges(bin_edges: str) -> None:
     """Refuse an unknown --bin-edges before any data is read."""
     if bin_edges not in ("quantile", "log"):
@@ -643,11 +662,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     from entr_diag.passes import run_pass
 
     if not ds.has("entropy"):
-        raise ParameterError(
-            "the input has no entropy column, so the scaling law and the ENTR gate are "
-            "unavailable; map one with --column entropy=NAME (or --entropy train for a "
-            "trainer-side entropy)."
-        )
+        raise ParameterError(_no_column(
+            ds, "entropy", "the scaling law and the ENTR gate are unavailable",
+            "map one with --column entropy=NAME (or --entropy train for a trainer-side "
+            "entropy)"))
     with _status("binning entropy...", quiet):  # pass 1 of the fit: tokens per fine bin
         plans = {"fit": fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
                                  n_boot=n_boot, seed=seed, with_strata=full,

@@ -82,3 +82,54 @@ def test_skipped_files_noted_on_stderr(tmp_path):
     assert str(d / ".old.parquet") in notes[0]
     r = runner.invoke(app, ["inspect", str(d), "-q"])
     assert r.exit_code == 0 and r.stderr == "", r.stderr
+
+
+# ------------------------------------------------------------------ columns some files lack
+
+
+def _canonical_shards(d: Path, n: int, lacking: dict[int, str]) -> list[Path]:
+    """``n`` long-layout shards with canonical column names; shard ``i`` lacks the column
+    ``lacking[i]``."""
+    out = []
+    for i in range(n):
+        df = pl.DataFrame({
+            "seq_id": [10 * i + 1] * 3 + [10 * i + 2] * 3,
+            "train_logprob": [-0.1, -0.2, -1.0, -2.0, -0.5, -0.05],
+            "infer_logprob": [-0.12, -0.19, -1.1, -1.9, -0.45, -0.06],
+            "entropy": [0.5, 0.4, 1.2, 2.0, 0.9, 0.1],
+        })
+        if i in lacking:
+            df = df.drop(lacking[i])
+        d.mkdir(parents=True, exist_ok=True)
+        df.write_parquet(d / f"part-{i}.parquet")
+        out.append(d / f"part-{i}.parquet")
+    return out
+
+
+@pytest.mark.parametrize("cmd", [["fit"], ["compare"], ["report", "-o", "{out}/r.html"],
+                                 ["flag", "-o", "{out}/n.parquet"]])
+def test_entropy_missing_from_some_shards_is_named(tmp_path, cmd):
+    """When 1 of 4 shards lacks the entropy column, the refusal says it is missing from
+    1 of 4 files (naming it) and was therefore not used, not that the input has none."""
+    files = _canonical_shards(tmp_path / "shards", 4, {2: "entropy"})
+    args = [a.replace("{out}", str(tmp_path)) for a in cmd]
+    r = runner.invoke(app, [args[0], str(tmp_path / "shards"), *args[1:], "-q"])
+    assert r.exit_code == 2, r.output
+    msg = r.stderr.strip()
+    assert msg.startswith("error: the entropy column ('entropy') is missing from 1 of 4 input "
+                          f"files (e.g. {files[2]}), so it was not used"), msg
+    assert "Pass only the files that have it" in msg and "has no entropy column" not in msg
+    assert len(msg.splitlines()) == 1 and "Traceback" not in r.output
+    # the files that have it get past the check (this tiny input then has too few tokens)
+    r = runner.invoke(app, ["fit", *map(str, files[:2] + files[3:]), "-q"])
+    assert "entropy column" not in r.stderr and "entropy bin" in r.stderr, r.output
+
+
+def test_entropy_missing_from_every_file_keeps_the_plain_message(tmp_path):
+    """Without an entropy column in any file the message says the input has none."""
+    _canonical_shards(tmp_path / "shards", 2, {0: "entropy", 1: "entropy"})
+    r = runner.invoke(app, ["fit", str(tmp_path / "shards"), "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: the input has no entropy column, so the scaling law "
+                               "and the ENTR gate are unavailable; map one with --column "
+                               "entropy=NAME"), r.stderr
