@@ -295,11 +295,15 @@ def _check_output(path: Path | None, what: str) -> None:
     if path is None:
         return
 
+    from entr_diag.atomic import output_target
     from entr_diag.errors import InputError
 
     if path.is_dir():
         raise InputError(f"{what} {path} is a directory; give a file name.")
-    parent = path.parent if str(path.parent) else Path(".")
+    target, atomic = output_target(path)
+    if not atomic:  # a device, FIFO or socket: written straight through
+        return
+    parent = target.parent
     if not parent.is_dir():
         raise InputError(f"cannot write {what} {path}: directory {parent} does not exist.")
     import tempfile
@@ -311,30 +315,95 @@ def _check_output(path: Path | None, what: str) -> None:
         raise InputError(f"cannot write {what} {path}: {e.strerror or e}.") from None
 
 
+def _file_identity(path: Path) -> tuple:
+    """What a path names: the (device, inode) of an existing file (through symlinks and hard
+    links), else the path with symlinks resolved."""
+    import os
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ("path", os.path.realpath(path))
+    return ("inode", st.st_dev, st.st_ino)
+
+
+def _glob_matches(pattern: str, path: str) -> bool:
+    """Whether ``glob.glob(pattern, recursive=True)`` lists the absolute path ``path`` when
+    that file exists (``*`` and ``**`` skip names starting with '.', as glob does)."""
+    import fnmatch
+    import glob
+    import os
+
+    pat = Path(os.path.normpath(os.path.join(glob.escape(os.getcwd()), pattern))).parts
+    parts = Path(path).parts
+
+    def match(i: int, j: int) -> bool:
+        if i == len(pat):
+            return j == len(parts)
+        if pat[i] == "**":
+            for k in range(j, len(parts) + 1):
+                if match(i + 1, k):
+                    return True
+                if k < len(parts) and parts[k].startswith("."):
+                    return False
+            return False
+        if j == len(parts) or (parts[j].startswith(".") and not pat[i].startswith(".")):
+            return False
+        return fnmatch.fnmatchcase(parts[j], pat[i]) and match(i + 1, j + 1)
+
+    return match(0, 0)
+
+
 def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
-    """Input files are never modified: an output naming an input file is refused (checked
-    on the resolved input paths, before any data is read); so are two outputs naming the
-    same file."""
+    """Input files are never modified, nor added to: an output naming an input file (also
+    through a symlink or hard link), lying inside an input directory or matching an input
+    glob is refused (a later run over the same input would read it); so are two outputs
+    naming the same file (except a character device such as /dev/null). Checked before
+    any data is read."""
+    import os
+    import stat
+
     from entr_diag.errors import InputError
     from entr_diag.io.load import bundled_sample_path, resolve_paths
 
-    given = {what: path.resolve() for what, path in outputs.items() if path is not None}
-    seen: dict[Path, str] = {}
+    given = {what: path for what, path in outputs.items() if path is not None}
+    seen: dict[tuple, str] = {}
     for what, path in given.items():
-        if path in seen:
+        key = _file_identity(path)
+        with contextlib.suppress(OSError):
+            if stat.S_ISCHR(os.stat(path).st_mode):
+                continue  # /dev/null, a terminal: two outputs may both go there
+        if key in seen:
             raise InputError(
-                f"{seen[path]} and {what} name the same file ({path}); give each output its "
+                f"{seen[key]} and {what} name the same file ({path}); give each output its "
                 "own path."
             )
-        seen[path] = what
+        seen[key] = what
     files = resolve_paths([str(p) for p in paths]) if paths else [bundled_sample_path()]
-    inputs = {f.resolve() for f in files}
-    for what, path in outputs.items():
-        if path is not None and path.resolve() in inputs:
+    inputs = {_file_identity(f) for f in files}
+    for what, path in given.items():
+        if _file_identity(path) in inputs:
             raise InputError(
                 f"{what} {path} is one of the input files; entr-diag never overwrites its "
                 "input. Choose another output path."
             )
+        forms = {os.path.abspath(path), os.path.realpath(path)}
+        for raw in map(str, paths or []):
+            if Path(raw).is_dir():
+                dirs = {os.path.abspath(raw), os.path.realpath(raw)}
+                if any(Path(f).is_relative_to(d) for f in forms for d in dirs):
+                    raise InputError(
+                        f"{what} {path} lies inside the input directory {raw}: a later run "
+                        f"over {raw} would read it as input, and entr-diag writes nothing "
+                        "into its input. Choose a path outside it."
+                    )
+            elif not Path(raw).exists() and any(ch in raw for ch in "*?["):
+                if any(_glob_matches(raw, f) for f in forms):
+                    raise InputError(
+                        f"{what} {path} matches the input pattern {raw}: a later run with "
+                        "the same pattern would read it as input. Choose a path the pattern "
+                        "does not match."
+                    )
 
 
 def _require_tokens(ds) -> None:
@@ -365,7 +434,17 @@ def _require_tokens(ds) -> None:
 
 def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = True):
     from entr_diag.io import load_dataset
+    from entr_diag.io.load import resolve_paths
 
+    skipped: list[Path] = []
+    if paths and not quiet:
+        resolve_paths([str(p) for p in paths], skipped=skipped)
+    if skipped:
+        stderr.print(
+            f"note: skipped {len(skipped):,} Parquet file(s) in input directories whose names "
+            f"start with '.' or '_' (hidden, temporary or metadata files), e.g. "
+            f"{escape(str(skipped[0]))}: pass them explicitly to read them."
+        )
     with _status("reading input...", quiet):
         ds = load_dataset(
             [str(p) for p in paths] if paths else None,
@@ -542,6 +621,25 @@ def inspect(
 # ----------------------------------------------------------------- fit
 
 
+def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
+    """The message for a missing ``canon`` column: when the loader dropped it because some
+    files lack it (its note ``CANON ('SRC') is missing from N of M files (e.g. FILE): not
+    used``), say so and how to proceed; else that the input has none."""
+    import re
+
+    pattern = (rf"{re.escape(canon)} \('(?P<src>.*)'\) is missing from (?P<n>\d+) of "
+               r"(?P<m>\d+) files \(e\.g\. (?P<file>.*)\): not used")
+    for note in ds.notes:
+        m = re.fullmatch(pattern, note)
+        if m:
+            return (
+                f"the {canon} column ('{m['src']}') is missing from {m['n']} of {m['m']} "
+                f"input files (e.g. {m['file']}), so it was not used, and without it "
+                f"{consequence}. Pass only the files that have it, or {fix}."
+            )
+    return f"the input has no {canon} column, so {consequence}; {fix}."
+
+
 def _check_bin_edges(bin_edges: str) -> None:
     """Refuse an unknown --bin-edges before any data is read."""
     if bin_edges not in ("quantile", "log"):
@@ -564,11 +662,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     from entr_diag.passes import run_pass
 
     if not ds.has("entropy"):
-        raise ParameterError(
-            "the input has no entropy column, so the scaling law and the ENTR gate are "
-            "unavailable; map one with --column entropy=NAME (or --entropy train for a "
-            "trainer-side entropy)."
-        )
+        raise ParameterError(_no_column(
+            ds, "entropy", "the scaling law and the ENTR gate are unavailable",
+            "map one with --column entropy=NAME (or --entropy train for a trainer-side "
+            "entropy)"))
     with _status("binning entropy...", quiet):  # pass 1 of the fit: tokens per fine bin
         plans = {"fit": fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
                                  n_boot=n_boot, seed=seed, with_strata=full,
@@ -671,7 +768,7 @@ def flag(
 
     Example: entr-diag flag logs.parquet -o noise.parquet
     """
-    from entr_diag.atomic import write_with
+    from entr_diag.atomic import output_target, write_with
     from entr_diag.regime import flagged_tokens
 
     with _errors(quiet):
@@ -698,7 +795,10 @@ def flag(
                          + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.",
                          soft_wrap=True)
             return
-        n = pl.scan_parquet(output).select(pl.len()).collect().item()
+        if output_target(output)[1]:
+            n = pl.scan_parquet(output).select(pl.len()).collect().item()
+        else:  # written to a device or a pipe: nothing to read back
+            n = lf.select(pl.len()).collect().item()
         stdout.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "
                      f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True)
 
@@ -917,7 +1017,7 @@ def report(
 
         write_text(output, html)
         _write_json(json_path, doc, quiet)
-        stdout.print(f"wrote {output} ({Path(output).stat().st_size / 1e6:.1f} MB)")
+        stdout.print(f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)")
         verdict = doc["fit"].get("verdict") or {}
         if verdict.get("text"):
             stdout.print(verdict["text"], soft_wrap=True)
@@ -955,20 +1055,43 @@ def synth(
         if layout not in ("long", "nested"):
             raise ParameterError(f"--layout must be long or nested (got {layout}).")
         _check_output(output, "--output")
+        from entr_diag.atomic import output_target
+
+        target, atomic = output_target(output)
+        if not atomic:  # write_synth renames a finished file into place
+            raise ParameterError(f"--output {output}: synth writes a regular file, not a "
+                                 "device, FIFO or socket; give a file name.")
         spec = SynthSpec(n_tokens=tokens, seed=seed, k=k, alpha=alpha,
                          h_star=None if not h_star else h_star, noise_share=noise_share,
                          dirty=dirty)
         with _status(f"writing {tokens:,} tokens...", quiet):
-            summary = write_synth(output, spec, layout=layout)
+            summary = write_synth(target, spec, layout=layout)  # a symlink stays
         from entr_diag.report.json_report import sanitize
 
         stdout.print(f"wrote {output}")
         stdout.print(json.dumps(sanitize(summary), indent=2))
 
 
+class _Terminated(BaseException):
+    """Raised by the SIGTERM handler: unwinds like Ctrl-C (temporary output files are
+    removed on the way out), then :func:`main` exits with 143 (128 + SIGTERM), quietly."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup
+    raise _Terminated
+
+
 def main() -> None:
     """Console-script entry point."""
+    import signal
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         app()
     except KeyboardInterrupt:  # pragma: no cover
         sys.exit(130)
+    except _Terminated:
+        sys.exit(143)

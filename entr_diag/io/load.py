@@ -59,14 +59,18 @@ def bundled_sample_path() -> Path:
 # --------------------------------------------------------------------------- files
 
 
-def resolve_paths(paths: Sequence[str | Path]) -> list[Path]:
+def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None) -> list[Path]:
     """Expand files, directories (recursively, ``*.parquet``) and globs into Parquet files.
+
+    A directory walk skips Parquet files whose names start with '.' or '_' (hidden,
+    temporary or metadata files by the Spark/Hive convention); they are appended to
+    ``skipped`` when given. Files named explicitly or matched by a glob are always read.
 
     Returns the files sorted, without duplicates.
 
     Raises:
         InputError: a path that does not exist, a glob or directory that matches no
-            Parquet file, or no path at all.
+            Parquet file (naming the skipped ones), or no path at all.
     """
     if not paths:
         raise InputError("no input path given.")
@@ -75,9 +79,21 @@ def resolve_paths(paths: Sequence[str | Path]) -> list[Path]:
         text = str(raw)
         p = Path(text)
         if p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.is_file() and _looks_parquet(q))
+            found, hidden = [], []
+            for q in sorted(p.rglob("*")):
+                if q.is_file() and _looks_parquet(q):
+                    found.append(q)
+                elif q.is_file() and _looks_parquet(q.with_name("x" + q.name)):
+                    hidden.append(q)  # a Parquet name but for its leading '.' or '_'
+            if skipped is not None:
+                skipped.extend(hidden)
             if not found:
-                raise InputError(f"directory {text} holds no Parquet files (*.parquet, *.pq).")
+                raise InputError(
+                    f"directory {text} holds no Parquet files (*.parquet, *.pq)"
+                    + (f" except {len(hidden)} skipped hidden or _-prefixed file(s), e.g. "
+                       f"{hidden[0]}: pass them explicitly to read them."
+                       if hidden else ".")
+                )
             out.extend(found)
         elif p.is_file():
             out.append(p)

@@ -1,0 +1,135 @@
+"""What the input paths resolve to, and what is said about files and columns left out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from entr_diag.cli import app
+from entr_diag.errors import InputError
+from entr_diag.io.load import resolve_paths
+
+runner = CliRunner()
+
+
+def _shard(path: Path, seq: int = 1, **drop) -> Path:
+    """A tiny long-layout shard (verl names) with two sequences; ``drop``: columns left out."""
+    df = pl.DataFrame({
+        "seq_id": [seq, seq, seq + 1, seq + 1],
+        "old_log_probs": [-0.1, -0.2, -1.0, -2.0],
+        "rollout_log_probs": [-0.12, -0.19, -1.1, -1.9],
+        "entropys": [0.5, 0.4, 1.2, 2.0],
+        "response_mask": [1, 1, 1, 1],
+    }).drop([c for c, yes in drop.items() if yes])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.write_parquet(path)
+    return path
+
+
+# ------------------------------------------------------------------ hidden files in walks
+
+
+def test_directory_walk_skips_hidden_and_underscore_files_and_reports_them(tmp_path):
+    """A directory walk skips Parquet files named '.x' or '_x' (and lists them in
+    ``skipped``); a glob or an explicit file includes them."""
+    d = tmp_path / "shards"
+    a = _shard(d / "a.parquet")
+    tmp = _shard(d / "_tmp.parquet")
+    dot = _shard(d / "sub" / ".b.parquet")
+    (d / "_SUCCESS").write_text("")  # not a Parquet name: not counted as skipped
+    (d / ".a.parquet.crc").write_text("")
+    skipped: list[Path] = []
+    assert resolve_paths([d], skipped=skipped) == [a]
+    assert sorted(skipped) == sorted([tmp, dot])
+    assert resolve_paths([str(d / "*.parquet")]) == [tmp, a]
+    assert resolve_paths([tmp, dot]) == [tmp, dot]
+
+
+def test_directory_with_only_skipped_files_says_so(tmp_path):
+    """A directory holding only _-prefixed Parquet files is refused with a message that
+    names them, not 'holds no Parquet files'."""
+    d = tmp_path / "only"
+    f = _shard(d / "_rollouts_step0.parquet")
+    with pytest.raises(InputError) as e:
+        resolve_paths([d])
+    msg = str(e.value)
+    assert "except 1 skipped hidden or _-prefixed file(s)" in msg
+    assert str(f) in msg and "pass them explicitly" in msg
+    r = runner.invoke(app, ["inspect", str(d)])
+    assert r.exit_code == 2 and "_rollouts_step0.parquet" in r.stderr, r.output
+    assert "Traceback" not in r.output
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match=r"holds no Parquet files \(\*\.parquet, \*\.pq\)\.$"):
+        resolve_paths([tmp_path / "empty"])
+
+
+def test_skipped_files_noted_on_stderr(tmp_path):
+    """A command over a directory says on stderr how many files it skipped, with one
+    example; --quiet silences it; nothing is said when nothing is skipped."""
+    d = tmp_path / "shards"
+    _shard(d / "a.parquet")
+    r = runner.invoke(app, ["inspect", str(d)])
+    assert r.exit_code == 0 and "skipped" not in r.stderr, r.output
+    _shard(d / "_tmp.parquet", seq=10)
+    _shard(d / ".old.parquet", seq=20)
+    r = runner.invoke(app, ["inspect", str(d)])
+    assert r.exit_code == 0, r.output
+    notes = [ln for ln in r.stderr.splitlines() if "skipped" in ln]
+    assert len(notes) == 1 and notes[0].startswith("note: skipped 2 Parquet file(s)"), r.stderr
+    assert str(d / ".old.parquet") in notes[0]
+    r = runner.invoke(app, ["inspect", str(d), "-q"])
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+
+
+# ------------------------------------------------------------------ columns some files lack
+
+
+def _canonical_shards(d: Path, n: int, lacking: dict[int, str]) -> list[Path]:
+    """``n`` long-layout shards with canonical column names; shard ``i`` lacks the column
+    ``lacking[i]``."""
+    out = []
+    for i in range(n):
+        df = pl.DataFrame({
+            "seq_id": [10 * i + 1] * 3 + [10 * i + 2] * 3,
+            "train_logprob": [-0.1, -0.2, -1.0, -2.0, -0.5, -0.05],
+            "infer_logprob": [-0.12, -0.19, -1.1, -1.9, -0.45, -0.06],
+            "entropy": [0.5, 0.4, 1.2, 2.0, 0.9, 0.1],
+        })
+        if i in lacking:
+            df = df.drop(lacking[i])
+        d.mkdir(parents=True, exist_ok=True)
+        df.write_parquet(d / f"part-{i}.parquet")
+        out.append(d / f"part-{i}.parquet")
+    return out
+
+
+@pytest.mark.parametrize("cmd", [["fit"], ["compare"], ["report", "-o", "{out}/r.html"],
+                                 ["flag", "-o", "{out}/n.parquet"]])
+def test_entropy_missing_from_some_shards_is_named(tmp_path, cmd):
+    """When 1 of 4 shards lacks the entropy column, the refusal says it is missing from
+    1 of 4 files (naming it) and was therefore not used, not that the input has none."""
+    files = _canonical_shards(tmp_path / "shards", 4, {2: "entropy"})
+    args = [a.replace("{out}", str(tmp_path)) for a in cmd]
+    r = runner.invoke(app, [args[0], str(tmp_path / "shards"), *args[1:], "-q"])
+    assert r.exit_code == 2, r.output
+    msg = r.stderr.strip()
+    assert msg.startswith("error: the entropy column ('entropy') is missing from 1 of 4 input "
+                          f"files (e.g. {files[2]}), so it was not used"), msg
+    assert "Pass only the files that have it" in msg and "has no entropy column" not in msg
+    assert len(msg.splitlines()) == 1 and "Traceback" not in r.output
+    # the files that have it get past the check (this tiny input then has too few tokens)
+    r = runner.invoke(app, ["fit", *map(str, files[:2] + files[3:]), "-q"])
+    assert "entropy column" not in r.stderr and "entropy bin" in r.stderr, r.output
+
+
+def test_entropy_missing_from_every_file_keeps_the_plain_message(tmp_path):
+    """Without an entropy column in any file the message says the input has none."""
+    _canonical_shards(tmp_path / "shards", 2, {0: "entropy", 1: "entropy"})
+    r = runner.invoke(app, ["fit", str(tmp_path / "shards"), "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: the input has no entropy column, so the scaling law "
+                               "and the ENTR gate are unavailable; map one with --column "
+                               "entropy=NAME"), r.stderr

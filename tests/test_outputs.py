@@ -1,0 +1,322 @@
+"""Where outputs go: devices, FIFOs and symlinks; temporary files on SIGTERM."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from entr_diag.atomic import output_target, write_text
+from entr_diag.cli import app
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory) -> Path:
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path_factory.mktemp("synth") / "run.parquet"
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=3, noise_share=0.1))
+    return p
+
+
+@pytest.fixture
+def dev_null():
+    """/dev/null, checked to be a character device before and after the test (and put
+    back if a test broke it, so one failure cannot take the machine's /dev/null along)."""
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    yield "/dev/null"
+    ok = stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    if not ok and os.geteuid() == 0:
+        os.unlink("/dev/null")
+        os.mknod("/dev/null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.chmod("/dev/null", 0o666)
+    assert ok, "/dev/null was replaced by a regular file"
+
+
+@pytest.fixture
+def dev_stdout():
+    """/dev/stdout, checked to be the symlink to /proc/self/fd/1 before and after the test
+    (and put back if a test replaced it)."""
+    assert os.readlink("/dev/stdout") == "/proc/self/fd/1"
+    yield "/dev/stdout"
+    ok = os.path.islink("/dev/stdout")
+    if not ok and os.geteuid() == 0:
+        os.unlink("/dev/stdout")
+        os.symlink("/proc/self/fd/1", "/dev/stdout")
+    assert ok, "/dev/stdout was replaced by a regular file"
+
+
+class _FifoReader:
+    """A FIFO in ``directory`` with a thread reading everything written to it."""
+
+    def __init__(self, directory: Path, name: str = "out.fifo") -> None:
+        self.path = directory / name
+        os.mkfifo(self.path)
+        self.data = b""
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        with open(self.path, "rb") as f:
+            self.data = f.read()
+
+    def result(self) -> bytes:
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "nothing was written to the FIFO"
+        assert stat.S_ISFIFO(os.lstat(self.path).st_mode)
+        return self.data
+
+
+# ------------------------------------------------------------------ output_target
+
+
+def test_output_target_kinds(tmp_path):
+    """Regular files and new paths are written atomically (symlinks resolved); devices,
+    FIFOs and open-descriptor paths straight through."""
+    real = tmp_path / "real.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    assert output_target(tmp_path / "new.json") == (tmp_path / "new.json", True)
+    assert output_target(link) == (real, True)  # dangling: written at its target
+    real.write_text("{}")
+    assert output_target(link) == (real, True)
+    os.mkfifo(tmp_path / "f")
+    for special in ("/dev/null", "/dev/stdout", "/dev/stderr", "/proc/self/fd/1",
+                    "/dev/fd/2", str(tmp_path / "f")):
+        assert output_target(special) == (Path(special), False), special
+
+
+def test_write_text_to_fifo_and_symlink(tmp_path):
+    """write_text streams into a FIFO and replaces a symlink's target, not the link."""
+    reader = _FifoReader(tmp_path)
+    write_text(reader.path, "hello\n")
+    assert reader.result() == b"hello\n"
+    real = tmp_path / "sub" / "real.txt"
+    real.parent.mkdir()
+    real.write_text("old")
+    link = tmp_path / "link.txt"
+    link.symlink_to(Path("sub") / "real.txt")
+    write_text(link, "new")
+    assert link.is_symlink() and os.readlink(link) == str(Path("sub") / "real.txt")
+    assert real.read_text() == "new"
+    assert sorted(p.name for p in real.parent.iterdir()) == ["real.txt"]  # no temp left
+
+
+# ------------------------------------------------------------------ commands
+
+
+def test_outputs_to_dev_null_stay_a_device(run_file, dev_null):
+    """report -o, flag -o, fit/report --json and compare --export to /dev/null write
+    through it: it is still a character device afterwards."""
+    for args in (["report", "-o", dev_null, "--json", dev_null, "--n-boot", "100"],
+                 ["flag", "-o", dev_null, "--n-boot", "100"],
+                 ["fit", "--json", dev_null, "--n-boot", "100"],
+                 ["compare", "--export", dev_null, "--n-boot", "100"]):
+        r = runner.invoke(app, [args[0], str(run_file), *args[1:], "-q"])
+        assert r.exit_code == 0, (args, r.output)
+        assert stat.S_ISCHR(os.stat(dev_null).st_mode), args
+
+
+def test_flag_counts_tokens_written_to_a_device(run_file, tmp_path, dev_null):
+    """flag reports the same token count whether it writes a file or /dev/null."""
+    out = tmp_path / "noise.parquet"
+    r1 = runner.invoke(app, ["flag", str(run_file), "-o", str(out), "--n-boot", "100", "-q"])
+    r2 = runner.invoke(app, ["flag", str(run_file), "-o", dev_null, "--n-boot", "100", "-q"])
+    assert r1.exit_code == r2.exit_code == 0, r1.output + r2.output
+    n = pl.read_parquet(out).height
+    assert n > 0
+    assert f"{n:,} low-entropy noise tokens" in r1.stdout
+    assert f"{n:,} low-entropy noise tokens" in r2.stdout and "/dev/null" in r2.stdout
+
+
+def test_json_and_parquet_into_fifos(run_file, tmp_path):
+    """--json and --export into FIFOs: the readers receive the whole document; the FIFOs
+    stay FIFOs."""
+    j = _FifoReader(tmp_path, "fit.fifo")
+    r = runner.invoke(app, ["fit", str(run_file), "--json", str(j.path), "--n-boot", "100", "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(j.result())
+    assert doc["command"] == "fit"
+    e = _FifoReader(tmp_path, "dec.fifo")
+    r = runner.invoke(app, ["compare", str(run_file), "--export", str(e.path),
+                            "--n-boot", "100", "-q"])
+    assert r.exit_code == 0, r.output
+    df = pl.read_parquet(io.BytesIO(e.result()))
+    assert df.height > 0 and "seq_id" in df.columns
+
+
+def test_json_to_dev_stdout_in_a_pipe(run_file, dev_stdout):
+    """--json /dev/stdout writes the JSON into the pipe (subprocess: stdout is a pipe)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "entr_diag", "inspect", str(run_file), "--json", dev_stdout,
+         "-q"], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("{") and '"command": "inspect"' in p.stdout
+
+
+def test_symlink_output_is_followed(run_file, tmp_path):
+    """--json and -o through a symlink: the link stays, its target gets the output and no
+    temporary file is left beside either."""
+    (tmp_path / "out").mkdir()
+    link = tmp_path / "fit.json"
+    link.symlink_to(tmp_path / "out" / "fit.json")  # dangling at first
+    hlink = tmp_path / "run.html"
+    (tmp_path / "out" / "run.html").write_text("old report")
+    hlink.symlink_to(tmp_path / "out" / "run.html")
+    for _ in range(2):  # creates the JSON target, then replaces it
+        r = runner.invoke(app, ["report", str(run_file), "--json", str(link), "-o", str(hlink),
+                                "--n-boot", "100", "-q"])
+        assert r.exit_code == 0, r.output
+        assert link.is_symlink() and hlink.is_symlink()
+        assert json.loads((tmp_path / "out" / "fit.json").read_text())["command"] == "report"
+        assert (tmp_path / "out" / "run.html").read_text().startswith("<!")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fit.json", "out", "run.html"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fit.json", "run.html"]
+
+
+def test_symlink_to_input_and_to_other_output_refused(run_file, tmp_path):
+    """A symlink (or hard link) naming an input, or two outputs reaching one file, are
+    refused before any work; two outputs to /dev/null are not."""
+    inp = tmp_path / "in.parquet"
+    inp.write_bytes(run_file.read_bytes())
+    before = inp.read_bytes()
+    (tmp_path / "to_in.json").symlink_to(inp)
+    os.link(inp, tmp_path / "hard.parquet")
+    for out in ("to_in.json", "hard.parquet"):
+        r = runner.invoke(app, ["fit", str(inp), "--json", str(tmp_path / out), "-q"])
+        assert r.exit_code == 2 and "never overwrites" in r.stderr, r.output
+    assert inp.read_bytes() == before and (tmp_path / "to_in.json").is_symlink()
+    (tmp_path / "a.json").symlink_to(tmp_path / "b.html")
+    r = runner.invoke(app, ["report", str(inp), "-o", str(tmp_path / "b.html"),
+                            "--json", str(tmp_path / "a.json"), "-q"])
+    assert r.exit_code == 2 and "name the same file" in r.stderr, r.output
+    assert not (tmp_path / "b.html").exists()
+
+
+def test_synth_refuses_a_device_and_follows_a_symlink(tmp_path, dev_null):
+    """synth writes regular files only: a device is refused (exit 2), a symlink followed."""
+    r = runner.invoke(app, ["synth", "-o", dev_null, "--tokens", "2000", "-q"])
+    assert r.exit_code == 2 and "regular file" in r.stderr, r.output
+    link = tmp_path / "s.parquet"
+    link.symlink_to(tmp_path / "real.parquet")
+    r = runner.invoke(app, ["synth", "-o", str(link), "--tokens", "2000", "-q"])
+    assert r.exit_code == 0, r.output
+    assert link.is_symlink() and pl.read_parquet(tmp_path / "real.parquet").height > 0
+
+
+# ------------------------------------------------------------------ signals
+
+_BLOCKING_WRITE = """
+import os, sys, time
+from pathlib import Path
+import polars as pl
+
+def slow_sink(self, path, *args, **kwargs):  # half a file, then wait for the signal
+    Path(path).write_bytes(b"partial")
+    Path(os.environ["MARKER"]).write_text(str(path))
+    time.sleep(60)
+
+pl.LazyFrame.sink_parquet = slow_sink
+from entr_diag.cli import main
+sys.argv = ["entr-diag", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_while_writing_removes_the_temp_file(run_file, tmp_path, sig, code):
+    """SIGTERM (like SIGINT) during an output write removes the temporary file and exits
+    quietly with 128 + the signal number; nothing is left in the output directory."""
+    script = tmp_path / "block.py"
+    script.write_text(_BLOCKING_WRITE)
+    marker = tmp_path / "marker"
+    out_dir = tmp_path / "d"
+    out_dir.mkdir()
+    p = subprocess.Popen(
+        [sys.executable, str(script), "compare", str(run_file), "--export",
+         str(out_dir / "dec.parquet"), "--n-boot", "100", "-q"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "MARKER": str(marker)},
+        start_new_session=True,  # SIGINT not ignored as in a background job
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert p.poll() is None, p.communicate()
+            assert time.monotonic() < deadline, "the write never started"
+            time.sleep(0.05)
+        tmp = Path(marker.read_text())
+        assert tmp.exists() and tmp.parent == out_dir and tmp.name.startswith(".dec.parquet.")
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == code, err
+    assert "Traceback" not in err and "error" not in err
+    assert list(out_dir.iterdir()) == []
+
+
+# ------------------------------------------------------------------ outputs among inputs
+
+
+@pytest.mark.parametrize("inp,out,why", [
+    ("shards", "shards/noise.parquet", "inside the input directory"),
+    ("shards/", "shards/sub/deep.json", "inside the input directory"),
+    ("link", "shards/x.json", "inside the input directory"),  # the dir through a symlink
+    ("shards", "outlink.json", "inside the input directory"),  # a link into the dir
+    ("shards/*.parquet", "shards/n.parquet", "matches the input pattern"),
+    ("shards/**/*.parquet", "shards/sub/n.parquet", "matches the input pattern"),
+    ("sh*/s?b/[a-c].parquet", "shards/sub/c.parquet", "matches the input pattern"),
+])
+@pytest.mark.parametrize("opt", [["flag", "-o"], ["fit", "--json"], ["compare", "--export"],
+                                  ["report", "--output"]])
+def test_output_inside_input_directory_or_glob_refused(run_file, tmp_path, monkeypatch,
+                                                       inp, out, why, opt):
+    """An output inside an input directory (recursively) or matching an input glob is
+    refused (exit 2) before any data is read, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shards" / "sub").mkdir(parents=True)
+    for name in ("shards/a.parquet", "shards/sub/b.parquet"):
+        (tmp_path / name).write_bytes(run_file.read_bytes())
+    (tmp_path / "link").symlink_to("shards")
+    (tmp_path / "outlink.json").symlink_to("shards/sub/new.json")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    def no_read(*a, **k):
+        raise AssertionError("data read")
+
+    monkeypatch.setattr("entr_diag.io.load_dataset", no_read)
+    r = runner.invoke(app, [opt[0], inp, opt[1], out, "-q"])
+    assert r.exit_code == 2, r.output
+    assert why in r.stderr and out in r.stderr and inp in r.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_output_beside_an_input_glob_it_does_not_match_is_allowed(run_file, tmp_path,
+                                                                  monkeypatch):
+    """An output next to the inputs that the input glob does not match (another suffix,
+    a hidden name, another directory level) is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "a.parquet").write_bytes(run_file.read_bytes())
+    for out in ("shards/fit.json", "shards/.fit.parquet", "fit.parquet"):
+        r = runner.invoke(app, ["fit", "shards/*.parquet", "--json", out, "--n-boot", "100",
+                                "-q"])
+        assert r.exit_code == 0, (out, r.output)
+        assert json.loads((tmp_path / out).read_text())["command"] == "fit"
