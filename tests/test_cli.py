@@ -583,6 +583,9 @@ def test_bootstrap_too_large_refused_before_reading(tmp_path, command):
     assert r.exit_code == 2
     assert "n_boot = 20000 at 500 bins" in r.stderr
     assert "valid loss-masked tokens" not in r.stderr  # nothing was read
-    r = runner.invoke(app, ["fit", "--bins", "500", "--n-boot", "20000", "--json",
-                            str(tmp_path / "ok.json"), "--quiet"])
-    assert "n_boot = " not in r.stderr
+    from entr_diag.errors import ParameterError
+    from entr_diag.fit import check_fit_parameters
+
+    check_fit_parameters(0.01, 4.0, 20_000, 500)  # the largest allowed passes the check
+    with pytest.raises(ParameterError):
+        check_fit_parameters(0.01, 4.0, 20_001, 500)
