@@ -466,6 +466,15 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             "same (step, seq_id, position) appears more than once (e.g. one dump copied into two "
             "shards, or seq_id reused within a step); those tokens count more than once."
         )
+    ahead = sum(n for s, n in (ds.accounting.staleness or {}).items() if s < 0)
+    if ahead and not quiet:
+        stderr.print(
+            f"[yellow]warning:[/yellow] {ahead:,} valid token(s) have policy_version > "
+            "train_version (negative staleness): a rollout cannot come from a policy newer "
+            "than the one trained on it, so the two version columns are probably swapped or "
+            "mis-mapped (check --column policy_version=... / train_version=...); staleness "
+            "results treat them as their own buckets."
+        )
     if analyse:
         _require_tokens(ds)
     if not quiet:
@@ -1068,7 +1077,8 @@ def synth(
             summary = write_synth(target, spec, layout=layout)  # a symlink stays
         from entr_diag.report.json_report import sanitize
 
-        stdout.print(f"wrote {output}")
+        if not quiet:  # stdout holds the ground-truth JSON only (pipe it to jq)
+            stderr.print(f"wrote {output}")
         stdout.print(json.dumps(sanitize(summary), indent=2))
 
 

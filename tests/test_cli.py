@@ -589,3 +589,28 @@ def test_bootstrap_too_large_refused_before_reading(tmp_path, command):
     check_fit_parameters(0.01, 4.0, 20_000, 500)  # the largest allowed passes the check
     with pytest.raises(ParameterError):
         check_fit_parameters(0.01, 4.0, 20_001, 500)
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_synth_stdout_is_the_ground_truth_json(tmp_path, quiet):
+    """synth's stdout is its ground-truth JSON only (the 'wrote' line goes to stderr, and not
+    at all with --quiet): `entr-diag synth ... | jq` works."""
+    out = tmp_path / "s.parquet"
+    r = runner.invoke(app, ["synth", "-o", str(out), "--tokens", "3000",
+                            *(["--quiet"] if quiet else [])])
+    assert r.exit_code == 0, r.output
+    truth = json.loads(r.stdout)
+    assert truth["tokens"] == 3000 and out.exists()
+    assert ("wrote" in r.stderr) is (not quiet)
+
+
+def test_negative_staleness_is_warned(tmp_path):
+    """policy_version > train_version (versions swapped) is named in a warning with the
+    token count; consistent versions give no such warning."""
+    p = _file(tmp_path, policy_version=[3, 3, 1, 1], train_version=[1, 1, 1, 1])
+    r = runner.invoke(app, ["inspect", str(p)])
+    assert r.exit_code == 0, r.output
+    assert "2 valid token(s) have policy_version > train_version" in r.stderr
+    ok = _file(tmp_path, "ok.parquet", policy_version=[1, 1, 1, 1], train_version=[3, 3, 1, 1])
+    r = runner.invoke(app, ["inspect", str(ok)])
+    assert r.exit_code == 0 and "policy_version > train_version" not in r.stderr
