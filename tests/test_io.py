@@ -184,6 +184,8 @@ _BAD_CASES = {
     "non_finite_logprob": {"train_logprob": [-0.1, float("nan"), -0.3, -1.0, float("-inf")]},
     "sentinel_logprob": {"infer_logprob": [-0.12, -9999.0, -0.35, -99999.0, -1.9]},
     "positive_logprob": {"infer_logprob": [-0.12, 1.0, -0.35, -1.1, -1.9]},
+    # +1e-7 is fp32 rounding of a near-certain token (kept); +2e-4 is not
+    "positive_logprob_beyond_rounding": {"train_logprob": [1e-7, 2e-4, -0.3, 5e-5, -1.9]},
     "zero_placeholder": {"infer_logprob": [-0.12, -0.19, 0.0, -1.1, 0.0]},
     "invalid_entropy": {"entropy": [0.5, -0.1, float("nan"), 1.2, 2.0]},
     # an entropy is at most ln(vocabulary size) < 20 nats: 65504 (a float16 max) is garbage
@@ -191,6 +193,7 @@ _BAD_CASES = {
     "negative_version": {"policy_version": [1, -1, 2, 0, 0]},
 }
 _EXPECTED = {"non_finite_logprob": 2, "sentinel_logprob": 2, "positive_logprob": 1,
+             "positive_logprob_beyond_rounding": 1,
              "zero_placeholder": 2, "invalid_entropy": 2, "invalid_entropy_above_ln_v": 2,
              "negative_version": 1}
 
@@ -200,7 +203,7 @@ def test_each_exclusion_reason_counted(tmp_path, reason):
     """Each kind of bad loss-masked token is counted under its reason and excluded."""
     ds = load_dataset([_write(tmp_path, _long(**_BAD_CASES[reason]))])
     n = _EXPECTED[reason]
-    reason = reason.removesuffix("_above_ln_v")
+    reason = reason.removesuffix("_above_ln_v").removesuffix("_beyond_rounding")
     assert dict(ds.accounting.excluded) == {reason: n}
     assert ds.accounting.tokens_valid == 5 - n
     assert _valid(ds).height == 5 - n
@@ -376,7 +379,8 @@ def test_each_exclusion_reason_via_cli(tmp_path, reason):
     r = CliRunner().invoke(app, ["inspect", str(p), "--json", str(out), "-q"])
     assert r.exit_code == 0, r.output
     acc = json.loads(out.read_text())["inputs"]["accounting"]
-    assert acc["exclusions"] == {reason.removesuffix("_above_ln_v"): _EXPECTED[reason]}
+    canon = reason.removesuffix("_above_ln_v").removesuffix("_beyond_rounding")
+    assert acc["exclusions"] == {canon: _EXPECTED[reason]}
     assert acc["tokens_valid"] == 5 - _EXPECTED[reason]
 
 

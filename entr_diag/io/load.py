@@ -912,7 +912,7 @@ def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
         ("missing_seq_id", pl.col("seq_id").is_null()),
         ("non_finite_logprob", tl.is_null() | il.is_null() | ~tl.is_finite() | ~il.is_finite()),
         ("sentinel_logprob", (tl <= S.SENTINEL_FLOOR) | (il <= S.SENTINEL_FLOOR)),
-        ("positive_logprob", (tl > 0) | (il > 0)),
+        ("positive_logprob", (tl > S.POSITIVE_LOGPROB_TOL) | (il > S.POSITIVE_LOGPROB_TOL)),
         ("zero_placeholder", ((tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX))
          | ((il == 0) & (tl < S.ZERO_PLACEHOLDER_OTHER_MAX))),
     ]

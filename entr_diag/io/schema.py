@@ -138,7 +138,7 @@ EXCLUSION_REASONS: dict[str, str] = {
     "null_loss_mask": "loss_mask is null",
     "non_finite_logprob": "train or infer logprob is NaN, null or +-inf",
     "sentinel_logprob": "a logprob <= -1000 (padding floors such as -9999 / -99999)",
-    "positive_logprob": "a logprob > 0 (impossible for a probability; e.g. +1.0 sentinels)",
+    "positive_logprob": "a logprob > 1e-4 nats (impossible for a probability; e.g. +1.0 sentinels)",
     "zero_placeholder": "exactly 0.0 on one side while the other side is below -0.05 nats",
     "invalid_entropy": "entropy NaN, null, +-inf, negative or above 20 nats (H <= ln V)",
     "negative_version": "policy_version or train_version < 0 (prompt-position marker)",
@@ -148,6 +148,9 @@ EXCLUSION_REASONS: dict[str, str] = {
 SENTINEL_FLOOR = -1e3
 #: exact 0.0 on one side counts as a placeholder when the other side is below this (nats)
 ZERO_PLACEHOLDER_OTHER_MAX = -0.05
+#: a logprob above 0 but at most this (nats) is float rounding of a near-certain token
+#: (log-softmax in fp32 gives +1e-7): kept as it is; above it, ``positive_logprob``
+POSITIVE_LOGPROB_TOL = 1e-4
 #: largest plausible token entropy (nats): H <= ln(vocabulary size), and ln V < 20 for any
 #: vocabulary below 485M entries; a larger value is garbage (a sentinel, an unnormalised
 #: value, uninitialised memory), not an entropy
