@@ -118,9 +118,18 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-stdout = Console(highlight=False, soft_wrap=False, emoji=False)
+class _Stdout(Console):
+    """The results console: its first print ends the progress bar (on stderr), so that on a
+    terminal no frame of the bar is left in or between the result tables."""
+
+    def print(self, *args, **kwargs) -> None:  # type: ignore[override]
+        _phases.end()
+        super().print(*args, **kwargs)
+
+
+stdout = _Stdout(highlight=False, soft_wrap=False, emoji=False)
 if not stdout.is_terminal:  # piped or redirected: wide enough for the bin tables
-    stdout = Console(highlight=False, soft_wrap=False, emoji=False, width=120)
+    stdout = _Stdout(highlight=False, soft_wrap=False, emoji=False, width=120)
 stderr = Console(stderr=True, highlight=False, emoji=False)
 if not stderr.is_terminal:  # a log file: one line per message, no hard wraps
     stderr = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)

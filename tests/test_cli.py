@@ -614,3 +614,34 @@ def test_negative_staleness_is_warned(tmp_path):
     ok = _file(tmp_path, "ok.parquet", policy_version=[1, 1, 1, 1], train_version=[3, 3, 1, 1])
     r = runner.invoke(app, ["inspect", str(ok)])
     assert r.exit_code == 0 and "policy_version > train_version" not in r.stderr
+
+
+def test_progress_bar_ends_before_results_are_printed(monkeypatch, tmp_path):
+    """On a terminal the (transient) bar is stopped before the first result line goes to
+    stdout: no frame of it is left glued to the tables."""
+    import io
+
+    from rich.console import Console
+
+    import entr_diag.cli as cli
+
+    events: list[str] = []
+    real_end, real_print = cli._Phases.end, Console.print
+
+    def end(self):
+        if self.bar is not None:
+            events.append("bar stopped")
+        real_end(self)
+
+    def console_print(self, *a, **k):
+        if isinstance(self, cli._Stdout):
+            events.append("result printed")
+        real_print(self, *a, **k)
+
+    monkeypatch.setattr(cli, "stderr", Console(file=io.StringIO(), force_terminal=True))
+    monkeypatch.setattr(cli._Phases, "end", end)
+    monkeypatch.setattr(Console, "print", console_print)
+    r = CliRunner().invoke(app, ["fit", "--json", str(tmp_path / "f.json")])
+    assert r.exit_code == 0, r.output
+    assert "result printed" in events
+    assert events.index("bar stopped") < events.index("result printed")
