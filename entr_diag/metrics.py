@@ -266,7 +266,11 @@ class MetricsPlan:
     def finish(self) -> MismatchMetrics:
         """The metrics from the merged per-sequence table; :class:`FitError` when the pass
         saw no token."""
+        # in a fixed order: the merge's group-by returns rows in any order, and float sums in
+        # another order differ in the last digit between runs of the same input
         per_seq = self._per_seq.table.result()
+        if "seq_key" in per_seq.columns:
+            per_seq = per_seq.sort("seq_key")
         if per_seq.height == 0:
             raise FitError("No token to compute mismatch metrics on: the token frame is empty.")
         per_seq = per_seq.with_columns(_seq_means())
