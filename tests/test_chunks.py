@@ -149,3 +149,27 @@ def test_same_input_gives_identical_json(files, monkeypatch, tmp_path):
     a = _json(monkeypatch, tmp_path, args, 6_000)
     b = _json(monkeypatch, tmp_path, args, 6_000, stream_tokens=10**9)
     assert a == b
+
+
+def test_small_files_are_read_together(tmp_path, monkeypatch):
+    """A run dumped as many small files is read a few files per chunk (at most
+    _MAX_FILES_PER_CHUNK, CHUNK_TOKENS tokens), with the results of the same tokens in one
+    file."""
+    one = tmp_path / "one.parquet"
+    write_synth(one, SynthSpec(n_tokens=12_000, seed=4, dirty=True), layout="long")
+    t = pl.read_parquet(one)
+    d = tmp_path / "many"
+    d.mkdir()
+    for i in range(100):  # 120 rows each; sequences cut across files
+        t.slice(i * 120, 120).write_parquet(d / f"part-{i:03d}.parquet")
+    monkeypatch.setattr(load, "CHUNK_TOKENS", 3_000)
+    ds = load_dataset([d])
+    n = len(chunks_of(ds.lf))
+    assert 4 <= n <= 6  # 100 files of 120 tokens: 25 files per chunk, not 100 chunks
+    monkeypatch.setattr(load, "_MAX_FILES_PER_CHUNK", 10)
+    assert len(chunks_of(load_dataset([d]).lf)) == 10
+    args_many, args_one = ["fit", str(d)], ["fit", str(one)]
+    many, single = (_json(monkeypatch, tmp_path, a, 3_000) for a in (args_many, args_one))
+    for key in ("bins", "laws", "breakpoint", "regime", "strata", "verdict", "metrics"):
+        _close(many[key], single[key], key)
+    assert many["inputs"]["accounting"] == single["inputs"]["accounting"]

@@ -676,10 +676,11 @@ def load_dataset(
         entropy_source = (
             "trainer" if mapping.get("train_entropy") == mapping["entropy"] else "inference"
         )
-    # the same frames per chunk (row-group ranges of each file): passes run chunk by chunk
+    # the same frames per chunk (row-group ranges of each file; consecutive small files
+    # together): passes run chunk by chunk
     raw_chunks, chunks = [], []
-    for fr, tokens, streamed, source in pieces:
-        fr = fr.select(order)
+    for fr, tokens, streamed, source in _group_small(
+            [(fr.select(order), t, st, src) for fr, t, st, src in pieces]):
         raw_chunks.append(Chunk(canonical_raw(fr), tokens, streamed, source))
         chunks.append(Chunk(canonical_valid(fr), tokens, streamed, source))
     register_chunks(raw, raw_chunks)
@@ -692,11 +693,46 @@ def load_dataset(
     )
 
 
+#: Files read together in one chunk at most (see :func:`_group_small`).
+_MAX_FILES_PER_CHUNK: int = 64
 #: Token rows per chunk of a pass (whole row groups; :func:`entr_diag.passes.run_pass`).
 CHUNK_TOKENS: int = 1_000_000
 #: A single row group (or unsplittable file) above this many token rows is streamed in
 #: batches instead of read as one chunk.
 _STREAM_TOKENS: int = 8 * CHUNK_TOKENS
+
+
+def _group_small(pieces: list[tuple[pl.LazyFrame, int, bool, str]]
+                 ) -> list[tuple[pl.LazyFrame, int, bool, str]]:
+    """Consecutive pieces (file frames or file chunks, same columns) concatenated into chunks
+    of at most :data:`CHUNK_TOKENS` tokens and ``_MAX_FILES_PER_CHUNK`` files (polars opens
+    every file of a chunk on a thread of its own): a run dumped as thousands of small files (one per
+    step and rank) costs one chunk per million tokens, not one per file (each chunk has a
+    fixed cost of a few milliseconds per pass)."""
+    out: list[tuple[pl.LazyFrame, int, bool, str]] = []
+    group: list[tuple[pl.LazyFrame, int, bool, str]] = []
+
+    def flush() -> None:
+        if len(group) == 1:
+            out.append(group[0])
+        elif group:
+            first, last = group[0][3], group[-1][3]
+            out.append((pl.concat([g[0] for g in group], how="vertical"),
+                        sum(g[1] for g in group), False,
+                        f"one of {len(group)} files from {first} to {last}"))
+        group.clear()
+
+    for piece in pieces:
+        if piece[2] or piece[1] >= CHUNK_TOKENS:  # streamed or a full chunk: on its own
+            flush()
+            out.append(piece)
+            continue
+        if group and (sum(g[1] for g in group) + piece[1] > CHUNK_TOKENS
+                      or len(group) >= _MAX_FILES_PER_CHUNK):
+            flush()
+        group.append(piece)
+    flush()
+    return out
 
 
 def _row_group_ranges(meta: pq.FileMetaData, list_column: str | None, *,
