@@ -147,6 +147,9 @@ class Chunk:
     streamed: bool = False
     #: where the chunk's rows come from (file and row range), named in read errors
     source: str = ""
+    #: for a chunk of several files: each file's frame and source, read one by one to name
+    #: the file a read error comes from
+    parts: tuple[tuple[pl.LazyFrame, str], ...] = ()
 
 
 #: Chunks registered for frames (id -> (weak reference to the frame, chunks)).
@@ -260,7 +263,14 @@ def _naming(chunk: Chunk) -> Iterator[None]:
         if not chunk.source:
             raise
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"cannot read {chunk.source} ({msg[:300]}).") from None
+        source = chunk.source
+        for frame, part in chunk.parts:  # a chunk of several files: find the one
+            try:
+                frame.collect(engine="streaming")
+            except type(e):
+                source = part
+                break
+        raise InputError(f"cannot read {source} ({msg[:300]}).") from None
 
 
 def _is_query(acc: Accumulator) -> bool:

@@ -173,3 +173,25 @@ def test_small_files_are_read_together(tmp_path, monkeypatch):
     for key in ("bins", "laws", "breakpoint", "regime", "strata", "verdict", "metrics"):
         _close(many[key], single[key], key)
     assert many["inputs"]["accounting"] == single["inputs"]["accounting"]
+
+
+def test_read_error_in_a_chunk_of_small_files_names_the_file(tmp_path):
+    """Small files read together in one chunk: a read error still names the file it comes
+    from, not just the range of files."""
+    import numpy as np
+    import pyarrow as pa
+
+    d = tmp_path / "small"
+    d.mkdir()
+    t = pq.read_table(write_synth(tmp_path / "one.parquet", SynthSpec(n_tokens=2_000, seed=5),
+                                  layout="long")["path"])
+    for i in range(5):
+        part = t.slice(i * 400, 400)
+        if i == 3:  # seq_ids above 2**63 do not convert to Int64
+            sid = part["seq_id"].to_numpy().astype(np.uint64) + np.uint64(2**63)
+            part = part.set_column(part.schema.get_field_index("seq_id"), "seq_id",
+                                   pa.array(sid))
+        pq.write_table(part, d / f"part-{i}.parquet")
+    r = runner.invoke(app, ["fit", str(d), "--quiet"])  # 5 files of 400 tokens: one chunk
+    assert r.exit_code == 2
+    assert f"cannot read {d / 'part-3.parquet'} (" in r.stderr, r.stderr

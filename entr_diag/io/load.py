@@ -679,10 +679,12 @@ def load_dataset(
     # the same frames per chunk (row-group ranges of each file; consecutive small files
     # together): passes run chunk by chunk
     raw_chunks, chunks = [], []
-    for fr, tokens, streamed, source in _group_small(
+    for fr, tokens, streamed, source, members in _group_small(
             [(fr.select(order), t, st, src) for fr, t, st, src in pieces]):
-        raw_chunks.append(Chunk(canonical_raw(fr), tokens, streamed, source))
-        chunks.append(Chunk(canonical_valid(fr), tokens, streamed, source))
+        raw_chunks.append(Chunk(canonical_raw(fr), tokens, streamed, source,
+                                tuple((canonical_raw(m), s) for m, s in members)))
+        chunks.append(Chunk(canonical_valid(fr), tokens, streamed, source,
+                            tuple((canonical_valid(m), s) for m, s in members)))
     register_chunks(raw, raw_chunks)
     register_chunks(lf, chunks)
     accounting, fine = _account(raw, mapping, infos)
@@ -703,29 +705,31 @@ _STREAM_TOKENS: int = 8 * CHUNK_TOKENS
 
 
 def _group_small(pieces: list[tuple[pl.LazyFrame, int, bool, str]]
-                 ) -> list[tuple[pl.LazyFrame, int, bool, str]]:
+                 ) -> list[tuple[pl.LazyFrame, int, bool, str, list[tuple[pl.LazyFrame, str]]]]:
     """Consecutive pieces (file frames or file chunks, same columns) concatenated into chunks
     of at most :data:`CHUNK_TOKENS` tokens and ``_MAX_FILES_PER_CHUNK`` files (polars opens
-    every file of a chunk on a thread of its own): a run dumped as thousands of small files (one per
-    step and rank) costs one chunk per million tokens, not one per file (each chunk has a
-    fixed cost of a few milliseconds per pass)."""
-    out: list[tuple[pl.LazyFrame, int, bool, str]] = []
+    every file of a chunk on a thread of its own): a run dumped as thousands of small files
+    (one per step and rank) costs one chunk per million tokens, not one per file (each chunk
+    has a fixed cost of a few milliseconds per pass). Each output piece also lists its
+    members (frame, source) when it holds more than one."""
+    out: list[tuple[pl.LazyFrame, int, bool, str, list[tuple[pl.LazyFrame, str]]]] = []
     group: list[tuple[pl.LazyFrame, int, bool, str]] = []
 
     def flush() -> None:
         if len(group) == 1:
-            out.append(group[0])
+            out.append((*group[0], []))
         elif group:
             first, last = group[0][3], group[-1][3]
             out.append((pl.concat([g[0] for g in group], how="vertical"),
                         sum(g[1] for g in group), False,
-                        f"one of {len(group)} files from {first} to {last}"))
+                        f"one of {len(group)} files from {first} to {last}",
+                        [(g[0], g[3]) for g in group]))
         group.clear()
 
     for piece in pieces:
         if piece[2] or piece[1] >= CHUNK_TOKENS:  # streamed or a full chunk: on its own
             flush()
-            out.append(piece)
+            out.append((*piece, []))
             continue
         if group and (sum(g[1] for g in group) + piece[1] > CHUNK_TOKENS
                       or len(group) >= _MAX_FILES_PER_CHUNK):
