@@ -1301,7 +1301,8 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         np.add.at(out, cell_bin[ok], v[ok])
         return out
 
-    S = {c: _block_sums(fs.cb[c], binning, cells, B) for c in ("n", "s_h", "s_d2")}
+    cb = fs.cb  # summed from the joint table once
+    S = {c: _block_sums(cb[c], binning, cells, B) for c in ("n", "s_h", "s_d2")}
     boot = _Boot(S["n"].sum(axis=0), n_boot, seed)
     if boot.W.shape[0] == 0:
         raise FitError(
@@ -1335,7 +1336,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         )
 
     # ---- breakpoint on finer bins (same edge kind), then laws on the law regime
-    Sb = {c: _block_sums(fs.cb[c], brk, cells, B) for c in ("n", "s_h", "s_d2")}
+    Sb = {c: _block_sums(cb[c], brk, cells, B) for c in ("n", "s_h", "s_d2")}
     bd_brk = _eligible(Sb, {c: boot.totals(Sb[c]) for c in ("n", "s_h", "s_d2")}, boot, brk)
     search, bp, _ = _search_break(bd_brk, brk.h_lo[bd_brk.idx], brk.h_hi[bd_brk.idx])
     h_star = None if bp is None else bp.h_star

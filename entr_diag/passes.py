@@ -138,9 +138,9 @@ class Accumulator(Protocol):
 @dataclass(frozen=True)
 class Chunk:
     """One piece of a token frame: ``frame`` reads a contiguous range of row groups of one
-    input file (``rows``: its estimated token rows). ``streamed``: the piece is too large to
-    hold (a file written as one huge row group, or one whose canonical frame needs the whole
-    file, e.g. positions numbered per sequence): it is read in batches instead."""
+    input file, or several consecutive small files (``rows``: its estimated token rows).
+    ``streamed``: the piece is too large to hold (a file written as one huge row group): it
+    is read in batches instead."""
 
     frame: pl.LazyFrame
     rows: int
@@ -285,18 +285,15 @@ def _absorb(query_accs: Sequence[Accumulator], results: list[pl.DataFrame]) -> N
         k += m
 
 
-def _project(lf: pl.LazyFrame, accumulators: Sequence[Accumulator],
-             keep_all: bool = False) -> pl.LazyFrame:
-    """``lf`` reduced to the accumulators' ``columns`` and ``exprs`` (after their ``stages``;
-    ``keep_all``: every column of ``lf`` too)."""
+def _project(lf: pl.LazyFrame, accumulators: Sequence[Accumulator]) -> pl.LazyFrame:
+    """``lf`` reduced to the accumulators' ``columns`` and ``exprs`` (after their
+    ``stages``)."""
     names = lf.collect_schema().names()
     cols: list[str] = []
     for acc in accumulators:
         for c in getattr(acc, "columns", ()):
             if c in names and c not in cols:
                 cols.append(c)
-    if keep_all:
-        cols += [c for c in names if c not in cols]
     exprs: dict[str, pl.Expr] = {}
     for acc in accumulators:
         for e in getattr(acc, "exprs", ()):
