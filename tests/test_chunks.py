@@ -195,3 +195,21 @@ def test_read_error_in_a_chunk_of_small_files_names_the_file(tmp_path):
     r = runner.invoke(app, ["fit", str(d), "--quiet"])  # 5 files of 400 tokens: one chunk
     assert r.exit_code == 2
     assert f"cannot read {d / 'part-3.parquet'} (" in r.stderr, r.stderr
+
+
+def test_a_later_shard_with_a_wrong_column_type_is_refused(tmp_path):
+    """The mapping is chosen on the union of the shards' columns; a shard whose own column
+    has the wrong type (a string train_logprob) is refused naming it, wherever it sorts."""
+    d = tmp_path / "shards"
+    d.mkdir()
+    t = pl.read_parquet(write_synth(tmp_path / "one.parquet", SynthSpec(n_tokens=3_000, seed=6),
+                                    layout="long")["path"])
+    for i in range(3):
+        part = t.slice(i * 1_000, 1_000)
+        if i == 2:
+            part = part.with_columns(pl.col("train_logprob").cast(pl.String))
+        part.write_parquet(d / f"part-{i}.parquet")
+    r = runner.invoke(app, ["inspect", str(d)])
+    assert r.exit_code == 2
+    assert "part-2.parquet: column 'train_logprob' (train_logprob) has type" in r.stderr
+    assert "string; train_logprob needs float values" in r.stderr

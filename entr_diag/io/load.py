@@ -610,6 +610,15 @@ def load_dataset(
         sch = schemas[f]
         hive = _hive_values(f)
         types = {n: t for n, t in zip(sch.names, sch.types, strict=True)}
+        # the mapping was chosen on the union of the files' columns (each with the type of
+        # the first file holding it): every file's own types must fit too
+        for canon, src in mapping.items():
+            if src in types and not _kind_ok(S.BY_NAME[canon].kind, _value_type(types[src])):
+                raise SchemaError(
+                    f"{f}: column '{src}' ({canon}) has type {_type_name(types[src])}; "
+                    f"{canon} needs {S.BY_NAME[canon].kind} values (other files have "
+                    f"{_type_name(available[src])})."
+                )
         tl_type = types.get(mapping["train_logprob"])
         il_type = types.get(mapping["infer_logprob"])
         nested = tl_type is not None and _is_list(tl_type)
