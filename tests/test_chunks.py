@@ -5,6 +5,7 @@ import json
 import math
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -123,7 +124,6 @@ def test_read_error_names_the_shard_and_rows(tmp_path, monkeypatch):
     """A value that cannot be read in one shard of several (here a uint64 seq_id above 2**63,
     in the second chunk of that shard) names that shard and its rows, exit 2."""
     import numpy as np
-    import pyarrow as pa
 
     d = tmp_path / "shards"
     d.mkdir()
@@ -175,23 +175,30 @@ def test_small_files_are_read_together(tmp_path, monkeypatch):
     assert many["inputs"]["accounting"] == single["inputs"]["accounting"]
 
 
+def _shards(tmp_path, tokens, n, bad, change):
+    """A synth run of ``tokens`` cut into ``n`` shards by rows, shard ``bad`` passed through
+    ``change`` (a pyarrow Table -> Table); returns the directory."""
+    d = tmp_path / "shards"
+    d.mkdir()
+    t = pq.read_table(write_synth(tmp_path / "one.parquet", SynthSpec(n_tokens=tokens, seed=5),
+                                  layout="long")["path"])
+    size = tokens // n
+    for i in range(n):
+        part = t.slice(i * size, size)
+        pq.write_table(change(part) if i == bad else part, d / f"part-{i}.parquet")
+    return d
+
+
 def test_read_error_in_a_chunk_of_small_files_names_the_file(tmp_path):
     """Small files read together in one chunk: a read error still names the file it comes
     from, not just the range of files."""
     import numpy as np
-    import pyarrow as pa
 
-    d = tmp_path / "small"
-    d.mkdir()
-    t = pq.read_table(write_synth(tmp_path / "one.parquet", SynthSpec(n_tokens=2_000, seed=5),
-                                  layout="long")["path"])
-    for i in range(5):
-        part = t.slice(i * 400, 400)
-        if i == 3:  # seq_ids above 2**63 do not convert to Int64
-            sid = part["seq_id"].to_numpy().astype(np.uint64) + np.uint64(2**63)
-            part = part.set_column(part.schema.get_field_index("seq_id"), "seq_id",
-                                   pa.array(sid))
-        pq.write_table(part, d / f"part-{i}.parquet")
+    def overflow(part):  # seq_ids above 2**63 do not convert to Int64
+        sid = part["seq_id"].to_numpy().astype(np.uint64) + np.uint64(2**63)
+        return part.set_column(part.schema.get_field_index("seq_id"), "seq_id", pa.array(sid))
+
+    d = _shards(tmp_path, 2_000, 5, 3, overflow)
     r = runner.invoke(app, ["fit", str(d), "--quiet"])  # 5 files of 400 tokens: one chunk
     assert r.exit_code == 2
     assert f"cannot read {d / 'part-3.parquet'} (" in r.stderr, r.stderr
@@ -200,15 +207,12 @@ def test_read_error_in_a_chunk_of_small_files_names_the_file(tmp_path):
 def test_a_later_shard_with_a_wrong_column_type_is_refused(tmp_path):
     """The mapping is chosen on the union of the shards' columns; a shard whose own column
     has the wrong type (a string train_logprob) is refused naming it, wherever it sorts."""
-    d = tmp_path / "shards"
-    d.mkdir()
-    t = pl.read_parquet(write_synth(tmp_path / "one.parquet", SynthSpec(n_tokens=3_000, seed=6),
-                                    layout="long")["path"])
-    for i in range(3):
-        part = t.slice(i * 1_000, 1_000)
-        if i == 2:
-            part = part.with_columns(pl.col("train_logprob").cast(pl.String))
-        part.write_parquet(d / f"part-{i}.parquet")
+
+    def as_string(part):
+        i = part.schema.get_field_index("train_logprob")
+        return part.set_column(i, "train_logprob", part["train_logprob"].cast(pa.string()))
+
+    d = _shards(tmp_path, 3_000, 3, 2, as_string)
     r = runner.invoke(app, ["inspect", str(d)])
     assert r.exit_code == 2
     assert "part-2.parquet: column 'train_logprob' (train_logprob) has type" in r.stderr
