@@ -162,7 +162,7 @@ STALENESS_MIN_GROWTH = 1.05
 CORRUPT_MIN_RUN = 3
 #: exclusion reasons that are placeholder values (io.schema.EXCLUSION_REASONS)
 PLACEHOLDER_REASONS: tuple[str, ...] = ("zero_placeholder", "sentinel_logprob", "positive_logprob")
-_NOT_MASKED = ("unmasked", "empty_row", "null_loss_mask")
+_NOT_MASKED = ("unmasked", "empty_row", "null_loss_mask", "invalid_loss_mask")
 
 #: trainer noise floor: mismatch below this multiple of the floor is "at the floor"
 FLOOR_RATIO_AT_FLOOR = 2.0
@@ -1239,11 +1239,12 @@ def _engine_zero_share(ctx: _Ctx) -> dict[str, Any]:
     if acc is not None:
         # zero-placeholder rows are bad masked rows (per-sequence table, shared with the
         # corrupt-rows check); masked rows = accounting's loss-masked tokens minus those
-        # with a null mask
+        # with a null or invalid mask
         bad = ctx._bad
         assert bad is not None
         z_n = int(bad["n_ph_zero"].sum()) if bad.height else 0
-        r = (z_n, int(acc.tokens_masked) - int(acc.excluded.get("null_loss_mask", 0)))
+        r = (z_n, int(acc.tokens_masked) - int(acc.excluded.get("null_loss_mask", 0))
+             - int(acc.excluded.get("invalid_loss_mask", 0)))
     else:
         assert ctx.zero_counts is not None
         r = ctx.zero_counts

@@ -216,4 +216,4 @@ def test_a_later_shard_with_a_wrong_column_type_is_refused(tmp_path):
     r = runner.invoke(app, ["inspect", str(d)])
     assert r.exit_code == 2
     assert "part-2.parquet: column 'train_logprob' (train_logprob) has type" in r.stderr
-    assert "string; train_logprob needs float values" in r.stderr
+    assert "string; train_logprob needs numeric values" in r.stderr

@@ -229,6 +229,53 @@ def test_null_mask_and_empty_sequences(tmp_path):
     assert ds.accounting.sequences_valid == 1
 
 
+@pytest.mark.parametrize("dtype", [pl.Float32, pl.Float64, pl.Int64, pl.UInt8])
+def test_numeric_loss_mask_is_0_or_1_and_other_values_are_counted(tmp_path, dtype):
+    """A numeric loss mask (float or int 0/1, as torch dumps write it) is accepted; a value
+    other than 0 or 1 (a weight, a label, NaN) is counted as invalid_loss_mask, never read
+    as true."""
+    floats = dtype in (pl.Float32, pl.Float64)
+    ok = load_dataset([_write(tmp_path, _long(loss_mask=pl.Series([1, 1, 0, 1, 0], dtype=dtype)),
+                              "ok.parquet")])
+    assert ok.accounting.tokens_valid == 3 and ok.accounting.tokens_unmasked == 2
+    assert ok.accounting.excluded == {}
+    odd = [1, 2, 0, 0.5 if floats else 7, float("nan") if floats else 1]
+    bad = load_dataset([_write(tmp_path, _long(loss_mask=pl.Series(odd, dtype=dtype)),
+                               "bad.parquet")])
+    n_bad = 3 if floats else 2
+    assert bad.accounting.excluded == {"invalid_loss_mask": n_bad}
+    assert bad.accounting.tokens_unmasked == 1
+    assert bad.accounting.tokens_valid == 4 - n_bad
+    assert _valid(bad)["position"].to_list() == ([0] if floats else [0, 1])
+
+
+def test_numeric_loss_mask_in_nested_layout(tmp_path):
+    """A nested list<float> mask: 0/1 per token, other values counted."""
+    df = pl.DataFrame({"seq_id": [0, 1], "train_logprob": [[-0.1, -0.2], [-0.3, -0.4]],
+                       "infer_logprob": [[-0.2, -0.1], [-0.3, -0.5]],
+                       "response_mask": [[1.0, 0.0], [1.0, 0.25]]})
+    ds = load_dataset([_write(tmp_path, df)])
+    assert ds.accounting.tokens_valid == 2 and ds.accounting.tokens_unmasked == 1
+    assert ds.accounting.excluded == {"invalid_loss_mask": 1}
+
+
+def test_dictionary_encoded_string_seq_id_is_read(tmp_path):
+    """String ids stored dictionary-encoded (a pandas categorical) load like plain strings."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    df = _long(seq_id=["a", "a", "a", "b", "b"])
+    plain = _write(tmp_path, df, "plain.parquet")
+    t = df.to_arrow()
+    t = t.set_column(0, "seq_id", pc.dictionary_encode(t.column("seq_id")))
+    assert pa.types.is_dictionary(t.schema.field("seq_id").type)
+    pq.write_table(t, tmp_path / "dict.parquet")
+    assert pa.types.is_dictionary(pq.read_schema(tmp_path / "dict.parquet").field("seq_id").type)
+    a, b = load_dataset([plain]), load_dataset([tmp_path / "dict.parquet"])
+    assert _valid(a).equals(_valid(b))
+    assert a.accounting.to_dict() == b.accounting.to_dict()
+
+
 def test_empty_nested_row_counted_as_sequence_without_tokens(tmp_path):
     """A nested row with empty lists holds no token and counts as a sequence without tokens."""
     df = pl.DataFrame({"seq_id": [0, 1], "train_logprob": [[-0.1], []],

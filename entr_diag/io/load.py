@@ -160,8 +160,8 @@ def _kind_ok(kind: str, t: pa.DataType) -> bool:
         return pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_decimal(t)
     if kind == S.INT:
         return pa.types.is_integer(t)
-    if kind == S.BOOL:
-        return pa.types.is_boolean(t) or pa.types.is_integer(t)
+    if kind == S.BOOL:  # a numeric mask holds 0/1 (other values: invalid_loss_mask rows)
+        return pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
     if kind == S.ID:
         return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
     raise AssertionError(kind)
@@ -172,7 +172,10 @@ def _is_list(t: pa.DataType) -> bool:
 
 
 def _value_type(t: pa.DataType) -> pa.DataType:
-    return t.value_type if _is_list(t) else t
+    """The type of one value: a list's element type; a dictionary-encoded column's value
+    type (e.g. string ids written from a pandas categorical)."""
+    t = t.value_type if _is_list(t) else t
+    return t.value_type if pa.types.is_dictionary(t) else t
 
 
 def _type_name(t: pa.DataType) -> str:
@@ -275,7 +278,7 @@ def resolve_mapping(
             if not _kind_ok(col.kind, t):
                 raise SchemaError(
                     f"column '{src}' mapped to {canon} has type {_type_name(available[src])}; "
-                    f"{canon} needs {col.kind} values."
+                    f"{canon} needs {S.KIND_WORDS[col.kind]} values."
                 )
             mapping[canon] = src
             continue
@@ -299,7 +302,7 @@ def resolve_mapping(
                 if src == canon or src == fw.get(canon) or col.required:
                     raise SchemaError(
                         f"column '{src}' ({canon}) has type {_type_name(available[src])}; "
-                        f"{canon} needs {col.kind} values."
+                        f"{canon} needs {S.KIND_WORDS[col.kind]} values."
                     )
                 notes.append(f"'{src}' not used as {canon}: type {_type_name(available[src])}")
                 continue
@@ -616,7 +619,7 @@ def load_dataset(
             if src in types and not _kind_ok(S.BY_NAME[canon].kind, _value_type(types[src])):
                 raise SchemaError(
                     f"{f}: column '{src}' ({canon}) has type {_type_name(types[src])}; "
-                    f"{canon} needs {S.BY_NAME[canon].kind} values (other files have "
+                    f"{canon} needs {S.KIND_WORDS[S.BY_NAME[canon].kind]} values (other files have "
                     f"{_type_name(available[src])})."
                 )
         tl_type = types.get(mapping["train_logprob"])
@@ -792,6 +795,21 @@ def _canonical_cast(canon: str, expr: pl.Expr) -> pl.Expr:
     return expr.cast(_POLARS_DTYPE[kind])
 
 
+def _mask_exprs(src: str | None, typ: pa.DataType | None) -> list[pl.Expr]:
+    """``loss_mask`` (Boolean) and ``_mask_bad`` (Boolean: a numeric mask value other than 0
+    or 1, e.g. a loss weight; such rows get reason ``invalid_loss_mask``, their mask is
+    null) from the source column ``src`` (``None``: no mask column, every token trained
+    on)."""
+    if src is None:
+        return [pl.lit(True).alias("loss_mask"), pl.lit(False).alias("_mask_bad")]
+    x = pl.col(src)
+    if typ is not None and pa.types.is_boolean(_value_type(typ)):
+        return [x.alias("loss_mask"), pl.lit(False).alias("_mask_bad")]
+    ok = (x == 0) | (x == 1)  # null for a null value, false for NaN
+    return [pl.when(ok).then(x == 1).alias("loss_mask"),
+            (x.is_not_null() & ~ok.fill_null(False)).alias("_mask_bad")]
+
+
 def _file_frame(
     path: Path,
     types: Mapping[str, pa.DataType],
@@ -828,8 +846,7 @@ def _file_frame(
         lf = lf.with_columns(hive_cols)
     srcs = dict(mapping)
     names = set(types) | set(hive)
-    mask_missing = "loss_mask" in srcs and srcs["loss_mask"] not in names
-    if mask_missing:
+    if "loss_mask" in srcs and srcs["loss_mask"] not in names:  # every token trained on
         del srcs["loss_mask"]
 
     if layout == "nested":
@@ -861,11 +878,11 @@ def _file_frame(
         else:
             exprs.append(pl.col("_pos").cast(pl.Int64).alias("position"))
         for canon, src in srcs.items():
-            if canon in ("seq_id", "position"):
+            if canon in ("seq_id", "position", "loss_mask"):
                 continue
             exprs.append(_canonical_cast(canon, pl.col(src)).alias(canon))
-        if mask_missing:
-            exprs.append(pl.lit(True).alias("loss_mask"))
+        if "loss_mask" in mapping:
+            exprs += _mask_exprs(srcs.get("loss_mask"), types.get(srcs.get("loss_mask", "")))
         return lf.select(exprs)
 
     # long layout
@@ -885,10 +902,10 @@ def _file_frame(
     for canon, src in srcs.items():
         if canon == "seq_id":
             exprs.append(pl.col(src).cast(sid_dtype).alias(canon))
-        else:
+        elif canon != "loss_mask":
             exprs.append(_canonical_cast(canon, pl.col(src)).alias(canon))
-    if mask_missing:
-        exprs.append(pl.lit(True).alias("loss_mask"))
+    if "loss_mask" in mapping:
+        exprs += _mask_exprs(srcs.get("loss_mask"), types.get(srcs.get("loss_mask", "")))
     lf = lf.select(exprs)
     if "position" not in srcs:
         lf = lf.with_columns(pl.int_range(pl.len()).over("seq_id").cast(pl.Int64).alias("position"))
@@ -956,6 +973,7 @@ def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
     mask = pl.col("loss_mask") if "loss_mask" in mapping else pl.lit(True)
     out = [
         ("empty_row", pl.col("_empty")),
+        *([("invalid_loss_mask", pl.col("_mask_bad"))] if "loss_mask" in mapping else []),
         ("null_loss_mask", mask.is_null()),
         ("unmasked", ~mask),
         ("missing_seq_id", pl.col("seq_id").is_null()),

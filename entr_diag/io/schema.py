@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 #: kinds of value a column may hold: "float", "int", "bool", "id" (int or string)
 FLOAT, INT, BOOL, ID = "float", "int", "bool", "id"
+#: each kind in words, for error messages
+KIND_WORDS = {FLOAT: "numeric", INT: "integer", BOOL: "boolean or 0/1 numeric",
+              ID: "integer or string"}
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ def foreign_names(framework: str) -> dict[str, tuple[str, ...]]:
 EXCLUSION_REASONS: dict[str, str] = {
     "missing_seq_id": "seq_id is null",
     "null_loss_mask": "loss_mask is null",
+    "invalid_loss_mask": "a numeric loss_mask other than 0 or 1 (e.g. 0.5, 2, -1, NaN: a weight "
+                         "or label column mapped as the mask?)",
     "non_finite_logprob": "train or infer logprob is NaN, null or +-inf",
     "sentinel_logprob": "a logprob <= -1000 (padding floors such as -9999 / -99999)",
     "positive_logprob": "a logprob > 1e-4 nats (impossible for a probability; e.g. +1.0 sentinels)",
