@@ -98,15 +98,18 @@ class MetricSet:
 @dataclass(frozen=True)
 class MismatchMetrics:
     """``overall`` metrics and ``per_step`` (one :class:`MetricSet` per step, sorted; empty
-    without a step column)."""
+    without a step column). ``tokens_without_step``: tokens whose step is null, counted in
+    ``overall`` only (no per-step row)."""
 
     overall: MetricSet
     per_step: tuple[MetricSet, ...]
+    tokens_without_step: int = 0
 
     def to_dict(self) -> dict:
         return {
             "overall": self.overall.to_dict(),
             "per_step": [m.to_dict() for m in self.per_step],
+            "tokens_without_step": self.tokens_without_step,
             "definitions": "verl/slime names; see entr_diag.metrics (clamp +/-20 before exp)",
         }
 
@@ -281,14 +284,17 @@ class MetricsPlan:
             raise FitError("No token to compute mismatch metrics on: the token frame is empty.")
         overall = _make(tok, per_seq.select(_seq_aggs()).row(0, named=True))
         per_step: list[MetricSet] = []
+        no_step = 0
         if self.has_step:
+            no_step = int(per_seq.filter(pl.col("step").is_null())["n"].sum())
             by_step = (
                 per_seq.filter(pl.col("step").is_not_null())
                 .group_by("step").agg(*tok_sums, *_seq_aggs()).sort("step")
             )
             for r in by_step.iter_rows(named=True):
                 per_step.append(_make(r, r, step=int(r["step"])))
-        return MismatchMetrics(overall=overall, per_step=tuple(per_step))
+        return MismatchMetrics(overall=overall, per_step=tuple(per_step),
+                               tokens_without_step=no_step)
 
 
 def metrics_plan(lf: pl.LazyFrame) -> MetricsPlan:

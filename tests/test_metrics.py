@@ -115,6 +115,17 @@ def test_no_step_column_gives_overall_only():
     assert m.overall.chi2_seq == pytest.approx(with_step.chi2_seq)
 
 
+def test_null_step_tokens_are_counted_overall_and_reported():
+    """Tokens whose step is null are in ``overall``, in no step row, and counted as such."""
+    rows = [(sid, None if step == 0 else step, t, i) for sid, step, t, i in ROWS]
+    m = compute_metrics(_frame(rows))
+    assert [s.step for s in m.per_step] == [1]
+    assert m.tokens_without_step == 2
+    assert m.overall.tokens == len(ROWS)
+    assert compute_metrics(_frame(ROWS)).tokens_without_step == 0
+    assert m.to_dict()["tokens_without_step"] == 2
+
+
 def test_identical_policies_give_zero_mismatch():
     """train == infer: kl = k3 = chi2 = 0, ess = 1, ppl equal, log_ppl_diff = 0."""
     rows = [("a", 0, -0.5, -0.5), ("a", 0, -1.5, -1.5), ("b", 0, -0.2, -0.2)]

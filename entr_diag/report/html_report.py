@@ -1917,7 +1917,9 @@ def build_report_html(
             lambda: _metrics_fig(metrics),
             "per trainer step, the mismatch metrics verl and slime log (k1 and k3 KL estimates "
             "of KL(infer‖train), token χ², IS effective sample size); spikes mark the steps to "
-            "inspect.",
+            "inspect."
+            + (f" {metrics['tokens_without_step']:,} token(s) with a null step are in no step."
+               if (metrics or {}).get("tokens_without_step") else ""),
             "Mismatch metrics per step",
         )
     )

@@ -174,3 +174,6 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
         if len(metrics.per_step) > _MAX_STEP_ROWS:
             console.print(f"(per-step rows subsampled: {len(metrics.per_step)} steps in total; "
                           "all of them are in the JSON)", soft_wrap=True)
+        if metrics.tokens_without_step:
+            console.print(f"{metrics.tokens_without_step:,} token(s) have a null step: counted "
+                          "in 'all', in no step row.", soft_wrap=True)
