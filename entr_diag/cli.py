@@ -466,7 +466,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         stderr.print(f"no input given: using the bundled sample run ({ds.files[0].path})")
     if not quiet:
         for note in ds.notes:
-            if "missing from" in note or "not used" in note or "trainer-side" in note:
+            if ("missing from" in note or "not used" in note or "trainer-side" in note
+                    or "partition folder" in note):
                 stderr.print(f"note: {escape(note)}")
     dup = ds.accounting.sequences_with_duplicate_positions
     if dup and not quiet:

@@ -133,3 +133,25 @@ def test_entropy_missing_from_every_file_keeps_the_plain_message(tmp_path):
     assert r.stderr.startswith("error: the input has no entropy column, so the scaling law "
                                "and the ENTR gate are unavailable; map one with --column "
                                "entropy=NAME"), r.stderr
+
+
+# ------------------------------------------------------------------ partition values
+
+
+def test_partition_value_contradicted_by_the_files_column_is_noted(tmp_path):
+    """``step=4/`` holding a file whose step column says 5: the column is used and a note
+    says so; an agreeing file (``step=05`` with 5: same integer) gives no note."""
+    from entr_diag.io import load_dataset
+
+    for folder, step in (("step=3", 3), ("step=05", 5), ("step=4", 5), ("step=6", 7)):
+        p = _shard(tmp_path / "run" / folder / "a.parquet", seq=step)
+        pl.read_parquet(p).with_columns(pl.lit(step).alias("step")).write_parquet(p)
+    ds = load_dataset([tmp_path / "run"])
+    notes = [n for n in ds.notes if "partition folder" in n]
+    assert len(notes) == 1
+    assert "step=4" in notes[0] and "holds 5" in notes[0] and "1 more file" in notes[0]
+    assert ds.accounting.steps == (3, 5, 7)
+    r = runner.invoke(app, ["inspect", str(tmp_path / "run" / "step=3")])
+    assert r.exit_code == 0 and "partition folder" not in r.stderr
+    r = runner.invoke(app, ["inspect", str(tmp_path / "run")])
+    assert r.exit_code == 0 and "the path says step=4" in r.stderr

@@ -141,6 +141,36 @@ def _hive_values(path: Path) -> dict[str, str]:
     return vals
 
 
+def _partition_conflicts(path: Path, meta: pq.FileMetaData, hive: Mapping[str, str],
+                         mapping: Mapping[str, str]) -> list[str]:
+    """Notes for mapped columns that exist in the file AND as a partition value in its path
+    (``step=3/part.parquet`` holding a ``step`` column) whose values, by the file's column
+    statistics, are not all that partition value: the file's column is the one used."""
+    notes = []
+    paths = [meta.schema.column(j).path for j in range(meta.num_columns)]
+    for canon, src in mapping.items():
+        if src not in hive or src not in paths:  # a scalar column of the file
+            continue
+        want, j = hive[src], paths.index(src)
+        lo = hi = None
+        for g in range(meta.num_row_groups):
+            st = meta.row_group(g).column(j).statistics
+            if st is None or not st.has_min_max:
+                lo = hi = None
+                break
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+        if lo is None or hi is None:
+            continue
+        same = ((lambda v: int(v) == int(want)) if _int_like(want) and isinstance(lo, int)
+                else (lambda v: str(v) == want))
+        if not (same(lo) and same(hi)):
+            span = str(lo) if lo == hi else f"{lo}..{hi}"
+            notes.append(f"{path}: the path says {src}={want} (a partition folder) but the "
+                         f"file's '{src}' column ({canon}) holds {span}: the column is used")
+    return notes
+
+
 # --------------------------------------------------------------------------- mapping
 
 
@@ -575,6 +605,7 @@ def load_dataset(
 
     # optional columns must be present in every file, required ones in every file
     infos: list[FileInfo] = []
+    conflicts: list[str] = []  # partition values contradicted by the file's own column
     for f in file_list:
         names = set(schemas[f].names) | set(_hive_values(f))
         missing_req = [c for c in S.REQUIRED if mapping[c] not in names]
@@ -639,6 +670,8 @@ def load_dataset(
                 f"{file_layout} layout."
             )
         infos.append(FileInfo(f, file_layout, rows[f], tuple(sch.names), hive))
+        if hive:
+            conflicts.extend(_partition_conflicts(f, metas[f], hive, mapping))
         scan = pl.scan_parquet(f, hive_partitioning=False)
         frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype, scan=scan))
         # positions numbered per sequence over the file: a chunk adds the rows its sequences
@@ -658,6 +691,10 @@ def load_dataset(
                                tokens, tokens > _STREAM_TOKENS,
                                f"{f} (rows {off:,} to {off + n - 1:,})"))
 
+    if conflicts:
+        notes.append(conflicts[0] + (f" ({len(conflicts) - 1:,} more file(s) like this; the path "
+                                     "values are ignored where the file has the column)"
+                                     if len(conflicts) > 1 else ""))
     total_rows = sum(rows.values())
     if total_rows == 0:
         raise InputError(
