@@ -531,8 +531,8 @@ def _alignment_numbers(f) -> str:
     built from its evidence (the finding's own message rounds them to 3)."""
     ev = f.evidence
     lag = ev.get("likely_shift")
-    if lag not in (-1, 1):
-        return f.message
+    if lag not in (-1, 1) or ev.get("partial"):  # the finding's own message (lags 2, 3; some
+        return f.message                         # sequences only) quotes its numbers
     side = "minus1" if lag == -1 else "plus1"
     mad_l, mad_0 = ev.get(f"mean_abs_diff_lag_{side}"), ev.get("mean_abs_diff_lag0")
     marker = ": mean |difference|"

@@ -129,6 +129,47 @@ def test_misalignment_detected_with_likely_shift(tmp_path, base, shift):
     assert res.status("one_sided_temperature").status == "cannot_tell"
 
 
+@pytest.mark.parametrize("shift", [-2, 2, 3])
+def test_shift_by_more_than_one_token_is_detected(tmp_path, base, shift):
+    """A shift by 2 or 3 tokens (a doubled offset) is critical too, naming the lag; lag +-1
+    alone does not fit such data, so a check trying only +-1 called it clear."""
+    df = base.with_columns(IL.shift(shift).over("seq_id", order_by="position"))
+    f = detect_misalignment(_load(tmp_path, df))
+    assert f is not None and f.severity == "critical" and "partial" not in f.evidence
+    assert f.evidence["likely_shift"] == shift
+    assert f.evidence[f"ratio_lag_{'minus' if shift < 0 else 'plus'}{abs(shift)}"] < 0.2
+
+
+@pytest.mark.parametrize("shift", [-1, 2])
+def test_shift_in_some_steps_only_is_detected_and_names_the_steps(tmp_path, base, shift):
+    """Sequences shifted in two steps of ten (about 20% of the tokens): the pooled lag 0 still
+    fits best, yet the sequences that fit the lag on their own are found, with their steps."""
+    steps = sorted(base["step"].unique().to_list())[-2:]
+    moved = IL.shift(shift).over("seq_id", order_by="position")
+    df = base.with_columns(pl.when(pl.col("step").is_in(steps)).then(moved).otherwise(IL)
+                           .alias("infer_logprob"))
+    f = detect_misalignment(_load(tmp_path, df))
+    assert f is not None and f.severity == "critical"
+    ev = f.evidence
+    assert ev["partial"] is True and ev["likely_shift"] == shift
+    assert 0.1 < ev["shifted_share"] < 0.35
+    assert set(ev["shifted_steps"]) == {str(s) for s in steps}
+    assert f"in {ev['shifted_share']:.1%} of sequences" in f.title
+
+
+def test_clean_run_has_no_sequence_fitting_another_lag(tmp_path, base):
+    """On a clean run no sampled sequence fits a lag of +-1..3 (the partial test's margin)."""
+    from entr_diag.forensics import misalignment_plan
+    from entr_diag.passes import run_pass
+
+    ds = _load(tmp_path, base)
+    plan = misalignment_plan(ds)
+    run_pass(ds.lf, plan.accumulators)
+    status, finding = plan.result()
+    assert finding is None and status.status == "clear"
+    assert "no sequence fits" in status.reason
+
+
 # ------------------------------------------------------------------ temperature
 
 
