@@ -854,7 +854,8 @@ def _gates(gate: list[str] | None, tau: float, eps: float):
     from entr_diag.gates import DEFAULT_PANEL, EntrGate, parse_gate_spec
 
     if not (tau > 0 and math.isfinite(tau)) or not (eps >= 0 and math.isfinite(eps)):
-        raise ParameterError(f"--tau must be > 0 and --eps >= 0 (got tau={tau}, eps={eps}).")
+        raise ParameterError(f"--tau {tau} --eps {eps}: --tau must be a finite number > 0 and "
+                             "--eps a finite number >= 0 (nats).")
     panel = [parse_gate_spec(g) for g in gate] if gate else list(DEFAULT_PANEL)
     entr_specs = [g for g in panel if isinstance(g, EntrGate)]
     panel = [g for g in panel if not isinstance(g, EntrGate)]

@@ -1253,9 +1253,9 @@ def check_fit_parameters(eps: float, tau: float, n_boot: int, bins: int | None =
     breakpoint bins (``max(2 * bins, BREAK_BINS)``) is at most MAX_BOOT_CELLS (the checks
     of :func:`fit_scaling_law`)."""
     if not (eps >= 0 and math.isfinite(eps)):
-        raise ParameterError(f"eps must be >= 0, got {eps!r}.")
+        raise ParameterError(f"eps must be a finite number >= 0 (nats), got {eps!r}.")
     if not (tau > 0 and math.isfinite(tau)):
-        raise ParameterError(f"tau must be > 0, got {tau!r}.")
+        raise ParameterError(f"tau must be a finite number > 0, got {tau!r}.")
     if int(n_boot) != n_boot or n_boot < MIN_BOOT:
         raise ParameterError(
             f"n_boot must be an integer >= {MIN_BOOT} (intervals and the breakpoint test are "

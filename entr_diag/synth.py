@@ -235,12 +235,15 @@ class SynthSpec:
             bad(f"seed must be a non-negative integer, got {self.seed!r}.")
         if not (self.k > 0 and math.isfinite(self.k)):
             bad(f"k must be positive and finite, got {self.k!r}.")
-        if not math.isfinite(self.alpha):
-            bad(f"alpha must be finite, got {self.alpha!r}.")
+        if not (0 < self.alpha <= 4):
+            bad(f"alpha must be in (0, 4] (measured laws have alpha near 1), got {self.alpha!r}.")
         if not (0 < self.h_min < self.h_max and math.isfinite(self.h_max)):
             bad(f"need 0 < h_min < h_max < inf, got h_min={self.h_min!r}, h_max={self.h_max!r}.")
         if self.h_star is not None and not (self.h_star > 0 and math.isfinite(self.h_star)):
             bad(f"h_star must be positive (or None for no noise regime), got {self.h_star!r}.")
+        if self.h_star is not None and self.h_star >= self.h_max:
+            bad(f"h_star must be below h_max = {self.h_max!r} nats (else no token follows the "
+                f"law), got {self.h_star!r}.")
         for name in ("noise_share", "switch_share", "masked_share", "dirty_share"):
             v = getattr(self, name)
             if not 0.0 <= v <= 1.0:

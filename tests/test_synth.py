@@ -267,6 +267,9 @@ def test_summary_is_plain_and_consistent(tmp_path):
         {"h_min": 0.0},
         {"h_min": 5.0},
         {"h_star": -1.0},
+        {"h_star": 10.0},  # above h_max: no token would follow the law
+        {"alpha": 100.0},
+        {"alpha": 0.0},
         {"noise_share": 1.5},
         {"mean_seq_len": 0},
         {"n_steps": 0},
