@@ -276,6 +276,19 @@ def test_dictionary_encoded_string_seq_id_is_read(tmp_path):
     assert a.accounting.to_dict() == b.accounting.to_dict()
 
 
+def test_uint64_seq_ids_above_2_63_are_read(tmp_path):
+    """uint64 ids above 2^63 (hashes) load as UInt64; mixed with signed ids, as strings."""
+    big = 2**63 + 7
+    ids = pl.Series([big, big, big, big + 1, big + 1], dtype=pl.UInt64)
+    a = _write(tmp_path, _long(seq_id=ids), "u.parquet")
+    ds = load_dataset([a])
+    assert ds.seq_id_dtype == pl.UInt64 and ds.accounting.sequences_valid == 2
+    assert sorted(set(_valid(ds)["seq_id"].to_list())) == [str(big), str(big + 1)]
+    b = _write(tmp_path, _long(seq_id=[5, 5, 5, 6, 6]), "i.parquet")
+    mixed = load_dataset([a, b])
+    assert mixed.seq_id_dtype == pl.String and mixed.accounting.sequences_valid == 4
+
+
 def test_empty_nested_row_counted_as_sequence_without_tokens(tmp_path):
     """A nested row with empty lists holds no token and counts as a sequence without tokens."""
     df = pl.DataFrame({"seq_id": [0, 1], "train_logprob": [[-0.1], []],

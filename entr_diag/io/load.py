@@ -633,11 +633,16 @@ def load_dataset(
 
     # seq_id keeps an integer dtype when every file has integer ids (cheap to hash); the
     # String form is derived lazily for output only
+    # (UInt64 when some file has uint64 ids and none has signed ones: ids above 2^63 fit)
+    sid_types = [dict(zip(schemas[f].names, schemas[f].types, strict=True))
+                 .get(mapping.get("seq_id", "")) for f in file_list]
     sid_dtype: type[pl.DataType] = pl.Int64
-    for f in file_list:
-        t = dict(zip(schemas[f].names, schemas[f].types, strict=True)).get(mapping.get("seq_id", ""))
-        if t is None or not pa.types.is_integer(_value_type(t)):
-            sid_dtype = pl.String
+    if any(t is None or not pa.types.is_integer(_value_type(t)) for t in sid_types):
+        sid_dtype = pl.String
+    elif any(_value_type(t) == pa.uint64() for t in sid_types):  # type: ignore[arg-type]
+        sid_dtype = (pl.UInt64 if all(pa.types.is_unsigned_integer(_value_type(t))
+                                      for t in sid_types)  # type: ignore[arg-type]
+                     else pl.String)
     frames: list[pl.LazyFrame] = []
     pieces: list[tuple[pl.LazyFrame, int, bool, str]] = []  # (frame, tokens, streamed, source)
     for f in file_list:
@@ -860,7 +865,7 @@ def _file_frame(
 ) -> pl.LazyFrame:
     """Canonical raw rows of one file: one row per token, every mapped column, ``_empty``.
 
-    ``seq_id`` has dtype ``sid_dtype`` here (Int64 or String); the valid frame exposes it as
+    ``seq_id`` has dtype ``sid_dtype`` here (Int64, UInt64 or String); the valid frame exposes it as
     String. ``rows``: (first row, number of rows) for a chunk of the file (whole row
     groups; the file-level checks, e.g. ragged nested rows, run only for the whole file).
     ``position_offsets``: for a chunk of a long file without positions (numbered per
