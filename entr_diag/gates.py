@@ -580,10 +580,16 @@ def gate_help() -> str:
     return "\n".join(lines)
 
 
-def _bad(msg: str) -> ParameterError:
-    return ParameterError(
-        f"{msg} Valid gates (name:param=value,...; defaults shown):\n{gate_help()}"
-    )
+def _bad(msg: str, cls: type | None = None) -> ParameterError:
+    """One line: ``msg`` and the syntax of gate ``cls`` (its parameters with defaults), or,
+    for no known gate, the gate names (:func:`gate_help` lists them all in full)."""
+    if cls is not None:
+        d = cls()
+        ps = ",".join(f"{k}={_fmt(v)}" for k, v in d.params().items())
+        return ParameterError(f"{msg} Usage: {cls.name}:{ps} ({cls.summary}).")
+    names = ", ".join(GATE_TYPES)
+    return ParameterError(f"{msg} Gates: {names}; write name or name:param=value,... "
+                          "(the gate table in README.md lists their parameters).")
 
 
 _CONSTANTS: dict[str, Callable[[], float]] = {
@@ -593,14 +599,15 @@ _CONSTANTS: dict[str, Callable[[], float]] = {
 }
 
 
-def _parse_value(text: str, gate: str, key: str) -> float:
+def _parse_value(text: str, gate: str, key: str, cls: type | None = None) -> float:
     t = text.strip().lower()
     if t in _CONSTANTS:
         return _CONSTANTS[t]()
     try:
         return float(t)
     except ValueError:
-        raise _bad(f"Gate spec {gate!r}: value {text!r} of {key!r} is not a number.") from None
+        raise _bad(f"Gate spec {gate!r}: value {text!r} of {key!r} is not a number.",
+                   cls) from None
 
 
 def parse_gate_spec(spec: str) -> GateSpec:
@@ -611,8 +618,8 @@ def parse_gate_spec(spec: str) -> GateSpec:
     take their defaults. Examples: ``"fixed:c=0.5"``, ``"icepop:low=0.5,high=5"``,
     ``"entr:tau=4,eps=0.01"``, ``"estr:tau=4"``.
 
-    Raises :class:`~entr_diag.errors.ParameterError` naming the problem and listing every
-    gate with its parameters and defaults.
+    Raises :class:`~entr_diag.errors.ParameterError` naming the problem, with the gate's
+    parameters and defaults (or, for an unknown gate, the gate names), on one line.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise _bad("Empty gate spec.")
@@ -629,16 +636,14 @@ def parse_gate_spec(spec: str) -> GateSpec:
             k, eq, v = item.partition("=")
             k = k.strip().lower()
             if not eq or not k or not v.strip():
-                raise _bad(f"Gate spec {spec!r}: expected param=value, got {item.strip()!r}.")
+                raise _bad(f"Gate spec {spec!r}: expected param=value, got {item.strip()!r}.",
+                           cls)
             if k not in allowed:
-                raise _bad(
-                    f"Gate spec {spec!r}: {cls.name!r} has no parameter {k!r} "
-                    f"(it takes {', '.join(allowed)})."
-                )
+                raise _bad(f"Gate spec {spec!r}: {cls.name!r} has no parameter {k!r}.", cls)
             if k in kwargs:
-                raise _bad(f"Gate spec {spec!r}: parameter {k!r} given twice.")
-            kwargs[k] = _parse_value(v, spec, k)
+                raise _bad(f"Gate spec {spec!r}: parameter {k!r} given twice.", cls)
+            kwargs[k] = _parse_value(v, spec, k, cls)
     try:
         return cls(**kwargs)
     except ParameterError as e:
-        raise _bad(str(e)) from None
+        raise _bad(str(e), cls) from None

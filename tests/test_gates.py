@@ -289,15 +289,20 @@ class TestParse:
             ("fixed:c=1,c=2", "given twice"),
         ],
     )
-    def test_errors_list_gates(self, spec, fragment):
-        """A bad spec raises ParameterError naming the problem and listing every gate."""
+    def test_errors_say_the_usage_on_one_line(self, spec, fragment):
+        """A bad spec raises ParameterError naming the problem on one line, with the gate's
+        parameters and defaults, or every gate name when the gate is unknown."""
         with pytest.raises(ParameterError) as ei:
             parse_gate_spec(spec)
         msg = str(ei.value)
-        assert fragment in msg
-        for name in GATE_TYPES:
-            assert name in msg
-        assert "tau=4,eps=0.01" in msg and "low=0.5,high=5" in msg
+        assert fragment in msg and "\n" not in msg
+        name = spec.partition(":")[0]
+        if name in GATE_TYPES:
+            d = GATE_TYPES[name]()
+            assert f"Usage: {name}:" in msg
+            assert all(f"{k}=" in msg for k in d.params())
+        else:
+            assert all(g in msg for g in GATE_TYPES)
 
     def test_default_panel(self):
         """The default panel holds one of each non-ENTR gate, with documented sources."""

@@ -893,7 +893,7 @@ def _file_frame(
 
     if layout == "nested":
         lf = lf.with_row_index("_row", offset=first_row)
-        list_srcs = [src for src in set(srcs.values()) if src in types and _is_list(types[src])]
+        list_srcs = [src for src in sorted(set(srcs.values())) if src in types and _is_list(types[src])]
         ref = srcs["train_logprob"]
         lens = {src: pl.col(src).list.len() for src in list_srcs}
         ragged = pl.lit(False)
