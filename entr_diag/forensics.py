@@ -1938,7 +1938,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     scattered = int(s["tok_nf"]) - int(s["tok_suffix"]) + int(s["tok_ph"]) - int(s["tok_run"])
     acc = getattr(ctx.ds, "accounting", None)
     ev = {
-        "sequences": int(acc.sequences_total) if acc is not None else -1,
+        "sequences_in_input": int(acc.sequences_total) if acc is not None else -1,
         "sequences_with_bad_masked_rows": int(s["n_bad_seq"]),
         "sequences_with_nonfinite_suffix": n_suffix,
         "nonfinite_suffix_tokens": int(s["tok_suffix"]),
