@@ -467,7 +467,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
     if not quiet:
         for note in ds.notes:
             if ("missing from" in note or "not used" in note or "trainer-side" in note
-                    or "partition folder" in note):
+                    or "partition folder" in note or "continue from one file" in note):
                 stderr.print(f"note: {escape(note)}")
     dup = ds.accounting.sequences_with_duplicate_positions
     if dup and not quiet:

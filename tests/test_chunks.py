@@ -120,8 +120,50 @@ def test_long_file_without_positions_numbers_across_chunks(tmp_path, monkeypatch
     _close(_json(monkeypatch, tmp_path, args, 2_000), _json(monkeypatch, tmp_path, args, 10**9))
 
 
+def test_files_without_positions_number_across_files(tmp_path, monkeypatch):
+    """A position-less run cut into shards by rows (sequences cut by a file boundary):
+    numbering continues from one file into the next (no false duplicate warning), a note
+    counts the sequences that span files, and results equal the single file's."""
+    one = tmp_path / "one.parquet"
+    write_synth(one, SynthSpec(n_tokens=12_000, seed=4), layout="long")
+    t = pl.read_parquet(one).drop("position")
+    t.write_parquet(one, row_group_size=1_000)
+    d = tmp_path / "shards"
+    d.mkdir()
+    cuts = [0, 3_001, 7_777, t.height]
+    for i in range(3):
+        t.slice(cuts[i], cuts[i + 1] - cuts[i]).write_parquet(d / f"part-{i}.parquet",
+                                                             row_group_size=1_000)
+    key = ["step", "seq_id"]
+    spanning = sum(
+        t.slice(c - 1, 2).select(key).unique().height == 1 for c in cuts[1:-1])
+    for chunk_tokens in (10**9, 1_500):  # whole files, and files read in several chunks
+        monkeypatch.setattr(load, "CHUNK_TOKENS", chunk_tokens)
+        ds, whole = load_dataset([d]), load_dataset([one])
+        assert ds.accounting.sequences_with_duplicate_positions == 0
+        cols = ["seq_id", "step", "position", "train_logprob"]
+        rows = pl.concat([c.frame for c in chunks_of(ds.raw)]).select(cols).collect()
+        assert rows.sort(cols).equals(whole.raw.select(cols).collect().sort(cols))
+        assert ds.raw.select(cols).collect().sort(cols).equals(rows.sort(cols))  # unchunked
+    note = [n for n in ds.notes if "continue from one file" in n]
+    assert spanning >= 1 and note and note[0].startswith(f"{spanning} sequence(s)")
+    shards, single = (_json(monkeypatch, tmp_path, ["fit", str(x)], 1_500) for x in (d, one))
+    shards.pop("inputs"), single.pop("inputs")  # the file lists differ
+    _close(shards, single)
+
+
+def test_reused_seq_ids_are_numbered_per_step(tmp_path):
+    """Without positions, one sequence is one (step, seq_id): a seq_id reused in a later step
+    of the same file starts again at position 0 (it continued the earlier step's count)."""
+    p = tmp_path / "reuse.parquet"
+    pl.DataFrame({"seq_id": [1, 1, 2, 1, 1, 1], "step": [0, 0, 0, 1, 1, 1],
+                  "train_logprob": [-0.1] * 6, "infer_logprob": [-0.2] * 6}).write_parquet(p)
+    got = load_dataset([p]).lf.select("step", "seq_id", "position").collect()
+    assert got["position"].to_list() == [0, 1, 0, 0, 1, 2]
+
+
 def test_read_error_names_the_shard_and_rows(tmp_path, monkeypatch):
-    """A value that cannot be read in one shard of several (here a uint64 seq_id above 2**63,
+    """A value that cannot be read in one shard of several (here a uint64 step above 2**63,
     in the second chunk of that shard) names that shard and its rows, exit 2."""
     import numpy as np
 
@@ -131,14 +173,14 @@ def test_read_error_names_the_shard_and_rows(tmp_path, monkeypatch):
     for i in range(3):
         write_synth(d / f"part-{i}.parquet", spec, layout="long", row_group_size=1_000)
     t = pq.read_table(d / "part-1.parquet")
-    sid = t["seq_id"].to_numpy().astype(np.uint64)
-    sid[t.num_rows // 2:] += np.uint64(2**63)  # only the second half fails to convert
-    t = t.set_column(t.schema.get_field_index("seq_id"), "seq_id", pa.array(sid))
+    step = t["step"].to_numpy().astype(np.uint64)
+    step[t.num_rows // 2:] += np.uint64(2**63)  # only the second half fails to convert
+    t = t.set_column(t.schema.get_field_index("step"), "step", pa.array(step))
     pq.write_table(t, d / "part-1.parquet", row_group_size=1_000)
     monkeypatch.setattr(load, "CHUNK_TOKENS", 1_500)
     r = runner.invoke(app, ["fit", str(d), "--quiet"])
     assert r.exit_code == 2
-    assert "part-1.parquet (rows 3,000 to" in r.stderr and "seq_id" in r.stderr
+    assert "part-1.parquet (rows 3,000 to" in r.stderr and "step" in r.stderr
     assert "Traceback" not in r.output
 
 
@@ -194,9 +236,9 @@ def test_read_error_in_a_chunk_of_small_files_names_the_file(tmp_path):
     from, not just the range of files."""
     import numpy as np
 
-    def overflow(part):  # seq_ids above 2**63 do not convert to Int64
-        sid = part["seq_id"].to_numpy().astype(np.uint64) + np.uint64(2**63)
-        return part.set_column(part.schema.get_field_index("seq_id"), "seq_id", pa.array(sid))
+    def overflow(part):  # steps above 2**63 do not convert to Int64
+        step = part["step"].to_numpy().astype(np.uint64) + np.uint64(2**63)
+        return part.set_column(part.schema.get_field_index("step"), "step", pa.array(step))
 
     d = _shards(tmp_path, 2_000, 5, 3, overflow)
     r = runner.invoke(app, ["fit", str(d), "--quiet"])  # 5 files of 400 tokens: one chunk
