@@ -445,6 +445,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
     from entr_diag.io import load_dataset
     from entr_diag.io.load import resolve_paths
 
+
     skipped: list[Path] = []
     if paths and not quiet:
         resolve_paths([str(p) for p in paths], skipped=skipped)

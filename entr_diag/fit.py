@@ -79,7 +79,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-from scipy import stats
 
 from entr_diag.aggregate import (
     H_MAX,
@@ -1362,6 +1361,8 @@ def _finish_fit(plan: FitPlan) -> FitResult:
     alpha_ci = _ci(ar)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        from scipy import stats  # imported when used (0.6 s)
+
         ts = stats.theilslopes(bd.ly, bd.lx, alpha=0.95)
     rob_alpha = float(ts.slope)
     disagrees = bool(

@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from scipy import stats
 
 from entr_diag.errors import ParameterError
 from entr_diag.passes import (
@@ -788,6 +787,8 @@ def _fe_ols(
     se = np.sqrt(np.clip(np.diag(np.linalg.inv(A)) * sigma2, 0.0, None))
     with np.errstate(divide="ignore", invalid="ignore"):
         tval = np.where(se > 0, np.abs(beta) / se, np.where(beta != 0, np.inf, 0.0))
+    from scipy import stats  # imported when used (0.6 s)
+
     pval = 2 * stats.t.sf(tval, df)
     return beta, se, pval, df
 
@@ -1255,6 +1256,8 @@ def _check_truncation(ctx: _Ctx) -> _Result:
     share = m_hi * m_hi / q_hi if q_hi > 0 else 0.0
     tr = bins.filter(pl.col("h") >= TRUNC_TREND_H_MIN)
     if tr.height >= 3:
+        from scipy import stats
+
         tau, p = stats.kendalltau(tr["h"].to_numpy(), -tr["m"].to_numpy())
         tau, p = float(tau), float(p)
     else:
@@ -1640,6 +1643,8 @@ def _check_drift(ctx: _Ctx) -> _Result:
         return _cannot(name, t.why or "the step does not vary within entropy bins")
     ust, level = np.array(t.steps), np.array(t.step_level)
     if len(ust) >= 3:
+        from scipy import stats
+
         kt = stats.kendalltau(ust, level)
         tau, ptau = float(kt[0]), float(kt[1])
     else:

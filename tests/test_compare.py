@@ -664,3 +664,11 @@ def test_many_gates(n_fixed):
     d = np.exp(df["delta"].to_numpy())
     assert by_name(res, "tis:cap=1.2").tis.truncated_tokens == int((d > 1.2).sum())
     assert by_name(res, "tis:cap=1.05").tis.truncated_tokens == int((d > 1.05).sum())
+
+
+def test_chi2_constant_is_scipys_quantile():
+    """CHI2_1_99 is written out (importing scipy.stats at import time costs 0.6 s): it must
+    be exactly scipy's 99% quantile of chi-square(1)."""
+    from scipy import stats
+
+    assert CHI2_1_99 == float(stats.chi2.ppf(0.99, 1))
