@@ -162,9 +162,8 @@ def _partition_conflicts(path: Path, meta: pq.FileMetaData, hive: Mapping[str, s
             hi = st.max if hi is None else max(hi, st.max)
         if lo is None or hi is None:
             continue
-        same = ((lambda v: int(v) == int(want)) if _int_like(want) and isinstance(lo, int)
-                else (lambda v: str(v) == want))
-        if not (same(lo) and same(hi)):
+        as_int = _int_like(want) and isinstance(lo, int)
+        if not all((int(v) == int(want)) if as_int else (str(v) == want) for v in (lo, hi)):
             span = str(lo) if lo == hi else f"{lo}..{hi}"
             notes.append(f"{path}: the path says {src}={want} (a partition folder) but the "
                          f"file's '{src}' column ({canon}) holds {span}: the column is used")
@@ -694,7 +693,7 @@ def load_dataset(
             "position column their rows are numbered in file order as one sequence (if those "
             "files are copies of each other, map a position column to have them counted as "
             "duplicates)")
-    for i, (f, types, hive, file_layout, scan, ranges, numbered) in enumerate(plans):
+    for i, (f, types, hive, file_layout, scan, ranges, _numbered) in enumerate(plans):
         frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype, scan=scan,
                                   position_offsets=file_offsets.get(i)))
         if len(ranges) == 1:
