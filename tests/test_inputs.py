@@ -155,3 +155,23 @@ def test_partition_value_contradicted_by_the_files_column_is_noted(tmp_path):
     assert r.exit_code == 0 and "partition folder" not in r.stderr
     r = runner.invoke(app, ["inspect", str(tmp_path / "run")])
     assert r.exit_code == 0 and "the path says step=4" in r.stderr
+
+
+# ------------------------------------------------------------------ mostly excluded
+
+
+def test_mostly_excluded_tokens_are_warned_about_with_what_it_means(tmp_path):
+    """Probabilities in the logprob columns exclude almost every token as positive_logprob:
+    a warning says so and what it usually means, beside the count; a run with a few bad
+    rows gets no such warning."""
+    p = _shard(tmp_path / "probs.parquet")
+    df = pl.read_parquet(p)
+    pl.concat([df.with_columns(pl.col("old_log_probs", "rollout_log_probs").exp()
+                               .name.keep()).with_columns(pl.lit(i, pl.Int64).alias("seq_id"))
+               for i in range(9)] + [df.with_columns(pl.col("seq_id").cast(pl.Int64))]
+              ).write_parquet(p)
+    r = runner.invoke(app, ["inspect", str(p)])
+    assert "warning: 90.0% of the loss-masked tokens are excluded" in r.stderr
+    assert "probabilities rather than log-probabilities" in r.stderr
+    ok = runner.invoke(app, ["inspect", str(_shard(tmp_path / "ok.parquet"))])
+    assert ok.exit_code == 0 and "are excluded" not in ok.stderr
