@@ -682,8 +682,9 @@ def load_dataset(
         # have in the chunks (and files) before it (unless seq_id is a partition value: then
         # one chunk per file)
         numbered = file_layout == "long" and "position" not in mapping
-        ranges = _row_group_ranges(metas[f], mapping["train_logprob"] if nested else None,
+        ranges = _row_group_ranges(metas.pop(f), mapping["train_logprob"] if nested else None,
                                    split=not numbered or mapping.get("seq_id") in types)
+        # (the footer is dropped once read: 20k row groups hold 200 MB of pyarrow metadata)
         plans.append((f, types, hive, file_layout, pl.scan_parquet(f, hive_partitioning=False),
                       ranges, numbered))
     offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype)
