@@ -673,10 +673,10 @@ def inspect(
 # ----------------------------------------------------------------- fit
 
 
-def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
-    """The message for a missing ``canon`` column: when the loader dropped it because some
-    files lack it (its note ``CANON ('SRC') is missing from N of M files (e.g. FILE): not
-    used``), say so and how to proceed; else that the input has none."""
+def _dropped(ds, canon: str):
+    """The loader's note that it dropped ``canon`` because some files lack it (``CANON
+    ('SRC') is missing from N of M files (e.g. FILE): not used``), as a regex match, or
+    None when no file has the column."""
     import re
 
     pattern = (rf"{re.escape(canon)} \('(?P<src>.*)'\) is missing from (?P<n>\d+) of "
@@ -684,11 +684,20 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
     for note in ds.notes:
         m = re.fullmatch(pattern, note)
         if m:
-            return (
-                f"the {canon} column ('{m['src']}') is missing from {m['n']} of {m['m']} "
-                f"input files (e.g. {m['file']}), so it was not used, and without it "
-                f"{consequence}. Pass only the files that have it, or {fix}."
-            )
+            return m
+    return None
+
+
+def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
+    """The message for a missing ``canon`` column: when the loader dropped it because some
+    files lack it, say so and how to proceed; else that the input has none."""
+    m = _dropped(ds, canon)
+    if m:
+        return (
+            f"the {canon} column ('{m['src']}') is missing from {m['n']} of {m['m']} "
+            f"input files (e.g. {m['file']}), so it was not used, and without it "
+            f"{consequence}. Pass only the files that have it, or {fix}."
+        )
     return f"the input has no {canon} column, so {consequence}; {fix}."
 
 
@@ -698,30 +707,35 @@ def _check_bin_edges(bin_edges: str) -> None:
         raise ParameterError(f"--bin-edges {bin_edges}: expected quantile or log.")
 
 
+_NO_ENTROPY = "the scaling law and the ENTR gate are unavailable"
+_MAP_ENTROPY = ("map one with --column entropy=NAME (or --entropy train for a trainer-side "
+                "entropy)")
+
+
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
-         full: bool = True, forensics: bool = False, profiles: bool = False):
+         full: bool = True, forensics: bool = False, profiles: bool = False,
+         need_law: bool = True):
     """The scaling-law fit (with ``full``: its strata and the mismatch metrics; with
     ``forensics`` / ``profiles``: those too) and the off-by-one alignment check, all in ONE
     pass over the tokens: every analysis contributes accumulators to
     :func:`entr_diag.passes.run_pass`. A misaligned input stops the command after the pass
     (exit 2) unless ``allow_misaligned``.
 
-    Returns a dict with keys ``fit`` (FitResult), ``metrics``, ``findings`` (None when not
+    Returns a dict with keys ``fit`` (FitResult; None when not ``need_law`` and no input
+    file has an entropy column; else a missing entropy raises ParameterError), ``metrics``, ``findings`` (None when not
     asked for) and ``profiles``: the unfinished ProfilesPlan (its version-switch follow-up
     pass is shared with the gate comparison's first pass; call ``finish()`` after).
     """
     from entr_diag.fit import fit_plan
     from entr_diag.passes import run_pass
 
-    if not ds.has("entropy"):
-        raise ParameterError(_no_column(
-            ds, "entropy", "the scaling law and the ENTR gate are unavailable",
-            "map one with --column entropy=NAME (or --entropy train for a trainer-side "
-            "entropy)"))
-    with _status("binning entropy...", quiet):  # pass 1 of the fit: tokens per fine bin
-        plans = {"fit": fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
-                                 n_boot=n_boot, seed=seed, with_strata=full,
-                                 fine_counts=ds.entropy_fine_counts, step_range=ds.step_range)}
+    plans: dict = {}
+    if ds.has("entropy"):
+        plans["fit"] = fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
+                                n_boot=n_boot, seed=seed, with_strata=full,
+                                fine_counts=ds.entropy_fine_counts, step_range=ds.step_range)
+    elif need_law or _dropped(ds, "entropy"):  # some files have it: a mistake to fix
+        raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _MAP_ENTROPY))
     if full:
         from entr_diag.metrics import metrics_plan
 
@@ -739,8 +753,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         from entr_diag.profiles import profiles_plan
 
         plans["profiles"] = profiles_plan(ds.lf, eps=eps)
-    what = ", ".join(["fit", *({"findings": "forensics"}.get(k, k) for k in plans
-                                if k not in ("fit", "alignment"))])
+    what = ", ".join({"findings": "forensics"}.get(k, k) for k in plans if k != "alignment")
     with _status(f"one pass ({what})", quiet, rows=ds.accounting.tokens_valid):
         run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators])
     if align is not None:
@@ -1036,9 +1049,16 @@ def report(
         check_fit_parameters(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet)
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
-                 allow_misaligned=allow_misaligned, forensics=True, profiles=True)
+                 allow_misaligned=allow_misaligned, forensics=True, profiles=True,
+                 need_law=False)
         fit_res, metrics, findings = a["fit"], a["metrics"], a["findings"]
-        cmp_res = _compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]])
+        no_law = None
+        if fit_res is None:  # no entropy column: the rest of the post-mortem still holds
+            no_law = _no_column(ds, "entropy", _NO_ENTROPY + " (the report holds the mismatch "
+                                "metrics, forensics and profiles)", _MAP_ENTROPY)
+            cmp_res = None
+        else:
+            cmp_res = _compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]])
         prof = a["profiles"].finish().to_dict()
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
@@ -1061,8 +1081,11 @@ def report(
             "entropy_source": desc["entropy_source"],
             "parameters": params,
         }
-        doc = envelope("report", desc, params, fit=_fit_dict(fit_res, ds), metrics=metrics.to_dict(),
-                       compare=cmp_res.to_dict(), profiles=prof, forensics=findings.to_dict())
+        doc = envelope("report", desc, params,
+                       fit=None if fit_res is None else _fit_dict(fit_res, ds),
+                       metrics=metrics.to_dict(),
+                       compare=None if cmp_res is None else cmp_res.to_dict(), profiles=prof,
+                       forensics=findings.to_dict(), **({"unavailable": no_law} if no_law else {}))
         html = build_report_html(summary=sanitize(summary), fit=doc["fit"], metrics=doc["metrics"],
                                  compare=doc["compare"], profiles=doc["profiles"],
                                  findings=doc["forensics"])
@@ -1071,7 +1094,9 @@ def report(
         write_text(output, html)
         _write_json(json_path, doc, quiet)
         stdout.print(f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)")
-        verdict = doc["fit"].get("verdict") or {}
+        if no_law:
+            stdout.print(f"No scaling law: {no_law}", soft_wrap=True)
+        verdict = (doc["fit"] or {}).get("verdict") or {}
         if verdict.get("text"):
             stdout.print(verdict["text"], soft_wrap=True)
         if verdict.get("caveat"):

@@ -135,6 +135,33 @@ def test_entropy_missing_from_every_file_keeps_the_plain_message(tmp_path):
                                "entropy=NAME"), r.stderr
 
 
+def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
+    """A dump without entropy (engines rarely return it): ``report`` still writes the
+    metrics, forensics and profiles, says why the law and the gates are missing (stdout,
+    JSON ``unavailable``, HTML), exit 0; ``fit`` and ``compare`` still refuse (exit 2)."""
+    import json
+
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "noent.parquet"
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=1))
+    pl.read_parquet(p).drop("entropy").write_parquet(p)
+    out, js = tmp_path / "r.html", tmp_path / "r.json"
+    r = runner.invoke(app, ["report", str(p), "-o", str(out), "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    assert "No scaling law: the input has no entropy column" in r.stdout
+    doc = json.loads(js.read_text())
+    assert doc["fit"] is None and doc["compare"] is None
+    assert "entropy" in doc["unavailable"]
+    assert doc["metrics"]["overall"]["tokens"] > 0 and doc["forensics"]["checks"]
+    html = out.read_text()
+    assert "unavailable: no fit result" in html
+    assert "unavailable: no mismatch metrics" not in html and "no per-step metrics" not in html
+    for cmd in ("fit", "compare"):
+        r = runner.invoke(app, [cmd, str(p), "-q"])
+        assert r.exit_code == 2 and "has no entropy column" in r.stderr
+
+
 # ------------------------------------------------------------------ partition values
 
 
