@@ -65,7 +65,7 @@ from entr_diag.gates import (
     SequenceGate,
     entr_score_expr,
 )
-from entr_diag.passes import GroupAgg, run_pass
+from entr_diag.passes import GroupAgg, column, run_pass
 
 __all__ = [
     "CHI2_1_99",
@@ -1009,19 +1009,22 @@ class _FirstPass:
         self.n += batch.height
         # sweep keys: (sweep index * 3 + category) * 2 + ENTR keeps; the searches are
         # lookup tables in numpy (cheaper than one comparison per value in the engine)
-        ck = batch.get_column(f"{_P1}ck").to_numpy()
+        ck = column(batch, f"{_P1}ck")
         tk = self._ti.series(batch.get_column(f"{_P1}s"))
         tk *= 6
         tk += ck
         tk = np.bincount(tk, minlength=2 * self.tau_counts.size)
         self.tau_counts += tk[0::2] + tk[1::2]
         self.entr_kept += int(tk[1::2].sum())
-        ci = self._ci.series(batch.get_column(f"{_P1}a"))
+        a_s = batch.get_column(f"{_P1}a")
+        # the array shared with the reductions below when it is what series() would search
+        ci = (self._ci(column(batch, f"{_P1}a"))
+              if a_s.dtype == pl.Float64 and not a_s.null_count() else self._ci.series(a_s))
         ci *= 3
         ci += ck >> 1
         self.c_counts += np.bincount(ci, minlength=self.c_counts.size)
-        a = batch.get_column(f"{_P1}a").to_numpy()
-        ab = batch.get_column(f"{_P1}ab").to_numpy()
+        a = column(batch, f"{_P1}a")
+        ab = column(batch, f"{_P1}ab")
         ok = None
         if int(ab.min()) < 0:  # null / NaN |delta|
             ok = ab >= 0
@@ -1043,8 +1046,8 @@ class _FirstPass:
                 return
         _hist_add(self.hist_a, ab)
         if self.with_d2:
-            qb = batch.get_column(f"{_P1}qb").to_numpy()
-            q = batch.get_column(f"{_P1}q").to_numpy()
+            qb = column(batch, f"{_P1}qb")
+            q = column(batch, f"{_P1}q")
             if ok is not None:
                 qb, q = qb[ok], q[ok]
             _hist_add(self.hist_q, qb, self.hist_qs, q)
@@ -1056,7 +1059,7 @@ class _FirstPass:
         if sk.null_count() or any(batch.get_column(src).null_count()
                                   for _o, src, _h in self.reduce):
             return None
-        starts = _run_starts(sk.to_numpy())
+        starts = _run_starts(column(batch, "seq_key"))
         out: dict[str, Any] = {"seq_key": sk.gather(starts)}
         lengths = None
         for col, src, how in self.reduce:
@@ -1065,7 +1068,7 @@ class _FirstPass:
                     lengths = np.diff(np.append(starts, batch.height))
                 out[col] = lengths
                 continue
-            v = _REDUCE[how].reduceat(batch.get_column(src).to_numpy(), starts)
+            v = _REDUCE[how].reduceat(column(batch, src), starts)
             if v.dtype.kind == "f" and np.isnan(v).any():
                 return None
             out[col] = v

@@ -97,7 +97,7 @@ from entr_diag.aggregate import (
     usable,
 )
 from entr_diag.errors import FitError, ParameterError
-from entr_diag.passes import PartialRows, run_pass
+from entr_diag.passes import PartialRows, column, run_pass
 from entr_diag.regime import (
     P_BINS,
     RegimeResult,
@@ -993,12 +993,16 @@ class _FitSums:
     engine computes during the scan (the fine entropy bin is the same expression as pass 1,
     so a token's cell is the one pass 1 counted it in; cells and coarse bins are lookup
     tables over fine bins, applied by the engine); per batch, numpy only adds weights with
-    ``bincount``."""
+    ``bincount``. The joint key puts the step range outermost: a batch (rows of one chunk,
+    one or two step ranges) spans a small part of the table, and ``bincount`` runs over that
+    span only. Temporaries of a batch are computed in reused buffers (a fresh array of a
+    few MB costs its page faults on every batch)."""
 
     def __init__(self, names: list[str], binning: CoarseBinning, cells: CoarseBinning,
                  B: int, eps: float, tau: float, stale: pl.Expr | None,
                  step_range: pl.Expr | None, n_ranges: int) -> None:
-        self.columns: list[str] = []
+        # read as numpy arrays shared with the pass's other accumulators (:func:`column`)
+        self.columns: list[str] = ["entropy", "delta", "seq_key"]
         self.nb, self.nc, self.B = binning.n_bins, cells.n_bins, B
         self.eps, self.tau = eps, tau
         self.nr = n_ranges
@@ -1013,7 +1017,8 @@ class _FitSums:
         lut_cell = cells.coarse_of_fine(fine).astype(np.int64)
         lut_coarse = binning.coarse_of_fine(fine).astype(np.int64)
         self.cell_coarse = binning.coarse_of_fine(cells.starts[:-1]).astype(np.int64)
-        self.bits = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
+        #: the bit of each coarse bin in its 64-bit word of the sequence masks, (nb,) uint64
+        self.bit_of = np.left_shift(np.uint64(1), np.arange(self.nb, dtype=np.uint64) % 64)
         d, h = pl.col("delta"), pl.col("entropy")
         usable = h.is_not_null() & h.is_finite() & (h >= 0) & d.is_finite()
         i64 = pl.Int64
@@ -1030,7 +1035,8 @@ class _FitSums:
         cell, coarse = pl.col("_fit_cell"), pl.col("_fit_coarse")
         st1 = stale.fill_null(-1).cast(i64) + 1 if stale is not None else pl.lit(0, i64)
         sr1 = step_range.fill_null(-1).cast(i64) + 1 if step_range is not None else pl.lit(0, i64)
-        joint = ((cell * self.S1 + st1) * self.R1 + sr1) * B + block_expr(B).cast(i64)
+        # (step range, cell, staleness, block): the step range outermost (see the class doc)
+        joint = ((sr1 * self.nc + cell) * self.S1 + st1) * B + block_expr(B).cast(i64)
         z2 = d * d / (h + eps)
         reg = (cell * 2 + (z2 > tau).cast(i64)) * NP + p_bin_expr().cast(i64)
         # each per-token value computed once by the engine (numpy uses the int64 keys as is)
@@ -1038,11 +1044,14 @@ class _FitSums:
             "_fit_joint": pl.when(cell >= 0).then(joint).otherwise(-1).cast(i64),
             "_fit_reg": pl.when(cell >= 0).then(reg).otherwise(-1).cast(i64),
             "_fit_hist": (coarse * (_N_D + 1) + _abs_delta_bin_expr().cast(i64)).cast(i64),
-            "_fit_h": h, "_fit_d": d, "_fit_seq": pl.col("seq_key"),
+            "_fit_coarse": coarse.cast(i64),
         }
         self.exprs = [e.alias(k) for k, e in ex.items()]
-        size = self.nc * self.S1 * self.R1 * B
+        size = self.R1 * self.nc * self.S1 * B
+        #: flat ``(R1 * nc * S1 * B,)`` sums per (step range, cell, staleness, block)
         self.joint = {c: np.zeros(size) for c in ("n", "s_h", "s_d2")}
+        self._buf = np.empty((0, 0))  # reused float64 temporaries, (3, rows)
+        self._kbuf = np.empty(0, dtype=np.int64)  # reused int64 joint keys, (rows,)
         self.reg = {c: np.zeros(self.nc * 2 * NP) for c in ("n", "s_d", "s_d2", "s_absd", "s_z2")}
         self.hist = np.zeros(self.nb * (_N_D + 1))
         self.masks = PartialRows(["seq_key"],
@@ -1060,31 +1069,41 @@ class _FitSums:
         full = bool(ok.all())
 
         def col(name: str) -> np.ndarray:
-            v = batch[name].to_numpy()
+            v = column(batch, name) if name in self.columns else batch[name].to_numpy()
             return v if full else v[ok]
 
         if not full:
             kj = kj[ok]
-        h, d = col("_fit_h"), col("_fit_d")
-        d2 = d * d
-        self._add(self.joint["n"], kj)
-        self._add(self.joint["s_h"], kj, h)
-        self._add(self.joint["s_d2"], kj, d2)
+        n = kj.size
+        if self._buf.shape[1] < n:
+            self._buf = np.empty((3, n))
+            self._kbuf = np.empty(n, dtype=np.int64)
+        d2, t1, t2 = self._buf[:, :n]
+        h, d = col("entropy"), col("delta")
+        np.multiply(d, d, out=d2)
+        # the joint table over the span of keys of the batch
+        lo, hi = int(kj.min()), int(kj.max())
+        kj = np.subtract(kj, lo, out=self._kbuf[:n])
+        span = slice(lo, hi + 1)
+        self._add(self.joint["n"][span], kj)
+        self._add(self.joint["s_h"][span], kj, h)
+        self._add(self.joint["s_d2"][span], kj, d2)
         k = col("_fit_reg")
-        for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", np.abs(d)),
-                        ("s_z2", d2 / (h + self.eps))):
+        np.abs(d, out=t1)
+        np.divide(d2, np.add(h, self.eps, out=t2), out=t2)
+        for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", t1),
+                        ("s_z2", t2)):
             self._add(self.reg[name], k, w)
-        kh = col("_fit_hist")
-        self._add(self.hist, kh)
+        self._add(self.hist, col("_fit_hist"))
         # sequences per bin: OR of 2^coarse over runs of one sequence (rows of a sequence
         # are usually contiguous), then merged by seq_key
-        coarse = kh // (_N_D + 1)
-        sk = col("_fit_seq")
+        coarse = col("_fit_coarse")
+        sk = col("seq_key")
         change = np.empty(sk.size, dtype=bool)
         change[0] = True
         np.not_equal(sk[1:], sk[:-1], out=change[1:])
         starts = np.flatnonzero(change)
-        bit = self.bits[coarse % 64]
+        bit = self.bit_of.take(coarse)
         cols = {"seq_key": sk[starts]}
         word = coarse // 64 if self.words > 1 else None
         for w in range(self.words):
@@ -1093,7 +1112,10 @@ class _FitSums:
         self.masks.add(pl.DataFrame(cols))
 
     def _joint(self, name: str) -> np.ndarray:
-        return self.joint[name].reshape(self.nc, self.S1, self.R1, self.B)
+        """Sums per (cell, staleness, step range, block), ``(nc, S1, R1, B)`` C-contiguous
+        (the tables below are reduced from this layout)."""
+        J = self.joint[name].reshape(self.R1, self.nc, self.S1, self.B)
+        return np.ascontiguousarray(J.transpose(1, 2, 0, 3))
 
     @property
     def cb(self) -> dict[str, np.ndarray]:

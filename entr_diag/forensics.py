@@ -527,7 +527,7 @@ class _TokenTables:
                         if blocks_fb is not None else None)
         self._fallback = False
         self._buf = np.empty(0)
-        self._k = np.empty(0, dtype=np.int64)
+        self._k = np.empty((3, 0), dtype=np.int64)
 
     def _grouped(self, batch: pl.DataFrame) -> None:
         b = batch.with_columns(self.derive)
@@ -581,17 +581,19 @@ class _TokenTables:
                 return
         # slot of a token: run * m + rank of its (bin, staleness) among those of the batch
         nsub = N_BINS * s.nt
-        ids = np.flatnonzero(np.bincount(sub, minlength=nsub))
+        if self._k.shape[1] < sub.size:  # reused int64 buffers (no page faults)
+            self._k = np.empty((3, sub.size), dtype=np.int64)
+        # the Int32 slots as int64 once (bincount and take would each cast them)
+        k, r, sub64 = self._k[:, :sub.size]
+        np.copyto(sub64, sub)
+        ids = np.flatnonzero(np.bincount(sub64, minlength=nsub))
         m = ids.size
         rank = np.zeros(nsub, dtype=np.int64)
         rank[ids] = np.arange(m)
-        if self._k.size < 2 * sub.size:  # two reused int64 buffers (no page faults)
-            self._k = np.empty(2 * sub.size, dtype=np.int64)
-        k, r = self._k[:sub.size], self._k[sub.size:2 * sub.size]
         k.fill(0)
         k[starts[1:]] = m
         np.cumsum(k, out=k)
-        k += np.take(rank, sub, out=r)
+        k += np.take(rank, sub64, out=r)
         size = starts.size * m
         cnt = np.bincount(k, minlength=size)
         nz = np.flatnonzero(cnt)

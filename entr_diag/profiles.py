@@ -425,7 +425,8 @@ class _SeqVersions:
         pos = column(batch, "position")
         ad = np.abs(column(batch, "delta"))
         fin = np.isfinite(ad)
-        if not fin.all():
+        all_fin = bool(fin.all())
+        if not all_fin:
             ad = np.where(fin, ad, 0.0)
 
         def first(c: str) -> Any:  # the value of column c at the start of each run
@@ -442,10 +443,10 @@ class _SeqVersions:
             "last": np.maximum.reduceat(pos, starts),
             "seq_id": first("seq_id"),
             "step": first("step"),
-            "n_fin": np.add.reduceat(fin.astype(np.int64), starts),
+            "n_fin": np.add.reduceat(fin, starts),  # (bool sums are int64)
             "s_abs": np.add.reduceat(ad, starts),
             # -1 for a run without a finite delta (null after the merge, as max of nothing)
-            "m_abs": np.maximum.reduceat(np.where(fin, ad, -1.0), starts),
+            "m_abs": np.maximum.reduceat(ad if all_fin else np.where(fin, ad, -1.0), starts),
         }))
 
     def result(self) -> pl.DataFrame:
@@ -787,16 +788,20 @@ class _TopTokens:
         #: the lowest number among the kept scores once ``top`` rows are kept (+inf when
         #: they are all NaN): a row scoring below it cannot enter
         self._floor = -np.inf
+        self._buf = np.empty((2, 0))
 
     def update(self, batch: pl.DataFrame) -> None:
         d = column(batch, "delta")
+        if self._buf.shape[1] < d.size:  # reused temporaries (a fresh array: page faults)
+            self._buf = np.empty((2, d.size))
+        score, t = self._buf[:, :d.size]
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            score = d * d
+            np.multiply(d, d, out=score)
             ok = np.isfinite(d)
             if self.has_h:
                 h = column(batch, "entropy")
                 ok &= np.isfinite(h)
-                score /= h + self.eps
+                score /= np.add(h, self.eps, out=t)
         cand = ok & ((score >= self._floor) | np.isnan(score))
         idx = np.flatnonzero(cand)
         if idx.size == 0:
