@@ -56,3 +56,31 @@ def test_dense_sums_ignore_keys_out_of_range():
     run_pass(df.lazy(), [acc])
     assert acc.sums["n"].tolist() == [1.0, 2.0]
 
+
+
+def test_scattered_sequences_are_grouped_before_the_accumulators():
+    """Rows of interleaved sequences (mean run below MIN_MEAN_RUN) reach the accumulators
+    grouped by seq_key, each sequence's rows in their original order; contiguous rows are
+    passed through as they are (the same object)."""
+    from entr_diag.passes import MIN_MEAN_RUN, _by_sequence
+
+    n = 40 * MIN_MEAN_RUN
+    scattered = pl.DataFrame({"seq_key": pl.Series(np.arange(n) % 40, dtype=pl.UInt64),
+                              "position": np.arange(n) // 40})
+    out = _by_sequence(scattered)
+    assert out.height == n and out["seq_key"].is_sorted()
+    assert out.filter(pl.col("seq_key") == 3)["position"].to_list() == list(range(n // 40))
+    contiguous = scattered.sort("seq_key")
+    assert _by_sequence(contiguous) is contiguous
+
+    seen = []
+
+    class Runs:
+        columns = ["seq_key"]
+
+        def update(self, batch):
+            k = batch["seq_key"].to_numpy()
+            seen.append(1 + int(np.count_nonzero(k[1:] != k[:-1])))
+
+    run_pass(scattered.lazy(), [Runs()])
+    assert sum(seen) <= 40 * len(seen)  # one run per sequence and batch
