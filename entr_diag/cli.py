@@ -172,7 +172,7 @@ BootOpt = Annotated[int, typer.Option(min=100, max=100_000, help="Bootstrap resa
 SeedOpt = Annotated[int, typer.Option(min=0, help="Seed of the bootstrap (>= 0).")]
 MisalignedOpt = Annotated[
     bool, typer.Option("--allow-misaligned",
-                       help="Analyse even when the two logprob columns look shifted by one token.")
+                       help="Analyse even when the two logprob columns look shifted by 1 to 3 tokens (in every sequence or in some).")
 ]
 
 

@@ -100,9 +100,12 @@ MISALIGN_MIN_PAIRS = 200
 MISALIGN_LAGS = (1, 2, 3)
 #: partial shift: a sequence is tested with at least this many token pairs at a lag
 MISALIGN_SEQ_MIN_PAIRS = 8
-#: partial shift: fewest shifted sequences, and their smallest share of the tested ones
+#: partial shift: fewest shifted sequences, and their smallest share of the tested ones ...
 MISALIGN_PARTIAL_MIN_SEQS = 5
 MISALIGN_PARTIAL_SHARE = 0.01
+#: ... unless they fit their lag this well (their pooled mean |difference| below this
+#: fraction of lag 0's; real shifts give ~0.01-0.05, aligned sequences stay above 1.4)
+MISALIGN_PARTIAL_STRONG = 0.1
 #: off-by-one: tokens of the hash-sampled subset of sequences used for the lag join
 MISALIGN_MAX_TOKENS = 2_000_000
 
@@ -904,10 +907,12 @@ def _misalignment(sample: pl.DataFrame, keep: int) -> _Result:
 
     - whole: over all sampled tokens, mean |train_logprob[t] - infer_logprob[t + L]| is below
       MISALIGN_RATIO times mean |train_logprob[t] - infer_logprob[t]| on the same tokens;
-    - partial: some sequences (at least MISALIGN_PARTIAL_MIN_SEQS and MISALIGN_PARTIAL_SHARE
-      of those with MISALIGN_SEQ_MIN_PAIRS pairs) pass that test on their own tokens, e.g.
-      the steps written after a resume with a different slicing. Clean sequences of 8+
-      pairs stay above 1.4 on the bundled run and synthetic runs (threshold 0.5).
+    - partial: some sequences (at least MISALIGN_PARTIAL_MIN_SEQS of those with
+      MISALIGN_SEQ_MIN_PAIRS pairs, and MISALIGN_PARTIAL_SHARE of them unless they fit
+      their lag below MISALIGN_PARTIAL_STRONG) pass that test on their own tokens, e.g.
+      the steps written after a resume with a different slicing: 0.5% of shifted sequences
+      already flip the fitted law. Clean sequences of 8+ pairs stay above 1.4 on the
+      bundled run and synthetic runs (threshold 0.5).
 
     Evidence: mean |differences| and Pearson correlations at lags -1, 0, +1 on the interior
     tokens (both neighbours present), the ratio at every lag, and for a partial shift the
@@ -1017,12 +1022,13 @@ def _misalignment(sample: pl.DataFrame, keep: int) -> _Result:
         shifted[L] = t.filter(pl.col(f"_a{L}") < MISALIGN_RATIO * pl.col(f"_z{L}"))
     lag = max(lags, key=lambda L: (shifted[L].height, -abs(L)))
     hit = shifted[lag]
-    if hit.height >= MISALIGN_PARTIAL_MIN_SEQS and hit.height >= MISALIGN_PARTIAL_SHARE * tested:
+    hit_ratio = ratio(hit[f"_a{lag}"].sum(), hit[f"_z{lag}"].sum()) if hit.height else math.inf
+    if hit.height >= MISALIGN_PARTIAL_MIN_SEQS and (
+            hit.height >= MISALIGN_PARTIAL_SHARE * tested or hit_ratio < MISALIGN_PARTIAL_STRONG):
         share = hit.height / tested
         ev.update(likely_shift=lag, partial=True, shifted_sequences=hit.height,
                   sequences_tested=tested, shifted_share=_r(share),
-                  ratio_in_shifted_sequences=_r(ratio(hit[f"_a{lag}"].sum(),
-                                                      hit[f"_z{lag}"].sum())))
+                  ratio_in_shifted_sequences=_r(hit_ratio))
         steps = ""
         if has_step:
             by = (hit.group_by("step").len().sort(["len", "step"], descending=[True, False]))

@@ -157,6 +157,21 @@ def test_shift_in_some_steps_only_is_detected_and_names_the_steps(tmp_path, base
     assert f"in {ev['shifted_share']:.1%} of sequences" in f.title
 
 
+def test_shift_in_under_one_percent_of_sequences_is_detected(tmp_path):
+    """A handful of shifted sequences (0.8% here; 0.5% already flips the fitted law) fit
+    their lag so much better than lag 0 that they are called without the 1% share."""
+    df = generate(SynthSpec(n_tokens=200_000, seed=5))
+    ids = df["seq_id"].unique().sort()
+    bad = ids.gather(np.random.default_rng(0).choice(ids.len(), 8, replace=False))
+    moved = IL.shift(-1).over("seq_id", order_by="position")
+    df = df.with_columns(pl.when(pl.col("seq_id").is_in(bad.implode()))
+                         .then(pl.coalesce(moved, IL)).otherwise(IL).alias("infer_logprob"))
+    f = detect_misalignment(_load(tmp_path, df))
+    assert f is not None and f.severity == "critical" and f.evidence["partial"] is True
+    assert f.evidence["shifted_share"] < 0.01 and f.evidence["shifted_sequences"] >= 5
+    assert f.evidence["ratio_in_shifted_sequences"] < FX.MISALIGN_PARTIAL_STRONG
+
+
 def test_clean_run_has_no_sequence_fitting_another_lag(tmp_path, base):
     """On a clean run no sampled sequence fits a lag of +-1..3 (the partial test's margin)."""
     from entr_diag.forensics import misalignment_plan
