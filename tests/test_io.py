@@ -289,6 +289,27 @@ def test_uint64_seq_ids_above_2_63_are_read(tmp_path):
     assert mixed.seq_id_dtype == pl.String and mixed.accounting.sequences_valid == 4
 
 
+def test_long_shard_with_a_nested_shard_lacking_seq_id_and_position(tmp_path):
+    """Shards may mix layouts: a nested shard without seq_id / position names its rows
+    file:row and numbers tokens by list index, while the long shard keeps its own ids and
+    positions; a long shard without any seq_id is refused naming it (was a KeyError)."""
+    d = tmp_path / "mixed"
+    long = _write(d, _long(position=[5, 6, 7, 0, 1]), "long.parquet")
+    nested = pl.DataFrame({"train_logprob": [[-0.1, -0.2, -0.3], [-0.3, -0.1]],
+                           "infer_logprob": [[-0.1, -0.25, -0.3], [-0.31, -0.1]]})
+    _write(d, nested, "nested.parquet")
+    ds = load_dataset([d])
+    df = ds.lf.select("seq_id", "position").collect()
+    assert df.height == 10 and ds.accounting.sequences_valid == 4
+    assert sorted(df.filter(pl.col("seq_id") == "1")["position"].to_list()) == [5, 6, 7]
+    assert sorted(df.filter(pl.col("seq_id") == "nested.parquet:0")["position"].to_list()) \
+        == [0, 1, 2]
+    assert any("all nested" in n for n in ds.notes)
+    pl.read_parquet(long).drop("seq_id").write_parquet(long)
+    with pytest.raises(SchemaError, match="long.parquet: the long layout"):
+        load_dataset([d])
+
+
 def test_empty_nested_row_counted_as_sequence_without_tokens(tmp_path):
     """A nested row with empty lists holds no token and counts as a sequence without tokens."""
     df = pl.DataFrame({"seq_id": [0, 1], "train_logprob": [[-0.1], []],

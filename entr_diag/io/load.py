@@ -625,6 +625,16 @@ def load_dataset(
                 f"loss_mask ('{src}') is missing from {len(lacking)} of {len(file_list)} files "
                 f"(e.g. {lacking[0]}): every token of those files counts as loss-masked"
             )
+        elif lacking and canon in ("seq_id", "position") and all(
+                _is_list(schemas[f].field(mapping["train_logprob"]).type)
+                for f in lacking if mapping["train_logprob"] in schemas[f].names):
+            # nested files name their rows file:row and number tokens by list index; the
+            # other files keep their column
+            how = "sequences are named file:row" if canon == "seq_id" else \
+                "tokens are numbered by list index"
+            notes.append(
+                f"{canon} ('{src}') is missing from {len(lacking)} of {len(file_list)} files, "
+                f"all nested (e.g. {lacking[0]}): their {how}")
         elif lacking:
             notes.append(
                 f"{canon} ('{src}') is missing from {len(lacking)} of {len(file_list)} files "
@@ -681,6 +691,8 @@ def load_dataset(
         # positions numbered per sequence in row order: a chunk adds the rows its sequences
         # have in the chunks (and files) before it (unless seq_id is a partition value: then
         # one chunk per file)
+        if file_layout == "long" and mapping.get("seq_id") not in set(types) | set(hive):
+            raise _needs_seq_id(f)
         numbered = file_layout == "long" and "position" not in mapping
         ranges = _row_group_ranges(metas.pop(f), mapping["train_logprob"] if nested else None,
                                    split=not numbered or mapping.get("seq_id") in types)
@@ -849,6 +861,14 @@ def _canonical_cast(canon: str, expr: pl.Expr) -> pl.Expr:
     return expr.cast(_POLARS_DTYPE[kind])
 
 
+def _needs_seq_id(path: Path) -> SchemaError:
+    return SchemaError(
+        f"{path}: the long layout (one row per token) needs a sequence id column; none of "
+        f"seq_id, {', '.join(S.BY_NAME['seq_id'].aliases)} exists. Map one with "
+        "--column seq_id=NAME (sequence-level resampling and gates need it)."
+    )
+
+
 def _mask_exprs(src: str | None, typ: pa.DataType | None) -> list[pl.Expr]:
     """``loss_mask`` (Boolean) and ``_mask_bad`` (Boolean: a numeric mask value other than 0
     or 1, e.g. a loss weight; such rows get reason ``invalid_loss_mask``, their mask is
@@ -896,6 +916,8 @@ def _file_frame(
     names = set(types) | set(hive)
     if "loss_mask" in srcs and srcs["loss_mask"] not in names:  # every token trained on
         del srcs["loss_mask"]
+    if "seq_id" in srcs and srcs["seq_id"] not in names:  # a nested file: rows named file:row
+        del srcs["seq_id"]
 
     if layout == "nested":
         lf = lf.with_row_index("_row", offset=first_row)
@@ -935,11 +957,7 @@ def _file_frame(
 
     # long layout
     if "seq_id" not in srcs:
-        raise SchemaError(
-            f"{path}: the long layout (one row per token) needs a sequence id column; none of "
-            f"seq_id, {', '.join(S.BY_NAME['seq_id'].aliases)} exists. Map one with "
-            "--column seq_id=NAME (sequence-level resampling and gates need it)."
-        )
+        raise _needs_seq_id(path)
     for canon, src in srcs.items():
         if src in types and _is_list(types[src]):
             raise SchemaError(
