@@ -310,6 +310,26 @@ def test_long_shard_with_a_nested_shard_lacking_seq_id_and_position(tmp_path):
         load_dataset([d])
 
 
+def test_fixed_size_list_columns_read_like_lists(tmp_path):
+    """A padded [batch, length] tensor dump (pyarrow fixed_size_list, polars Array) loads
+    like the same data in variable-length lists; the mask drops the padding."""
+    import pyarrow.parquet as pq
+
+    cols = {"old_log_probs": [[-0.1, -0.2, -0.3], [-0.3, -0.1, -9.0]],
+            "rollout_log_probs": [[-0.12, -0.25, -0.3], [-0.31, -0.1, -9.0]],
+            "response_mask": [[1, 1, 1], [1, 1, 0]]}
+    lists = pa.table({k: pa.array(v) for k, v in cols.items()})
+    fixed = pa.table({k: pa.array(v, type=pa.list_(pa.float64() if "log" in k else pa.int8(), 3))
+                      for k, v in cols.items()})
+    assert pa.types.is_fixed_size_list(fixed.schema.field("old_log_probs").type)
+    pq.write_table(lists, tmp_path / "lists.parquet")
+    pq.write_table(fixed, tmp_path / "fixed.parquet")
+    a, b = load_dataset([tmp_path / "lists.parquet"]), load_dataset([tmp_path / "fixed.parquet"])
+    assert b.accounting.tokens_valid == 5 and b.accounting.tokens_unmasked == 1
+    cols_out = ["position", "train_logprob", "infer_logprob"]
+    assert _valid(a).select(cols_out).equals(_valid(b).select(cols_out))
+
+
 def test_empty_nested_row_counted_as_sequence_without_tokens(tmp_path):
     """A nested row with empty lists holds no token and counts as a sequence without tokens."""
     df = pl.DataFrame({"seq_id": [0, 1], "train_logprob": [[-0.1], []],

@@ -922,6 +922,11 @@ def _file_frame(
     if layout == "nested":
         lf = lf.with_row_index("_row", offset=first_row)
         list_srcs = [src for src in sorted(set(srcs.values())) if src in types and _is_list(types[src])]
+        # fixed-size lists (a padded [batch, length] tensor written as is) read as polars
+        # Arrays: as lists, they take the same path (padding is what the loss mask is for)
+        fixed = [src for src in list_srcs if pa.types.is_fixed_size_list(types[src])]
+        if fixed:
+            lf = lf.with_columns(pl.col(src).arr.to_list() for src in fixed)
         ref = srcs["train_logprob"]
         lens = {src: pl.col(src).list.len() for src in list_srcs}
         ragged = pl.lit(False)
