@@ -431,40 +431,13 @@ def _require_tokens(ds) -> None:
             "another one with --column loss_mask=NAME."
         )
     reasons = "; ".join(f"{r}: {n:,} ({EXCLUSION_REASONS.get(r, '')})" for r, n in acc.excluded.items())
-    hint = _exclusion_hint(acc)
+    from entr_diag.report.caveats import exclusion_hint
+
+    hint = exclusion_hint(acc.excluded, acc.tokens_masked)
     raise InputError(
         f"{where}: 0 valid loss-masked tokens: all {acc.tokens_masked:,} loss-masked tokens "
         f"were excluded. {reasons}.{' ' + hint if hint else ''}"
     )
-
-
-#: what a reason excluding most loss-masked tokens usually means
-_MOSTLY_EXCLUDED_HINTS = {
-    "positive_logprob": "the logprob columns may hold probabilities rather than "
-                        "log-probabilities (entr-diag needs natural-log probabilities, <= 0)",
-    "sentinel_logprob": "padding values inside the loss mask: the mask may not match the "
-                        "logprob arrays (shifted, or the prompt's mask)",
-    "non_finite_logprob": "one side may not have been computed for these tokens (NaN or "
-                          "null), or the mask covers padding",
-    "zero_placeholder": "one side holds 0.0 where it has no value (e.g. rollout logprobs "
-                        "not requested from the engine)",
-    "invalid_entropy": "the entropy column may hold something else (e.g. bits, logits, an "
-                       "unnormalised value); map another with --column entropy=NAME",
-    "invalid_loss_mask": "the mask column holds weights or labels, not 0/1; map the 0/1 mask "
-                         "with --column loss_mask=NAME",
-    "negative_version": "version -1 marks prompt positions: the mask may cover the prompt",
-}
-
-
-def _exclusion_hint(acc) -> str:
-    """A sentence on what the reason excluding most (> half) of the loss-masked tokens
-    usually means ('' when no reason does)."""
-    if not acc.excluded or not acc.tokens_masked:
-        return ""
-    reason, n = max(acc.excluded.items(), key=lambda kv: kv[1])
-    if n <= acc.tokens_masked / 2 or reason not in _MOSTLY_EXCLUDED_HINTS:
-        return ""
-    return f"Most are {reason}: {_MOSTLY_EXCLUDED_HINTS[reason]}."
 
 
 def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = True):
@@ -521,12 +494,11 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             f"{acc.tokens_masked - acc.tokens_valid:,} excluded"
             + (": " + ", ".join(f"{k} {v:,}" for k, v in acc.excluded.items()) if acc.excluded else "")
         )
-        hint = _exclusion_hint(acc) if acc.tokens_valid else ""
-        if hint:
-            excl = acc.tokens_masked - acc.tokens_valid
-            stderr.print(f"[yellow]warning:[/yellow] {excl / acc.tokens_masked:.1%} of the "
-                         f"loss-masked tokens are excluded, results rest on the "
-                         f"{acc.tokens_valid:,} others. {escape(hint)}")
+        from entr_diag.report.caveats import exclusion_caveat
+
+        caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid)
+        if caveat:
+            stderr.print("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     return ds
 
 
@@ -589,13 +561,16 @@ def _alignment_numbers(f) -> str:
 
 
 def _fit_dict(fit_res, ds) -> dict:
-    """The fit's ``to_dict()`` with ``verdict.caveat``: the small-sample caveat shown beside
-    the verdict in the terminal, JSON and HTML (None when the bootstrap has enough sequences)."""
-    from entr_diag.report.caveats import small_sample_caveat
+    """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
+    terminal, JSON and HTML: the small-sample caveat and the mostly-excluded caveat (None
+    when neither applies)."""
+    from entr_diag.report.caveats import exclusion_caveat, small_sample_caveat
 
+    acc = ds.accounting
     fd = fit_res.to_dict()
-    fd["verdict"] = {**fd["verdict"],
-                     "caveat": small_sample_caveat(fd, ds.accounting.sequences_valid)}
+    parts = [small_sample_caveat(fd, acc.sequences_valid),
+             exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid)]
+    fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
     return fd
 
 

@@ -1991,11 +1991,21 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
                 if int(s["tok_run_zero"]) else ""
             )
         )
+    title = "Corrupt rows: whole runs of invalid logprobs inside the loss mask"
+    lead = ""
+    if acc is not None:  # most tokens invalid: the columns, not a few rows, are the problem
+        from entr_diag.report.caveats import exclusion_hint
+
+        hint = exclusion_hint(acc.excluded, acc.tokens_masked)
+        if hint:
+            reason = max(acc.excluded.items(), key=lambda kv: kv[1])[0]
+            title = f"Most loss-masked tokens are invalid ({reason}), not a few corrupt rows"
+            lead = f"{hint} "
     f = Finding(
         kind=name,
         severity="warning",
-        title="Corrupt rows: whole runs of invalid logprobs inside the loss mask",
-        message="; ".join(parts)
+        title=title,
+        message=lead + "; ".join(parts)
         + ". These tokens are excluded; the pattern points at the dump or the mask, not noise.",
         evidence=ev,
         check=(

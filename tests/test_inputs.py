@@ -202,3 +202,29 @@ def test_mostly_excluded_tokens_are_warned_about_with_what_it_means(tmp_path):
     assert "probabilities rather than log-probabilities" in r.stderr
     ok = runner.invoke(app, ["inspect", str(_shard(tmp_path / "ok.parquet"))])
     assert ok.exit_code == 0 and "are excluded" not in ok.stderr
+
+
+def test_mostly_excluded_caveat_reaches_the_verdict_even_quiet(tmp_path):
+    """The mostly-excluded caveat is part of the verdict (terminal, JSON verdict.caveat,
+    HTML), also with --quiet, and the corrupt-rows finding names the column problem instead
+    of blaming a few rows."""
+    import json
+
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "probs.parquet"
+    write_synth(p, SynthSpec(n_tokens=60_000, seed=2))
+    pl.read_parquet(p).with_columns(pl.col("train_logprob", "infer_logprob").exp()
+                                    ).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "-q", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    caveat = doc["verdict"]["caveat"]
+    assert "of the loss-masked tokens are excluded" in caveat and "probabilities" in caveat
+    assert "probabilities rather" in " ".join(r.stdout.split())
+    found = [f for f in doc["forensics"]["findings"] if f["kind"] == "corrupt_rows"]
+    assert found and found[0]["title"].startswith("Most loss-masked tokens are invalid")
+    out = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", str(p), "-q", "-o", str(out)])
+    assert r.exit_code == 0 and "of the loss-masked tokens are excluded" in out.read_text()

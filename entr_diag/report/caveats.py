@@ -36,3 +36,48 @@ def small_sample_caveat(fit: Mapping, sequences: int | None = None) -> str | Non
         "intervals are likely too narrow and the verdict is tentative; add sequences before "
         "relying on it."
     )
+
+
+#: what a reason excluding most loss-masked tokens usually means
+MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
+    "positive_logprob": "the logprob columns may hold probabilities rather than "
+                        "log-probabilities (entr-diag needs natural-log probabilities, <= 0)",
+    "sentinel_logprob": "padding values inside the loss mask: the mask may not match the "
+                        "logprob arrays (shifted, or the prompt's mask)",
+    "non_finite_logprob": "one side may not have been computed for these tokens (NaN or "
+                          "null), or the mask covers padding",
+    "zero_placeholder": "one side holds 0.0 where it has no value (e.g. rollout logprobs "
+                        "not requested from the engine)",
+    "invalid_entropy": "the entropy column may hold something else (e.g. bits, logits, an "
+                       "unnormalised value); map another with --column entropy=NAME",
+    "invalid_loss_mask": "the mask column holds weights or labels, not 0/1; map the 0/1 mask "
+                         "with --column loss_mask=NAME",
+    "negative_version": "version -1 marks prompt positions: the mask may cover the prompt",
+}
+
+
+def exclusion_hint(excluded: Mapping[str, int], masked: int) -> str:
+    """What the reason excluding more than half of the ``masked`` loss-masked tokens
+    usually means, as a sentence ('' when no reason does)."""
+    if not excluded or not masked:
+        return ""
+    reason, n = max(excluded.items(), key=lambda kv: kv[1])
+    if n <= masked / 2 or reason not in MOSTLY_EXCLUDED_HINTS:
+        return ""
+    return f"Most are {reason}: {MOSTLY_EXCLUDED_HINTS[reason]}."
+
+
+def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int) -> str | None:
+    """A one-line caveat when one exclusion reason removes more than half of the loss-masked
+    tokens (the results then rest on what is left, and the reason usually means the columns
+    are not what they were taken for), else None.
+
+    Args:
+        excluded: tokens per exclusion reason (the token accounting's ``excluded``).
+        masked: loss-masked tokens; valid: those left after the exclusions.
+    """
+    hint = exclusion_hint(excluded, masked)
+    if not hint or not valid:
+        return None
+    return (f"caveat: {(masked - valid) / masked:.1%} of the loss-masked tokens are excluded, "
+            f"the results rest on the {valid:,} others. {hint}")
