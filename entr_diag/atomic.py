@@ -13,6 +13,7 @@ regular file in their place.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import stat
@@ -104,15 +105,51 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+#: errors of the write side (a full disk, a quota, a file too large, a read-only or failing
+#: device) named in an OSError or in a polars error raised by a sink
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+_WRITE_MESSAGES = tuple(os.strerror(e) for e in _WRITE_ERRNOS)
+
+
+def _write_failure(target: str | Path, e: BaseException) -> InputError | None:
+    """An InputError naming ``target`` when ``e`` is a failure to write it, else None (a
+    polars error from a sink may also be a failure to READ the input)."""
+    if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+        return InputError(f"cannot write {target}: {e.strerror or e}.")
+    text = str(e)
+    for m in _WRITE_MESSAGES:
+        if m in text:
+            return InputError(f"cannot write {target}: {m}.")
+    return None
+
+
 def write_text(target: str | Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``target`` atomically; returns the target path."""
+    """Write ``text`` (UTF-8) to ``target`` atomically; returns the target path.
+
+    Raises:
+        InputError: naming ``target`` when it cannot be written (e.g. the disk is full).
+    """
     with atomic_path(target) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+        except OSError as e:  # only writing happens here
+            raise InputError(f"cannot write {target}: {e.strerror or e}.") from None
     return Path(target)
 
 
 def write_with(target: str | Path, writer: Callable[[Path], object]) -> Path:
-    """Call ``writer(tmp_path)`` (e.g. ``lf.sink_parquet``) and move the result to ``target``."""
+    """Call ``writer(tmp_path)`` (e.g. ``lf.sink_parquet``) and move the result to ``target``.
+
+    Raises:
+        InputError: naming ``target`` when the writer fails to write it (a full disk, a
+            quota...); other errors (e.g. reading the input) propagate.
+    """
     with atomic_path(target) as tmp:
-        writer(tmp)
+        try:
+            writer(tmp)
+        except Exception as e:
+            failure = _write_failure(target, e) if not isinstance(e, InputError) else None
+            if failure is None:
+                raise
+            raise failure from None
     return Path(target)

@@ -320,3 +320,33 @@ def test_output_beside_an_input_glob_it_does_not_match_is_allowed(run_file, tmp_
                                 "-q"])
         assert r.exit_code == 0, (out, r.output)
         assert json.loads((tmp_path / out).read_text())["command"] == "fit"
+
+
+def test_a_full_disk_is_named_as_a_write_failure(run_file, tmp_path, monkeypatch):
+    """A full disk while writing says which output could not be written (was reported as
+    'cannot read the input', or an errno without a path), exit 2, no temp file left; an
+    earlier output stays as it was."""
+    import errno
+
+    import polars as pl
+
+    def full_sink(self, path, *a, **k):
+        Path(path).write_bytes(b"partial")
+        raise pl.exceptions.ComputeError("failed to write: No space left on device (os error 28)")
+
+    out = tmp_path / "flags.parquet"
+    out.write_bytes(b"earlier run")
+    monkeypatch.setattr(pl.LazyFrame, "sink_parquet", full_sink)
+    r = runner.invoke(app, ["flag", str(run_file), "-o", str(out), "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip() == f"error: cannot write {out}: No space left on device."
+    assert out.read_bytes() == b"earlier run" and sorted(tmp_path.iterdir()) == [out]
+
+    def full_write(self, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_text", full_write)
+    html = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", str(run_file), "-o", str(html), "-q"])
+    assert r.exit_code == 2 and f"cannot write {html}: No space left on device" in r.stderr
+    assert not html.exists() and sorted(tmp_path.iterdir()) == [out]
