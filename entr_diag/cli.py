@@ -476,6 +476,13 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             "same (step, seq_id, position) appears more than once (e.g. one dump copied into two "
             "shards, or seq_id reused within a step); those tokens count more than once."
         )
+    nostep = ds.accounting.tokens_without_step
+    if nostep and not quiet:
+        stderr.print(
+            f"[yellow]warning:[/yellow] {nostep:,} valid token(s) have a null step: their "
+            "sequences are keyed (null, seq_id), apart from any tokens of the same seq_id "
+            "that have a step, and they count in no step's row of the per-step tables."
+        )
     ahead = sum(n for s, n in (ds.accounting.staleness or {}).items() if s < 0)
     if ahead and not quiet:
         stderr.print(

@@ -191,11 +191,13 @@ _BAD_CASES = {
     # an entropy is at most ln(vocabulary size) < 20 nats: 65504 (a float16 max) is garbage
     "invalid_entropy_above_ln_v": {"entropy": [0.5, 65504.0, 0.3, 20.5, 20.0]},
     "negative_version": {"policy_version": [1, -1, 2, 0, 0]},
+    # a token without a place in its sequence (a null or negative position column value)
+    "invalid_position": {"position": [0, None, 2, -3, 1]},
 }
 _EXPECTED = {"non_finite_logprob": 2, "sentinel_logprob": 2, "positive_logprob": 1,
              "positive_logprob_beyond_rounding": 1,
              "zero_placeholder": 2, "invalid_entropy": 2, "invalid_entropy_above_ln_v": 2,
-             "negative_version": 1}
+             "negative_version": 1, "invalid_position": 2}
 
 
 @pytest.mark.parametrize("reason", sorted(_BAD_CASES))
@@ -208,6 +210,23 @@ def test_each_exclusion_reason_counted(tmp_path, reason):
     assert ds.accounting.tokens_valid == 5 - n
     assert _valid(ds).height == 5 - n
     assert ds.accounting.to_dict()["exclusions"] == {reason: n}
+
+
+def test_null_step_tokens_are_counted_and_warned_about(tmp_path):
+    """Valid tokens with a null step are counted (their sequence is keyed apart) and the CLI
+    warns about them."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    p = _write(tmp_path, _long(step=[3, 3, None, 3, 3]))
+    ds = load_dataset([p])
+    assert ds.accounting.tokens_without_step == 1 and ds.accounting.sequences_total == 3
+    assert ds.accounting.to_dict()["tokens_without_step"] == 1
+    r = CliRunner().invoke(app, ["inspect", str(p)])
+    assert "warning: 1 valid token(s) have a null step" in r.stderr
+    assert load_dataset([_write(tmp_path, _long(), "ok.parquet")]).accounting \
+        .tokens_without_step == 0
 
 
 def test_bad_values_outside_mask_ignored(tmp_path):

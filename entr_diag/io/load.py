@@ -447,6 +447,9 @@ class Accounting:
     #: sequences holding more token rows than positions: the same (step, seq_id, position)
     #: appears twice, e.g. one dump copied into two shards (its tokens count twice)
     sequences_with_duplicate_positions: int = 0
+    #: valid tokens whose step is null (their sequence is keyed (null, seq_id): apart from
+    #: the same seq_id's tokens that have a step, and in no step's row)
+    tokens_without_step: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -468,6 +471,7 @@ class Accounting:
                 str(k): int(v) for k, v in sorted(self.staleness.items())},
             "sequences_with_version_switch": self.sequences_with_version_switch,
             "sequences_with_duplicate_positions": self.sequences_with_duplicate_positions,
+            "tokens_without_step": self.tokens_without_step,
         }
 
 
@@ -1098,6 +1102,8 @@ def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
         ("null_loss_mask", mask.is_null()),
         ("unmasked", ~mask),
         ("missing_seq_id", pl.col("seq_id").is_null()),
+        *([("invalid_position", pl.col("position").is_null() | (pl.col("position") < 0))]
+          if "position" in mapping else []),
         ("non_finite_logprob", tl.is_null() | il.is_null() | ~tl.is_finite() | ~il.is_finite()),
         ("sentinel_logprob", (tl <= S.SENTINEL_FLOOR) | (il <= S.SENTINEL_FLOOR)),
         ("positive_logprob", (tl > S.POSITIVE_LOGPROB_TOL) | (il > S.POSITIVE_LOGPROB_TOL)),
@@ -1274,6 +1280,8 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         totals += [pl.col("_tv_lo").min(), pl.col("_tv_hi").max()]
     if has_step:
         totals.append(pl.col("_step").drop_nulls().unique().sort().implode().alias("_steps"))
+        totals.append(pl.col("_valid").filter(pl.col("_step").is_null()).sum()
+                      .alias("n_nullstep"))
     # the pass groups by the reason's code (UInt8), named afterwards on the small table
     rc = pl.col("_rc")
     keys = [pl.col("seq_key")]
@@ -1320,6 +1328,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         staleness=stale,
         sequences_with_version_switch=int(seq["n_switch"]) if has_pv else None,
         sequences_with_duplicate_positions=int(seq["n_dup"]),
+        tokens_without_step=int(seq["n_nullstep"] or 0) if has_step else 0,
     ), fine
 
 

@@ -137,10 +137,12 @@ def foreign_names(framework: str) -> dict[str, tuple[str, ...]]:
 
 #: Exclusion reasons, in the order they are tested (a token counts under the first that fits).
 EXCLUSION_REASONS: dict[str, str] = {
-    "missing_seq_id": "seq_id is null",
-    "null_loss_mask": "loss_mask is null",
     "invalid_loss_mask": "a numeric loss_mask other than 0 or 1 (e.g. 0.5, 2, -1, NaN: a weight "
                          "or label column mapped as the mask?)",
+    "null_loss_mask": "loss_mask is null",
+    "missing_seq_id": "seq_id is null",
+    "invalid_position": "position is null or negative (the token cannot be placed in its "
+                        "sequence)",
     "non_finite_logprob": "train or infer logprob is NaN, null or +-inf",
     "sentinel_logprob": "a logprob <= -1000 (padding floors such as -9999 / -99999)",
     "positive_logprob": "a logprob > 1e-4 nats (impossible for a probability; e.g. +1.0 sentinels)",
