@@ -147,8 +147,8 @@ class Chunk:
     streamed: bool = False
     #: where the chunk's rows come from (file and row range), named in read errors
     source: str = ""
-    #: for a chunk of several files: each file's frame and source, read one by one to name
-    #: the file a read error comes from
+    #: for a chunk of several files: each file's frame (its columns as read, before any
+    #: validation) and source, read one by one to name the file a read error comes from
     parts: tuple[tuple[pl.LazyFrame, str], ...] = ()
 
 
