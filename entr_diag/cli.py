@@ -467,7 +467,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
     if not quiet:
         for note in ds.notes:
             if ("missing from" in note or "not used" in note or "trainer-side" in note
-                    or "partition folder" in note or "continue from one file" in note):
+                    or "partition folder" in note or "continue from one file" in note
+                    or "written by entr-diag" in note):
                 stderr.print(f"note: {escape(note)}")
     dup = ds.accounting.sequences_with_duplicate_positions
     if dup and not quiet:
@@ -655,6 +656,13 @@ def inspect(
 # ----------------------------------------------------------------- fit
 
 
+def _output_mark(command: str) -> dict[str, str]:
+    """Parquet file metadata marking an entr-diag output (directory walks skip it)."""
+    from entr_diag.io.load import OUTPUT_MARK
+
+    return {OUTPUT_MARK: f"entr-diag {__version__} {command}"}
+
+
 def _dropped(ds, canon: str):
     """The loader's note that it dropped ``canon`` because some files lack it (``CANON
     ('SRC') is missing from N of M files (e.g. FILE): not used``), as a regex match, or
@@ -834,7 +842,8 @@ def flag(
         # earlier run must never pass for this run's result
         lf = flagged_tokens(ds.lf, h_star=h_star, tau=tau, eps=eps).with_columns(
             pl.col("seq_id").cast(ds.seq_id_dtype))
-        write_with(output, lambda tmp: lf.sink_parquet(tmp, compression="zstd"))
+        write_with(output, lambda tmp: lf.sink_parquet(tmp, compression="zstd",
+                                                       metadata=_output_mark("flag")))
         if h_star is None:
             reason = (res.to_dict().get("regime") or {}).get("breakpoint_search", {}).get("reason", "")
             stdout.print("no low-entropy noise regime was found in this run, so no token is "
@@ -985,7 +994,8 @@ def compare(
                 gates.append(res.matched_spec)
             lf = decisions_frame(ds.lf, gates).with_columns(
                 pl.col("seq_id").cast(ds.seq_id_dtype))
-            write_with(export, lambda tmp: lf.sink_parquet(tmp, compression="zstd"))
+            write_with(export, lambda tmp: lf.sink_parquet(
+                tmp, compression="zstd", metadata=_output_mark("compare --export")))
             if not quiet:
                 stderr.print(f"wrote {export}")
         render_compare(res, stdout)

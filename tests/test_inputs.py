@@ -228,3 +228,31 @@ def test_mostly_excluded_caveat_reaches_the_verdict_even_quiet(tmp_path):
     out = tmp_path / "r.html"
     r = runner.invoke(app, ["report", str(p), "-q", "-o", str(out)])
     assert r.exit_code == 0 and "of the loss-masked tokens are excluded" in out.read_text()
+
+
+# ------------------------------------------------------------------ our own outputs
+
+
+def test_own_parquet_outputs_are_skipped_in_directory_searches(tmp_path):
+    """flag / compare --export write a marker into their Parquet metadata; a later run on
+    the folder skips those files (they are not shards of the dump) and says so; named
+    explicitly they are read; a folder holding only them is refused with that reason."""
+    from entr_diag.io import load_dataset
+    from entr_diag.synth import SynthSpec, write_synth
+
+    d = tmp_path / "run"
+    d.mkdir()
+    write_synth(d / "dump.parquet", SynthSpec(n_tokens=30_000, seed=3))
+    alone = load_dataset([d]).accounting.to_dict()
+    for args in (["flag", "-o", str(d / "noise.parquet")],
+                 ["compare", "--export", str(d / "decisions.parquet")]):
+        r = runner.invoke(app, [args[0], str(d / "dump.parquet"), *args[1:], "-q"])
+        assert r.exit_code == 0, r.output
+    ds = load_dataset([d])
+    assert [f.path.name for f in ds.files] == ["dump.parquet"]
+    assert ds.accounting.to_dict() == alone
+    assert any("skipped 2 file(s) written by entr-diag" in n for n in ds.notes)
+    assert load_dataset([d / "noise.parquet"]).accounting.tokens_valid > 0
+    (d / "dump.parquet").unlink()
+    r = runner.invoke(app, ["inspect", str(d)])
+    assert r.exit_code == 2 and "holds only 2 file(s) written by entr-diag" in r.stderr

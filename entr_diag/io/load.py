@@ -59,12 +59,19 @@ def bundled_sample_path() -> Path:
 # --------------------------------------------------------------------------- files
 
 
-def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None) -> list[Path]:
+#: key of the Parquet file metadata entr-diag writes into its own Parquet outputs (flag,
+#: compare --export): a directory walk skips such files (a run's folder may hold them)
+OUTPUT_MARK = "entr_diag.output"
+
+
+def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None,
+                  walked: set[Path] | None = None) -> list[Path]:
     """Expand files, directories (recursively, ``*.parquet``) and globs into Parquet files.
 
     A directory walk skips Parquet files whose names start with '.' or '_' (hidden,
     temporary or metadata files by the Spark/Hive convention); they are appended to
-    ``skipped`` when given. Files named explicitly or matched by a glob are always read.
+    ``skipped`` when given; the files it finds are added to ``walked`` when given. Files
+    named explicitly or matched by a glob are always read.
 
     Returns the files sorted, without duplicates.
 
@@ -87,6 +94,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                     hidden.append(q)  # a Parquet name but for its leading '.' or '_'
             if skipped is not None:
                 skipped.extend(hidden)
+            if walked is not None:
+                walked.update(found)
             if not found:
                 raise InputError(
                     f"directory {text} holds no Parquet files (*.parquet, *.pq)"
@@ -582,17 +591,29 @@ def load_dataset(
         paths = [bundled_sample_path()]
     if layout not in LAYOUTS:
         raise InputError(f"--layout must be one of {', '.join(LAYOUTS)}, not '{layout}'.")
-    file_list = resolve_paths(list(paths))  # type: ignore[arg-type]
+    walked: set[Path] = set()
+    file_list = resolve_paths(list(paths), walked=walked)  # type: ignore[arg-type]
     schemas: dict[Path, pa.Schema] = {}
     rows: dict[Path, int] = {}
     metas: dict[Path, pq.FileMetaData] = {}
-    for f in file_list:
+    ours: list[Path] = []  # entr-diag's own outputs found by a directory walk: skipped
+    for f in list(file_list):
         schemas[f] = _read_schema(f)
         try:
             metas[f] = pq.ParquetFile(f).metadata
         except (pa.ArrowInvalid, OSError) as e:
             raise InputError(f"cannot read {f} as Parquet ({_short(e)}).") from None
+        if f in walked and OUTPUT_MARK.encode() in (metas[f].metadata or {}):
+            ours.append(f)
+            file_list.remove(f)
+            del schemas[f], metas[f]
+            continue
         rows[f] = metas[f].num_rows
+    if ours and not file_list:
+        raise InputError(
+            f"the input holds only {len(ours)} file(s) written by entr-diag (flag or compare "
+            f"--export outputs, e.g. {ours[0]}), skipped in directory searches: name them "
+            "explicitly to read them.")
 
     # union of available columns (hive partition keys count as string columns)
     available: dict[str, pa.DataType] = {}
@@ -605,6 +626,10 @@ def load_dataset(
             available.setdefault(k, pa.int64() if _int_like(v) else pa.string())
     mapping, notes = resolve_mapping(available, overrides=columns, framework=framework,
                                      entropy=entropy)
+    if ours:
+        notes.append(f"skipped {len(ours)} file(s) written by entr-diag (flag or compare "
+                     f"--export outputs) found in input directories, e.g. {ours[0]}: name "
+                     "them explicitly to read them")
 
     # optional columns must be present in every file, required ones in every file
     infos: list[FileInfo] = []
