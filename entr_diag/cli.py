@@ -162,7 +162,7 @@ LayoutOpt = Annotated[
 EntropyOpt = Annotated[
     str, typer.Option(help="Which entropy: auto (inference-side, else trainer-side), infer, train.")
 ]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON to this file.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON to this file ('-': to stdout, the tables then go to stderr).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr.")]
 TauOpt = Annotated[float, typer.Option(help="ENTR budget tau: keep iff delta^2/(H+eps) <= tau.")]
 EpsOpt = Annotated[float, typer.Option(help="ENTR entropy offset eps (nats).")]
@@ -299,9 +299,19 @@ def _status(message: str, quiet: bool, rows: int | None = None) -> Iterator[None
     yield
 
 
+def _to_stdout(path: Path | None) -> bool:
+    """``--json -``: the JSON goes to stdout."""
+    return path is not None and str(path) == "-"
+
+
+def _tables(json_path: Path | None) -> Console:
+    """Where a command prints its tables: stdout, or stderr when the JSON takes stdout."""
+    return stderr if _to_stdout(json_path) else stdout
+
+
 def _check_output(path: Path | None, what: str) -> None:
     """Refuse, before any work, an output path that cannot be written."""
-    if path is None:
+    if path is None or (what == "--json" and _to_stdout(path)):
         return
 
     from entr_diag.atomic import output_target
@@ -375,7 +385,8 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
     from entr_diag.errors import InputError
     from entr_diag.io.load import bundled_sample_path, resolve_paths
 
-    given = {what: path for what, path in outputs.items() if path is not None}
+    given = {what: path for what, path in outputs.items()
+             if path is not None and not (what == "--json" and _to_stdout(path))}
     seen: dict[tuple, str] = {}
     for what, path in given.items():
         key = _file_identity(path)
@@ -592,6 +603,12 @@ def _forensics(ds, quiet: bool):
 def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
     if path is None:
         return
+    if _to_stdout(path):
+        from entr_diag.report.json_report import dumps
+
+        sys.stdout.write(dumps(doc))
+        sys.stdout.flush()
+        return
     from entr_diag.report.json_report import write_json
 
     write_json(path, doc)
@@ -646,11 +663,12 @@ def inspect(
         _write_json(json_path, envelope(
             "inspect", desc, {"layout": layout, "entropy": entropy, "framework": framework},
             forensics=None if findings is None else findings.to_dict()), quiet)
-        render_inspect(desc, stdout)
+        out = _tables(json_path)
+        render_inspect(desc, out)
         if findings is not None:
-            render_findings(findings, stdout)
+            render_findings(findings, out)
         else:
-            stdout.print("no valid loss-masked token: nothing to analyse.")
+            out.print("no valid loss-masked token: nothing to analyse.")
 
 
 # ----------------------------------------------------------------- fit
@@ -798,8 +816,8 @@ def fit(
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
                                         metrics=metrics.to_dict(),
                                         forensics=findings.to_dict()), quiet)
-        render_fit(fit_res, metrics, stdout, caveat=caveat)
-        render_findings(findings, stdout, show_checks=False)
+        render_fit(fit_res, metrics, _tables(json_path), caveat=caveat)
+        render_findings(findings, _tables(json_path), show_checks=False)
 
 
 @app.command()
@@ -998,7 +1016,7 @@ def compare(
                 tmp, compression="zstd", metadata=_output_mark("compare --export")))
             if not quiet:
                 stderr.print(f"wrote {export}")
-        render_compare(res, stdout)
+        render_compare(res, _tables(json_path))
 
 
 # ----------------------------------------------------------------- report
@@ -1085,14 +1103,15 @@ def report(
 
         write_text(output, html)
         _write_json(json_path, doc, quiet)
-        stdout.print(f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)")
+        out = _tables(json_path)
+        out.print(f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)")
         if no_law:
-            stdout.print(f"No scaling law: {no_law}", soft_wrap=True)
+            out.print(f"No scaling law: {no_law}", soft_wrap=True)
         verdict = (doc["fit"] or {}).get("verdict") or {}
         if verdict.get("text"):
-            stdout.print(verdict["text"], soft_wrap=True)
+            out.print(verdict["text"], soft_wrap=True)
         if verdict.get("caveat"):
-            stdout.print(verdict["caveat"], style="yellow", soft_wrap=True)
+            out.print(verdict["caveat"], style="yellow", soft_wrap=True)
 
 
 # ----------------------------------------------------------------- synth

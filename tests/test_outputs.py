@@ -350,3 +350,17 @@ def test_a_full_disk_is_named_as_a_write_failure(run_file, tmp_path, monkeypatch
     r = runner.invoke(app, ["report", str(run_file), "-o", str(html), "-q"])
     assert r.exit_code == 2 and f"cannot write {html}: No space left on device" in r.stderr
     assert not html.exists() and sorted(tmp_path.iterdir()) == [out]
+
+
+@pytest.mark.parametrize("cmd", [["inspect"], ["fit"], ["compare"], ["report", "-o", "{d}/r.html"]])
+def test_json_dash_writes_pure_json_to_stdout(run_file, tmp_path, monkeypatch, cmd):
+    """``--json -`` writes the JSON document to stdout (pipeable into jq) and the tables to
+    stderr; no file named '-' appears."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    args = [a.replace("{d}", str(tmp_path)) for a in cmd]
+    r = runner.invoke(app, [args[0], str(run_file), *args[1:], "--json", "-", "-q"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["command"] == args[0]
+    assert r.stderr.strip() and not (tmp_path / "-").exists()
