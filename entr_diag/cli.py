@@ -904,17 +904,31 @@ def _parse_sweep(items: list[str] | None) -> dict[str, object]:
     return out
 
 
-def _gates(gate: list[str] | None, tau: float, eps: float):
-    """Parse --gate specs (before any data is read): (ENTR spec, panel)."""
+def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
+    """Parse --gate specs (before any data is read): (ENTR spec, panel). At most one ENTR
+    gate; a gate given twice is compared once; an ENTR gate whose tau / eps differ from
+    --tau / --eps is noted (those still define the noise tokens)."""
     from entr_diag.gates import DEFAULT_PANEL, EntrGate, parse_gate_spec
 
     if not (tau > 0 and math.isfinite(tau)) or not (eps >= 0 and math.isfinite(eps)):
         raise ParameterError(f"--tau {tau} --eps {eps}: --tau must be a finite number > 0 and "
                              "--eps a finite number >= 0 (nats).")
     panel = [parse_gate_spec(g) for g in gate] if gate else list(DEFAULT_PANEL)
-    entr_specs = [g for g in panel if isinstance(g, EntrGate)]
-    panel = [g for g in panel if not isinstance(g, EntrGate)]
-    return (entr_specs[0] if entr_specs else EntrGate(tau=tau, eps=eps)), panel
+    unique = list(dict.fromkeys(panel))  # gate specs are frozen dataclasses: equal = same
+    if len(unique) < len(panel) and not quiet:
+        stderr.print(f"note: {len(panel) - len(unique)} --gate spec(s) repeat an earlier one: "
+                     "each gate is compared once.")
+    entr_specs = [g for g in unique if isinstance(g, EntrGate)]
+    if len(entr_specs) > 1:
+        raise ParameterError(
+            f"--gate: {len(entr_specs)} ENTR gates ({', '.join(g.spec() for g in entr_specs)}); "
+            "compare one at a time (or sweep tau with --sweep tau=LO:HI).")
+    entr = entr_specs[0] if entr_specs else EntrGate(tau=tau, eps=eps)
+    if entr_specs and (entr.tau, entr.eps) != (tau, eps) and not quiet:
+        stderr.print(f"note: the ENTR gate runs as --gate {entr.spec()}; --tau {tau:g} and "
+                     f"--eps {eps:g} still define the noise tokens (H < H* and "
+                     "delta^2/(H+eps) > tau).")
+    return entr, [g for g in unique if not isinstance(g, EntrGate)]
 
 
 def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
@@ -986,7 +1000,7 @@ def compare(
 
     with _errors(quiet):
         sweeps = _parse_sweep(sweep)
-        entr, panel = _gates(gate, tau, eps)
+        entr, panel = _gates(gate, tau, eps, quiet)
         _check_bin_edges(bin_edges)
         _check_output(json_path, "--json")
         _check_output(export, "--export")
@@ -1049,7 +1063,7 @@ def report(
     from entr_diag.report.json_report import envelope, sanitize
 
     with _errors(quiet):
-        entr, panel = _gates(gate, tau, eps)
+        entr, panel = _gates(gate, tau, eps, quiet)
         _check_bin_edges(bin_edges)
         _check_output(output, "--output")
         _check_output(json_path, "--json")

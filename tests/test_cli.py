@@ -645,3 +645,18 @@ def test_progress_bar_ends_before_results_are_printed(monkeypatch, tmp_path):
     assert r.exit_code == 0, r.output
     assert "result printed" in events
     assert events.index("bar stopped") < events.index("result printed")
+
+
+def test_gate_options_that_conflict_are_noted_or_refused(tmp_path):
+    """An ENTR --gate whose tau differs from --tau is noted (--tau still defines the noise
+    tokens); a repeated gate is compared once, with a note; two ENTR gates are refused."""
+    js = tmp_path / "c.json"
+    r = runner.invoke(app, ["compare", "--tau", "2", "--gate", "entr:tau=8,eps=0.1",
+                            "--gate", "fixed:c=0.5", "--gate", "fixed:c=0.5", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert "note: the ENTR gate runs as --gate entr:tau=8,eps=0.1; --tau 2" in r.stderr
+    assert "1 --gate spec(s) repeat an earlier one" in r.stderr
+    specs = [g["spec"] for g in json.loads(js.read_text())["compare"]["gates"]]
+    assert specs.count("fixed:c=0.5") == 1, specs
+    r = runner.invoke(app, ["compare", "--gate", "entr:tau=8", "--gate", "entr:tau=2", "-q"])
+    assert r.exit_code == 2 and "2 ENTR gates" in r.stderr
