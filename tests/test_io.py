@@ -413,10 +413,12 @@ def test_ragged_nested_refused_with_seq_ids(tmp_path):
 
 
 def test_wrong_type_refused(tmp_path):
-    """A logprob column holding strings is refused, naming column and type."""
+    """A logprob column holding strings is refused, naming file, column and type."""
     df = _long().with_columns(pl.col("train_logprob").cast(pl.String))
-    with pytest.raises(SchemaError, match="train_logprob.*string"):
-        load_dataset([_write(tmp_path, df)])
+    p = _write(tmp_path, df)
+    with pytest.raises(SchemaError, match="train_logprob.*string") as ei:
+        load_dataset([p])
+    assert str(ei.value).startswith(f"{p}: ")
 
 
 def test_long_without_seq_id_refused(tmp_path):

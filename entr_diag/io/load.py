@@ -624,8 +624,13 @@ def load_dataset(
                 available[name] = typ
         for k, v in _hive_values(f).items():
             available.setdefault(k, pa.int64() if _int_like(v) else pa.string())
-    mapping, notes = resolve_mapping(available, overrides=columns, framework=framework,
-                                     entropy=entropy)
+    try:
+        mapping, notes = resolve_mapping(available, overrides=columns, framework=framework,
+                                         entropy=entropy)
+    except SchemaError as e:
+        if len(file_list) == 1:  # the union of one file's columns: name it
+            raise SchemaError(f"{file_list[0]}: {e}") from None
+        raise
     if ours:
         notes.append(f"skipped {len(ours)} file(s) written by entr-diag (flag or compare "
                      f"--export outputs) found in input directories, e.g. {ours[0]}: name "
@@ -1103,8 +1108,8 @@ def _check_ragged(path: Path, lf: pl.LazyFrame, ragged: pl.Expr, srcs: Mapping[s
     if n:
         keys = ", ".join(str(k) for k in bad["keys"][0])
         raise InputError(
-            f"{path}: {n} nested row(s) have list columns of different lengths "
-            f"({', '.join(list_srcs)}); seq_id(s): {keys}. Every per-token list of a "
+            f"{path}: {n} nested row(s) have list columns of different lengths, or a null "
+            f"list ({', '.join(list_srcs)}); seq_id(s): {keys}. Every per-token list of a "
             "sequence must have one entry per token."
         )
 
