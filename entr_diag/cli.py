@@ -730,9 +730,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     (exit 2) unless ``allow_misaligned``.
 
     Returns a dict with keys ``fit`` (FitResult; None when not ``need_law`` and no input
-    file has an entropy column; else a missing entropy raises ParameterError), ``metrics``, ``findings`` (None when not
-    asked for) and ``profiles``: the unfinished ProfilesPlan (its version-switch follow-up
-    pass is shared with the gate comparison's first pass; call ``finish()`` after).
+    file has an entropy column; else a missing entropy raises ParameterError),
+    ``metrics``, ``findings`` (None when not asked for) and ``profiles``: the unfinished
+    ProfilesPlan (its version-switch follow-up pass is shared with the gate comparison's
+    first pass; call ``finish()`` after).
     """
     from entr_diag.fit import fit_plan
     from entr_diag.passes import run_pass
