@@ -901,6 +901,9 @@ def _parse_sweep(items: list[str] | None) -> dict[str, object]:
                 "a whole number from 2 to 512, e.g. --sweep tau=0.5:16 (log-spaced, N points, "
                 "default 25)."
             ) from None
+        if name in out:
+            raise ParameterError(f"--sweep {item}: a {name} sweep is already given; give one "
+                                 f"per budget (tau and c).")
         out[name] = np.geomspace(lo, hi, n)
     return out
 

@@ -660,3 +660,9 @@ def test_gate_options_that_conflict_are_noted_or_refused(tmp_path):
     assert specs.count("fixed:c=0.5") == 1, specs
     r = runner.invoke(app, ["compare", "--gate", "entr:tau=8", "--gate", "entr:tau=2", "-q"])
     assert r.exit_code == 2 and "2 ENTR gates" in r.stderr
+
+
+def test_a_repeated_sweep_is_refused():
+    """Two --sweep tau=... would keep only the last one: refused, exit 2."""
+    r = runner.invoke(app, ["compare", "--sweep", "tau=1:4:3", "--sweep", "tau=2:8:3", "-q"])
+    assert r.exit_code == 2 and "a tau sweep is already given" in r.stderr

@@ -256,3 +256,31 @@ def test_own_parquet_outputs_are_skipped_in_directory_searches(tmp_path):
     (d / "dump.parquet").unlink()
     r = runner.invoke(app, ["inspect", str(d)])
     assert r.exit_code == 2 and "holds only 2 file(s) written by entr-diag" in r.stderr
+
+
+def test_shards_are_read_in_natural_order(tmp_path):
+    """part-9 is read before part-10 (numbers in names compared as numbers), in directory
+    walks and globs: a sequence continuing from one shard into the next, without a
+    position column, is numbered in the order it was written."""
+    from entr_diag.io import load_dataset
+
+    d = tmp_path / "run"
+    d.mkdir()
+    for i in range(12):  # one sequence cut into 12 shards of 2 tokens
+        pl.DataFrame({"seq_id": [7, 7], "train_logprob": [-0.1 * (2 * i + 1), -0.1 * (2 * i + 2)],
+                      "infer_logprob": [-0.1, -0.1]}).write_parquet(d / f"part-{i}.parquet")
+    assert [p.name for p in resolve_paths([d])][8:11] == ["part-8.parquet", "part-9.parquet",
+                                                         "part-10.parquet"]
+    for src in (d, str(d / "part-*.parquet")):
+        got = load_dataset([src]).lf.sort("position").collect()["train_logprob"].to_list()
+        assert got == pytest.approx([-0.1 * k for k in range(1, 25)])
+
+
+@pytest.mark.parametrize("reason", list(__import__("entr_diag.io.schema", fromlist=["x"])
+                                         .EXCLUSION_REASONS))
+def test_every_reason_that_can_exclude_most_tokens_has_a_hint(reason):
+    """A reason excluding most loss-masked tokens always comes with what it usually means."""
+    from entr_diag.report.caveats import exclusion_caveat
+
+    c = exclusion_caveat({reason: 60}, 100, 40)
+    assert c is not None and f"Most are {reason}: " in c

@@ -229,6 +229,29 @@ def test_null_step_tokens_are_counted_and_warned_about(tmp_path):
         .tokens_without_step == 0
 
 
+def test_padding_with_marker_positions_is_no_duplicate(tmp_path):
+    """Rows outside the loss mask (or excluded) with a marker position (-1, null) do not
+    make a sequence look duplicated; a copied shard still does."""
+    pad = _long(position=[0, 1, 2, -1, -1], loss_mask=[True, True, True, False, False],
+                seq_id=[1, 1, 1, 1, 1])
+    ds = load_dataset([_write(tmp_path, pad)])
+    assert ds.accounting.sequences_with_duplicate_positions == 0
+    d = tmp_path / "copies"
+    _write(d, _long(), "a.parquet")
+    _write(d, _long(), "b.parquet")
+    assert load_dataset([d]).accounting.sequences_with_duplicate_positions == 2
+
+
+def test_hive_default_partition_is_a_null_value(tmp_path):
+    """Spark/Hive's step=__HIVE_DEFAULT_PARTITION__ folder is a null step (counted and
+    warned about), not a conversion error."""
+    _write(tmp_path / "run" / "step=3", _long().drop("step"), "a.parquet")
+    _write(tmp_path / "run" / "step=__HIVE_DEFAULT_PARTITION__", _long().drop("step"),
+           "b.parquet")
+    ds = load_dataset([tmp_path / "run"])
+    assert ds.accounting.steps == (3,) and ds.accounting.tokens_without_step == 5
+
+
 def test_bad_values_outside_mask_ignored(tmp_path):
     """Placeholders on tokens outside the loss mask are neither counted nor kept."""
     df = _long(train_logprob=[-0.1, float("nan"), -0.3, 1.0, -2.0],

@@ -73,7 +73,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
     ``skipped`` when given; the files it finds are added to ``walked`` when given. Files
     named explicitly or matched by a glob are always read.
 
-    Returns the files sorted, without duplicates.
+    Returns the files in natural order (numbers in names compared as numbers:
+    ``part-9`` before ``part-10``), without duplicates.
 
     Raises:
         InputError: a path that does not exist, a glob or directory that matches no
@@ -87,7 +88,7 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
         p = Path(text)
         if p.is_dir():
             found, hidden = [], []
-            for q in sorted(p.rglob("*")):
+            for q in sorted(p.rglob("*"), key=_natural):
                 if q.is_file() and _looks_parquet(q):
                     found.append(q)
                 elif q.is_file() and _looks_parquet(q.with_name("x" + q.name)):
@@ -107,7 +108,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
         elif p.is_file():
             out.append(p)
         elif any(ch in text for ch in "*?["):
-            found = sorted(Path(m) for m in glob.glob(text, recursive=True) if Path(m).is_file())
+            found = sorted((Path(m) for m in glob.glob(text, recursive=True)
+                            if Path(m).is_file()), key=_natural)
             if not found:
                 raise InputError(f"the pattern {text} matches no file.")
             out.extend(found)
@@ -121,6 +123,14 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
             seen.add(key)
             uniq.append(q)
     return uniq
+
+
+def _natural(p: Path) -> tuple:
+    """Sort key reading the numbers in a path as numbers: ``part-9`` before ``part-10``,
+    ``step=2`` before ``step=10`` (shards are written in that order; a sequence that
+    continues from one file into the next is numbered in it)."""
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t)
+                 for t in re.split(r"(\d+)", str(p)) if t)
 
 
 def _looks_parquet(p: Path) -> bool:
@@ -141,6 +151,10 @@ def _short(e: BaseException) -> str:
     return msg[:200]
 
 
+#: the folder name Hive and Spark write for a null partition value (``step=__HIVE_...__``)
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
 def _hive_values(path: Path) -> dict[str, str]:
     vals: dict[str, str] = {}
     for part in path.parent.parts:
@@ -158,7 +172,7 @@ def _partition_conflicts(path: Path, meta: pq.FileMetaData, hive: Mapping[str, s
     notes = []
     paths = [meta.schema.column(j).path for j in range(meta.num_columns)]
     for canon, src in mapping.items():
-        if src not in hive or src not in paths:  # a scalar column of the file
+        if src not in hive or src not in paths or hive[src] == _HIVE_NULL:  # a scalar column
             continue
         want, j = hive[src], paths.index(src)
         lo = hi = None
@@ -623,7 +637,11 @@ def load_dataset(
             if prev is None or (_is_list(typ) and not _is_list(prev)):
                 available[name] = typ
         for k, v in _hive_values(f).items():
-            available.setdefault(k, pa.int64() if _int_like(v) else pa.string())
+            if v != _HIVE_NULL:  # a null value: typed by the other folders
+                available.setdefault(k, pa.int64() if _int_like(v) else pa.string())
+    for f in file_list:  # partition keys whose every value is null
+        for k in _hive_values(f):
+            available.setdefault(k, pa.string())
     try:
         mapping, notes = resolve_mapping(available, overrides=columns, framework=framework,
                                          entropy=entropy)
@@ -1028,7 +1046,7 @@ def _with_hive(lf: pl.LazyFrame, types: Mapping[str, pa.DataType], hive: Mapping
                mapping: Mapping[str, str]) -> pl.LazyFrame:
     """``lf`` with the mapped partition values the file lacks as literal columns."""
     hive_cols = [
-        pl.lit(int(v) if _int_like(v) else v).alias(k)
+        pl.lit(None if v == _HIVE_NULL else int(v) if _int_like(v) else v).alias(k)
         for k, v in hive.items() if k not in types and k in set(mapping.values())
     ]
     return lf.with_columns(hive_cols) if hive_cols else lf
@@ -1272,11 +1290,11 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         merge.append(pl.col("_st").min())
     # per sequence, from the (sequence, staleness, reason) rows
     v = ok  # on the small table the reason column is the key
+    # the position range of the valid tokens (excluded rows, padding marked -1 or null,
+    # have no trustworthy position)
     per_seq_aggs = [pl.col("_n").filter(v).sum().alias("_valid"),
-                    # rows holding a token (an empty nested row holds none)
-                    pl.col("_n").filter((reason != "empty_row").fill_null(True)).sum()
-                    .alias("_rows"),
-                    pl.col("_pmin").min().alias("_pos_lo"), pl.col("_pmax").max().alias("_pos_hi")]
+                    pl.col("_pmin").filter(v).min().alias("_pos_lo"),
+                    pl.col("_pmax").filter(v).max().alias("_pos_hi")]
     per_seq_aggs += [pl.col("_n").filter(reason == r).sum().alias(r) for r in reasons]
     if has_pv:
         per_seq_aggs += [pl.col("_pvl").filter(v).min().alias("_pv_lo"),
@@ -1295,8 +1313,9 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         (masked == 0).sum().alias("n_no_mask"),
         pl.col("_valid").sum(),
         *[pl.col(r).sum() for r in reasons],
-        # more token rows than distinct positions can hold: duplicated (step, seq_id, position)
-        (pl.col("_rows") > pl.col("_pos_hi") - pl.col("_pos_lo") + 1).fill_null(False).sum()
+        # more valid tokens than distinct positions can hold: duplicated (step, seq_id,
+        # position)
+        (pl.col("_valid") > pl.col("_pos_hi") - pl.col("_pos_lo") + 1).fill_null(False).sum()
         .alias("n_dup"),
     ]
     if has_pv:

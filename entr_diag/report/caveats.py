@@ -52,6 +52,13 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
                        "unnormalised value); map another with --column entropy=NAME",
     "invalid_loss_mask": "the mask column holds weights or labels, not 0/1; map the 0/1 mask "
                          "with --column loss_mask=NAME",
+    "null_loss_mask": "the mask is null where the arrays were padded (a padded tensor with "
+                      "null padding?) or the mask column is not the loss mask",
+    "missing_seq_id": "the seq_id column is mostly null: map another with --column "
+                      "seq_id=NAME",
+    "invalid_position": "the position column is mostly null or negative (padding markers?): "
+                        "map another with --column position=NAME, or drop it to number "
+                        "tokens in row order",
     "negative_version": "version -1 marks prompt positions: the mask may cover the prompt",
 }
 
