@@ -604,10 +604,19 @@ def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
     if path is None:
         return
     if _to_stdout(path):
+        import os
+
+        from entr_diag.errors import InputError
         from entr_diag.report.json_report import dumps
 
-        sys.stdout.write(dumps(doc))
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(dumps(doc))
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader left (| head): exit 1 quietly, as the tables do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
+        except OSError as e:
+            raise InputError(f"cannot write the JSON to stdout: {e.strerror or e}.") from None
         return
     from entr_diag.report.json_report import write_json
 

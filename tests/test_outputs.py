@@ -364,3 +364,21 @@ def test_json_dash_writes_pure_json_to_stdout(run_file, tmp_path, monkeypatch, c
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["command"] == args[0]
     assert r.stderr.strip() and not (tmp_path / "-").exists()
+
+
+def test_json_dash_into_a_closed_pipe_exits_1_quietly(run_file):
+    """``--json - | true``: the reader is gone before the JSON is written; exit 1 without an
+    error message, as for the tables (the README's exit codes); a full stdout is named."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "entr_diag", "fit", str(run_file), "--json", "-", "-q"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None
+    p.stdout.close()  # long before the fit writes anything
+    err = p.stderr.read() if p.stderr else b""
+    assert p.wait(timeout=120) == 1 and b"error" not in err, err
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, timeout=120)
+        assert r.returncode == 2 and b"cannot write the JSON to stdout" in r.stderr
