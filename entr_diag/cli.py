@@ -304,18 +304,39 @@ def _to_stdout(path: Path | None) -> bool:
     return path is not None and str(path) == "-"
 
 
-def _tables(json_path: Path | None) -> Console:
-    """Where a command prints its tables: stdout, or stderr when the JSON takes stdout."""
-    return stderr if _to_stdout(json_path) else stdout
+def _is_stdout(path: Path | None) -> bool:
+    """``path`` is ``-`` or names this process's stdout (``/dev/stdout``, the file or pipe
+    stdout is redirected to)."""
+    import os
+
+    if path is None:
+        return False
+    if _to_stdout(path):
+        return True
+    try:
+        a, b = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _tables(*outputs: Path | None) -> Console:
+    """Where a command prints its tables: stdout, or stderr when one of its outputs (the
+    JSON with ``--json -``, or an output naming /dev/stdout) takes stdout."""
+    return stderr if any(_is_stdout(p) for p in outputs) else stdout
 
 
 def _check_output(path: Path | None, what: str) -> None:
     """Refuse, before any work, an output path that cannot be written."""
     if path is None or (what == "--json" and _to_stdout(path)):
         return
+    from entr_diag.errors import InputError
+
+    if _to_stdout(path):
+        raise InputError(f"{what} -: give a file name ('-' means stdout only for --json; "
+                         "/dev/stdout writes there).")
 
     from entr_diag.atomic import output_target
-    from entr_diag.errors import InputError
 
     if path.is_dir():
         raise InputError(f"{what} {path} is a directory; give a file name.")
@@ -385,6 +406,14 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
     from entr_diag.errors import InputError
     from entr_diag.io.load import bundled_sample_path, resolve_paths
 
+    to_stdout = [what for what, path in outputs.items() if path is not None and _is_stdout(path)]
+    try:
+        into_device = stat.S_ISCHR(os.fstat(sys.stdout.fileno()).st_mode)  # /dev/null, a tty
+    except (OSError, ValueError):
+        into_device = False
+    if len(to_stdout) > 1 and not into_device:
+        raise ParameterError(f"{' and '.join(to_stdout)} both write to stdout; send one of "
+                             "them to a file.")
     given = {what: path for what, path in outputs.items()
              if path is not None and not (what == "--json" and _to_stdout(path))}
     seen: dict[tuple, str] = {}
@@ -1043,7 +1072,7 @@ def compare(
                 tmp, compression="zstd", metadata=_output_mark("compare --export")))
             if not quiet:
                 stderr.print(f"wrote {export}")
-        render_compare(res, _tables(json_path))
+        render_compare(res, _tables(json_path, export))
 
 
 # ----------------------------------------------------------------- report
@@ -1130,7 +1159,7 @@ def report(
 
         write_text(output, html)
         _write_json(json_path, doc, quiet)
-        out = _tables(json_path)
+        out = _tables(json_path, output)
         out.print(f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)")
         if no_law:
             out.print(f"No scaling law: {no_law}", soft_wrap=True)

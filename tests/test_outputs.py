@@ -382,3 +382,29 @@ def test_json_dash_into_a_closed_pipe_exits_1_quietly(run_file):
         with open("/dev/full", "w") as full:
             r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, timeout=120)
         assert r.returncode == 2 and b"cannot write the JSON to stdout" in r.stderr
+
+
+def test_dash_and_dev_stdout_as_output_paths(run_file, tmp_path, monkeypatch):
+    """'-' is stdout only for --json: ``-o -`` is refused (it made a file named '-'); an
+    output to /dev/stdout gets stdout to itself (the tables go to stderr), and two outputs
+    into stdout are refused."""
+    import subprocess
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    for args in (["report", str(run_file), "-o", "-"], ["flag", str(run_file), "-o", "-"],
+                 ["compare", str(run_file), "--export", "-"], ["synth", "-o", "-"]):
+        r = runner.invoke(app, [*args, "-q"])
+        assert r.exit_code == 2 and "give a file name ('-' means stdout only for --json" \
+            in r.stderr, (args, r.output)
+    assert not (tmp_path / "-").exists()
+    base = [sys.executable, "-m", "entr_diag", "report", str(run_file), "-q", "-o", "/dev/stdout"]
+    with open(tmp_path / "r.html", "w") as out:
+        r = subprocess.run(base, stdout=out, stderr=subprocess.PIPE, timeout=120)
+    assert r.returncode == 0 and b"wrote /dev/stdout" in r.stderr
+    html = (tmp_path / "r.html").read_text()
+    assert html.startswith("<!DOCTYPE html>") and html.rstrip().endswith("</html>")
+    with open(tmp_path / "both.txt", "w") as out:
+        r = subprocess.run([*base, "--json", "-"], stdout=out, stderr=subprocess.PIPE,
+                           timeout=120)
+    assert r.returncode == 2 and b"--output and --json both write to stdout" in r.stderr
