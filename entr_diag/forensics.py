@@ -874,6 +874,45 @@ class _LagSample(QueryAccumulator):
         return pl.concat(self.parts, how="vertical_relaxed")
 
 
+class _LagSums(QueryAccumulator):
+    """Pass accumulator of the shift test on EVERY sequence, for lags +-1 (the sample of
+    :class:`_LagSample` may hold none of a handful of shifted sequences in a large run,
+    and a handful already flips the fitted law): per (seq_key, step), the sums of
+    |train_logprob[t] - infer_logprob[t +- 1]| over the token pairs of consecutive
+    positions that lie in one chunk, their counts, and the sum of |delta| over all
+    tokens. The engine computes them (a shift and a comparison per lag and token, one
+    group-by per chunk); partial rows of a sequence split across chunks are summed."""
+
+    COLS = ("_a-1", "_n-1", "_a1", "_n1", "_z", "_n0")
+
+    def __init__(self, with_step: bool) -> None:
+        self.keys = ["seq_key", "step"] if with_step else ["seq_key"]
+        self.rows = PartialRows(self.keys, [pl.col(c).sum() for c in self.COLS], 2_000_000)
+
+    def build(self, lf: pl.LazyFrame) -> list[pl.LazyFrame]:
+        tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
+        pos, sk = pl.col("position"), pl.col("seq_key")
+        pairs = []
+        for L in (-1, 1):
+            ok = (pos.shift(-L) == pos + L) & (sk.shift(-L) == sk)
+            pairs.append(pl.when(ok).then((tl - il.shift(-L)).abs()).alias(f"_p{L}"))
+        aggs = [e for L in (-1, 1) for e in (pl.col(f"_p{L}").sum().alias(f"_a{L}"),
+                                              pl.col(f"_p{L}").count().cast(pl.Int64)
+                                              .alias(f"_n{L}"))]
+        aggs += [(tl - il).abs().sum().alias("_z"), pl.len().cast(pl.Int64).alias("_n0")]
+        return [lf.select(*self.keys, "position", "train_logprob", "infer_logprob")
+                .with_columns(pairs).group_by(self.keys).agg(aggs)]
+
+    def absorb(self, results: list[pl.DataFrame]) -> None:
+        if results[0].height:
+            self.rows.add(results[0])
+
+    def table(self) -> pl.DataFrame | None:
+        """One row per sequence (None when no token was seen)."""
+        t = self.rows.result()
+        return t if t.height else None
+
+
 def _misalign_keep(ds: Any) -> int:
     """Sampled sequences per 1000 (by seq_key hash), so that about MISALIGN_MAX_TOKENS
     tokens are kept."""
@@ -884,12 +923,18 @@ def _misalign_keep(ds: Any) -> int:
     return keep
 
 
+def _share(x: float) -> str:
+    """A share as a percentage, two significant digits below 1% (0.038% is not 0.0%)."""
+    return f"{x:.1%}" if x >= 0.01 else f"{100 * x:.2g}%"
+
+
 def _lag_name(lag: int) -> str:
     """``-2`` -> ``minus2``, ``1`` -> ``plus1`` (evidence keys)."""
     return f"{'minus' if lag < 0 else 'plus'}{abs(lag)}"
 
 
-def _misalignment(sample: pl.DataFrame, keep: int) -> _Result:
+def _misalignment(sample: pl.DataFrame, keep: int,
+                  every: pl.DataFrame | None = None) -> _Result:
     """Shifted alignment between the two logprob columns (by 1 to 3 tokens, in every
     sequence or in some).
 
@@ -913,6 +958,10 @@ def _misalignment(sample: pl.DataFrame, keep: int) -> _Result:
       the steps written after a resume with a different slicing: 0.5% of shifted sequences
       already flip the fitted law. Clean sequences of 8+ pairs stay above 1.4 on the
       bundled run and synthetic runs (threshold 0.5).
+
+    The partial test at lags +-1 runs on every sequence when ``every`` is given (the
+    per-sequence sums of :class:`_LagSums`; the ratio there compares with the sequence's
+    mean |delta| over all its tokens), at lags +-2 and +-3 on the sample.
 
     Evidence: mean |differences| and Pearson correlations at lags -1, 0, +1 on the interior
     tokens (both neighbours present), the ratio at every lag, and for a partial shift the
@@ -1013,27 +1062,33 @@ def _misalignment(sample: pl.DataFrame, keep: int) -> _Result:
         better = (f"{1 / pooled[best]:.1f}x better than lag 0" if pooled[best] > 0
                   else "exactly (mean |difference| 0), lag 0 does not")
         return _found(f, f"lag {best:+d} fits {better}")
-    # partial: sequences that are shifted on their own
+    # partial: sequences that are shifted on their own (lags +-1 on every sequence when
+    # the pass summed them; the lag-0 reference is then the sequence's mean over all tokens)
     shifted: dict[int, pl.DataFrame] = {}
+    tested_at: dict[int, pl.DataFrame] = {}
     tested = 0
     for L in lags:
-        t = per_seq.filter(pl.col(f"_n{L}") >= MISALIGN_SEQ_MIN_PAIRS)
-        tested = max(tested, t.height)
+        if every is not None and abs(L) == 1:
+            t = every.filter(pl.col(f"_n{L}") >= MISALIGN_SEQ_MIN_PAIRS).with_columns(
+                (pl.col("_z") * pl.col(f"_n{L}") / pl.col("_n0")).alias(f"_z{L}"))
+        else:
+            t = per_seq.filter(pl.col(f"_n{L}") >= MISALIGN_SEQ_MIN_PAIRS)
+        tested, tested_at[L] = max(tested, t.height), t
         shifted[L] = t.filter(pl.col(f"_a{L}") < MISALIGN_RATIO * pl.col(f"_z{L}"))
     lag = max(lags, key=lambda L: (shifted[L].height, -abs(L)))
     hit = shifted[lag]
     hit_ratio = ratio(hit[f"_a{lag}"].sum(), hit[f"_z{lag}"].sum()) if hit.height else math.inf
     if hit.height >= MISALIGN_PARTIAL_MIN_SEQS and (
-            hit.height >= MISALIGN_PARTIAL_SHARE * tested or hit_ratio < MISALIGN_PARTIAL_STRONG):
-        share = hit.height / tested
+            hit.height >= MISALIGN_PARTIAL_SHARE * tested_at[lag].height
+            or hit_ratio < MISALIGN_PARTIAL_STRONG):
+        share = hit.height / max(tested_at[lag].height, 1)
         ev.update(likely_shift=lag, partial=True, shifted_sequences=hit.height,
-                  sequences_tested=tested, shifted_share=_r(share),
+                  sequences_tested=tested_at[lag].height, shifted_share=_r(share),
                   ratio_in_shifted_sequences=_r(hit_ratio))
         steps = ""
         if has_step:
             by = (hit.group_by("step").len().sort(["len", "step"], descending=[True, False]))
-            all_by = per_seq.filter(pl.col(f"_n{lag}") >= MISALIGN_SEQ_MIN_PAIRS) \
-                .group_by("step").len().rename({"len": "of"})
+            all_by = tested_at[lag].group_by("step").len().rename({"len": "of"})
             by = by.join(all_by, on="step", how="left", nulls_equal=True)
             ev["shifted_steps"] = {str(r["step"]): f"{r['len']}/{r['of']}"
                                   for r in by.head(20).iter_rows(named=True)}
@@ -1043,9 +1098,11 @@ def _misalignment(sample: pl.DataFrame, keep: int) -> _Result:
             kind=name,
             severity="critical",
             title=f"Logprob columns look shifted by {lag:+d} token{'s' if abs(lag) > 1 else ''} "
-                  f"in {share:.1%} of sequences",
+                  f"in {_share(share)} of sequences",
             message=(
-                f"{hit.height:,} of {tested:,} sampled sequences match train_logprob[t] with "
+                f"{hit.height:,} of {tested_at[lag].height:,} "
+                f"{'' if every is not None and abs(lag) == 1 else 'sampled '}sequences "
+                f"match train_logprob[t] with "
                 f"infer_logprob[t{lag:+d}]: their mean |difference| at lag {lag:+d} is "
                 f"{ev['ratio_in_shifted_sequences']:.2g} times that at lag 0 (aligned sequences "
                 f"stay above 1.4 times){steps}. Over all tokens lag 0 still fits best, which hides "
@@ -1055,8 +1112,8 @@ def _misalignment(sample: pl.DataFrame, keep: int) -> _Result:
             check=check + " A shift in some steps only points at a change between them "
                           "(resume, upgrade, a second dump writer).",
         )
-        return _found(f, f"lag {lag:+d} fits {hit.height:,} of {tested:,} sequences "
-                         f"({share:.1%})")
+        return _found(f, f"lag {lag:+d} fits {hit.height:,} of {tested_at[lag].height:,} "
+                         f"sequences ({_share(share)})")
     return _clear(
         name,
         f"lag 0 fits best (mean |diff| {mad[0]:.3g} vs {mad[-1]:.3g} / {mad[1]:.3g} at -1 / +1;"
@@ -2180,16 +2237,20 @@ class MisalignmentPlan:
     def __init__(self, ds: Any) -> None:
         self.ds = ds
         self._res = _misalign_cached(ds)
+        with_step = "step" in ds.lf.collect_schema().names()
         self._sample = None if self._res is not None else _LagSample(
-            _misalign_keep(ds), with_step="step" in ds.lf.collect_schema().names())
-        self.accumulators: list[Accumulator] = [] if self._sample is None else [self._sample]
+            _misalign_keep(ds), with_step=with_step)
+        self._sums = None if self._res is not None else _LagSums(with_step)
+        self.accumulators: list[Accumulator] = (
+            [] if self._sample is None else [self._sample, self._sums])  # type: ignore[list-item]
 
     def result(self) -> _Result:
         """(status, finding) after the pass; cached for the Dataset object."""
         if self._res is None:
             assert self._sample is not None
             sample = self._sample.frame(self.ds.lf.collect_schema())
-            self._res = _misalignment(sample, self._sample.keep)
+            self._res = _misalignment(sample, self._sample.keep,
+                                      None if self._sums is None else self._sums.table())
             _misalign_store(self.ds, self._res)
         return self._res
 
@@ -2451,8 +2512,6 @@ def detect_misalignment(ds: Any) -> Finding | None:
     (:func:`misalignment_plan`), none when this Dataset object was checked before.
     """
     plan = misalignment_plan(ds)
-    if plan._sample is not None:
-        # alone, the pass reads only the sampled sequences (the filter is pushed to the scan)
-        lf = ds.lf if plan._sample.keep >= 1000 else ds.lf.filter(plan._sample.predicate())
-        run_pass(lf, plan.accumulators)
+    if plan._sample is not None:  # every sequence: lags +-1 are tested on all of them
+        run_pass(ds.lf, plan.accumulators)
     return plan.finish()

@@ -172,6 +172,23 @@ def test_shift_in_under_one_percent_of_sequences_is_detected(tmp_path):
     assert f.evidence["ratio_in_shifted_sequences"] < FX.MISALIGN_PARTIAL_STRONG
 
 
+def test_a_few_shifted_sequences_are_found_outside_the_sample(tmp_path, monkeypatch):
+    """Lags +-1 are tested on every sequence in the pass, not only on the hash-sampled
+    ones: with a sample of ~10% of the sequences, 6 shifted sequences of ~1000 are found."""
+    monkeypatch.setattr(FX, "MISALIGN_MAX_TOKENS", 20_000)
+    df = generate(SynthSpec(n_tokens=200_000, seed=6))
+    ids = df["seq_id"].unique().sort()
+    bad = ids.gather(np.random.default_rng(1).choice(ids.len(), 6, replace=False))
+    moved = IL.shift(1).over("seq_id", order_by="position")
+    df = df.with_columns(pl.when(pl.col("seq_id").is_in(bad.implode()))
+                         .then(pl.coalesce(moved, IL)).otherwise(IL).alias("infer_logprob"))
+    f = detect_misalignment(_load(tmp_path, df))
+    assert f is not None and f.evidence["partial"] is True and f.evidence["likely_shift"] == 1
+    assert f.evidence["sampled_share"] < 0.2
+    assert f.evidence["sequences_tested"] > 0.9 * ids.len()
+    assert f.evidence["shifted_sequences"] >= 5
+
+
 def test_clean_run_has_no_sequence_fitting_another_lag(tmp_path, base):
     """On a clean run no sampled sequence fits a lag of +-1..3 (the partial test's margin)."""
     from entr_diag.forensics import misalignment_plan
