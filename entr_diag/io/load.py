@@ -646,8 +646,8 @@ def load_dataset(
         mapping, notes = resolve_mapping(available, overrides=columns, framework=framework,
                                          entropy=entropy)
     except SchemaError as e:
-        if len(file_list) == 1:  # the union of one file's columns: name it
-            raise SchemaError(f"{file_list[0]}: {e}") from None
+        if len(file_list) == 1 and not str(e).startswith(("--", "unknown framework")):
+            raise SchemaError(f"{file_list[0]}: {e}") from None  # one file's columns: name it
         raise
     if ours:
         notes.append(f"skipped {len(ours)} file(s) written by entr-diag (flag or compare "
