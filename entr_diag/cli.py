@@ -1210,7 +1210,12 @@ def synth(
                          h_star=None if not h_star else h_star, noise_share=noise_share,
                          dirty=dirty)
         with _status(f"writing {tokens:,} tokens...", quiet):
-            summary = write_synth(target, spec, layout=layout)  # a symlink stays
+            try:
+                summary = write_synth(target, spec, layout=layout)  # a symlink stays
+            except OSError as e:  # a full disk, a quota...: name the file
+                from entr_diag.errors import InputError
+
+                raise InputError(f"cannot write {output}: {e.strerror or e}.") from None
         from entr_diag.report.json_report import sanitize
 
         if not quiet:  # stdout holds the ground-truth JSON only (pipe it to jq)

@@ -408,3 +408,19 @@ def test_dash_and_dev_stdout_as_output_paths(run_file, tmp_path, monkeypatch):
         r = subprocess.run([*base, "--json", "-"], stdout=out, stderr=subprocess.PIPE,
                            timeout=120)
     assert r.returncode == 2 and b"--output and --json both write to stdout" in r.stderr
+
+
+def test_synth_on_a_full_disk_names_the_file(tmp_path, monkeypatch):
+    """synth's writer failing (a full disk) names the output, exit 2, nothing left behind."""
+    import errno
+
+    import pyarrow.parquet as pq
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "Error writing bytes to file")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full)
+    out = tmp_path / "s.parquet"
+    r = runner.invoke(app, ["synth", "-o", str(out), "--tokens", "1000", "-q"])
+    assert r.exit_code == 2 and f"cannot write {out}: " in r.stderr
+    assert list(tmp_path.iterdir()) == []
