@@ -955,9 +955,9 @@ def _misalignment(sample: pl.DataFrame, keep: int,
     - partial: some sequences (at least MISALIGN_PARTIAL_MIN_SEQS of those with
       MISALIGN_SEQ_MIN_PAIRS pairs, and MISALIGN_PARTIAL_SHARE of them unless they fit
       their lag below MISALIGN_PARTIAL_STRONG) pass that test on their own tokens, e.g.
-      the steps written after a resume with a different slicing: 0.5% of shifted sequences
-      already flip the fitted law. Clean sequences of 8+ pairs stay above 1.4 on the
-      bundled run and synthetic runs (threshold 0.5).
+      the steps written after a resume with a different slicing: a handful of shifted
+      sequences among 25k already flips the fitted law. Clean sequences of 8+ pairs stay
+      above 1.4 on the bundled run and synthetic runs (threshold 0.5).
 
     The partial test at lags +-1 runs on every sequence when ``every`` is given (the
     per-sequence sums of :class:`_LagSums`; the ratio there compares with the sequence's
