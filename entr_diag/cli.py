@@ -515,7 +515,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         stderr.print(
             f"[yellow]warning:[/yellow] {dup:,} sequence(s) hold more tokens than positions: the "
             "same (step, seq_id, position) appears more than once (e.g. one dump copied into two "
-            "shards, or seq_id reused within a step); those tokens count more than once."
+            "shards, whose tokens then count twice; or a seq_id shared by several sequences, "
+            "such as a prompt or group id like verl's uid, which merges them into one)."
         )
     nostep = ds.accounting.tokens_without_step
     if nostep and not quiet:

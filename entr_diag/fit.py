@@ -430,11 +430,15 @@ class FitResult:
         """Plain Python: keys ``parameters, bins, laws, breakpoint, regime, strata, verdict``.
 
         ``breakpoint`` is None when no break was found; the search diagnostics are in
-        ``regime["breakpoint_search"]``. Floats may be NaN (the JSON writer maps them to null).
+        ``regime["breakpoint_search"]``. ``verdict["caveat"]``: the small-sample caveat
+        (:func:`entr_diag.report.caveats.small_sample_caveat`) or None (the CLI adds the
+        token accounting's). Floats may be NaN (the JSON writer maps them to null).
         """
+        from entr_diag.report.caveats import small_sample_caveat
+
         regime = self.regime.to_dict()
         regime["breakpoint_search"] = self.breakpoint_search.to_dict()
-        return {
+        out = {
             "parameters": dict(self.parameters),
             "bins": [b.to_dict() for b in self.bins],
             "laws": self.laws.to_dict(),
@@ -443,6 +447,8 @@ class FitResult:
             "strata": self.strata.to_dict(),
             "verdict": self.verdict.to_dict(),
         }
+        out["verdict"]["caveat"] = small_sample_caveat(out)
+        return out
 
 
 # ============================================================================ numerics
@@ -1205,6 +1211,8 @@ def fit_plan(
     ``step_range`` (lowest, highest step of ``lf``) skip pass 1 when they are known."""
     check_fit_parameters(eps, tau, n_boot, bins)
     _check_blocks(n_blocks)
+    if int(seed) != seed or seed < 0:
+        raise ParameterError(f"seed must be an integer >= 0, got {seed!r}.")
     lfu = usable(lf)
     names = lf.collect_schema().names()
     B = int(n_blocks)

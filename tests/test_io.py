@@ -642,3 +642,24 @@ def test_override_taking_a_needed_column_explained(tmp_path):
     assert ds.mapping["entropy"] == "entropys" and "train_entropy" not in ds.mapping
     assert any("train_entropy: 'entropys' is taken by --column entropy=entropys" in n
                for n in ds.notes)
+
+
+def test_library_entry_points_take_one_path_and_check_the_seed(tmp_path):
+    """load_dataset takes one path as well as a list (a str was read character by
+    character); fit_scaling_law refuses a negative seed with a ParameterError; the fit's
+    to_dict carries verdict.caveat (None, or the small-sample caveat); verl's
+    global_steps is a step column."""
+    from entr_diag.errors import ParameterError
+    from entr_diag.fit import fit_scaling_law
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "s.parquet"
+    write_synth(p, SynthSpec(n_tokens=30_000, seed=2))
+    ds = load_dataset(str(p))
+    assert ds.accounting.to_dict() == load_dataset([p]).accounting.to_dict()
+    with pytest.raises(ParameterError, match="seed"):
+        fit_scaling_law(ds.lf, seed=-1)
+    v = fit_scaling_law(load_dataset([p]).lf).to_dict()["verdict"]
+    assert "caveat" in v and v["caveat"] is None  # 150 sequences: no small-sample caveat
+    g = _write(tmp_path, _long().rename({"step": "global_steps"}), "g.parquet")
+    assert load_dataset([g]).mapping["step"] == "global_steps"

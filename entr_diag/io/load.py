@@ -576,7 +576,7 @@ class Dataset:
 
 
 def load_dataset(
-    paths: Sequence[str | Path] | None = None,
+    paths: str | Path | Sequence[str | Path] | None = None,
     *,
     columns: Mapping[str, str] | None = None,
     framework: str | None = None,
@@ -586,8 +586,8 @@ def load_dataset(
     """Scan Parquet inputs lazily into a validated canonical token frame.
 
     Args:
-        paths: files, directories (searched recursively) or globs; ``None`` or empty uses
-            the bundled sample run.
+        paths: files, directories (searched recursively) or globs (one path or a
+            sequence of them); ``None`` or empty uses the bundled sample run.
         columns: ``canonical -> source`` overrides (``--column``).
         framework: name a framework's column naming (``--framework``).
         layout: ``auto`` (per file: nested when the logprob columns are lists), ``long`` or
@@ -600,6 +600,8 @@ def load_dataset(
     Raises:
         InputError, SchemaError: see the module docstring.
     """
+    if isinstance(paths, (str, Path)):  # one path (not its characters)
+        paths = [paths]
     bundled = not paths
     if bundled:
         paths = [bundled_sample_path()]
