@@ -162,6 +162,8 @@ LayoutOpt = Annotated[
 EntropyOpt = Annotated[
     str, typer.Option(help="Which entropy: auto (inference-side, else trainer-side), infer, train.")
 ]
+_GATE_HELP = ("A gate to compare (repeatable), e.g. fixed:c=0.5, icepop:low=0.5,high=5, mis, "
+              "tis:cap=2, seq-is, geo-rs, k3, veto, m2po, entr:tau=4. Default: the panel.")
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON to this file ('-': to stdout, the tables then go to stderr).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr.")]
 TauOpt = Annotated[float, typer.Option(help="ENTR budget tau: keep iff delta^2/(H+eps) <= tau.")]
@@ -1014,8 +1016,7 @@ def compare(
     gate: Annotated[
         list[str] | None,
         typer.Option("--gate", "-g", metavar="SPEC",
-                     help="A gate to compare (repeatable), e.g. fixed:c=0.5, icepop:low=0.5,high=5, "
-                     "mis, tis:cap=2, seq-is, geo-rs, k3, veto, m2po, entr:tau=4. Default: the panel."),
+                     help=_GATE_HELP),
     ] = None,
     sweep: Annotated[
         list[str] | None,
@@ -1085,7 +1086,7 @@ def report(
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("entr-diag-report.html"),
     tau: TauOpt = 4.0,
     eps: EpsOpt = 0.01,
-    gate: Annotated[list[str] | None, typer.Option("--gate", "-g", metavar="SPEC", help="Gates to compare (repeatable); default: the panel.")] = None,
+    gate: Annotated[list[str] | None, typer.Option("--gate", "-g", metavar="SPEC", help=_GATE_HELP)] = None,
     bins: BinsOpt = 30,
     bin_edges: BinEdgesOpt = "quantile",
     n_boot: BootOpt = 1000,

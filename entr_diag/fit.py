@@ -902,7 +902,10 @@ def _fmt(x: float, digits: int = 3) -> str:
 def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSearch,
                   regime: RegimeResult) -> Verdict:
     lo, hi = power.alpha_ci
-    a_txt = f"alpha = {power.alpha:.2f} [{lo:.2f}, {hi:.2f}]"
+    d = 2  # decimals: more when the interval would print as one number (1.30 [1.30, 1.30])
+    while d < 4 and np.isfinite(lo) and f"{lo:.{d}f}" == f"{hi:.{d}f}":
+        d += 1
+    a_txt = f"alpha = {power.alpha:.{d}f} [{lo:.{d}f}, {hi:.{d}f}]"
     poor = np.isfinite(power.r2) and power.r2 < R2_MIN
     if np.isfinite(lo) and (lo <= 1.0 <= hi or abs(power.alpha - 1.0) <= ALPHA_EXACT) and not poor:
         law, head = "holds", f"law holds: {a_txt}"

@@ -450,3 +450,20 @@ def test_sequences_per_bin_exact_beyond_64_bins():
     for b in r.bins:
         sel = df.filter((pl.col("entropy") >= b.h_lo) & (pl.col("entropy") < b.h_hi))
         assert (sel.height, sel["seq_key"].n_unique()) == (b.tokens, b.sequences)
+
+
+def test_verdict_prints_enough_decimals_to_show_the_interval():
+    """An alpha interval narrower than 0.01 is printed with more decimals: never
+    'alpha = 1.30 [1.30, 1.30]'."""
+    from types import SimpleNamespace
+
+    from entr_diag.fit import _make_verdict
+
+    power = SimpleNamespace(alpha=1.3001, alpha_ci=(1.2991, 1.3012), k=0.02, r2=0.99,
+                            robust=SimpleNamespace(alpha=1.3, disagrees=False))
+    search = SimpleNamespace(reason="no break")
+    regime = SimpleNamespace(delta=None, share_flagged=0.0)
+    v = _make_verdict(power, None, search, regime)
+    assert "alpha = 1.300 [1.299, 1.301]" in v.text, v.text
+    power.alpha_ci = (1.2, 1.4)
+    assert "alpha = 1.30 [1.20, 1.40]" in _make_verdict(power, None, search, regime).text
