@@ -1058,7 +1058,8 @@ def compare(
         res = _compare(ds, fit_res, entr, panel, sweeps, quiet)
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
-                  "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed}
+                  "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
+                  "entropy": entropy, "framework": framework}
         _write_json(json_path, envelope("compare", ds.describe(), params, compare=res.to_dict(),
                                         fit=_fit_dict(fit_res, ds)), quiet)
         if export is not None:

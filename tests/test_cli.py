@@ -666,3 +666,13 @@ def test_a_repeated_sweep_is_refused():
     """Two --sweep tau=... would keep only the last one: refused, exit 2."""
     r = runner.invoke(app, ["compare", "--sweep", "tau=1:4:3", "--sweep", "tau=2:8:3", "-q"])
     assert r.exit_code == 2 and "a tau sweep is already given" in r.stderr
+
+
+def test_every_command_records_the_input_options_in_its_parameters(tmp_path):
+    """fit, compare and report JSON parameters all name layout, entropy and framework."""
+    for cmd in (["fit"], ["compare"], ["report", "-o", str(tmp_path / "r.html")]):
+        js = tmp_path / f"{cmd[0]}.json"
+        r = runner.invoke(app, [*cmd, "--json", str(js), "-q"])
+        assert r.exit_code == 0, r.output
+        params = json.loads(js.read_text())["parameters"]
+        assert {"layout", "entropy", "framework"} <= set(params), (cmd[0], params)
