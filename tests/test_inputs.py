@@ -157,6 +157,8 @@ def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
     html = out.read_text()
     assert "unavailable: no fit result" in html
     assert "unavailable: no mismatch metrics" not in html and "no per-step metrics" not in html
+    assert "without an entropy column the tokens are ranked by their squared log-ratio" in html
+    assert "the tokens ENTR would reject first" not in html
     for cmd in ("fit", "compare"):
         r = runner.invoke(app, [cmd, str(p), "-q"])
         assert r.exit_code == 2 and "has no entropy column" in r.stderr

@@ -1744,10 +1744,14 @@ def _offenders_html(prof: dict) -> str:
     ]
     return (
         '<div class="grid2 offenders"><div>'
-        f"<h3>Top tokens by score = {_e(kind)} (eps = {_e(_f(d.get('eps')))})</h3>"
-        '<p class="how"><b>How to read this:</b> the tokens ENTR would reject first; '
-        "small p with small H is the low-entropy noise signature. Keys join back to the "
-        "input.</p>"
+        f"<h3>Top tokens by score = {_e(kind)}"
+        + (f" (eps = {_e(_f(d.get('eps')))})" if "H" in kind else "") + "</h3>"
+        + ('<p class="how"><b>How to read this:</b> the tokens ENTR would reject first; '
+           "small p with small H is the low-entropy noise signature. Keys join back to the "
+           "input.</p>" if "H" in kind else
+           '<p class="how"><b>How to read this:</b> without an entropy column the tokens '
+           "are ranked by their squared log-ratio alone (ENTR's score needs H); small p marks "
+           "off-mode samples. Keys join back to the input.</p>")
         + _table(
             ["#", "seq_id", "position", "step", "token_id", "H (nats)", "p", "δ (nats)", "score"],
             tok_rows,
