@@ -61,7 +61,7 @@ from typing import Protocol
 import numpy as np
 import polars as pl
 
-from entr_diag.errors import InputError
+from entr_diag.errors import InputError, ParameterError
 
 __all__ = [
     "CHUNK_BATCH_ROWS",
@@ -199,10 +199,19 @@ def run_pass(
 
     Only the union of the batch accumulators' ``columns`` is read (projection pushdown),
     plus their ``exprs``, computed by the streaming engine. Errors of the scan (unreadable
-    file, schema mismatch between shards) propagate as polars exceptions.
+    file, schema mismatch between shards) propagate as polars exceptions; an accumulator
+    that an earlier pass already fed raises :class:`~entr_diag.errors.ParameterError` (its
+    sums would count the input twice).
     """
     if not accumulators:
         return 0
+    for acc in accumulators:  # an accumulator sums ONE pass: a second would double its sums
+        if getattr(acc, "_entr_diag_fed", False):
+            raise ParameterError(
+                f"{type(acc).__name__} has already been fed by a pass: its sums would count "
+                "the input twice; build a new plan for another pass.")
+        with contextlib.suppress(AttributeError):
+            acc._entr_diag_fed = True  # type: ignore[attr-defined]
     chunks = chunks_of(lf)
     if chunks is None:
         return _stream(lf, accumulators, chunk_size or CHUNK_ROWS)

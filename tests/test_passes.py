@@ -84,3 +84,20 @@ def test_scattered_sequences_are_grouped_before_the_accumulators():
 
     run_pass(scattered.lazy(), [Runs()])
     assert sum(seen) <= 40 * len(seen)  # one run per sequence and batch
+
+
+def test_an_accumulator_is_fed_by_one_pass_only():
+    """Running a plan's accumulators through a second pass would double its sums: refused."""
+    from entr_diag.errors import ParameterError
+    from entr_diag.metrics import metrics_plan
+
+    lf = pl.LazyFrame({"seq_id": ["a", "a", "b"], "step": [0, 0, 0],
+                       "train_logprob": [-0.1, -0.2, -0.3], "infer_logprob": [-0.1, -0.25, -0.3],
+                       "position": [0, 1, 0]}).with_columns(
+        pl.col("seq_id").hash(seed=0).alias("seq_key"),
+        (pl.col("train_logprob") - pl.col("infer_logprob")).alias("delta"))
+    plan = metrics_plan(lf)
+    run_pass(lf, plan.accumulators)
+    with pytest.raises(ParameterError, match="already been fed"):
+        run_pass(lf, plan.accumulators)
+    assert plan.finish().overall.tokens == 3
