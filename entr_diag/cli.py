@@ -473,7 +473,7 @@ def _require_tokens(ds) -> None:
             "another one with --column loss_mask=NAME."
         )
     reasons = "; ".join(f"{r}: {n:,} ({EXCLUSION_REASONS.get(r, '')})" for r, n in acc.excluded.items())
-    from entr_diag.report.caveats import exclusion_hint
+    from entr_diag.caveats import exclusion_hint
 
     hint = exclusion_hint(acc.excluded, acc.tokens_masked)
     raise InputError(
@@ -545,7 +545,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             f"{acc.tokens_masked - acc.tokens_valid:,} excluded"
             + (": " + ", ".join(f"{k} {v:,}" for k, v in acc.excluded.items()) if acc.excluded else "")
         )
-        from entr_diag.report.caveats import exclusion_caveat
+        from entr_diag.caveats import exclusion_caveat
 
         caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid)
         if caveat:
@@ -615,7 +615,7 @@ def _fit_dict(fit_res, ds) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
     terminal, JSON and HTML: the small-sample caveat and the mostly-excluded caveat (None
     when neither applies)."""
-    from entr_diag.report.caveats import exclusion_caveat, small_sample_caveat
+    from entr_diag.caveats import exclusion_caveat, small_sample_caveat
 
     acc = ds.accounting
     fd = fit_res.to_dict()

@@ -431,10 +431,10 @@ class FitResult:
 
         ``breakpoint`` is None when no break was found; the search diagnostics are in
         ``regime["breakpoint_search"]``. ``verdict["caveat"]``: the small-sample caveat
-        (:func:`entr_diag.report.caveats.small_sample_caveat`) or None (the CLI adds the
+        (:func:`entr_diag.caveats.small_sample_caveat`) or None (the CLI adds the
         token accounting's). Floats may be NaN (the JSON writer maps them to null).
         """
-        from entr_diag.report.caveats import small_sample_caveat
+        from entr_diag.caveats import small_sample_caveat
 
         regime = self.regime.to_dict()
         regime["breakpoint_search"] = self.breakpoint_search.to_dict()

@@ -2051,7 +2051,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     title = "Corrupt rows: whole runs of invalid logprobs inside the loss mask"
     lead = ""
     if acc is not None:  # most tokens invalid: the columns, not a few rows, are the problem
-        from entr_diag.report.caveats import exclusion_hint
+        from entr_diag.caveats import exclusion_hint
 
         hint = exclusion_hint(acc.excluded, acc.tokens_masked)
         if hint:

@@ -487,7 +487,7 @@ def test_alignment_numbers_keep_their_digits():
 def test_small_sample_caveat_threshold():
     """The caveat appears below 30 bootstrap units (non-empty sequence blocks) and names the
     sequences; at 30 there is none."""
-    from entr_diag.report.caveats import MIN_BOOTSTRAP_UNITS, small_sample_caveat
+    from entr_diag.caveats import MIN_BOOTSTRAP_UNITS, small_sample_caveat
 
     assert MIN_BOOTSTRAP_UNITS == 30
     fit = {"parameters": {"blocks_nonempty": 29}}

@@ -282,7 +282,7 @@ def test_shards_are_read_in_natural_order(tmp_path):
                                          .EXCLUSION_REASONS))
 def test_every_reason_that_can_exclude_most_tokens_has_a_hint(reason):
     """A reason excluding most loss-masked tokens always comes with what it usually means."""
-    from entr_diag.report.caveats import exclusion_caveat
+    from entr_diag.caveats import exclusion_caveat
 
     c = exclusion_caveat({reason: 60}, 100, 40)
     assert c is not None and f"Most are {reason}: " in c

@@ -49,7 +49,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     """Print the fit (and the mismatch metrics, when given) to ``console``.
 
     Order: verdict (and ``caveat`` under it, e.g.
-    :func:`~entr_diag.report.caveats.small_sample_caveat`), bins table, laws table,
+    :func:`~entr_diag.caveats.small_sample_caveat`), bins table, laws table,
     breakpoint and regime lines, strata table, metrics table. Entropies and deltas in nats.
     """
     v = result.verdict

@@ -1,6 +1,7 @@
 """Caveats printed beside a verdict (terminal, JSON ``verdict.caveat``, HTML summary).
 
 Built only from a fit result's ``to_dict()`` and the token accounting: nothing is recomputed.
+Pure functions of the core (the fit and the forensics use them; the renderers print them).
 """
 
 from __future__ import annotations
