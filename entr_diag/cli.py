@@ -316,10 +316,10 @@ def _is_stdout(path: Path | None) -> bool:
     if _to_stdout(path):
         return True
     try:
-        a, b = os.stat(path), os.fstat(sys.stdout.fileno())
-    except (OSError, ValueError):
+        out = os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (e.g. captured by a test runner)
         return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    return _file_identity(path) == ("inode", out.st_dev, out.st_ino)
 
 
 def _tables(*outputs: Path | None) -> Console:
