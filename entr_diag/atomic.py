@@ -13,9 +13,11 @@ regular file in their place.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import os
 import re
+import signal
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -66,6 +68,39 @@ def output_target(target: str | Path) -> tuple[Path, bool]:
     return target, False
 
 
+#: within :func:`together`: the (temporary file, target, name shown) renames deferred to its end
+_GROUP: contextvars.ContextVar[list[tuple[Path, Path, Path]] | None] = contextvars.ContextVar(
+    "entr_diag_atomic_group", default=None)
+
+
+@contextlib.contextmanager
+def together() -> Iterator[None]:
+    """The outputs written atomically within the block replace their targets together at
+    its end, all or none: each is written to its temporary file as usual, and the renames
+    run at the end with SIGINT and SIGTERM held back (a signal then arrives after the last
+    rename). If the block fails, no target is touched and the temporary files are removed.
+    (A report and its JSON, or the JSON and the export of a comparison, stay a pair.)"""
+    pending: list[tuple[Path, Path, Path]] = []
+    token = _GROUP.set(pending)
+    try:
+        yield
+        held = {signal.SIGINT, signal.SIGTERM}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            for tmp, target, shown in pending:
+                try:
+                    os.replace(tmp, target)
+                except OSError as e:
+                    raise InputError(f"cannot write {shown}: {e.strerror or e}.") from None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    finally:
+        _GROUP.reset(token)
+        for tmp, _target, _shown in pending:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | Path) -> Iterator[Path]:
     """Yield a temporary path in ``target``'s directory; on success rename it to ``target``.
@@ -90,18 +125,24 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         raise InputError(f"cannot write {shown}: {e.strerror or e}.") from None
     os.close(fd)
     tmp_path = Path(tmp)
+    group = _GROUP.get()
+    deferred = False
     try:
         yield tmp_path
         # mkstemp creates 0600; give the file the permissions a plain open() would
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_path, 0o666 & ~umask)
+        if group is not None:  # renamed with the group's other outputs (:func:`together`)
+            group.append((tmp_path, target, shown))
+            deferred = True
+            return
         try:
             os.replace(tmp_path, target)
         except OSError as e:
             raise InputError(f"cannot write {shown}: {e.strerror or e}.") from None
     finally:
-        if tmp_path.exists():
+        if not deferred and tmp_path.exists():
             tmp_path.unlink()
 
 

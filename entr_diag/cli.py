@@ -1060,21 +1060,25 @@ def compare(
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
                   "entropy": entropy, "framework": framework}
-        _write_json(json_path, envelope("compare", ds.describe(), params, compare=res.to_dict(),
-                                        fit=_fit_dict(fit_res, ds)), quiet)
-        if export is not None:
-            from entr_diag.atomic import write_with
-            from entr_diag.compare import decisions_frame
+        from entr_diag.atomic import together
 
-            gates = list(res.gate_specs)
-            if res.matched_spec is not None:
-                gates.append(res.matched_spec)
-            lf = decisions_frame(ds.lf, gates).with_columns(
-                pl.col("seq_id").cast(ds.seq_id_dtype))
-            write_with(export, lambda tmp: lf.sink_parquet(
-                tmp, compression="zstd", metadata=_output_mark("compare --export")))
-            if not quiet:
-                stderr.print(f"wrote {export}")
+        with together():  # the JSON and the export replace earlier ones together, or neither
+            _write_json(json_path, envelope("compare", ds.describe(), params,
+                                            compare=res.to_dict(), fit=_fit_dict(fit_res, ds)),
+                        quiet)
+            if export is not None:
+                from entr_diag.atomic import write_with
+                from entr_diag.compare import decisions_frame
+
+                gates = list(res.gate_specs)
+                if res.matched_spec is not None:
+                    gates.append(res.matched_spec)
+                lf = decisions_frame(ds.lf, gates).with_columns(
+                    pl.col("seq_id").cast(ds.seq_id_dtype))
+                write_with(export, lambda tmp: lf.sink_parquet(
+                    tmp, compression="zstd", metadata=_output_mark("compare --export")))
+                if not quiet:
+                    stderr.print(f"wrote {export}")
         render_compare(res, _tables(json_path, export))
 
 
@@ -1158,10 +1162,11 @@ def report(
         html = build_report_html(summary=sanitize(summary), fit=doc["fit"], metrics=doc["metrics"],
                                  compare=doc["compare"], profiles=doc["profiles"],
                                  findings=doc["forensics"])
-        from entr_diag.atomic import write_text
+        from entr_diag.atomic import together, write_text
 
-        write_text(output, html)
-        _write_json(json_path, doc, quiet)
+        with together():  # the report and its JSON replace earlier ones together, or neither
+            write_text(output, html)
+            _write_json(json_path, doc, quiet)
         out = _tables(json_path, output)
         out.print(f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)")
         if no_law:

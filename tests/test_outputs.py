@@ -424,3 +424,29 @@ def test_synth_on_a_full_disk_names_the_file(tmp_path, monkeypatch):
     r = runner.invoke(app, ["synth", "-o", str(out), "--tokens", "1000", "-q"])
     assert r.exit_code == 2 and f"cannot write {out}: " in r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_outputs_of_one_run_replace_earlier_ones_together(run_file, tmp_path, monkeypatch):
+    """A report and its JSON replace an earlier pair together or not at all: an interrupt
+    (or error) after the HTML was written leaves both earlier files as they were, and no
+    temporary file (was: a new HTML beside a stale JSON)."""
+    from entr_diag import atomic
+
+    html, js = tmp_path / "r.html", tmp_path / "r.json"
+    html.write_text("old html")
+    js.write_text("old json")
+
+    def interrupted(path, doc):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("entr_diag.report.json_report.write_json", interrupted)
+    r = runner.invoke(app, ["report", str(run_file), "-o", str(html), "--json", str(js), "-q"])
+    assert r.exit_code != 0
+    assert html.read_text() == "old html" and js.read_text() == "old json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.json"]
+    monkeypatch.undo()
+    with atomic.together():  # both renamed at the end of the block
+        atomic.write_text(html, "new html")
+        assert html.read_text() == "old html"
+        atomic.write_text(js, "new json")
+    assert html.read_text() == "new html" and js.read_text() == "new json"
