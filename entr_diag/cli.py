@@ -1214,9 +1214,19 @@ def synth(
         if not atomic:  # write_synth renames a finished file into place
             raise ParameterError(f"--output {output}: synth writes a regular file, not a "
                                  "device, FIFO or socket; give a file name.")
-        spec = SynthSpec(n_tokens=tokens, seed=seed, k=k, alpha=alpha,
-                         h_star=None if not h_star else h_star, noise_share=noise_share,
-                         dirty=dirty)
+        try:
+            spec = SynthSpec(n_tokens=tokens, seed=seed, k=k, alpha=alpha,
+                             h_star=None if not h_star else h_star, noise_share=noise_share,
+                             dirty=dirty)
+        except ParameterError as e:  # the spec's field names, said as the options
+            import re
+
+            msg = str(e).removeprefix("SynthSpec: ")
+            for field, opt in (("n_tokens", "tokens"), ("h_star", "h-star"),
+                               ("noise_share", "noise-share"), ("seed", "seed"),
+                               ("alpha", "alpha"), ("k", "k")):
+                msg = re.sub(rf"\b{field}\b(?! = )", f"--{opt}", msg, count=1)
+            raise ParameterError(msg) from None
         with _status(f"writing {tokens:,} tokens...", quiet):
             try:
                 summary = write_synth(target, spec, layout=layout)  # a symlink stays

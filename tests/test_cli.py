@@ -676,3 +676,13 @@ def test_every_command_records_the_input_options_in_its_parameters(tmp_path):
         assert r.exit_code == 0, r.output
         params = json.loads(js.read_text())["parameters"]
         assert {"layout", "entropy", "framework"} <= set(params), (cmd[0], params)
+
+
+@pytest.mark.parametrize("args,start", [(["--noise-share", "2"], "error: --noise-share must"),
+                                        (["--k", "0"], "error: --k must"),
+                                        (["--h-star", "10"], "error: --h-star must")])
+def test_synth_errors_name_the_options(tmp_path, args, start):
+    """synth's refusals speak of its options (--noise-share), not the spec's fields."""
+    r = runner.invoke(app, ["synth", "-o", str(tmp_path / "x.parquet"), *args, "-q"])
+    assert r.exit_code == 2 and r.stderr.startswith(start), r.stderr
+    assert "SynthSpec" not in r.stderr
