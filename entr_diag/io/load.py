@@ -29,7 +29,14 @@ import pyarrow.parquet as pq
 
 from entr_diag.errors import InputError, SchemaError
 from entr_diag.io import schema as S
-from entr_diag.passes import Chunk, PartialRows, QueryAccumulator, register_chunks, run_pass
+from entr_diag.passes import (
+    Chunk,
+    PartialRows,
+    column,
+    register_chunks,
+    run_pass,
+    run_starts,
+)
 
 LAYOUTS = ("auto", "long", "nested")
 ENTROPY_CHOICES = ("auto", "infer", "train")
@@ -1211,158 +1218,169 @@ def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
     return cols
 
 
-class _AccountingScan(QueryAccumulator):
-    """The accounting pass over the raw frame, chunk by chunk: per chunk, the rows per
-    (sequence, staleness of valid tokens, reason) with their position, version and step
-    ranges (partial rows, merged at the end: a sequence may span chunks), and the usable
-    tokens per fine entropy bin with their step range (for the fit's bins)."""
+#: fill values of the per-token columns the accounting reduces with minima / maxima (a
+#: token that does not count there: excluded, or a null version)
+_I64_MAX, _I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
-    def __init__(self, code: pl.Expr, keys: list[pl.Expr], sub_aggs: list[pl.Expr],
-                 merge: list[pl.Expr], fine: bool, has_step: bool) -> None:
-        self.code, self.keys, self.sub_aggs = code, keys, sub_aggs
-        self.fine, self.has_step = fine, has_step
-        self.n_queries = 2 if fine else 1
-        self.parts = PartialRows([k.meta.output_name() for k in keys], merge, 4_000_000)
-        from entr_diag.aggregate import N_FINE
 
-        self.counts = np.zeros(N_FINE + 1, dtype=np.int64)
-        self.step_lo: int | None = None
-        self.step_hi: int | None = None
+class _AccountingScan:
+    """The accounting pass over the raw frame: a batch accumulator.
 
-    def build(self, lf: pl.LazyFrame) -> list[pl.LazyFrame]:
-        lf = lf.with_columns(self.code.alias("_rc"))
-        qs = [lf.group_by(self.keys).agg(self.sub_aggs)]
+    The engine computes per row (:attr:`exprs`, while it reads the chunk) the row's
+    ``code``: the index of its reason in :func:`_reason_conditions`, or, for a valid
+    token, ``n_reasons`` (``n_reasons + 1`` when its policy_version is null); for valid
+    tokens their position, versions and step (other rows get fill values that lose every
+    minimum / maximum), their staleness and their fine entropy bin. Per batch, numpy
+    reduces the runs of consecutive rows of one sequence (the rows of a sequence are
+    usually together; scattered rows are sorted by the pass): the rows per (run, code)
+    with one ``bincount``, the ranges with ``reduceat``; the run rows are merged by
+    ``seq_key`` (:class:`PartialRows`: a sequence may span batches and chunks). The fine
+    entropy bins of the valid tokens are counted with ``bincount``, their staleness with a
+    ``value_counts``. A polars group-by of every row by (sequence, staleness, reason) did
+    the same at twice the cost of the engine's reading of the chunk."""
+
+    def __init__(self, mapping: Mapping[str, str], n_reasons: int) -> None:
+        from entr_diag.aggregate import N_FINE, fine_bin_expr
+
+        self.has_pv, self.has_tv = "policy_version" in mapping, "train_version" in mapping
+        self.has_step = "step" in mapping
+        self.fine = "entropy" in mapping
+        self.n_codes = n_reasons + (2 if self.has_pv else 1)
+        self.n_reasons = n_reasons
+        valid = pl.col("_rc").is_null()
+        i64 = pl.Int64
+        code = pl.col("_rc").cast(i64).fill_null(
+            n_reasons + pl.col("policy_version").is_null().cast(i64) if self.has_pv
+            else pl.lit(n_reasons, i64))
+        self.stages = [[_reason_expr(mapping, codes=True).alias("_rc")]]
+
+        def ranged(col: str, name: str) -> list[pl.Expr]:
+            v = pl.col(col).cast(i64)
+            return [pl.when(valid).then(v).fill_null(_I64_MAX).alias(f"_ac_{name}lo"),
+                    pl.when(valid).then(v).fill_null(_I64_MIN).alias(f"_ac_{name}hi")]
+
+        exprs = [code.cast(pl.UInt8).alias("_ac_code"), *ranged("position", "p")]
+        self.ranges = ["p"]
+        if self.has_pv:
+            exprs += ranged("policy_version", "pv")
+            self.ranges.append("pv")
+        if self.has_tv:
+            exprs += ranged("train_version", "tv")
+            self.ranges.append("tv")
+        if self.has_step:  # constant within a sequence key (the key hashes it)
+            exprs.append(pl.col("step").cast(i64).fill_null(_I64_MIN).alias("_ac_step"))
+        if self.has_pv and self.has_tv:
+            exprs.append(pl.when(valid).then(pl.col("train_version").cast(i64)
+                                             - pl.col("policy_version").cast(i64))
+                         .alias("_ac_stale"))
+        if self.fine:  # a valid token has a finite entropy >= 0 and a finite delta
+            exprs.append(pl.when(valid).then(fine_bin_expr().cast(i64) + 1).otherwise(0)
+                         .alias("_ac_fine"))
+        self.exprs = exprs
+        self.columns = ["seq_key"]
+        cols = [f"c{i}" for i in range(self.n_codes)]
+        merge = [pl.col(c).sum() for c in cols]
+        for r in self.ranges:
+            merge += [pl.col(f"{r}lo").min(), pl.col(f"{r}hi").max()]
+        if self.has_step:
+            merge.append(pl.col("step").min())
+        self.parts = PartialRows(["seq_key"], merge, 4_000_000)
+        self.counts = np.zeros(N_FINE + 2, dtype=np.int64)
+        self.stale: dict[int, int] = {}
+
+    def update(self, batch: pl.DataFrame) -> None:
+        starts = run_starts(batch, ["seq_key"])
+        rid = np.zeros(batch.height, dtype=np.int64)
+        rid[starts[1:]] = 1
+        np.cumsum(rid, out=rid)
+        rid *= self.n_codes
+        rid += column(batch, "_ac_code")
+        per = np.bincount(rid, minlength=starts.size * self.n_codes).reshape(
+            starts.size, self.n_codes)
+        cols: dict[str, np.ndarray] = {"seq_key": column(batch, "seq_key")[starts]}
+        cols.update({f"c{i}": per[:, i] for i in range(self.n_codes)})
+        for r in self.ranges:
+            cols[f"{r}lo"] = np.minimum.reduceat(column(batch, f"_ac_{r}lo"), starts)
+            cols[f"{r}hi"] = np.maximum.reduceat(column(batch, f"_ac_{r}hi"), starts)
+        if self.has_step:
+            cols["step"] = column(batch, "_ac_step")[starts]
+        self.parts.add(pl.DataFrame(cols))
         if self.fine:
-            from entr_diag.aggregate import fine_bin_expr
+            self.counts += np.bincount(column(batch, "_ac_fine"), minlength=self.counts.size)
+        if self.has_pv and self.has_tv:
+            vc = batch.get_column("_ac_stale").drop_nulls().value_counts()
+            for s, n in vc.iter_rows():
+                self.stale[s] = self.stale.get(s, 0) + n
 
-            h = pl.col("entropy")
-            d = pl.col("train_logprob") - pl.col("infer_logprob")
-            ok = (pl.col("_rc").is_null() & h.is_not_null() & h.is_finite() & (h >= 0)
-                  & d.is_finite())
-            aggs = [pl.len().alias("n")]
-            if self.has_step:
-                aggs += [pl.col("step").min().alias("lo"), pl.col("step").max().alias("hi")]
-            qs.append(lf.filter(ok).group_by(fine_bin_expr().alias("fine")).agg(aggs))
-        return qs
-
-    def absorb(self, results: list[pl.DataFrame]) -> None:
-        if results[0].height:
-            self.parts.add(results[0])
-        if self.fine and results[1].height:
-            t = results[1]
-            np.add.at(self.counts, t["fine"].to_numpy(), t["n"].to_numpy())
-            if self.has_step and t["lo"].min() is not None:
-                lo, hi = int(t["lo"].min()), int(t["hi"].max())  # type: ignore[arg-type]
-                self.step_lo = lo if self.step_lo is None else min(self.step_lo, lo)
-                self.step_hi = hi if self.step_hi is None else max(self.step_hi, hi)
+    def per_sequence(self, names: Sequence[str]) -> pl.DataFrame:
+        """One row per sequence key: ``n`` rows, ``_valid`` valid tokens, the rows per
+        reason (named), the ranges over its valid tokens (``_pos_lo`` ... null without
+        one), ``_pv_nulls`` (valid tokens without a policy_version) and ``_step`` (null
+        for a sequence without valid tokens or whose step is null)."""
+        t = self.parts.result()
+        if not t.height:
+            return pl.DataFrame()
+        nr = self.n_reasons
+        valid = pl.col(f"c{nr}") + (pl.col(f"c{nr + 1}") if self.has_pv else 0)
+        out = [pl.sum_horizontal([pl.col(f"c{i}") for i in range(self.n_codes)]).alias("n"),
+               valid.alias("_valid"),
+               *[pl.col(f"c{i}").alias(name) for i, name in enumerate(names)]]
+        rename = {"p": "pos", "pv": "pv", "tv": "tv"}
+        for r in self.ranges:
+            lo, hi = pl.col(f"{r}lo"), pl.col(f"{r}hi")
+            out += [pl.when(lo != _I64_MAX).then(lo).alias(f"_{rename[r]}_lo"),
+                    pl.when(hi != _I64_MIN).then(hi).alias(f"_{rename[r]}_hi")]
+        if self.has_pv:
+            out.append(pl.col(f"c{nr + 1}").alias("_pv_nulls"))
+        if self.has_step:
+            st = pl.col("step")
+            out.append(pl.when((valid > 0) & (st != _I64_MIN)).then(st).alias("_step"))
+        return t.select(out)
 
 
 def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo]
              ) -> tuple[Accounting, tuple[np.ndarray | None, tuple[int, int] | None]]:
     """Token and sequence counts in one streaming pass (chunk by chunk), memory
-    O(sequences); with an entropy column, the same pass counts the usable tokens per fine
-    entropy bin (returned with their step range, for the fit).
-
-    The pass groups by (sequence, staleness of valid tokens, reason) (rows, version range,
-    step); per-sequence rows, their totals and the valid tokens per staleness are sums of
-    that small table.
-    """
+    O(sequences); with an entropy column, the same pass counts the valid tokens per fine
+    entropy bin (returned with their step range, for the fit: a valid token is one the fit
+    uses). See :class:`_AccountingScan`."""
     reasons = ["unmasked", "empty_row", *S.EXCLUSION_REASONS]
-    reason = pl.col("reason")
-    ok = reason.is_null()
-    has_pv, has_tv, has_step = ("policy_version" in mapping, "train_version" in mapping,
-                                "step" in mapping)
-    # the scan groups by (sequence, staleness of the valid tokens, reason): the reason is a
-    # key, not one comparison per reason and token, and every aggregation is a plain
-    # streaming min/max/count, mergeable over chunks
-    sub_aggs = [pl.len().alias("_n"), pl.col("position").min().alias("_pmin"),
-                pl.col("position").max().alias("_pmax")]
-    merge = [pl.col("_n").sum(), pl.col("_pmin").min(), pl.col("_pmax").max()]
-    if has_pv:
-        pv = pl.col("policy_version")
-        sub_aggs += [pv.min().alias("_pvl"), pv.max().alias("_pvh"),
-                     pv.null_count().alias("_pvn")]
-        merge += [pl.col("_pvl").min(), pl.col("_pvh").max(), pl.col("_pvn").sum()]
-    if has_tv:
-        sub_aggs += [pl.col("train_version").min().alias("_tvl"),
-                     pl.col("train_version").max().alias("_tvh")]
-        merge += [pl.col("_tvl").min(), pl.col("_tvh").max()]
-    if has_step:
-        sub_aggs.append(pl.col("step").min().alias("_st"))
-        merge.append(pl.col("_st").min())
-    # per sequence, from the (sequence, staleness, reason) rows
-    v = ok  # on the small table the reason column is the key
-    # the position range of the valid tokens (excluded rows, padding marked -1 or null,
-    # have no trustworthy position)
-    per_seq_aggs = [pl.col("_n").filter(v).sum().alias("_valid"),
-                    pl.col("_pmin").filter(v).min().alias("_pos_lo"),
-                    pl.col("_pmax").filter(v).max().alias("_pos_hi")]
-    per_seq_aggs += [pl.col("_n").filter(reason == r).sum().alias(r) for r in reasons]
-    if has_pv:
-        per_seq_aggs += [pl.col("_pvl").filter(v).min().alias("_pv_lo"),
-                         pl.col("_pvh").filter(v).max().alias("_pv_hi"),
-                         pl.col("_pvn").filter(v).sum().alias("_pv_nulls")]
-    if has_tv:
-        per_seq_aggs += [pl.col("_tvl").filter(v).min().alias("_tv_lo"),
-                         pl.col("_tvh").filter(v).max().alias("_tv_hi")]
-    if has_step:
-        # step is constant within a sequence key (the key hashes it)
-        per_seq_aggs.append(pl.col("_st").filter(v).min().alias("_step"))
-    masked = pl.col("_valid") + sum(pl.col(r) for r in S.EXCLUSION_REASONS)
-    totals = [
-        pl.len().alias("n"),
-        (pl.col("_valid") > 0).sum().alias("n_valid"),
-        (masked == 0).sum().alias("n_no_mask"),
-        pl.col("_valid").sum(),
-        *[pl.col(r).sum() for r in reasons],
-        # more valid tokens than distinct positions can hold: duplicated (step, seq_id,
-        # position)
-        (pl.col("_valid") > pl.col("_pos_hi") - pl.col("_pos_lo") + 1).fill_null(False).sum()
-        .alias("n_dup"),
-    ]
-    if has_pv:
-        # more than one distinct version (a null counts as one, as in n_unique)
-        switch = (pl.col("_pv_lo") != pl.col("_pv_hi")).fill_null(False) | (
-            (pl.col("_pv_nulls") > 0) & pl.col("_pv_lo").is_not_null())
-        totals += [switch.sum().alias("n_switch"),
-                   pl.col("_pv_lo").min(),
-                   pl.col("_pv_hi").max()]
-    if has_tv:
-        totals += [pl.col("_tv_lo").min(), pl.col("_tv_hi").max()]
-    if has_step:
-        totals.append(pl.col("_step").drop_nulls().unique().sort().implode().alias("_steps"))
-        totals.append(pl.col("_valid").filter(pl.col("_step").is_null()).sum()
-                      .alias("n_nullstep"))
-    # the pass groups by the reason's code (UInt8), named afterwards on the small table
-    rc = pl.col("_rc")
-    keys = [pl.col("seq_key")]
-    if has_pv and has_tv:
-        keys.append(pl.when(rc.is_null()).then(pl.col("train_version") - pl.col("policy_version"))
-                    .alias("_s"))
-    keys.append(rc)
     names = [name for name, _ in _reason_conditions(mapping)]
-    scan = _AccountingScan(_reason_expr(mapping, codes=True), keys, sub_aggs, merge,
-                           "entropy" in mapping, has_step)
+    scan = _AccountingScan(mapping, len(names))
     try:
         run_pass(raw, [scan])
-        empty = (raw.with_columns(_reason_expr(mapping, codes=True).alias("_rc"))
-                 .group_by(keys).agg(sub_aggs).clear().collect())
-        sub = scan.parts.result(empty).with_columns(
-            rc.replace_strict(list(range(len(names))), names, default=None,
-                              return_dtype=pl.String).alias("reason")).drop("_rc")
-        stale = None
-        if has_pv and has_tv:
-            df = sub.filter(pl.col("_s").is_not_null()).group_by("_s").agg(pl.col("_n").sum())
-            stale = {int(a): int(b) for a, b in zip(df["_s"], df["_n"], strict=True)}
-        seq = sub.group_by("seq_key").agg(per_seq_aggs).select(totals).row(0, named=True)
     except pl.exceptions.ComputeError as e:  # e.g. a value that does not cast
         raise InputError(f"cannot read the input ({_short(e)}).") from None
+    per = scan.per_sequence(names)
+    get = (lambda c: per[c]) if per.height else (lambda c: pl.Series(c, [], dtype=pl.Int64))
+    count = {r: int(get(r).sum()) if r in per.columns else 0 for r in reasons}
+    valid = get("_valid")
+    masked = valid + sum((get(r) for r in S.EXCLUSION_REASONS if r in per.columns),
+                         start=pl.Series([0] * len(valid), dtype=pl.Int64))
+    n_dup = 0
+    if per.height:
+        n_dup = int(per.select(
+            (pl.col("_valid") > pl.col("_pos_hi") - pl.col("_pos_lo") + 1).fill_null(False)
+            .sum()).item())
+    steps: tuple[int, ...] | None = None
+    n_nullstep = 0
+    if scan.has_step:
+        st = get("_step")
+        steps = tuple(int(x) for x in st.drop_nulls().unique().sort())
+        n_nullstep = int(valid.filter(st.is_null()).sum()) if per.height else 0
+    pv_pair = tv_pair = None
+    n_switch = None
+    if scan.has_pv:
+        lo, hi, nulls = get("_pv_lo"), get("_pv_hi"), get("_pv_nulls")
+        pv_pair = _pair(lo.min(), hi.max())
+        n_switch = int(((lo != hi).fill_null(False) | ((nulls > 0) & lo.is_not_null())).sum())
+    if scan.has_tv:
+        tv_pair = _pair(get("_tv_lo").min(), get("_tv_hi").max())
     fine: tuple[np.ndarray | None, tuple[int, int] | None] = (None, None)
     if scan.fine:
-        rng = None if scan.step_lo is None else (scan.step_lo, scan.step_hi)
-        fine = (scan.counts, rng)  # type: ignore[assignment]
-    excluded = {r: int(seq[r]) for r in S.EXCLUSION_REASONS if seq[r]}
-    valid_n, unmasked = int(seq["_valid"]), int(seq["unmasked"])
+        fine = (scan.counts[1:].copy(), (min(steps), max(steps)) if steps else None)
+    excluded = {r: count[r] for r in S.EXCLUSION_REASONS if count[r]}
+    valid_n, unmasked = int(valid.sum()), count["unmasked"]
     total = valid_n + unmasked + sum(excluded.values())
     return Accounting(
         tokens_total=total,
@@ -1370,19 +1388,18 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_masked=total - unmasked,
         tokens_valid=valid_n,
         excluded=excluded,
-        sequences_total=int(seq["n"]),
-        sequences_valid=int(seq["n_valid"]),
-        sequences_without_masked_tokens=int(seq["n_no_mask"]),
-        steps=tuple(int(x) for x in seq["_steps"]) if has_step else None,
-        policy_versions=_pair(seq.get("_pv_lo"), seq.get("_pv_hi")) if has_pv else None,
-        train_versions=_pair(seq.get("_tv_lo"), seq.get("_tv_hi")) if has_tv else None,
-        staleness=stale,
-        sequences_with_version_switch=int(seq["n_switch"]) if has_pv else None,
-        sequences_with_duplicate_positions=int(seq["n_dup"]),
-        tokens_without_step=int(seq["n_nullstep"] or 0) if has_step else 0,
+        sequences_total=per.height,
+        sequences_valid=int((valid > 0).sum()),
+        sequences_without_masked_tokens=int((masked == 0).sum()),
+        steps=steps,
+        policy_versions=pv_pair,
+        train_versions=tv_pair,
+        staleness=(dict(sorted(scan.stale.items())) if scan.has_pv and scan.has_tv
+                   else None),
+        sequences_with_version_switch=n_switch,
+        sequences_with_duplicate_positions=n_dup,
+        tokens_without_step=n_nullstep,
     ), fine
-
-
 
 
 def _pair(lo, hi) -> tuple[int, int] | None:
