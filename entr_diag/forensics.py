@@ -49,7 +49,6 @@ from entr_diag.passes import (
     Accumulator,
     GroupAgg,
     PartialRows,
-    QueryAccumulator,
     column,
     has_nulls,
     run_pass,
@@ -844,29 +843,24 @@ def _check_misalignment(ctx: _Ctx) -> _Result:
 _SAMPLE_COLS: tuple[str, ...] = ("seq_key", "position", "train_logprob", "infer_logprob")
 
 
-class _LagSample(QueryAccumulator):
+class _LagSample:
     """Pass accumulator keeping the rows of a hash-sampled subset of sequences (whole
     sequences: ``seq_key % 1000 < keep``), at most ~MISALIGN_MAX_TOKENS rows of 32 bytes;
-    the lags are taken after the pass, on the sequences put back together. A query
-    accumulator: the engine filters each chunk."""
+    the lags are taken after the pass, on the sequences put back together."""
 
     def __init__(self, keep: int, with_step: bool = False) -> None:
         self.keep = keep
         self.cols = (*_SAMPLE_COLS, "step") if with_step else _SAMPLE_COLS
+        self.columns = list(self.cols)
         self.parts: list[pl.DataFrame] = []
 
-    def predicate(self) -> pl.Expr:
-        """True on the rows of the sampled sequences."""
-        return (pl.col("seq_key") % 1000) < self.keep
-
-    def build(self, lf: pl.LazyFrame) -> list[pl.LazyFrame]:
+    def update(self, batch: pl.DataFrame) -> None:
+        rows = batch.select(self.cols)
         if self.keep < 1000:
-            lf = lf.filter(self.predicate())
-        return [lf.select(self.cols)]
-
-    def absorb(self, results: list[pl.DataFrame]) -> None:
-        if results[0].height:
-            self.parts.append(results[0])
+            sk = column(batch, "seq_key")
+            rows = rows.filter(pl.Series(sk % 1000 < self.keep))
+        if rows.height:
+            self.parts.append(rows)
 
     def frame(self, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
         if not self.parts:
@@ -874,38 +868,45 @@ class _LagSample(QueryAccumulator):
         return pl.concat(self.parts, how="vertical_relaxed")
 
 
-class _LagSums(QueryAccumulator):
+class _LagSums:
     """Pass accumulator of the shift test on EVERY sequence, for lags +-1 (the sample of
     :class:`_LagSample` may hold none of a handful of shifted sequences in a large run,
     and a handful already flips the fitted law): per (seq_key, step), the sums of
-    |train_logprob[t] - infer_logprob[t +- 1]| over the token pairs of consecutive
-    positions that lie in one chunk, their counts, and the sum of |delta| over all
-    tokens. The engine computes them (a shift and a comparison per lag and token, one
-    group-by per chunk); partial rows of a sequence split across chunks are summed."""
+    |train_logprob[t] - infer_logprob[t +- 1]| over the pairs of consecutive rows of one
+    sequence at consecutive positions within a batch, their counts, and the sum of
+    |delta| over all tokens. numpy reduces the runs of one sequence of each batch with
+    ``reduceat`` (the step is constant within a sequence key); partial rows of a sequence
+    split across batches are summed."""
 
     COLS = ("_a-1", "_n-1", "_a1", "_n1", "_z", "_n0")
 
     def __init__(self, with_step: bool) -> None:
         self.keys = ["seq_key", "step"] if with_step else ["seq_key"]
+        self.columns = [*self.keys, "position", "train_logprob", "infer_logprob"]
         self.rows = PartialRows(self.keys, [pl.col(c).sum() for c in self.COLS], 2_000_000)
 
-    def build(self, lf: pl.LazyFrame) -> list[pl.LazyFrame]:
-        tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
-        pos, sk = pl.col("position"), pl.col("seq_key")
-        pairs = []
-        for L in (-1, 1):
-            ok = (pos.shift(-L) == pos + L) & (sk.shift(-L) == sk)
-            pairs.append(pl.when(ok).then((tl - il.shift(-L)).abs()).alias(f"_p{L}"))
-        aggs = [e for L in (-1, 1) for e in (pl.col(f"_p{L}").sum().alias(f"_a{L}"),
-                                              pl.col(f"_p{L}").count().cast(pl.Int64)
-                                              .alias(f"_n{L}"))]
-        aggs += [(tl - il).abs().sum().alias("_z"), pl.len().cast(pl.Int64).alias("_n0")]
-        return [lf.select(*self.keys, "position", "train_logprob", "infer_logprob")
-                .with_columns(pairs).group_by(self.keys).agg(aggs)]
-
-    def absorb(self, results: list[pl.DataFrame]) -> None:
-        if results[0].height:
-            self.rows.add(results[0])
+    def update(self, batch: pl.DataFrame) -> None:
+        sk, pos = column(batch, "seq_key"), column(batch, "position")
+        tl, il = column(batch, "train_logprob"), column(batch, "infer_logprob")
+        starts = run_starts(batch, ["seq_key"])
+        # pair (t, t + 1): one sequence, consecutive positions
+        pair = (sk[1:] == sk[:-1]) & (pos[1:] == pos[:-1] + 1)
+        n = batch.height
+        out: dict[str, Any] = {"seq_key": sk[starts]}
+        if "step" in self.keys:
+            out["step"] = batch.get_column("step").gather(pl.Series(starts))
+        for lag, t, u in ((-1, slice(1, None), slice(None, -1)),
+                          (1, slice(None, -1), slice(1, None))):
+            # at token t: |train_logprob[t] - infer_logprob[t + lag]|, when (t, t + lag) pair
+            w = np.zeros(n)
+            w[t] = np.where(pair, np.abs(tl[t] - il[u]), 0.0)
+            c = np.zeros(n, dtype=np.int64)
+            c[t] = pair
+            out[f"_a{lag}"] = np.add.reduceat(w, starts)
+            out[f"_n{lag}"] = np.add.reduceat(c, starts)
+        out["_z"] = np.add.reduceat(np.abs(tl - il), starts)
+        out["_n0"] = np.diff(np.append(starts, n)).astype(np.int64)
+        self.rows.add(pl.DataFrame(out))
 
     def table(self) -> pl.DataFrame | None:
         """One row per sequence (None when no token was seen)."""
