@@ -52,6 +52,7 @@ from entr_diag.passes import (
     column,
     has_nulls,
     run_pass,
+    run_rows,
     run_starts,
 )
 
@@ -856,11 +857,13 @@ class _LagSample:
 
     def update(self, batch: pl.DataFrame) -> None:
         rows = batch.select(self.cols)
-        if self.keep < 1000:
-            sk = column(batch, "seq_key")
-            rows = rows.filter(pl.Series(sk % 1000 < self.keep))
-        if rows.height:
-            self.parts.append(rows)
+        if self.keep < 1000:  # the sampled runs (a sequence's runs are all in or all out)
+            starts = run_starts(batch, ["seq_key"])
+            runs = np.flatnonzero(column(batch, "seq_key")[starts] % 1000 < self.keep)
+            if not runs.size:
+                return
+            rows = rows[run_rows(starts, batch.height, runs)]
+        self.parts.append(rows)
 
     def frame(self, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
         if not self.parts:
@@ -882,29 +885,33 @@ class _LagSums:
 
     def __init__(self, with_step: bool) -> None:
         self.keys = ["seq_key", "step"] if with_step else ["seq_key"]
-        self.columns = [*self.keys, "position", "train_logprob", "infer_logprob"]
+        self.columns = [*self.keys, "position", "train_logprob", "infer_logprob", "delta"]
         self.rows = PartialRows(self.keys, [pl.col(c).sum() for c in self.COLS], 2_000_000)
 
     def update(self, batch: pl.DataFrame) -> None:
         sk, pos = column(batch, "seq_key"), column(batch, "position")
         tl, il = column(batch, "train_logprob"), column(batch, "infer_logprob")
         starts = run_starts(batch, ["seq_key"])
-        # pair (t, t + 1): one sequence, consecutive positions
-        pair = (sk[1:] == sk[:-1]) & (pos[1:] == pos[:-1] + 1)
         n = batch.height
+        # pair i = rows (i, i + 1) of one sequence at consecutive positions; a run's pairs
+        # are i in [start, next start - 1), and the pair at next start - 1 crosses runs (0),
+        # so both lags sum over [start, next start) with ``reduceat`` (index n - 1: no pair)
+        pair = np.zeros(n, dtype=bool)
+        np.logical_and(sk[1:] == sk[:-1], pos[1:] == pos[:-1] + 1, out=pair[:-1])
         out: dict[str, Any] = {"seq_key": sk[starts]}
         if "step" in self.keys:
             out["step"] = batch.get_column("step").gather(pl.Series(starts))
-        for lag, t, u in ((-1, slice(1, None), slice(None, -1)),
-                          (1, slice(None, -1), slice(1, None))):
-            # at token t: |train_logprob[t] - infer_logprob[t + lag]|, when (t, t + lag) pair
-            w = np.zeros(n)
-            w[t] = np.where(pair, np.abs(tl[t] - il[u]), 0.0)
-            c = np.zeros(n, dtype=np.int64)
-            c[t] = pair
+        n_pairs = np.add.reduceat(pair.astype(np.int64), starts)
+        w = np.zeros(n)
+        # lag -1 at token t = i + 1: |train[t] - infer[t - 1]|; lag +1 at t = i: |train[t] -
+        # infer[t + 1]|
+        for lag, a, b in ((-1, tl[1:], il[:-1]), (1, tl[:-1], il[1:])):
+            np.subtract(a, b, out=w[:-1])
+            np.abs(w, out=w)
+            w *= pair
             out[f"_a{lag}"] = np.add.reduceat(w, starts)
-            out[f"_n{lag}"] = np.add.reduceat(c, starts)
-        out["_z"] = np.add.reduceat(np.abs(tl - il), starts)
+            out[f"_n{lag}"] = n_pairs
+        out["_z"] = np.add.reduceat(np.abs(column(batch, "delta")), starts)
         out["_n0"] = np.diff(np.append(starts, n)).astype(np.int64)
         self.rows.add(pl.DataFrame(out))
 
