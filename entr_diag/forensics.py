@@ -856,14 +856,21 @@ class _LagSample:
         self.parts: list[pl.DataFrame] = []
 
     def update(self, batch: pl.DataFrame) -> None:
-        rows = batch.select(self.cols)
-        if self.keep < 1000:  # the sampled runs (a sequence's runs are all in or all out)
-            starts = run_starts(batch, ["seq_key"])
-            runs = np.flatnonzero(column(batch, "seq_key")[starts] % 1000 < self.keep)
-            if not runs.size:
-                return
-            rows = rows[run_rows(starts, batch.height, runs)]
-        self.parts.append(rows)
+        if self.keep >= 1000:
+            self.parts.append(batch.select(self.cols))
+            return
+        # the sampled runs (a sequence's runs are all in or all out), gathered by numpy:
+        # a polars gather here waits for the thread pool the engine is reading the next
+        # chunk with
+        starts = run_starts(batch, ["seq_key"])
+        runs = np.flatnonzero(column(batch, "seq_key")[starts] % 1000 < self.keep)
+        if not runs.size:
+            return
+        idx = run_rows(starts, batch.height, runs)
+        self.parts.append(pl.DataFrame(
+            {c: (batch.get_column(c).gather(pl.Series(idx)) if batch.get_column(c).null_count()
+                 else pl.Series(c, column(batch, c)[idx], dtype=batch.schema[c]))
+             for c in self.cols}))
 
     def frame(self, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
         if not self.parts:

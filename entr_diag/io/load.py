@@ -1230,14 +1230,15 @@ class _AccountingScan:
     ``code``: the index of its reason in :func:`_reason_conditions`, or, for a valid
     token, ``n_reasons`` (``n_reasons + 1`` when its policy_version is null); for valid
     tokens their position, versions and step (other rows get fill values that lose every
-    minimum / maximum), their staleness and their fine entropy bin. Per batch, numpy
-    reduces the runs of consecutive rows of one sequence (the rows of a sequence are
-    usually together; scattered rows are sorted by the pass): the rows per (run, code)
-    with one ``bincount``, the ranges with ``reduceat``; the run rows are merged by
-    ``seq_key`` (:class:`PartialRows`: a sequence may span batches and chunks). The fine
-    entropy bins of the valid tokens are counted with ``bincount``, their staleness with a
-    ``value_counts``. A polars group-by of every row by (sequence, staleness, reason) did
-    the same at twice the cost of the engine's reading of the chunk."""
+    minimum / maximum), their staleness (a fill value when null) and their fine entropy
+    bin. Per batch, numpy reduces the runs of consecutive rows of one sequence (the rows
+    of a sequence are usually together; scattered rows are sorted by the pass): the rows
+    per (run, code) with one ``bincount``, the ranges with ``reduceat``; the run rows are
+    merged by ``seq_key`` (:class:`PartialRows`: a sequence may span batches and chunks).
+    The fine entropy bins and the staleness of the valid tokens are counted with
+    ``bincount``. (A polars group-by of every row by (sequence, staleness, reason) did
+    the same at twice the cost of the engine's reading of the chunk; polars operations
+    here would wait for the thread pool the engine reads the next chunk with.)"""
 
     def __init__(self, mapping: Mapping[str, str], n_reasons: int) -> None:
         from entr_diag.aggregate import N_FINE, fine_bin_expr
@@ -1272,7 +1273,7 @@ class _AccountingScan:
         if self.has_pv and self.has_tv:
             exprs.append(pl.when(valid).then(pl.col("train_version").cast(i64)
                                              - pl.col("policy_version").cast(i64))
-                         .alias("_ac_stale"))
+                         .fill_null(_I64_MIN).alias("_ac_stale"))
         if self.fine:  # a valid token has a finite entropy >= 0 and a finite delta
             exprs.append(pl.when(valid).then(fine_bin_expr().cast(i64) + 1).otherwise(0)
                          .alias("_ac_fine"))
@@ -1308,9 +1309,19 @@ class _AccountingScan:
         if self.fine:
             self.counts += np.bincount(column(batch, "_ac_fine"), minlength=self.counts.size)
         if self.has_pv and self.has_tv:
-            vc = batch.get_column("_ac_stale").drop_nulls().value_counts()
-            for s, n in vc.iter_rows():
-                self.stale[s] = self.stale.get(s, 0) + n
+            st = column(batch, "_ac_stale")
+            st = st[st != _I64_MIN]
+            if st.size:
+                lo = int(st.min())
+                if int(st.max()) - lo < 1 << 16:
+                    cnt = np.bincount(st - lo)
+                    vals = np.flatnonzero(cnt)
+                    pairs = zip((vals + lo).tolist(), cnt[vals].tolist(), strict=True)
+                else:
+                    vals, cnt = np.unique(st, return_counts=True)
+                    pairs = zip(vals.tolist(), cnt.tolist(), strict=True)
+                for s, n in pairs:
+                    self.stale[s] = self.stale.get(s, 0) + n
 
     def per_sequence(self, names: Sequence[str]) -> pl.DataFrame:
         """One row per sequence key: ``n`` rows, ``_valid`` valid tokens, the rows per
