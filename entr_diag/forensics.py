@@ -171,7 +171,7 @@ STALENESS_MIN_GROWTH = 1.05
 CORRUPT_MIN_RUN = 3
 #: exclusion reasons that are placeholder values (io.schema.EXCLUSION_REASONS)
 PLACEHOLDER_REASONS: tuple[str, ...] = ("zero_placeholder", "sentinel_logprob", "positive_logprob")
-_NOT_MASKED = ("unmasked", "empty_row", "null_loss_mask", "invalid_loss_mask")
+_NOT_MASKED = ("unmasked", "padding", "empty_row", "null_loss_mask", "invalid_loss_mask")
 
 #: trainer noise floor: mismatch below this multiple of the floor is "at the floor"
 FLOOR_RATIO_AT_FLOOR = 2.0

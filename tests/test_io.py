@@ -372,6 +372,38 @@ def test_fixed_size_list_columns_read_like_lists(tmp_path):
     assert _valid(a).select(cols_out).equals(_valid(b).select(cols_out))
 
 
+def test_padded_tensor_without_mask_drops_trailing_zero_padding(tmp_path):
+    """A padded [batch, length] tensor dumped without its mask pads with exact zeros: the
+    trailing all-zero rows are tensor padding (outside the loss mask, counted), not tokens
+    at H = 0 with delta = 0; zeros inside a sequence, a null/NaN and a zero on one side only
+    are not padding; a file with a mask keeps its mask's word."""
+    import pyarrow.parquet as pq
+
+    tl = [[-0.1, 0.0, -0.3, 0.0, 0.0], [-0.3, -0.1, 0.0, 0.0, 0.0], [0.0] * 5,
+          [-0.2, -0.1, float("nan"), 0.0, 0.0], [-0.2, -0.1, -0.1, 0.0, -0.2]]
+    il = [[-0.1, 0.0, -0.3, 0.0, 0.0], [-0.31, -0.1, -0.2, 0.0, 0.0], [0.0] * 5,
+          [-0.2, -0.1, -0.4, 0.0, 0.0], [-0.2, -0.1, -0.1, 0.0, -0.2]]
+    h = [[0.5, 0.0, 0.4, 0.0, 0.0], [0.2, 0.1, 0.3, 0.0, 0.0], [0.0] * 5,
+         [0.1, 0.2, 0.3, 0.0, 0.0], [0.1, 0.2, 0.3, 0.0, 0.1]]
+    t = pa.table({"old_log_probs": pa.array(tl, type=pa.list_(pa.float64(), 5)),
+                  "rollout_log_probs": pa.array(il, type=pa.list_(pa.float64(), 5)),
+                  "entropys": pa.array(h, type=pa.list_(pa.float64(), 5))})
+    pq.write_table(t, tmp_path / "padded.parquet")
+    acc = load_dataset([tmp_path / "padded.parquet"]).accounting
+    # trailing padding: 2 + 2 + 5 + 2 + 0 rows; the row 2's zero inside is kept
+    assert acc.tokens_padding == 11 and acc.tokens_unmasked == 11
+    assert acc.tokens_total == 25 and acc.tokens_masked == 14
+    # row 0: 3 tokens (a zero inside stays a token); row 1: 3 (one zero side: placeholder);
+    # row 3: 3 (NaN: non-finite); row 4: 5
+    assert acc.excluded == {"zero_placeholder": 1, "non_finite_logprob": 1}
+    assert acc.tokens_valid == 12 and acc.sequences_without_masked_tokens == 1
+    assert load_dataset([tmp_path / "padded.parquet"]).accounting.to_dict()["tokens_padding"] == 11
+    masked = t.append_column("response_mask", pa.array([[1] * 5] * 5, type=pa.list_(pa.int8(), 5)))
+    pq.write_table(masked, tmp_path / "masked.parquet")
+    acc = load_dataset([tmp_path / "masked.parquet"]).accounting
+    assert acc.tokens_padding == 0 and acc.tokens_unmasked == 0 and acc.tokens_masked == 25
+
+
 def test_empty_nested_row_counted_as_sequence_without_tokens(tmp_path):
     """A nested row with empty lists holds no token and counts as a sequence without tokens."""
     df = pl.DataFrame({"seq_id": [0, 1], "train_logprob": [[-0.1], []],

@@ -480,6 +480,9 @@ class Accounting:
     #: valid tokens whose step is null (their sequence is keyed (null, seq_id): apart from
     #: the same seq_id's tokens that have a step, and in no step's row)
     tokens_without_step: int = 0
+    #: rows of nested files without a loss mask taken for tensor padding (trailing rows
+    #: whose logprobs and entropy are exactly 0.0), counted in ``tokens_unmasked``
+    tokens_padding: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -502,6 +505,7 @@ class Accounting:
             "sequences_with_version_switch": self.sequences_with_version_switch,
             "sequences_with_duplicate_positions": self.sequences_with_duplicate_positions,
             "tokens_without_step": self.tokens_without_step,
+            "tokens_padding": self.tokens_padding,
         }
 
 
@@ -512,7 +516,8 @@ class Dataset:
     Attributes:
         lf: one row per valid loss-masked token, canonical columns (docs/CONTRACT.md).
         raw: every token row (masked or not) with the canonical columns and ``reason``
-            (null for valid loss-masked tokens, ``"unmasked"``, or an exclusion reason).
+            (null for valid loss-masked tokens, ``"unmasked"``, ``"padding"`` (tensor
+            padding of a nested file without a loss mask), or an exclusion reason).
         files: the input files with layout and row counts.
         mapping: canonical column -> source column.
         notes: how the mapping was chosen.
@@ -1006,9 +1011,13 @@ def _file_frame(
             (pl.col(ref).list.len().fill_null(0) == 0).alias("_empty"),
             pl.int_ranges(0, pl.col(ref).list.len().fill_null(0)).alias("_pos"),
         )
+        pad = pl.lit(False)
+        if "loss_mask" not in srcs:  # no mask: the trailing all-zero rows are tensor padding
+            lf = lf.with_columns(_padding_start(srcs, list_srcs).alias("_pad_from"))
+            pad = (pl.col("_pos") >= pl.col("_pad_from")).fill_null(False)
         # an empty list explodes to one null row: keep it, marked _empty, for the accounting
         lf = lf.explode([*list_srcs, "_pos"], empty_as_null=True, keep_nulls=True)
-        exprs = [pl.col("_seq_id").alias("seq_id"), pl.col("_empty")]
+        exprs = [pl.col("_seq_id").alias("seq_id"), pl.col("_empty"), pad.alias("_pad")]
         if "position" in srcs and srcs["position"] in list_srcs:
             exprs.append(_canonical_cast("position", pl.col(srcs["position"])).alias("position"))
         else:
@@ -1030,7 +1039,7 @@ def _file_frame(
                 f"{path}: column '{src}' ({canon}) is a list column but the file is in the long "
                 "layout (scalar logprobs); map a scalar column or fix the dump."
             )
-    exprs = [pl.lit(False).alias("_empty")]
+    exprs = [pl.lit(False).alias("_empty"), pl.lit(False).alias("_pad")]
     for canon, src in srcs.items():
         if canon == "seq_id":
             exprs.append(pl.col(src).cast(sid_dtype).alias(canon))
@@ -1049,6 +1058,23 @@ def _file_frame(
                                 .alias("position"))
                   .drop("_off"))
     return lf
+
+
+def _padding_start(srcs: Mapping[str, str], list_srcs: Sequence[str]) -> pl.Expr:
+    """Per list row of a nested file without a loss mask: the index where its trailing
+    padding starts, i.e. one past the last token whose train or infer logprob (or entropy,
+    when a list) is not exactly 0.0 (0 when every token is; a null or NaN is not padding).
+    A padded ``[batch, length]`` tensor dumped without its mask pads with zeros: counted
+    as valid tokens, the padding would add tokens at H = 0 with delta = 0."""
+    cols = [srcs[c] for c in ("train_logprob", "infer_logprob", "entropy")
+            if c in srcs and srcs[c] in list_srcs]
+    mag = None
+    for c in cols:
+        m = pl.col(c).list.eval(pl.element().cast(pl.Float64).fill_null(1.0).fill_nan(1.0).abs())
+        mag = m if mag is None else mag + m
+    assert mag is not None
+    last = mag.list.eval(pl.arg_where(pl.element() != 0).last()).list.first()
+    return last.cast(pl.Int64).fill_null(-1) + 1
 
 
 def _with_hive(lf: pl.LazyFrame, types: Mapping[str, pa.DataType], hive: Mapping[str, str],
@@ -1158,6 +1184,7 @@ def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
         *([("invalid_loss_mask", pl.col("_mask_bad"))] if "loss_mask" in mapping else []),
         ("null_loss_mask", mask.is_null()),
         ("unmasked", ~mask),
+        ("padding", pl.col("_pad")),
         ("missing_seq_id", pl.col("seq_id").is_null()),
         *([("invalid_position", pl.col("position").is_null() | (pl.col("position") < 0))]
           if "position" in mapping else []),
@@ -1355,7 +1382,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     O(sequences); with an entropy column, the same pass counts the valid tokens per fine
     entropy bin (returned with their step range, for the fit: a valid token is one the fit
     uses). See :class:`_AccountingScan`."""
-    reasons = ["unmasked", "empty_row", *S.EXCLUSION_REASONS]
+    reasons = ["unmasked", "padding", "empty_row", *S.EXCLUSION_REASONS]
     names = [name for name, _ in _reason_conditions(mapping)]
     scan = _AccountingScan(mapping, len(names))
     try:
@@ -1391,7 +1418,8 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     if scan.fine:
         fine = (scan.counts[1:].copy(), (min(steps), max(steps)) if steps else None)
     excluded = {r: count[r] for r in S.EXCLUSION_REASONS if count[r]}
-    valid_n, unmasked = int(valid.sum()), count["unmasked"]
+    # tensor padding inferred without a mask: outside the loss mask
+    valid_n, unmasked = int(valid.sum()), count["unmasked"] + count["padding"]
     total = valid_n + unmasked + sum(excluded.values())
     return Accounting(
         tokens_total=total,
@@ -1410,6 +1438,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         sequences_with_version_switch=n_switch,
         sequences_with_duplicate_positions=n_dup,
         tokens_without_step=n_nullstep,
+        tokens_padding=count["padding"],
     ), fine
 
 

@@ -42,6 +42,8 @@ def render_inspect(desc: dict, console: Console) -> None:
     at = Table("tokens", "count", title="Token accounting", show_edge=False)
     at.add_row("rows (tokens) in input", _fmt_int(acc["tokens_total"]))
     at.add_row("outside the loss mask (ignored)", _fmt_int(acc["tokens_unmasked"]))
+    if acc.get("tokens_padding"):
+        at.add_row("  of which tensor padding (no loss mask)", _fmt_int(acc["tokens_padding"]))
     at.add_row("loss-masked", _fmt_int(acc["tokens_masked"]))
     for reason, n in acc["exclusions"].items():
         at.add_row(f"  excluded: {reason}", _fmt_int(n))
