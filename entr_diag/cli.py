@@ -29,7 +29,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.text import Text
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from entr_diag import __version__
 from entr_diag.errors import EntrDiagError, ParameterError
@@ -85,10 +85,31 @@ def _usage_message(e, args: list[str]) -> str:
     return f"{msg[:1].lower() + msg[1:]}.{see}"
 
 
+def _plain_flags(params: list) -> list:
+    """``params`` with the boolean flags (``--quiet``, ``--help``, ``--dirty/--no-dirty``...)
+    given an empty metavar: typer's help would show their type as ``<bool>``, though a flag
+    takes no value."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    """An ``entr-diag`` command: its help shows flags without a value type."""
+
+    def get_params(self, ctx) -> list:
+        return _plain_flags(super().get_params(ctx))
+
+
 class _Group(TyperGroup):
     """The ``entr-diag`` command group: click/typer usage errors (bad option values, unknown
     options or commands, missing options) print one plain ``error: ...`` line on stderr and
-    exit with code 2, like every other refusal, instead of a usage block and a boxed panel."""
+    exit with code 2, like every other refusal, instead of a usage block and a boxed panel.
+    Its help, like its commands' (:class:`_Command`), shows flags without a value type."""
+
+    def get_params(self, ctx) -> list:
+        return _plain_flags(super().get_params(ctx))
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -676,7 +697,7 @@ def _root(
 # ----------------------------------------------------------------- inspect
 
 
-@app.command()
+@app.command(cls=_Command)
 def inspect(
     paths: Paths = None,
     column: ColumnOpt = None,
@@ -813,7 +834,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     return {k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}
 
 
-@app.command()
+@app.command(cls=_Command)
 def fit(
     paths: Paths = None,
     bins: BinsOpt = 30,
@@ -862,7 +883,7 @@ def fit(
         render_findings(findings, _tables(json_path), show_checks=False)
 
 
-@app.command()
+@app.command(cls=_Command)
 def flag(
     paths: Paths = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Parquet file for the flagged tokens.")] = Path("noise.parquet"),
@@ -1008,7 +1029,7 @@ def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
     return plan.finish()
 
 
-@app.command()
+@app.command(cls=_Command)
 def compare(
     paths: Paths = None,
     tau: TauOpt = 4.0,
@@ -1020,7 +1041,8 @@ def compare(
     ] = None,
     sweep: Annotated[
         list[str] | None,
-        typer.Option(help="Sweep a budget in one pass: tau=LO:HI[:N] or c=LO:HI[:N] (repeatable)."),
+        typer.Option(metavar="tau|c=LO:HI[:N]",
+                     help="Sweep a budget in one pass: tau=LO:HI[:N] or c=LO:HI[:N] (repeatable)."),
     ] = None,
     export: Annotated[Path | None, typer.Option(help="Write per-token keep/drop of each gate to this Parquet file.")] = None,
     bins: BinsOpt = 30,
@@ -1085,7 +1107,7 @@ def compare(
 # ----------------------------------------------------------------- report
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
     paths: Paths = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("entr-diag-report.html"),
@@ -1181,12 +1203,12 @@ def report(
 # ----------------------------------------------------------------- synth
 
 
-@app.command()
+@app.command(cls=_Command)
 def synth(
     output: Annotated[Path, typer.Option("--output", "-o", help="Parquet file to write.")],
     tokens: Annotated[int, typer.Option(help="Number of tokens.")] = 200_000,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    k: Annotated[float, typer.Option(help="Planted law scale: E[delta^2|H] = k H^alpha.")] = 0.02,
+    k: Annotated[float, typer.Option(help="Planted law scale: E\\[delta^2|H] = k H^alpha.")] = 0.02,
     alpha: Annotated[float, typer.Option(help="Planted law exponent.")] = 1.0,
     h_star: Annotated[float | None, typer.Option(help="Planted breakpoint H* in nats (0 = no noise regime).")] = 0.03,
     noise_share: Annotated[float, typer.Option(help="Share of tokens below H* that are noise.")] = 0.3,

@@ -65,6 +65,38 @@ def test_every_command_help_has_example():
         assert "Example: entr-diag" in r.stdout, name
 
 
+def _help_pages() -> dict[str, str]:
+    """The --help output of the root command and of every command."""
+    pages = {"": runner.invoke(app, ["--help"]).stdout}
+    for cmd in app.registered_commands:
+        name = cmd.name or cmd.callback.__name__
+        pages[name] = runner.invoke(app, [name, "--help"]).stdout
+    return pages
+
+
+def test_help_shows_flags_without_a_value_type():
+    """No help page shows a flag's type (`<bool>`), nor an option's Python type
+    (`<list[str]>` for --sweep); the flags themselves are still listed."""
+    for name, page in _help_pages().items():
+        assert "<bool>" not in page and "<list[str]>" not in page, (name, page)
+        assert "--help" in page, name
+    pages = _help_pages()
+    assert "--quiet" in pages["fit"] and "--allow-misaligned" in pages["report"]
+    assert "--no-dirty" in pages["synth"] and "tau|c=LO:HI[:N]" in pages["compare"]
+
+
+def test_help_texts_survive_rich_markup():
+    """Every help text renders as written: a bracket such as E[delta^2|H] is not eaten as
+    rich markup (the help is rendered in rich markup mode)."""
+    from rich.text import Text
+    from typer.main import get_command
+
+    group = get_command(app)
+    for name, cmd in group.commands.items():
+        texts = [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
+        for t in texts:
+            assert Text.from_markup(t).plain == t.replace("\\[", "["), (name, t)
+
 def test_inspect_bundled_sample_says_so():
     """With no path, inspect uses the bundled sample run and says so on stderr."""
     r = runner.invoke(app, ["inspect"])
