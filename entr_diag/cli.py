@@ -141,10 +141,12 @@ app = typer.Typer(
 
 class _Stdout(Console):
     """The results console: its first print ends the progress bar (on stderr), so that on a
-    terminal no frame of the bar is left in or between the result tables."""
+    terminal no frame of the bar is left in or between the result tables, and prints the
+    notes held until then (:class:`_Notes`)."""
 
     def print(self, *args, **kwargs) -> None:  # type: ignore[override]
         _phases.end()
+        _notes.flush()
         super().print(*args, **kwargs)
 
 
@@ -284,6 +286,38 @@ class _Phases:
 _phases = _Phases()
 
 
+class _Notes:
+    """The notes and warnings a command prints on stderr (the accounting line, skipped
+    files, columns not used...), held from the start of the command until its first output
+    (:meth:`flush`: a JSON or other file written, a table printed). A refusal, however late
+    it is found (after a pass over the tokens, say), drops them (:meth:`drop`): it prints
+    one ``error: ...`` line and nothing else. Outside a command they print at once."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[str, dict]] | None = None
+
+    def hold(self) -> None:
+        self.held = []
+
+    def add(self, text: str, **kwargs) -> None:
+        """Print ``text`` (rich markup) on stderr, or hold it until :meth:`flush`."""
+        if self.held is None:
+            stderr.print(text, **kwargs)
+        else:
+            self.held.append((text, kwargs))
+
+    def flush(self) -> None:
+        held, self.held = self.held or [], None
+        for text, kwargs in held:
+            stderr.print(text, **kwargs)
+
+    def drop(self) -> None:
+        self.held = None
+
+
+_notes = _Notes()
+
+
 @contextlib.contextmanager
 def _errors(quiet: bool = True) -> Iterator[None]:
     """Run a command body: a progress bar on stderr; library and input errors become one
@@ -291,26 +325,33 @@ def _errors(quiet: bool = True) -> Iterator[None]:
     from entr_diag.passes import progress_hook
 
     _phases.begin(quiet)
+    _notes.hold()
     try:
         with progress_hook(_phases.advance if _phases.bar is not None else None,
                            _phases.expect if _phases.bar is not None else None):
             yield
     except EntrDiagError as e:
         _phases.end()
+        _notes.drop()
         stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
     except pl.exceptions.PolarsError as e:
         _phases.end()
+        _notes.drop()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         stderr.print(f"[bold red]error:[/bold red] cannot read the input: {escape(msg[:300])}",
                      soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as e:
         _phases.end()
+        _notes.drop()
         stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
+    else:
+        _notes.flush()
     finally:
         _phases.end()
+        _notes.drop()  # interrupted: left unsaid
 
 
 @contextlib.contextmanager
@@ -512,7 +553,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
     if paths and not quiet:
         resolve_paths([str(p) for p in paths], skipped=skipped)
     if skipped:
-        stderr.print(
+        _notes.add(
             f"note: skipped {len(skipped):,} Parquet file(s) in input directories whose names "
             f"start with '.' or '_' (hidden, temporary or metadata files), e.g. "
             f"{escape(str(skipped[0]))}: pass them explicitly to read them."
@@ -526,16 +567,16 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             entropy=entropy,
         )
     if ds.bundled and not quiet:
-        stderr.print(f"no input given: using the bundled sample run ({ds.files[0].path})")
+        _notes.add(f"no input given: using the bundled sample run ({ds.files[0].path})")
     if not quiet:
         for note in ds.notes:
             if ("missing from" in note or "not used" in note or "trainer-side" in note
                     or "partition folder" in note or "continue from one file" in note
                     or "written by entr-diag" in note):
-                stderr.print(f"note: {escape(note)}")
+                _notes.add(f"note: {escape(note)}")
     dup = ds.accounting.sequences_with_duplicate_positions
     if dup and not quiet:
-        stderr.print(
+        _notes.add(
             f"[yellow]warning:[/yellow] {dup:,} sequence(s) hold more tokens than positions: the "
             "same (step, seq_id, position) appears more than once (e.g. one dump copied into two "
             "shards, whose tokens then count twice; or a seq_id shared by several sequences, "
@@ -543,14 +584,14 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         )
     nostep = ds.accounting.tokens_without_step
     if nostep and not quiet:
-        stderr.print(
+        _notes.add(
             f"[yellow]warning:[/yellow] {nostep:,} valid token(s) have a null step: their "
             "sequences are keyed (null, seq_id), apart from any tokens of the same seq_id "
             "that have a step, and they count in no step's row of the per-step tables."
         )
     ahead = sum(n for s, n in (ds.accounting.staleness or {}).items() if s < 0)
     if ahead and not quiet:
-        stderr.print(
+        _notes.add(
             f"[yellow]warning:[/yellow] {ahead:,} valid token(s) have policy_version > "
             "train_version (negative staleness): a rollout cannot come from a policy newer "
             "than the one trained on it, so the two version columns are probably swapped or "
@@ -561,7 +602,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         _require_tokens(ds)
     if not quiet:
         acc = ds.accounting
-        stderr.print(
+        _notes.add(
             f"{acc.tokens_valid:,} valid loss-masked tokens of {acc.tokens_total:,} rows; "
             f"{acc.tokens_masked - acc.tokens_valid:,} excluded"
             + (": " + ", ".join(f"{k} {v:,}" for k, v in acc.excluded.items()) if acc.excluded else "")
@@ -570,7 +611,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
 
         caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid)
         if caveat:
-            stderr.print("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
+            _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     return ds
 
 
@@ -584,7 +625,7 @@ def _check_alignment(finding, allow: bool, quiet: bool) -> None:
         return
     if allow:
         if not quiet:
-            stderr.print(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
+            _notes.add(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
         return
     raise InputError(
         f"{f.title}. {_alignment_numbers(f)} Check: {f.check} Pass --allow-misaligned to "
@@ -656,6 +697,7 @@ def _forensics(ds, quiet: bool):
 def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
     if path is None:
         return
+    _notes.flush()  # an output: the notes held so far come first
     if _to_stdout(path):
         import os
 
@@ -919,6 +961,7 @@ def flag(
                    allow_misaligned=allow_misaligned)["fit"]
         bp = res.to_dict().get("breakpoint")
         h_star = None if bp is None else bp["h_star"]
+        _notes.flush()  # the output begins: the notes held so far come first
         # always written (empty, same columns, when there is no break): a stale file from an
         # earlier run must never pass for this run's result
         lf = flagged_tokens(ds.lf, h_star=h_star, tau=tau, eps=eps).with_columns(
@@ -982,7 +1025,7 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
     panel = [parse_gate_spec(g) for g in gate] if gate else list(DEFAULT_PANEL)
     unique = list(dict.fromkeys(panel))  # gate specs are frozen dataclasses: equal = same
     if len(unique) < len(panel) and not quiet:
-        stderr.print(f"note: {len(panel) - len(unique)} --gate spec(s) repeat an earlier one: "
+        _notes.add(f"note: {len(panel) - len(unique)} --gate spec(s) repeat an earlier one: "
                      "each gate is compared once.")
     entr_specs = [g for g in unique if isinstance(g, EntrGate)]
     if len(entr_specs) > 1:
@@ -991,7 +1034,7 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
             "compare one at a time (or sweep tau with --sweep tau=LO:HI).")
     entr = entr_specs[0] if entr_specs else EntrGate(tau=tau, eps=eps)
     if entr_specs and (entr.tau, entr.eps) != (tau, eps) and not quiet:
-        stderr.print(f"note: the ENTR gate runs as --gate {entr.spec()}; --tau {tau:g} and "
+        _notes.add(f"note: the ENTR gate runs as --gate {entr.spec()}; --tau {tau:g} and "
                      f"--eps {eps:g} still define the noise tokens (H < H* and "
                      "delta^2/(H+eps) > tau).")
     return entr, [g for g in unique if not isinstance(g, EntrGate)]
@@ -1084,6 +1127,7 @@ def compare(
                   "entropy": entropy, "framework": framework}
         from entr_diag.atomic import together
 
+        _notes.flush()  # the outputs begin: the notes held so far come first
         with together():  # the JSON and the export replace earlier ones together, or neither
             _write_json(json_path, envelope("compare", ds.describe(), params,
                                             compare=res.to_dict(), fit=_fit_dict(fit_res, ds)),
@@ -1186,6 +1230,7 @@ def report(
                                  findings=doc["forensics"])
         from entr_diag.atomic import together, write_text
 
+        _notes.flush()  # the outputs begin: the notes held so far come first
         with together():  # the report and its JSON replace earlier ones together, or neither
             write_text(output, html)
             _write_json(json_path, doc, quiet)

@@ -373,6 +373,57 @@ def test_misaligned_logprobs_stop_unless_allowed(synth_file, tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def _late_refusal_inputs(synth: Path, tmp: Path) -> dict[str, list[str]]:
+    """Inputs that pass reading (notes and the accounting line are due) but are refused
+    later: (name -> the paths to give)."""
+    df = pl.read_parquet(synth).sort("seq_id", "position")
+    shifted = df.with_columns(pl.col("infer_logprob").shift(1).over("seq_id")).drop_nulls(
+        "infer_logprob")
+    one_seq = df.filter(pl.col("seq_id") == df["seq_id"][0])
+    files = {"shifted": shifted, "no_entropy": df.drop("entropy")}
+    out = {}
+    for name, frame in files.items():
+        frame.write_parquet(tmp / f"{name}.parquet")
+        out[name] = [str(tmp / f"{name}.parquet")]
+    mixed = tmp / "mixed"  # one shard without entropy: a note, then the refusal
+    mixed.mkdir()
+    df.head(20_000).write_parquet(mixed / "a.parquet")
+    df.tail(20_000).drop("entropy").write_parquet(mixed / "b.parquet")
+    twice = tmp / "twice"  # one sequence copied into two shards: a warning, then the refusal
+    twice.mkdir()
+    for n in ("a", "b"):
+        one_seq.write_parquet(twice / f"{n}.parquet")
+    return {**out, "mixed": [str(mixed)], "twice": [str(twice)]}
+
+
+@pytest.mark.parametrize("case", ["shifted", "no_entropy", "mixed", "twice"])
+def test_refusal_after_reading_is_one_error_line(synth_file, tmp_path, case):
+    """A refusal found after the input was read (misaligned columns, no entropy, too few
+    sequences) prints one `error:` line on stderr: not the accounting line, the notes or
+    the warnings that a successful run prints before its results."""
+    paths = _late_refusal_inputs(synth_file, tmp_path)[case]
+    r = runner.invoke(app, ["fit", *paths, "--n-boot", "100"])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert r.stdout == ""
+
+
+def test_successful_run_prints_its_notes_first(synth_file, tmp_path):
+    """A successful run still prints its notes and the accounting line on stderr, before
+    the 'wrote' line of its first output."""
+    d = tmp_path / "d"
+    d.mkdir()
+    pl.read_parquet(synth_file).write_parquet(d / "a.parquet")
+    pl.DataFrame({"x": [1]}).write_parquet(d / "_meta.parquet")  # skipped: a note
+    out = tmp_path / "fit.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("note: skipped 1 Parquet file(s)"), lines
+    assert "valid loss-masked tokens of" in lines[1] and lines[-1] == f"wrote {out}", lines
+
+
 def test_flag_without_break_writes_empty_file(tmp_path):
     """With no noise regime, flag replaces any earlier output by an empty file (0 rows)."""
     out = tmp_path / "noise.parquet"
