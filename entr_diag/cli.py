@@ -32,7 +32,7 @@ from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from entr_diag import __version__
-from entr_diag.errors import EntrDiagError, ParameterError
+from entr_diag.errors import EntrDiagError, FitError, ParameterError
 
 #: click's exception classes, found through typer's public BadParameter (typer vendors click
 #: in recent versions, so ``import click`` may not be the click typer raises from)
@@ -519,6 +519,17 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
                     )
 
 
+def _where(ds) -> str:
+    """The input as refusals name it: its one file, else the folder holding its files and
+    their number (``dumps (12 files)``)."""
+    import os
+
+    files = [os.path.abspath(f.path) for f in ds.files]
+    if len(files) == 1:
+        return str(ds.files[0].path)
+    return f"{os.path.commonpath(files)} ({len(files):,} files)"
+
+
 def _require_tokens(ds) -> None:
     """Stop with the reason when no valid loss-masked token is left to analyse."""
     from entr_diag.errors import InputError
@@ -527,7 +538,7 @@ def _require_tokens(ds) -> None:
     acc = ds.accounting
     if acc.tokens_valid > 0:
         return
-    where = ", ".join(str(f.path) for f in ds.files[:3]) + (" ..." if len(ds.files) > 3 else "")
+    where = _where(ds)
     if acc.tokens_masked == 0:
         raise InputError(
             f"{where}: no loss-masked token: all {acc.tokens_total:,} tokens have loss_mask "
@@ -810,7 +821,7 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
             f"input files (e.g. {m['file']}), so it was not used, and without it "
             f"{consequence}. Pass only the files that have it, or {fix}."
         )
-    return f"the input has no {canon} column, so {consequence}; {fix}."
+    return f"{_where(ds)}: the input has no {canon} column, so {consequence}; {fix}."
 
 
 def _check_bin_edges(bin_edges: str) -> None:
@@ -824,17 +835,32 @@ _MAP_ENTROPY = ("map one with --column entropy=NAME (or --entropy train for a tr
                 "entropy)")
 
 
+def _fit_refusal(ds, e: FitError, optional: bool) -> str:
+    """The fit's refusal (too few tokens or sequences, ...) naming the input: raised again
+    (exit 2) unless ``optional``; else returned, as the reason the law is unavailable."""
+    msg = str(e)
+    msg = f"{_where(ds)}: {msg[:1].lower()}{msg[1:]}"
+    if not optional:
+        raise FitError(msg) from None
+    return msg
+
+
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
          full: bool = True, forensics: bool = False, profiles: bool = False,
-         need_law: bool = True):
+         entropy_optional: bool = False, law_optional: bool = False):
     """The scaling-law fit (with ``full``: its strata and the mismatch metrics; with
     ``forensics`` / ``profiles``: those too) and the off-by-one alignment check, all in ONE
     pass over the tokens: every analysis contributes accumulators to
     :func:`entr_diag.passes.run_pass`. A misaligned input stops the command after the pass
     (exit 2) unless ``allow_misaligned``.
 
-    Returns a dict with keys ``fit`` (FitResult; None when not ``need_law`` and no input
-    file has an entropy column; else a missing entropy raises ParameterError),
+    An input without an entropy column raises ParameterError unless ``entropy_optional``
+    (and no input file has one: then the files lacking it are the mistake); an input the
+    law cannot be fitted on (too few tokens or sequences, ...) raises FitError unless
+    ``law_optional``; both refusals name the input.
+
+    Returns a dict with keys ``fit`` (FitResult, or None: no entropy column, or the fit
+    failed and ``law_optional``), ``unavailable`` (None, or why the fit failed),
     ``metrics``, ``findings`` (None when not asked for) and ``profiles``: the unfinished
     ProfilesPlan (its version-switch follow-up pass is shared with the gate comparison's
     first pass; call ``finish()`` after).
@@ -843,11 +869,16 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     from entr_diag.passes import run_pass
 
     plans: dict = {}
+    unavailable = None
     if ds.has("entropy"):
-        plans["fit"] = fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
-                                n_boot=n_boot, seed=seed, with_strata=full,
-                                fine_counts=ds.entropy_fine_counts, step_range=ds.step_range)
-    elif need_law or _dropped(ds, "entropy"):  # some files have it: a mistake to fix
+        try:
+            plans["fit"] = fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
+                                    n_boot=n_boot, seed=seed, with_strata=full,
+                                    fine_counts=ds.entropy_fine_counts,
+                                    step_range=ds.step_range)
+        except FitError as e:
+            unavailable = _fit_refusal(ds, e, law_optional)
+    elif not entropy_optional or _dropped(ds, "entropy"):  # some files have it: to fix
         raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _MAP_ENTROPY))
     if full:
         from entr_diag.metrics import metrics_plan
@@ -872,8 +903,16 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if align is not None:
         _check_alignment(align.finish(), allow_misaligned, quiet)
     with _status("fitting...", quiet):
-        out = {k: (p if k == "profiles" else p.finish()) for k, p in plans.items()}
-    return {k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}
+        out = {}
+        for k, p in plans.items():
+            try:
+                out[k] = p if k == "profiles" else p.finish()
+            except FitError as e:
+                if k != "fit":
+                    raise
+                unavailable = _fit_refusal(ds, e, law_optional)
+    return {"unavailable": unavailable,
+            **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}}
 
 
 @app.command(cls=_Command)
@@ -1189,10 +1228,17 @@ def report(
         ds = _load(paths, column, framework, layout, entropy, quiet)
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
                  allow_misaligned=allow_misaligned, forensics=True, profiles=True,
-                 need_law=False)
+                 entropy_optional=True, law_optional=True)
         fit_res, metrics, findings = a["fit"], a["metrics"], a["findings"]
         no_law = None
-        if fit_res is None:  # no entropy column: the rest of the post-mortem still holds
+        # no entropy column, or too little data for the law: the rest of the post-mortem
+        # still holds
+        if a["unavailable"]:
+            no_law = (f"{a['unavailable']} The scaling law and the gate comparison are "
+                      "therefore unavailable (the report holds the mismatch metrics, "
+                      "forensics and profiles).")
+            cmp_res = None
+        elif fit_res is None:
             no_law = _no_column(ds, "entropy", _NO_ENTROPY + " (the report holds the mismatch "
                                 "metrics, forensics and profiles)", _MAP_ENTROPY)
             cmp_res = None
@@ -1219,6 +1265,7 @@ def report(
             "accounting": desc["accounting"],
             "entropy_source": desc["entropy_source"],
             "parameters": params,
+            "unavailable": no_law,
         }
         doc = envelope("report", desc, params,
                        fit=None if fit_res is None else _fit_dict(fit_res, ds),

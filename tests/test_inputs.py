@@ -126,13 +126,17 @@ def test_entropy_missing_from_some_shards_is_named(tmp_path, cmd):
 
 
 def test_entropy_missing_from_every_file_keeps_the_plain_message(tmp_path):
-    """Without an entropy column in any file the message says the input has none."""
-    _canonical_shards(tmp_path / "shards", 2, {0: "entropy", 1: "entropy"})
+    """Without an entropy column in any file the message says the input has none, naming
+    the input: the folder and its number of files, or the one file."""
+    files = _canonical_shards(tmp_path / "shards", 2, {0: "entropy", 1: "entropy"})
     r = runner.invoke(app, ["fit", str(tmp_path / "shards"), "-q"])
     assert r.exit_code == 2, r.output
-    assert r.stderr.startswith("error: the input has no entropy column, so the scaling law "
-                               "and the ENTR gate are unavailable; map one with --column "
-                               "entropy=NAME"), r.stderr
+    assert r.stderr.startswith(f"error: {tmp_path / 'shards'} (2 files): the input has no "
+                               "entropy column, so the scaling law and the ENTR gate are "
+                               "unavailable; map one with --column entropy=NAME"), r.stderr
+    r = runner.invoke(app, ["fit", str(files[0]), "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {files[0]}: the input has no entropy column"), r.stderr
 
 
 def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
@@ -149,7 +153,7 @@ def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
     out, js = tmp_path / "r.html", tmp_path / "r.json"
     r = runner.invoke(app, ["report", str(p), "-o", str(out), "--json", str(js), "-q"])
     assert r.exit_code == 0, r.output
-    assert "No scaling law: the input has no entropy column" in r.stdout
+    assert f"No scaling law: {p}: the input has no entropy column" in r.stdout
     doc = json.loads(js.read_text())
     assert doc["fit"] is None and doc["compare"] is None
     assert "entropy" in doc["unavailable"]
@@ -162,6 +166,44 @@ def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
     for cmd in ("fit", "compare"):
         r = runner.invoke(app, [cmd, str(p), "-q"])
         assert r.exit_code == 2 and "has no entropy column" in r.stderr
+
+
+@pytest.mark.parametrize("case", ["one_sequence", "few_sequences"])
+def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
+    """An input too small to fit the law (40 tokens of one sequence; six short sequences in
+    three files): report writes the HTML and the JSON with the law (and the gate comparison)
+    marked unavailable and why, naming the input, exit 0; fit still refuses (exit 2) with
+    one line naming the input."""
+    import html as html_lib
+    import json
+
+    import numpy as np
+
+    if case == "one_sequence":
+        rng = np.random.default_rng(0)
+        infer = -rng.exponential(0.5, 40)
+        p = tmp_path / "one.parquet"
+        pl.DataFrame({"seq_id": [7] * 40, "infer_logprob": infer,
+                      "train_logprob": infer + rng.normal(0, 0.05, 40).clip(max=-infer),
+                      "entropy": rng.uniform(0.01, 2.0, 40)}).write_parquet(p)
+        arg, where, why = str(p), str(p), "one sequence block"
+    else:
+        _canonical_shards(tmp_path / "shards", 3, {})
+        arg, where, why = str(tmp_path / "shards"), f"{tmp_path / 'shards'} (3 files)", \
+            "entropy bin(s) hold enough tokens"
+    out, js = tmp_path / "r.html", tmp_path / "r.json"
+    r = runner.invoke(app, ["report", arg, "-o", str(out), "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    assert doc["fit"] is None and doc["compare"] is None
+    assert doc["unavailable"].startswith(f"{where}: ") and why in doc["unavailable"]
+    assert f"No scaling law: {doc['unavailable']}" in r.stdout.replace("\n", " ")
+    assert doc["metrics"]["overall"]["tokens"] > 0 and doc["forensics"]["checks"]
+    assert f"Scaling law: not fitted: {html_lib.escape(doc['unavailable'])}" in out.read_text()
+    r = runner.invoke(app, ["fit", arg, "-q"])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {where}: ") and why in lines[0]
 
 
 # ------------------------------------------------------------------ partition values
