@@ -789,6 +789,10 @@ def inspect(
 # ----------------------------------------------------------------- fit
 
 
+#: Parquet file metadata of a ``compare --export`` whose ENTR column is all null: why
+UNAVAILABLE_MARK = "entr_diag.unavailable"
+
+
 def _output_mark(command: str) -> dict[str, str]:
     """Parquet file metadata marking an entr-diag output (directory walks skip it)."""
     from entr_diag.io.load import OUTPUT_MARK
@@ -1082,22 +1086,25 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
 def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
     """The gate comparison: two passes over the tokens (:class:`~entr_diag.compare.ComparePlan`),
     the first shared with the follow-up accumulators of ``with_plans`` (plans whose
-    ``finish`` the caller calls afterwards)."""
+    ``finish`` the caller calls afterwards). ``fit_res`` None (an input without entropy):
+    no law, no noise regime, and ENTR unavailable."""
     import numpy as np
 
     from entr_diag.compare import compare_plan
     from entr_diag.passes import run_pass
 
-    fd = fit_res.to_dict()
-    bp = fd.get("breakpoint")
-    power = fd["laws"]["power"]
-    edges = np.array([b["h_lo"] for b in fd["bins"]] + [fd["bins"][-1]["h_hi"]]) if fd.get("bins") and "h_lo" in fd["bins"][0] else None
+    law: dict = {}
+    if fit_res is not None:
+        fd = fit_res.to_dict()
+        bp = fd.get("breakpoint")
+        power = fd["laws"]["power"]
+        edges = np.array([b["h_lo"] for b in fd["bins"]] + [fd["bins"][-1]["h_hi"]]) if fd.get("bins") and "h_lo" in fd["bins"][0] else None
+        law = {"h_star": None if bp is None else bp["h_star"], "law_k": power.get("k"),
+               "law_alpha": power.get("alpha", 1.0) or 1.0,
+               "flag_tau": fd["parameters"].get("tau", 4.0),
+               "flag_eps": fd["parameters"].get("eps", 0.01), "entropy_edges": edges}
     plan = compare_plan(
-        ds.lf, entr=entr, panel=panel,
-        h_star=None if bp is None else bp["h_star"],
-        law_k=power.get("k"), law_alpha=power.get("alpha", 1.0) or 1.0,
-        flag_tau=fd["parameters"].get("tau", 4.0), flag_eps=fd["parameters"].get("eps", 0.01),
-        entropy_edges=edges,
+        ds.lf, entr=entr, panel=panel, **law,
         sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
         sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
     )
@@ -1157,8 +1164,17 @@ def compare(
 
         check_fit_parameters(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet)
+        if not ds.has("entropy") and not panel:  # only ENTR asked for: it needs entropy
+            raise ParameterError(_no_column(
+                ds, "entropy", _NO_ENTROPY + ", and the ENTR gate is the only gate asked for "
+                "(--gate)", _MAP_ENTROPY + ", or add gates that need no entropy (e.g. --gate "
+                "fixed:c=0.5)"))
         fit_res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
-                       allow_misaligned=allow_misaligned)["fit"]
+                       allow_misaligned=allow_misaligned, entropy_optional=True)["fit"]
+        no_entr = None  # no entropy column: the gates that need none are compared
+        if fit_res is None:
+            no_entr = _no_column(ds, "entropy", _NO_ENTROPY + " (the gates that need no entropy "
+                                 "are compared)", _MAP_ENTROPY)
         res = _compare(ds, fit_res, entr, panel, sweeps, quiet)
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
@@ -1168,23 +1184,26 @@ def compare(
 
         _notes.flush()  # the outputs begin: the notes held so far come first
         with together():  # the JSON and the export replace earlier ones together, or neither
-            _write_json(json_path, envelope("compare", ds.describe(), params,
-                                            compare=res.to_dict(), fit=_fit_dict(fit_res, ds)),
-                        quiet)
+            _write_json(json_path, envelope(
+                "compare", ds.describe(), params, compare=res.to_dict(),
+                fit=None if fit_res is None else _fit_dict(fit_res, ds),
+                **({"unavailable": no_entr} if no_entr else {})), quiet)
             if export is not None:
                 from entr_diag.atomic import write_with
-                from entr_diag.compare import decisions_frame
+                from entr_diag.compare import export_frame
 
-                gates = list(res.gate_specs)
-                if res.matched_spec is not None:
-                    gates.append(res.matched_spec)
-                lf = decisions_frame(ds.lf, gates).with_columns(
+                lf = export_frame(ds.lf, res).with_columns(
                     pl.col("seq_id").cast(ds.seq_id_dtype))
+                meta = {**_output_mark("compare --export"),
+                        **({UNAVAILABLE_MARK: no_entr} if no_entr else {})}
                 write_with(export, lambda tmp: lf.sink_parquet(
-                    tmp, compression="zstd", metadata=_output_mark("compare --export")))
+                    tmp, compression="zstd", metadata=meta))
                 if not quiet:
                     stderr.print(f"wrote {export}")
-        render_compare(res, _tables(json_path, export))
+        out = _tables(json_path, export)
+        if no_entr:
+            out.print(f"ENTR unavailable: {no_entr}", soft_wrap=True)
+        render_compare(res, out)
 
 
 # ----------------------------------------------------------------- report
