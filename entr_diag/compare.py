@@ -59,6 +59,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import InputError, ParameterError, SchemaError
+from entr_diag.frames import token_frame
 from entr_diag.gates import (
     DEFAULT_PANEL,
     M2PO,
@@ -515,6 +516,7 @@ def resolve_m2po_cut(lf: pl.LazyFrame, gate: M2PO, *, tot: Mapping[str, Any] | N
     every token). Keep iff ``delta^2 < cut``; ties at the cut are dropped together (see
     :class:`~entr_diag.gates.M2PO`). Streaming histogram refinement, memory bounded.
     ``tot``: totals of delta^2 known from another pass (see :func:`_first_value_where`)."""
+    lf = token_frame(lf, "resolve_m2po_cut")
     thr = gate.max_mean_sq
     u = _first_value_where(lf, _m2po_value(), lambda n, s: s / n > thr, tot=tot)
     return math.inf if u is None else float(u)
@@ -529,6 +531,7 @@ def matched_fixed_c(lf: pl.LazyFrame, n_keep: int, *, tot: Mapping[str, Any] | N
     clamped at 0); ``n_keep >= N`` returns the largest ``|delta|``. ``tot``: totals of
     ``|delta|`` known from another pass (see :func:`_first_value_where`).
     """
+    lf = token_frame(lf, "matched_fixed_c")
     absd = pl.col("delta").abs()
     if n_keep <= 0:
         mn = lf.select(absd.min()).collect(engine="streaming").item()
@@ -625,6 +628,7 @@ def decisions_frame(lf: pl.LazyFrame, gates: Sequence[GateSpec]) -> pl.LazyFrame
     are resolved eagerly (a few streaming passes over ``delta``); everything else stays lazy,
     so the caller can ``sink_parquet`` it.
     """
+    lf = token_frame(lf, "decisions_frame")
     schema = lf.collect_schema()
     _check_columns(schema, gates)
     uniq: list[GateSpec] = []
@@ -645,6 +649,7 @@ def export_frame(lf: pl.LazyFrame, result: CompareResult) -> pl.LazyFrame:
     of ``result``'s gates and its matched band, and for each gate it could not simulate
     (``result.unavailable``, e.g. ENTR without an entropy column) a ``keep[<spec>]`` column
     of nulls (no decision), placed before the others. One row per token of ``lf``, lazy."""
+    lf = token_frame(lf, "export_frame")
     gates = list(result.gate_specs)
     if result.matched_spec is not None:
         gates.append(result.matched_spec)
@@ -1992,6 +1997,7 @@ def compare_plan(lf: pl.LazyFrame, **kwargs: Any) -> ComparePlan:
     result = plan.finish()``; ``finish`` runs the second pass (see :class:`ComparePlan`)
     itself unless ``run_pass(lf, plan.followup())`` was called first, e.g. fused with other
     modules' second passes."""
+    lf = token_frame(lf, "compare_plan")
     return ComparePlan(lf, **kwargs)
 
 
@@ -2036,6 +2042,7 @@ def compare_gates(
     without an entropy column). Two
     streaming passes (:class:`ComparePlan`).
     """
+    lf = token_frame(lf, "compare_gates")
     plan = compare_plan(
         lf, entr=entr, panel=panel, h_star=h_star, law_k=law_k, law_alpha=law_alpha,
         flag_tau=flag_tau, flag_eps=flag_eps, entropy_edges=entropy_edges, p_edges=p_edges,
