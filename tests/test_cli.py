@@ -409,6 +409,21 @@ def test_refusal_after_reading_is_one_error_line(synth_file, tmp_path, case):
     assert r.stdout == ""
 
 
+def test_notes_before_an_early_refusal_are_dropped(synth_file, tmp_path):
+    """Notes due before a refusal (a repeated --gate; a skipped '_' file in the input folder)
+    are not printed: the refusal is its one error line."""
+    d = tmp_path / "d"
+    d.mkdir()
+    pl.read_parquet(synth_file).write_parquet(d / "_hidden.parquet")
+    (d / "bad.parquet").write_bytes(b"junk")
+    for args in (["compare", "--gate", "mis", "--gate", "mis", "--json",
+                  str(tmp_path / "no" / "x.json")], ["fit", str(d)]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, r.output
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+
+
 def test_successful_run_prints_its_notes_first(synth_file, tmp_path):
     """A successful run still prints its notes and the accounting line on stderr, before
     the 'wrote' line of its first output."""
