@@ -1069,7 +1069,7 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
     unique = list(dict.fromkeys(panel))  # gate specs are frozen dataclasses: equal = same
     if len(unique) < len(panel) and not quiet:
         _notes.add(f"note: {len(panel) - len(unique)} --gate spec(s) repeat an earlier one: "
-                     "each gate is compared once.")
+                   "each gate is compared once.")
     entr_specs = [g for g in unique if isinstance(g, EntrGate)]
     if len(entr_specs) > 1:
         raise ParameterError(
@@ -1078,8 +1078,8 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
     entr = entr_specs[0] if entr_specs else EntrGate(tau=tau, eps=eps)
     if entr_specs and (entr.tau, entr.eps) != (tau, eps) and not quiet:
         _notes.add(f"note: the ENTR gate runs as --gate {entr.spec()}; --tau {tau:g} and "
-                     f"--eps {eps:g} still define the noise tokens (H < H* and "
-                     "delta^2/(H+eps) > tau).")
+                   f"--eps {eps:g} still define the noise tokens (H < H* and "
+                   "delta^2/(H+eps) > tau).")
     return entr, [g for g in unique if not isinstance(g, EntrGate)]
 
 

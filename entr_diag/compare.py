@@ -3,9 +3,10 @@
 Input is the canonical token frame (docs/CONTRACT.md): a ``pl.LazyFrame`` with one row per
 valid, loss-masked token and at least ``seq_key`` (UInt64), ``delta`` (nats),
 ``infer_logprob`` (nats) and ``entropy`` (nats; see below for a frame without it); ``step``
-and ``staleness`` are used when present. Nothing here collects the token frame: :func:`compare_gates` streams it in batches
-(:func:`entr_diag.passes.run_pass`) into small mergeable tables (bins x categories x keep
-patterns, one row per sequence, one row per step, 2^20-bin histograms).
+and ``staleness`` are used when present. Nothing here collects the token frame:
+:func:`compare_gates` streams it in batches (:func:`entr_diag.passes.run_pass`) into small
+mergeable tables (bins x categories x keep patterns, one row per sequence, one row per step,
+2^20-bin histograms).
 
 Passes over the data for :func:`compare_gates` (:class:`ComparePlan`; batches in any order
 and of any size give the same result):
@@ -1597,7 +1598,7 @@ class ComparePlan:
         f = self._first
         if f.n == 0:
             raise InputError("compare: the token frame holds no valid loss-masked token.")
-        if f.h_null and self.has_entropy:
+        if f.h_null:  # (counted only when the frame has entropy)
             raise InputError(
                 f"compare: {f.h_null} token(s) have a null/NaN entropy; ENTR needs an entropy "
                 "for every token (exclude them when loading)."

@@ -72,12 +72,15 @@ def test_frame_takers_refuse_a_wrong_type(name, call, what):
     assert words in msg, msg
 
 
-def test_a_pandas_frame_is_named_and_a_dataset_points_to_its_lf(tmp_path):
-    """A pandas DataFrame is named as such; a loaded Dataset where its token frame is
-    expected says to pass ds.lf."""
+def test_a_pandas_frame_is_named_as_such():
+    """A pandas DataFrame (pandas is optional: the benchmark's extra) is named as such."""
     pd = pytest.importorskip("pandas")
     with pytest.raises(TypeError, match="compute_metrics: .* got pandas DataFrame; load the "):
         compute_metrics(pd.DataFrame({"delta": [0.1]}))
+
+
+def test_a_dataset_where_a_frame_is_expected_points_to_its_lf(tmp_path):
+    """A loaded Dataset where its token frame is expected: the message says to pass ds.lf."""
     p = tmp_path / "x.parquet"
     _TOKENS.drop("seq_key", "delta").write_parquet(p)
     with pytest.raises(TypeError, match=r"got entr_diag Dataset; pass the dataset's token "
