@@ -29,10 +29,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.text import Text
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from entr_diag import __version__
-from entr_diag.errors import EntrDiagError, ParameterError
+from entr_diag.errors import EntrDiagError, FitError, ParameterError
 
 #: click's exception classes, found through typer's public BadParameter (typer vendors click
 #: in recent versions, so ``import click`` may not be the click typer raises from)
@@ -85,10 +85,31 @@ def _usage_message(e, args: list[str]) -> str:
     return f"{msg[:1].lower() + msg[1:]}.{see}"
 
 
+def _plain_flags(params: list) -> list:
+    """``params`` with the boolean flags (``--quiet``, ``--help``, ``--dirty/--no-dirty``...)
+    given an empty metavar: typer's help would show their type as ``<bool>``, though a flag
+    takes no value."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    """An ``entr-diag`` command: its help shows flags without a value type."""
+
+    def get_params(self, ctx) -> list:
+        return _plain_flags(super().get_params(ctx))
+
+
 class _Group(TyperGroup):
     """The ``entr-diag`` command group: click/typer usage errors (bad option values, unknown
     options or commands, missing options) print one plain ``error: ...`` line on stderr and
-    exit with code 2, like every other refusal, instead of a usage block and a boxed panel."""
+    exit with code 2, like every other refusal, instead of a usage block and a boxed panel.
+    Its help, like its commands' (:class:`_Command`), shows flags without a value type."""
+
+    def get_params(self, ctx) -> list:
+        return _plain_flags(super().get_params(ctx))
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -120,10 +141,12 @@ app = typer.Typer(
 
 class _Stdout(Console):
     """The results console: its first print ends the progress bar (on stderr), so that on a
-    terminal no frame of the bar is left in or between the result tables."""
+    terminal no frame of the bar is left in or between the result tables, and prints the
+    notes held until then (:class:`_Notes`)."""
 
     def print(self, *args, **kwargs) -> None:  # type: ignore[override]
         _phases.end()
+        _notes.flush()
         super().print(*args, **kwargs)
 
 
@@ -263,6 +286,38 @@ class _Phases:
 _phases = _Phases()
 
 
+class _Notes:
+    """The notes and warnings a command prints on stderr (the accounting line, skipped
+    files, columns not used...), held from the start of the command until its first output
+    (:meth:`flush`: a JSON or other file written, a table printed). A refusal, however late
+    it is found (after a pass over the tokens, say), drops them (:meth:`drop`): it prints
+    one ``error: ...`` line and nothing else. Outside a command they print at once."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[str, dict]] | None = None
+
+    def hold(self) -> None:
+        self.held = []
+
+    def add(self, text: str, **kwargs) -> None:
+        """Print ``text`` (rich markup) on stderr, or hold it until :meth:`flush`."""
+        if self.held is None:
+            stderr.print(text, **kwargs)
+        else:
+            self.held.append((text, kwargs))
+
+    def flush(self) -> None:
+        held, self.held = self.held or [], None
+        for text, kwargs in held:
+            stderr.print(text, **kwargs)
+
+    def drop(self) -> None:
+        self.held = None
+
+
+_notes = _Notes()
+
+
 @contextlib.contextmanager
 def _errors(quiet: bool = True) -> Iterator[None]:
     """Run a command body: a progress bar on stderr; library and input errors become one
@@ -270,26 +325,33 @@ def _errors(quiet: bool = True) -> Iterator[None]:
     from entr_diag.passes import progress_hook
 
     _phases.begin(quiet)
+    _notes.hold()
     try:
         with progress_hook(_phases.advance if _phases.bar is not None else None,
                            _phases.expect if _phases.bar is not None else None):
             yield
     except EntrDiagError as e:
         _phases.end()
+        _notes.drop()
         stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
     except pl.exceptions.PolarsError as e:
         _phases.end()
+        _notes.drop()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         stderr.print(f"[bold red]error:[/bold red] cannot read the input: {escape(msg[:300])}",
                      soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as e:
         _phases.end()
+        _notes.drop()
         stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2) from None
+    else:
+        _notes.flush()
     finally:
         _phases.end()
+        _notes.drop()  # interrupted: left unsaid
 
 
 @contextlib.contextmanager
@@ -457,6 +519,17 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
                     )
 
 
+def _where(ds) -> str:
+    """The input as refusals name it: its one file, else the folder holding its files and
+    their number (``dumps (12 files)``)."""
+    import os
+
+    files = [os.path.abspath(f.path) for f in ds.files]
+    if len(files) == 1:
+        return str(ds.files[0].path)
+    return f"{os.path.commonpath(files)} ({len(files):,} files)"
+
+
 def _require_tokens(ds) -> None:
     """Stop with the reason when no valid loss-masked token is left to analyse."""
     from entr_diag.errors import InputError
@@ -465,7 +538,7 @@ def _require_tokens(ds) -> None:
     acc = ds.accounting
     if acc.tokens_valid > 0:
         return
-    where = ", ".join(str(f.path) for f in ds.files[:3]) + (" ..." if len(ds.files) > 3 else "")
+    where = _where(ds)
     if acc.tokens_masked == 0:
         raise InputError(
             f"{where}: no loss-masked token: all {acc.tokens_total:,} tokens have loss_mask "
@@ -491,7 +564,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
     if paths and not quiet:
         resolve_paths([str(p) for p in paths], skipped=skipped)
     if skipped:
-        stderr.print(
+        _notes.add(
             f"note: skipped {len(skipped):,} Parquet file(s) in input directories whose names "
             f"start with '.' or '_' (hidden, temporary or metadata files), e.g. "
             f"{escape(str(skipped[0]))}: pass them explicitly to read them."
@@ -505,16 +578,16 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             entropy=entropy,
         )
     if ds.bundled and not quiet:
-        stderr.print(f"no input given: using the bundled sample run ({ds.files[0].path})")
+        _notes.add(f"no input given: using the bundled sample run ({ds.files[0].path})")
     if not quiet:
         for note in ds.notes:
             if ("missing from" in note or "not used" in note or "trainer-side" in note
                     or "partition folder" in note or "continue from one file" in note
                     or "written by entr-diag" in note):
-                stderr.print(f"note: {escape(note)}")
+                _notes.add(f"note: {escape(note)}")
     dup = ds.accounting.sequences_with_duplicate_positions
     if dup and not quiet:
-        stderr.print(
+        _notes.add(
             f"[yellow]warning:[/yellow] {dup:,} sequence(s) hold more tokens than positions: the "
             "same (step, seq_id, position) appears more than once (e.g. one dump copied into two "
             "shards, whose tokens then count twice; or a seq_id shared by several sequences, "
@@ -522,14 +595,14 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         )
     nostep = ds.accounting.tokens_without_step
     if nostep and not quiet:
-        stderr.print(
+        _notes.add(
             f"[yellow]warning:[/yellow] {nostep:,} valid token(s) have a null step: their "
             "sequences are keyed (null, seq_id), apart from any tokens of the same seq_id "
             "that have a step, and they count in no step's row of the per-step tables."
         )
     ahead = sum(n for s, n in (ds.accounting.staleness or {}).items() if s < 0)
     if ahead and not quiet:
-        stderr.print(
+        _notes.add(
             f"[yellow]warning:[/yellow] {ahead:,} valid token(s) have policy_version > "
             "train_version (negative staleness): a rollout cannot come from a policy newer "
             "than the one trained on it, so the two version columns are probably swapped or "
@@ -540,7 +613,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         _require_tokens(ds)
     if not quiet:
         acc = ds.accounting
-        stderr.print(
+        _notes.add(
             f"{acc.tokens_valid:,} valid loss-masked tokens of {acc.tokens_total:,} rows; "
             f"{acc.tokens_masked - acc.tokens_valid:,} excluded"
             + (": " + ", ".join(f"{k} {v:,}" for k, v in acc.excluded.items()) if acc.excluded else "")
@@ -552,7 +625,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
 
         caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid)
         if caveat:
-            stderr.print("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
+            _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     return ds
 
 
@@ -566,7 +639,7 @@ def _check_alignment(finding, allow: bool, quiet: bool) -> None:
         return
     if allow:
         if not quiet:
-            stderr.print(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
+            _notes.add(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
         return
     raise InputError(
         f"{f.title}. {_alignment_numbers(f)} Check: {f.check} Pass --allow-misaligned to "
@@ -638,6 +711,7 @@ def _forensics(ds, quiet: bool):
 def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
     if path is None:
         return
+    _notes.flush()  # an output: the notes held so far come first
     if _to_stdout(path):
         import os
 
@@ -679,7 +753,7 @@ def _root(
 # ----------------------------------------------------------------- inspect
 
 
-@app.command()
+@app.command(cls=_Command)
 def inspect(
     paths: Paths = None,
     column: ColumnOpt = None,
@@ -718,6 +792,10 @@ def inspect(
 # ----------------------------------------------------------------- fit
 
 
+#: Parquet file metadata of a ``compare --export`` whose ENTR column is all null: why
+UNAVAILABLE_MARK = "entr_diag.unavailable"
+
+
 def _output_mark(command: str) -> dict[str, str]:
     """Parquet file metadata marking an entr-diag output (directory walks skip it)."""
     from entr_diag.io.load import OUTPUT_MARK
@@ -750,7 +828,7 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
             f"input files (e.g. {m['file']}), so it was not used, and without it "
             f"{consequence}. Pass only the files that have it, or {fix}."
         )
-    return f"the input has no {canon} column, so {consequence}; {fix}."
+    return f"{_where(ds)}: the input has no {canon} column, so {consequence}; {fix}."
 
 
 def _check_bin_edges(bin_edges: str) -> None:
@@ -764,17 +842,32 @@ _MAP_ENTROPY = ("map one with --column entropy=NAME (or --entropy train for a tr
                 "entropy)")
 
 
+def _fit_refusal(ds, e: FitError, optional: bool) -> str:
+    """The fit's refusal (too few tokens or sequences, ...) naming the input: raised again
+    (exit 2) unless ``optional``; else returned, as the reason the law is unavailable."""
+    msg = str(e)
+    msg = f"{_where(ds)}: {msg[:1].lower()}{msg[1:]}"
+    if not optional:
+        raise FitError(msg) from None
+    return msg
+
+
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
          full: bool = True, forensics: bool = False, profiles: bool = False,
-         need_law: bool = True):
+         entropy_optional: bool = False, law_optional: bool = False):
     """The scaling-law fit (with ``full``: its strata and the mismatch metrics; with
     ``forensics`` / ``profiles``: those too) and the off-by-one alignment check, all in ONE
     pass over the tokens: every analysis contributes accumulators to
     :func:`entr_diag.passes.run_pass`. A misaligned input stops the command after the pass
     (exit 2) unless ``allow_misaligned``.
 
-    Returns a dict with keys ``fit`` (FitResult; None when not ``need_law`` and no input
-    file has an entropy column; else a missing entropy raises ParameterError),
+    An input without an entropy column raises ParameterError unless ``entropy_optional``
+    (and no input file has one: then the files lacking it are the mistake); an input the
+    law cannot be fitted on (too few tokens or sequences, ...) raises FitError unless
+    ``law_optional``; both refusals name the input.
+
+    Returns a dict with keys ``fit`` (FitResult, or None: no entropy column, or the fit
+    failed and ``law_optional``), ``unavailable`` (None, or why the fit failed),
     ``metrics``, ``findings`` (None when not asked for) and ``profiles``: the unfinished
     ProfilesPlan (its version-switch follow-up pass is shared with the gate comparison's
     first pass; call ``finish()`` after).
@@ -783,11 +876,16 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     from entr_diag.passes import run_pass
 
     plans: dict = {}
+    unavailable = None
     if ds.has("entropy"):
-        plans["fit"] = fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
-                                n_boot=n_boot, seed=seed, with_strata=full,
-                                fine_counts=ds.entropy_fine_counts, step_range=ds.step_range)
-    elif need_law or _dropped(ds, "entropy"):  # some files have it: a mistake to fix
+        try:
+            plans["fit"] = fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
+                                    n_boot=n_boot, seed=seed, with_strata=full,
+                                    fine_counts=ds.entropy_fine_counts,
+                                    step_range=ds.step_range)
+        except FitError as e:
+            unavailable = _fit_refusal(ds, e, law_optional)
+    elif not entropy_optional or _dropped(ds, "entropy"):  # some files have it: to fix
         raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _MAP_ENTROPY))
     if full:
         from entr_diag.metrics import metrics_plan
@@ -812,11 +910,19 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if align is not None:
         _check_alignment(align.finish(), allow_misaligned, quiet)
     with _status("fitting...", quiet):
-        out = {k: (p if k == "profiles" else p.finish()) for k, p in plans.items()}
-    return {k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}
+        out = {}
+        for k, p in plans.items():
+            try:
+                out[k] = p if k == "profiles" else p.finish()
+            except FitError as e:
+                if k != "fit":
+                    raise
+                unavailable = _fit_refusal(ds, e, law_optional)
+    return {"unavailable": unavailable,
+            **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}}
 
 
-@app.command()
+@app.command(cls=_Command)
 def fit(
     paths: Paths = None,
     bins: BinsOpt = 30,
@@ -865,7 +971,7 @@ def fit(
         render_findings(findings, _tables(json_path), show_checks=False)
 
 
-@app.command()
+@app.command(cls=_Command)
 def flag(
     paths: Paths = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Parquet file for the flagged tokens.")] = Path("noise.parquet"),
@@ -901,6 +1007,7 @@ def flag(
                    allow_misaligned=allow_misaligned)["fit"]
         bp = res.to_dict().get("breakpoint")
         h_star = None if bp is None else bp["h_star"]
+        _notes.flush()  # the output begins: the notes held so far come first
         # always written (empty, same columns, when there is no break): a stale file from an
         # earlier run must never pass for this run's result
         lf = flagged_tokens(ds.lf, h_star=h_star, tau=tau, eps=eps).with_columns(
@@ -964,8 +1071,8 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
     panel = [parse_gate_spec(g) for g in gate] if gate else list(DEFAULT_PANEL)
     unique = list(dict.fromkeys(panel))  # gate specs are frozen dataclasses: equal = same
     if len(unique) < len(panel) and not quiet:
-        stderr.print(f"note: {len(panel) - len(unique)} --gate spec(s) repeat an earlier one: "
-                     "each gate is compared once.")
+        _notes.add(f"note: {len(panel) - len(unique)} --gate spec(s) repeat an earlier one: "
+                   "each gate is compared once.")
     entr_specs = [g for g in unique if isinstance(g, EntrGate)]
     if len(entr_specs) > 1:
         raise ParameterError(
@@ -973,31 +1080,34 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
             "compare one at a time (or sweep tau with --sweep tau=LO:HI).")
     entr = entr_specs[0] if entr_specs else EntrGate(tau=tau, eps=eps)
     if entr_specs and (entr.tau, entr.eps) != (tau, eps) and not quiet:
-        stderr.print(f"note: the ENTR gate runs as --gate {entr.spec()}; --tau {tau:g} and "
-                     f"--eps {eps:g} still define the noise tokens (H < H* and "
-                     "delta^2/(H+eps) > tau).")
+        _notes.add(f"note: the ENTR gate runs as --gate {entr.spec()}; --tau {tau:g} and "
+                   f"--eps {eps:g} still define the noise tokens (H < H* and "
+                   "delta^2/(H+eps) > tau).")
     return entr, [g for g in unique if not isinstance(g, EntrGate)]
 
 
 def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
     """The gate comparison: two passes over the tokens (:class:`~entr_diag.compare.ComparePlan`),
     the first shared with the follow-up accumulators of ``with_plans`` (plans whose
-    ``finish`` the caller calls afterwards)."""
+    ``finish`` the caller calls afterwards). ``fit_res`` None (an input without entropy):
+    no law, no noise regime, and ENTR unavailable."""
     import numpy as np
 
     from entr_diag.compare import compare_plan
     from entr_diag.passes import run_pass
 
-    fd = fit_res.to_dict()
-    bp = fd.get("breakpoint")
-    power = fd["laws"]["power"]
-    edges = np.array([b["h_lo"] for b in fd["bins"]] + [fd["bins"][-1]["h_hi"]]) if fd.get("bins") and "h_lo" in fd["bins"][0] else None
+    law: dict = {}
+    if fit_res is not None:
+        fd = fit_res.to_dict()
+        bp = fd.get("breakpoint")
+        power = fd["laws"]["power"]
+        edges = np.array([b["h_lo"] for b in fd["bins"]] + [fd["bins"][-1]["h_hi"]]) if fd.get("bins") and "h_lo" in fd["bins"][0] else None
+        law = {"h_star": None if bp is None else bp["h_star"], "law_k": power.get("k"),
+               "law_alpha": power.get("alpha", 1.0) or 1.0,
+               "flag_tau": fd["parameters"].get("tau", 4.0),
+               "flag_eps": fd["parameters"].get("eps", 0.01), "entropy_edges": edges}
     plan = compare_plan(
-        ds.lf, entr=entr, panel=panel,
-        h_star=None if bp is None else bp["h_star"],
-        law_k=power.get("k"), law_alpha=power.get("alpha", 1.0) or 1.0,
-        flag_tau=fd["parameters"].get("tau", 4.0), flag_eps=fd["parameters"].get("eps", 0.01),
-        entropy_edges=edges,
+        ds.lf, entr=entr, panel=panel, **law,
         sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
         sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
     )
@@ -1011,7 +1121,7 @@ def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
     return plan.finish()
 
 
-@app.command()
+@app.command(cls=_Command)
 def compare(
     paths: Paths = None,
     tau: TauOpt = 4.0,
@@ -1023,7 +1133,8 @@ def compare(
     ] = None,
     sweep: Annotated[
         list[str] | None,
-        typer.Option(help="Sweep a budget in one pass: tau=LO:HI[:N] or c=LO:HI[:N] (repeatable)."),
+        typer.Option(metavar="tau|c=LO:HI[:N]",
+                     help="Sweep a budget in one pass: tau=LO:HI[:N] or c=LO:HI[:N] (repeatable)."),
     ] = None,
     export: Annotated[Path | None, typer.Option(help="Write per-token keep/drop of each gate to this Parquet file.")] = None,
     bins: BinsOpt = 30,
@@ -1056,8 +1167,17 @@ def compare(
 
         check_fit_parameters(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet)
+        if not ds.has("entropy") and not panel:  # only ENTR asked for: it needs entropy
+            raise ParameterError(_no_column(
+                ds, "entropy", _NO_ENTROPY + ", and the ENTR gate is the only gate asked for "
+                "(--gate)", _MAP_ENTROPY + ", or add gates that need no entropy (e.g. --gate "
+                "fixed:c=0.5)"))
         fit_res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
-                       allow_misaligned=allow_misaligned)["fit"]
+                       allow_misaligned=allow_misaligned, entropy_optional=True)["fit"]
+        no_entr = None  # no entropy column: the gates that need none are compared
+        if fit_res is None:
+            no_entr = _no_column(ds, "entropy", _NO_ENTROPY + " (the gates that need no entropy "
+                                 "are compared)", _MAP_ENTROPY)
         res = _compare(ds, fit_res, entr, panel, sweeps, quiet)
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
@@ -1065,30 +1185,34 @@ def compare(
                   "entropy": entropy, "framework": framework}
         from entr_diag.atomic import together
 
+        _notes.flush()  # the outputs begin: the notes held so far come first
         with together():  # the JSON and the export replace earlier ones together, or neither
-            _write_json(json_path, envelope("compare", ds.describe(), params,
-                                            compare=res.to_dict(), fit=_fit_dict(fit_res, ds)),
-                        quiet)
+            _write_json(json_path, envelope(
+                "compare", ds.describe(), params, compare=res.to_dict(),
+                fit=None if fit_res is None else _fit_dict(fit_res, ds),
+                **({"unavailable": no_entr} if no_entr else {})), quiet)
             if export is not None:
                 from entr_diag.atomic import write_with
-                from entr_diag.compare import decisions_frame
+                from entr_diag.compare import export_frame
 
-                gates = list(res.gate_specs)
-                if res.matched_spec is not None:
-                    gates.append(res.matched_spec)
-                lf = decisions_frame(ds.lf, gates).with_columns(
+                lf = export_frame(ds.lf, res).with_columns(
                     pl.col("seq_id").cast(ds.seq_id_dtype))
+                meta = {**_output_mark("compare --export"),
+                        **({UNAVAILABLE_MARK: no_entr} if no_entr else {})}
                 write_with(export, lambda tmp: lf.sink_parquet(
-                    tmp, compression="zstd", metadata=_output_mark("compare --export")))
+                    tmp, compression="zstd", metadata=meta))
                 if not quiet:
                     stderr.print(f"wrote {export}")
-        render_compare(res, _tables(json_path, export))
+        out = _tables(json_path, export)
+        if no_entr:
+            out.print(f"ENTR unavailable: {no_entr}", soft_wrap=True)
+        render_compare(res, out)
 
 
 # ----------------------------------------------------------------- report
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
     paths: Paths = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("entr-diag-report.html"),
@@ -1126,10 +1250,17 @@ def report(
         ds = _load(paths, column, framework, layout, entropy, quiet)
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
                  allow_misaligned=allow_misaligned, forensics=True, profiles=True,
-                 need_law=False)
+                 entropy_optional=True, law_optional=True)
         fit_res, metrics, findings = a["fit"], a["metrics"], a["findings"]
         no_law = None
-        if fit_res is None:  # no entropy column: the rest of the post-mortem still holds
+        # no entropy column, or too little data for the law: the rest of the post-mortem
+        # still holds
+        if a["unavailable"]:
+            no_law = (f"{a['unavailable']} The scaling law and the gate comparison are "
+                      "therefore unavailable (the report holds the mismatch metrics, "
+                      "forensics and profiles).")
+            cmp_res = None
+        elif fit_res is None:
             no_law = _no_column(ds, "entropy", _NO_ENTROPY + " (the report holds the mismatch "
                                 "metrics, forensics and profiles)", _MAP_ENTROPY)
             cmp_res = None
@@ -1156,6 +1287,7 @@ def report(
             "accounting": desc["accounting"],
             "entropy_source": desc["entropy_source"],
             "parameters": params,
+            "unavailable": no_law,
         }
         doc = envelope("report", desc, params,
                        fit=None if fit_res is None else _fit_dict(fit_res, ds),
@@ -1167,6 +1299,7 @@ def report(
                                  findings=doc["forensics"])
         from entr_diag.atomic import together, write_text
 
+        _notes.flush()  # the outputs begin: the notes held so far come first
         with together():  # the report and its JSON replace earlier ones together, or neither
             write_text(output, html)
             _write_json(json_path, doc, quiet)
@@ -1184,12 +1317,12 @@ def report(
 # ----------------------------------------------------------------- synth
 
 
-@app.command()
+@app.command(cls=_Command)
 def synth(
     output: Annotated[Path, typer.Option("--output", "-o", help="Parquet file to write.")],
     tokens: Annotated[int, typer.Option(help="Number of tokens.")] = 200_000,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    k: Annotated[float, typer.Option(help="Planted law scale: E[delta^2|H] = k H^alpha.")] = 0.02,
+    k: Annotated[float, typer.Option(help="Planted law scale: E\\[delta^2|H] = k H^alpha.")] = 0.02,
     alpha: Annotated[float, typer.Option(help="Planted law exponent.")] = 1.0,
     h_star: Annotated[float | None, typer.Option(help="Planted breakpoint H* in nats (0 = no noise regime).")] = 0.03,
     noise_share: Annotated[float, typer.Option(help="Share of tokens below H* that are noise.")] = 0.3,

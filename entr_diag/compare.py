@@ -2,10 +2,11 @@
 
 Input is the canonical token frame (docs/CONTRACT.md): a ``pl.LazyFrame`` with one row per
 valid, loss-masked token and at least ``seq_key`` (UInt64), ``delta`` (nats),
-``infer_logprob`` (nats) and ``entropy`` (nats); ``step`` and ``staleness`` are used when
-present. Nothing here collects the token frame: :func:`compare_gates` streams it in batches
-(:func:`entr_diag.passes.run_pass`) into small mergeable tables (bins x categories x keep
-patterns, one row per sequence, one row per step, 2^20-bin histograms).
+``infer_logprob`` (nats) and ``entropy`` (nats; see below for a frame without it); ``step``
+and ``staleness`` are used when present. Nothing here collects the token frame:
+:func:`compare_gates` streams it in batches (:func:`entr_diag.passes.run_pass`) into small
+mergeable tables (bins x categories x keep patterns, one row per sequence, one row per step,
+2^20-bin histograms).
 
 Passes over the data for :func:`compare_gates` (:class:`ComparePlan`; batches in any order
 and of any size give the same result):
@@ -26,6 +27,10 @@ the cuts and the sequence decisions are results of the first. When a bracketing 
 more than ``_BOUNDARY_ROWS`` tokens, refinement scans of ``delta`` (as in
 :func:`resolve_m2po_cut`) make that threshold exact between the passes instead.
 :func:`decisions_frame` (per-token export) still resolves M2PO cuts by refinement scans.
+
+Without an ``entropy`` column the gates that need no entropy are still compared: ENTR is
+then listed in ``CompareResult.unavailable`` with the reason, and so are what depends on it
+(no matched band, no agreement with ENTR, no tau sweep, no keep rate by entropy bin).
 
 Definitions (also returned in ``CompareResult.definitions``):
 
@@ -55,6 +60,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import InputError, ParameterError, SchemaError
+from entr_diag.frames import token_frame
 from entr_diag.gates import (
     DEFAULT_PANEL,
     M2PO,
@@ -77,6 +83,7 @@ __all__ = [
     "Agreement",
     "TisExtras",
     "GateResult",
+    "UnavailableGate",
     "MatchedComparison",
     "SweepResult",
     "CompareResult",
@@ -85,6 +92,7 @@ __all__ = [
     "ComparePlan",
     "decisions_frame",
     "decision_column",
+    "export_frame",
     "resolve_m2po_cut",
     "matched_fixed_c",
     "default_entropy_edges",
@@ -234,7 +242,9 @@ class GateResult:
     least one kept token; ``intact_sequences``: sequences with every token kept (equal for
     sequence gates). ``noise_admitted`` / ``exploration_discarded``: shares in [0, 1] or
     None (reason in ``CompareResult.null_reasons``). ``agreement_vs_entr`` is None for the
-    ENTR gate itself. ``tis`` is set for TIS only (whose keep rate is 1 by definition).
+    ENTR gate itself, and for every gate when ENTR is unavailable (no entropy column; then
+    ``keep_by_entropy`` is None too). ``tis`` is set for TIS only (whose keep rate is 1 by
+    definition).
     """
 
     name: str
@@ -248,7 +258,7 @@ class GateResult:
     n_sequences: int
     kept_sequences: int
     intact_sequences: int
-    keep_by_entropy: BinnedKeep
+    keep_by_entropy: BinnedKeep | None
     keep_by_staleness: BinnedKeep | None
     keep_by_step: BinnedKeep | None
     noise_tokens_kept: int | None
@@ -323,13 +333,29 @@ class SweepResult:
 
 
 @dataclass(frozen=True)
+class UnavailableGate:
+    """A gate asked for but not simulated, and why: ENTR on a token frame without an
+    entropy column. ``name``, ``spec``, ``label`` as in :class:`GateResult`."""
+
+    name: str
+    spec: str
+    label: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return _plain(self)
+
+
+@dataclass(frozen=True)
 class CompareResult:
     """Result of :func:`compare_gates`.
 
-    ``gates[0]`` is ENTR, then the panel in the order given. ``n_noise`` / ``n_exploration``
-    are the token counts of the two categories (None when undefined); ``null_reasons``
-    says why a share is None. ``sweep`` has keys ``"tau"`` (ENTR) and ``"c"`` (fixed band),
-    either absent when that sweep was disabled.
+    ``gates[0]`` is ENTR, then the panel in the order given; without an entropy column
+    ENTR is not simulated: ``gates`` is the panel, ``unavailable`` holds ENTR and the
+    reason, ``matched`` is None, ``sweep`` has no ``"tau"`` and ``entropy_edges`` is empty.
+    ``n_noise`` / ``n_exploration`` are the token counts of the two categories (None when
+    undefined); ``null_reasons`` says why a share is None. ``sweep`` has keys ``"tau"``
+    (ENTR) and ``"c"`` (fixed band), either absent when that sweep was disabled.
     """
 
     parameters: dict[str, Any]
@@ -340,33 +366,39 @@ class CompareResult:
     entropy_edges: tuple[float, ...]
     p_edges: tuple[float, ...]
     gates: tuple[GateResult, ...]
-    matched: MatchedComparison
+    matched: MatchedComparison | None
     sweep: dict[str, SweepResult]
     definitions: dict[str, str]
     null_reasons: dict[str, str]
-    #: the gate specs behind ``gates`` (ENTR first) and the matched band; not in to_dict()
+    unavailable: tuple[UnavailableGate, ...] = ()
+    #: the gate specs behind ``gates`` (ENTR first when simulated) and the matched band;
+    #: not in to_dict()
     gate_specs: tuple[GateSpec, ...] = field(default=(), repr=False, compare=False)
     matched_spec: FixedBand | None = field(default=None, repr=False, compare=False)
 
     @property
-    def entr(self) -> GateResult:
-        return self.gates[0]
+    def entr(self) -> GateResult | None:
+        """ENTR's result; None when ENTR is unavailable (see ``unavailable``)."""
+        return self.gates[0] if self.entr_spec is not None else None
 
     @property
-    def entr_spec(self) -> EntrGate:
-        """The ENTR gate spec compared (for :func:`decisions_frame`)."""
-        return self.gate_specs[0]  # type: ignore[return-value]
+    def entr_spec(self) -> EntrGate | None:
+        """The ENTR gate spec compared (for :func:`decisions_frame`); None when ENTR is
+        unavailable."""
+        g = self.gate_specs[0] if self.gate_specs else None
+        return g if isinstance(g, EntrGate) and not self.unavailable else None
 
     @property
     def panel_specs(self) -> tuple[GateSpec, ...]:
         """The panel's gate specs, in order (for :func:`decisions_frame`)."""
-        return self.gate_specs[1:]
+        return self.gate_specs[1:] if self.entr_spec is not None else self.gate_specs
 
     def to_dict(self) -> dict:
         """Plain-Python dict: ``parameters``, ``n_tokens``, ``n_sequences``, ``n_noise``,
         ``n_exploration``, ``entropy_edges``, ``p_edges``, ``gates`` (list of
-        :meth:`GateResult.to_dict`), ``matched``, ``sweep`` (``{"tau": {...}, "c": {...}}``),
-        ``definitions``, ``null_reasons``. NaN may appear (JSON writers turn it to null)."""
+        :meth:`GateResult.to_dict`), ``matched`` (None without ENTR), ``sweep`` (``{"tau":
+        {...}, "c": {...}}``), ``definitions``, ``null_reasons``, ``unavailable`` (list of
+        :meth:`UnavailableGate.to_dict`). NaN may appear (JSON writers turn it to null)."""
         return {
             "parameters": _plain(self.parameters),
             "n_tokens": self.n_tokens,
@@ -376,10 +408,11 @@ class CompareResult:
             "entropy_edges": list(self.entropy_edges),
             "p_edges": list(self.p_edges),
             "gates": [g.to_dict() for g in self.gates],
-            "matched": self.matched.to_dict(),
+            "matched": None if self.matched is None else self.matched.to_dict(),
             "sweep": {k: v.to_dict() for k, v in self.sweep.items()},
             "definitions": dict(self.definitions),
             "null_reasons": dict(self.null_reasons),
+            "unavailable": [u.to_dict() for u in self.unavailable],
         }
 
 
@@ -484,6 +517,7 @@ def resolve_m2po_cut(lf: pl.LazyFrame, gate: M2PO, *, tot: Mapping[str, Any] | N
     every token). Keep iff ``delta^2 < cut``; ties at the cut are dropped together (see
     :class:`~entr_diag.gates.M2PO`). Streaming histogram refinement, memory bounded.
     ``tot``: totals of delta^2 known from another pass (see :func:`_first_value_where`)."""
+    lf = token_frame(lf, "resolve_m2po_cut")
     thr = gate.max_mean_sq
     u = _first_value_where(lf, _m2po_value(), lambda n, s: s / n > thr, tot=tot)
     return math.inf if u is None else float(u)
@@ -498,6 +532,7 @@ def matched_fixed_c(lf: pl.LazyFrame, n_keep: int, *, tot: Mapping[str, Any] | N
     clamped at 0); ``n_keep >= N`` returns the largest ``|delta|``. ``tot``: totals of
     ``|delta|`` known from another pass (see :func:`_first_value_where`).
     """
+    lf = token_frame(lf, "matched_fixed_c")
     absd = pl.col("delta").abs()
     if n_keep <= 0:
         mn = lf.select(absd.min()).collect(engine="streaming").item()
@@ -514,9 +549,10 @@ def matched_fixed_c(lf: pl.LazyFrame, n_keep: int, *, tot: Mapping[str, Any] | N
 # ---------------------------------------------------------------- per-token decisions
 
 
-def decision_column(gate: GateSpec) -> str:
-    """Name of a gate's keep column in :func:`decisions_frame`: ``"keep[<spec>]"``."""
-    return f"keep[{gate.spec()}]"
+def decision_column(gate: GateSpec | UnavailableGate) -> str:
+    """Name of a gate's keep column in :func:`decisions_frame` and :func:`export_frame`:
+    ``"keep[<spec>]"``."""
+    return f"keep[{gate.spec if isinstance(gate, UnavailableGate) else gate.spec()}]"
 
 
 def _token_keep_exprs(
@@ -593,6 +629,7 @@ def decisions_frame(lf: pl.LazyFrame, gates: Sequence[GateSpec]) -> pl.LazyFrame
     are resolved eagerly (a few streaming passes over ``delta``); everything else stays lazy,
     so the caller can ``sink_parquet`` it.
     """
+    lf = token_frame(lf, "decisions_frame")
     schema = lf.collect_schema()
     _check_columns(schema, gates)
     uniq: list[GateSpec] = []
@@ -606,6 +643,25 @@ def decisions_frame(lf: pl.LazyFrame, gates: Sequence[GateSpec]) -> pl.LazyFrame
     keys = [c for c in ("seq_id", "seq_key", "position", "step") if c in schema]
     extra = [g.weight_expr().alias(f"weight[{g.spec()}]") for g in uniq if isinstance(g, TIS)]
     return out.select([*keys, *names, *extra])
+
+
+def export_frame(lf: pl.LazyFrame, result: CompareResult) -> pl.LazyFrame:
+    """The per-token decisions of a comparison (``compare --export``): :func:`decisions_frame`
+    of ``result``'s gates and its matched band, and for each gate it could not simulate
+    (``result.unavailable``, e.g. ENTR without an entropy column) a ``keep[<spec>]`` column
+    of nulls (no decision), placed before the others. One row per token of ``lf``, lazy."""
+    lf = token_frame(lf, "export_frame")
+    gates = list(result.gate_specs)
+    if result.matched_spec is not None:
+        gates.append(result.matched_spec)
+    out = decisions_frame(lf, gates)
+    if not result.unavailable:
+        return out
+    names = out.collect_schema().names()
+    keys = [c for c in names if not c.startswith(("keep[", "weight["))]
+    nulls = [pl.lit(None, dtype=pl.Boolean).alias(decision_column(u))
+             for u in result.unavailable]
+    return out.select(*keys, *nulls, *[c for c in names if c not in keys])
 
 
 def _check_columns(schema: pl.Schema, gates: Sequence[GateSpec]) -> None:
@@ -956,9 +1012,9 @@ class _FirstPass:
         self.hist_qs = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.float64)
         absd = pl.col("delta").abs()
         cat = plan.cat.cast(pl.Int32)
-        k0 = plan.entr.keep_expr().fill_null(False).cast(pl.Int32)
+        k0 = plan.keep_expr(0).fill_null(False).cast(pl.Int32)
         ex: dict[str, pl.Expr] = {
-            "s": entr_score_expr(plan.entr.eps),
+            "s": plan.entr_score,
             "ck": (cat * 2 + k0).cast(pl.Int64),
             "a": absd,
             "ab": _bit_bin_expr(absd),
@@ -968,13 +1024,13 @@ class _FirstPass:
             ex["qb"] = _bit_bin_expr(absd * absd)
         # token gates' decisions packed in words: per sequence, OR = some token kept,
         # AND = every token kept
-        words = _pack([plan.all_gates[i].keep_expr() for i in plan.seq_count_idx], _P1 + "w")
+        words = _pack([plan.keep_expr(i) for i in plan.seq_count_idx], _P1 + "w")
         self.n_words = len(words)
         #: per-sequence reductions: (output column, batch column, how)
         self.reduce: list[tuple[str, str, str]] = []
         for w in range(self.n_words):
             self.reduce += [(f"__or{w}", f"{_P1}w{w}", "or"), (f"__and{w}", f"{_P1}w{w}", "and")]
-        self.columns = ["seq_key", "entropy"]
+        self.columns = ["seq_key"] + (["entropy"] if plan.has_entropy else [])
         for name, (e, how) in plan.partials.items():
             if e.meta.is_column():  # aggregated straight from the input column
                 src = e.meta.output_name()
@@ -1002,10 +1058,11 @@ class _FirstPass:
                                 [pl.col("__bad").sum()])
 
     def update(self, batch: pl.DataFrame) -> None:
-        h = batch.get_column("entropy").cast(pl.Float64)
-        self.h_null += h.null_count() + int(h.is_nan().sum() or 0)
-        self.h_max = _opt(max, self.h_max, h.max())
-        self.h_min_pos = _opt(min, self.h_min_pos, h.filter(h > 0).min())
+        if self.plan.has_entropy:
+            h = batch.get_column("entropy").cast(pl.Float64)
+            self.h_null += h.null_count() + int(h.is_nan().sum() or 0)
+            self.h_max = _opt(max, self.h_max, h.max())
+            self.h_min_pos = _opt(min, self.h_min_pos, h.filter(h > 0).min())
         self.n += batch.height
         # sweep keys: (sweep index * 3 + category) * 2 + ENTR keeps; the searches are
         # lookup tables in numpy (cheaper than one comparison per value in the engine)
@@ -1109,7 +1166,7 @@ class _SecondPass:
             elif isinstance(g, SequenceGate):
                 bits.append(pl.lit(False))  # from the per-sequence decisions
             else:
-                bits.append(g.keep_expr())
+                bits.append(plan.keep_expr(i))
         self.tis = [i for i, g in enumerate(gates) if isinstance(g, TIS)]
         bits += [gates[i].truncated_expr() for i in self.tis]  # type: ignore[attr-defined]
         self.n_bits = len(bits)
@@ -1133,7 +1190,10 @@ class _SecondPass:
         sc = sb * 3 + plan.cat.cast(pl.Int64)
         self._eb = _Searcher(e_edges[1:-1], "right")
         self._pb = _Searcher(plan.p_e[1:-1], "right")
-        ex: dict[str, pl.Expr] = {"h": pl.col("entropy"), "p": pl.col("infer_logprob").exp()}
+        ex: dict[str, pl.Expr] = {
+            "h": pl.col("entropy") if plan.has_entropy else pl.lit(0.0, dtype=pl.Float64),
+            "p": pl.col("infer_logprob").exp(),
+        }
         #: bits of the cell key ``cell * 2^bits + pattern``
         self.k_bits = (self.n_cells << self.n_bits).bit_length()
         #: integer steps in [0, step_limit) are part of the packed key
@@ -1404,12 +1464,39 @@ class ComparePlan:
         self.entr, self.panel = entr, panel
         self.gates: tuple[GateSpec, ...] = (entr, *panel)
         schema = lf.collect_schema()
-        _check_columns(schema, self.gates)
-        for c in ("infer_logprob", "entropy"):
-            if c not in schema:
-                raise SchemaError(
-                    f"compare needs the {c!r} column of the token frame; map it when loading."
+        #: without entropy, ENTR (and what depends on it) is unavailable; the panel is not
+        self.has_entropy = "entropy" in schema
+        _check_columns(schema, self.gates if self.has_entropy else panel)
+        if "infer_logprob" not in schema:
+            raise SchemaError(
+                "compare needs the 'infer_logprob' column of the token frame; map it when "
+                "loading."
+            )
+        self.unavailable: tuple[UnavailableGate, ...] = ()
+        if not self.has_entropy:
+            given = [n for n, v in (("h_star", h_star), ("law_k", law_k),
+                                    ("entropy_edges", entropy_edges)) if v is not None]
+            if not panel:
+                raise ParameterError(
+                    "compare_gates: the token frame has no entropy column, so ENTR cannot be "
+                    "simulated, and the panel is empty: no gate to compare."
                 )
+            if given:
+                raise ParameterError(
+                    f"compare_gates: {', '.join(given)} given, but the token frame has no "
+                    "entropy column: they are entropies or a law of the entropy."
+                )
+            self.unavailable = (UnavailableGate(
+                name=entr.name, spec=entr.spec(), label=entr.label,
+                reason="the token frame has no entropy column, and ENTR's score "
+                "delta^2/(H+eps) needs the entropy H (so do the matched band, the agreement "
+                "with ENTR, the tau sweep and the keep rate by entropy bin)",
+            ),)
+        #: ENTR's keep decision and score (without entropy, stand-ins that keep every token:
+        #: the passes run unchanged and ENTR's numbers are left out of the result)
+        self.entr_keep = entr.keep_expr() if self.has_entropy else pl.lit(True)
+        self.entr_score = (entr_score_expr(entr.eps) if self.has_entropy
+                           else pl.lit(0.0, dtype=pl.Float64))
         self.lf, self.schema = lf, schema
         self.has_step = "step" in schema
         self.has_stale = "staleness" in schema
@@ -1427,6 +1514,8 @@ class ComparePlan:
             self.null_reasons["noise_admitted"] = (
                 "no entropy breakpoint H* (the fit found no low-entropy noise regime, or none "
                 "was given): there is no noise to admit"
+                if self.has_entropy else
+                "no entropy column: no low-entropy noise regime can be located"
             )
             law_region = pl.lit(True)
         else:
@@ -1436,6 +1525,8 @@ class ComparePlan:
             is_law = pl.lit(False)
             self.null_reasons["exploration_discarded"] = (
                 "no fitted law (law_k not given): the law's scale is undefined"
+                if self.has_entropy else
+                "no entropy column: no law of the entropy can be fitted"
             )
         else:
             is_law = law_region & (d2 <= CHI2_1_99 * law_k * H.pow(law_alpha))
@@ -1464,6 +1555,11 @@ class ComparePlan:
         self._second: _SecondPass | None = None
         self._cuts: list[_Cut] = []
         self._per_seq: pl.DataFrame | None = None
+
+    def keep_expr(self, i: int) -> pl.Expr:
+        """The keep decision of token gate ``all_gates[i]`` (ENTR's stand-in without
+        entropy)."""
+        return self.entr_keep if i == 0 else self.all_gates[i].keep_expr()
 
     # ---------------------------------------------------------------- between the passes
 
@@ -1502,7 +1598,7 @@ class ComparePlan:
         f = self._first
         if f.n == 0:
             raise InputError("compare: the token frame holds no valid loss-masked token.")
-        if f.h_null:
+        if f.h_null:  # (counted only when the frame has entropy)
             raise InputError(
                 f"compare: {f.h_null} token(s) have a null/NaN entropy; ENTR needs an entropy "
                 "for every token (exclude them when loading)."
@@ -1511,7 +1607,9 @@ class ComparePlan:
             self.e_edges = default_entropy_edges(f.h_min_pos, f.h_max)
         n_keep = f.entr_kept
         m = _Cut(self.matched_idx, "absd", strict=False)
-        if n_keep <= 0:  # keeps none: the largest float below the smallest |delta|
+        if not self.has_entropy:  # no ENTR, no matched band: a cut that keeps every token
+            m.cut = math.inf
+        elif n_keep <= 0:  # keeps none: the largest float below the smallest |delta|
             m.cut = (0.0 if f.a_min is None
                      else max(0.0, float(np.nextafter(f.a_min, -math.inf))))
         else:
@@ -1719,7 +1817,7 @@ class ComparePlan:
                 expl_drop = n_law - int(kc_cat[_CAT_LAW])
                 expl_dis = expl_drop / n_law
             agreement = None
-            if i > 0:
+            if i > 0 and self.has_entropy:
                 bc = f"both{i}"
                 both = int(cnt(bc, 1).sum())
 
@@ -1775,7 +1873,7 @@ class ComparePlan:
                     n=tuple(n_by_e.tolist()),
                     kept=tuple(kept_e.tolist()),
                     edges=tuple(e_edges.tolist()),
-                ),
+                ) if self.has_entropy else None,
                 keep_by_staleness=stale,
                 keep_by_step=step_b,
                 noise_tokens_kept=noise_kept,
@@ -1786,14 +1884,18 @@ class ComparePlan:
                 tis=tis,
             )
 
-        results = [gate_result(i) for i in range(n_g)]
-        matched_res = results[-1]
-        matched = MatchedComparison(
-            c=c_match,
-            entr_dropped=entr_dropped,
-            fixed_dropped=matched_res.dropped_tokens,
-            fixed=matched_res,
-        )
+        # without entropy: the panel only (ENTR and the matched band ran as stand-ins)
+        results = [gate_result(i) for i in range(0 if self.has_entropy else 1,
+                                                 n_g if self.has_entropy else n_g - 1)]
+        matched = None
+        if self.has_entropy:
+            matched_res = results.pop()
+            matched = MatchedComparison(
+                c=c_match,
+                entr_dropped=entr_dropped,
+                fixed_dropped=matched_res.dropped_tokens,
+                fixed=matched_res,
+            )
 
         def sweep(counts: np.ndarray, values: np.ndarray, param: str, gate: str):
             m = len(values)
@@ -1812,7 +1914,7 @@ class ComparePlan:
 
         entr = self.entr
         sweeps: dict[str, SweepResult] = {}
-        if self.taus.size:
+        if self.taus.size and self.has_entropy:
             sweeps["tau"] = sweep(f.tau_counts, self.taus, "tau", f"entr:eps={entr.eps:g}")
         if self.cs.size:
             sweeps["c"] = sweep(f.c_counts, self.cs, "c", "fixed")
@@ -1823,7 +1925,8 @@ class ComparePlan:
                 "log-ratio breaks "
                 f"the entropy-normalized bound: delta^2 / (H + {flag_eps:g}) > {flag_tau:g}"
                 if h_star is not None
-                else "undefined: no entropy breakpoint H* was given"
+                else "undefined: no entropy breakpoint H* was given" if self.has_entropy
+                else "undefined: no entropy column"
             ),
             "noise_admitted": "share of the noise tokens that the gate keeps (lower is better)",
             "law_scale_token": (
@@ -1832,7 +1935,8 @@ class ComparePlan:
                 f"{CHI2_1_99:.4g} * k * H^alpha (k = {law_k:.4g}, alpha = {law_alpha:.4g}; "
                 f"{CHI2_1_99:.4g} = 99% quantile of chi2 with 1 dof)"
                 if law_k is not None
-                else "undefined: no fitted law (law_k) was given"
+                else "undefined: no fitted law (law_k) was given" if self.has_entropy
+                else "undefined: no entropy column"
             ),
             "exploration_discarded": (
                 "share of the law-scale tokens that the gate drops (lower is better): ordinary "
@@ -1874,15 +1978,16 @@ class ComparePlan:
             n_sequences=n_seq,
             n_noise=n_noise,
             n_exploration=n_law,
-            entropy_edges=tuple(e_edges.tolist()),
+            entropy_edges=tuple(e_edges.tolist()) if self.has_entropy else (),
             p_edges=tuple(p_e.tolist()),
-            gates=tuple(results[:-1]),
+            gates=tuple(results),
             matched=matched,
             sweep=sweeps,
             definitions=definitions,
             null_reasons=null_reasons,
-            gate_specs=self.gates,
-            matched_spec=matched_gate,
+            unavailable=self.unavailable,
+            gate_specs=self.gates if self.has_entropy else self.panel,
+            matched_spec=matched_gate if self.has_entropy else None,
         )
 
 
@@ -1893,6 +1998,7 @@ def compare_plan(lf: pl.LazyFrame, **kwargs: Any) -> ComparePlan:
     result = plan.finish()``; ``finish`` runs the second pass (see :class:`ComparePlan`)
     itself unless ``run_pass(lf, plan.followup())`` was called first, e.g. fused with other
     modules' second passes."""
+    lf = token_frame(lf, "compare_plan")
     return ComparePlan(lf, **kwargs)
 
 
@@ -1916,8 +2022,8 @@ def compare_gates(
     Parameters
     ----------
     lf : canonical token frame (one row per valid loss-masked token; docs/CONTRACT.md) with
-        ``seq_key``, ``delta``, ``infer_logprob``, ``entropy``; ``step`` / ``staleness``
-        optional.
+        ``seq_key``, ``delta``, ``infer_logprob``; ``entropy`` (without it ENTR is
+        unavailable, see :class:`CompareResult`), ``step`` / ``staleness`` optional.
     entr : the ENTR gate (default ``EntrGate()``: tau 4, eps 0.01).
     panel : gates compared with ENTR (default :data:`~entr_diag.gates.DEFAULT_PANEL`).
     h_star : entropy breakpoint H* of the noise regime (nats), ``FitResult.breakpoint.h_star``;
@@ -1931,10 +2037,13 @@ def compare_gates(
         nats). None = :data:`DEFAULT_SWEEP_TAU` / :data:`DEFAULT_SWEEP_C`; an empty array
         disables that sweep.
 
-    Returns a :class:`CompareResult`. Raises SchemaError (missing column), InputError (no
-    token, or null entropy), ParameterError (bad edges, sweeps or law parameters). Two
+    Returns a :class:`CompareResult`. Raises SchemaError (missing column; a panel gate
+    needing the missing entropy), InputError (no token, or null entropy), ParameterError
+    (bad edges, sweeps or law parameters; ``h_star``, ``law_k`` or ``entropy_edges``
+    without an entropy column). Two
     streaming passes (:class:`ComparePlan`).
     """
+    lf = token_frame(lf, "compare_gates")
     plan = compare_plan(
         lf, entr=entr, panel=panel, h_star=h_star, law_k=law_k, law_alpha=law_alpha,
         flag_tau=flag_tau, flag_eps=flag_eps, entropy_edges=entropy_edges, p_edges=p_edges,

@@ -97,6 +97,7 @@ from entr_diag.aggregate import (
     usable,
 )
 from entr_diag.errors import FitError, ParameterError
+from entr_diag.frames import token_frame
 from entr_diag.passes import PartialRows, column, run_pass
 from entr_diag.regime import (
     P_BINS,
@@ -985,6 +986,7 @@ def fit_scaling_law(
     :class:`ParameterError` for invalid parameters (``n_boot < 100``, ``tau <= 0``,
     ``eps < 0``, ``bins < 1``, ``bin_edges`` not "quantile"/"log", ``n_blocks < 2``).
     """
+    lf = token_frame(lf, "fit_scaling_law")
     plan = fit_plan(lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau, n_boot=n_boot,
                     n_blocks=n_blocks, seed=seed, with_strata=with_strata)
     run_pass(lf, plan.accumulators)
@@ -1212,6 +1214,7 @@ def fit_plan(
     ``fine_counts`` (int array of length ``N_FINE + 1``, tokens of ``lf`` per fine bin of
     :func:`~entr_diag.aggregate.fine_bin_expr`, e.g. ``Dataset.entropy_fine_counts``) and
     ``step_range`` (lowest, highest step of ``lf``) skip pass 1 when they are known."""
+    lf = token_frame(lf, "fit_plan")
     check_fit_parameters(eps, tau, n_boot, bins)
     _check_blocks(n_blocks)
     if int(seed) != seed or seed < 0:

@@ -45,6 +45,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import ParameterError
+from entr_diag.frames import dataset
 from entr_diag.passes import (
     Accumulator,
     GroupAgg,
@@ -2276,6 +2277,7 @@ class MisalignmentPlan:
 def misalignment_plan(ds: Any) -> MisalignmentPlan:
     """The plan of :func:`detect_misalignment`: run ``plan.accumulators`` in a pass over
     ``ds.lf`` (alone or fused), then ``plan.finish()``."""
+    ds = dataset(ds, "misalignment_plan")
     return MisalignmentPlan(ds)
 
 
@@ -2487,6 +2489,7 @@ def forensics_plan(ds: Any, checks: Sequence[str] | None = None) -> ForensicsPla
     ``ds.lf`` (alone or fused with other plans), then ``plan.finish()`` (which makes the
     raw-frame pass itself unless ``plan.raw_done``). Raises :class:`ParameterError` for an
     unknown check name."""
+    ds = dataset(ds, "forensics_plan")
     return ForensicsPlan(ds, checks)
 
 
@@ -2510,6 +2513,7 @@ def run_forensics(ds: Any, *, checks: Sequence[str] | None = None) -> Findings:
 
     One pass over ``ds.lf`` and at most one over ``ds.raw`` (:func:`forensics_plan`).
     """
+    ds = dataset(ds, "run_forensics")
     plan = forensics_plan(ds, checks)
     if plan.accumulators:
         run_pass(ds.lf, plan.accumulators)
@@ -2526,6 +2530,7 @@ def detect_misalignment(ds: Any) -> Finding | None:
     exit code 2 naming the shift unless ``--allow-misaligned``). One pass over ``ds.lf``
     (:func:`misalignment_plan`), none when this Dataset object was checked before.
     """
+    ds = dataset(ds, "detect_misalignment")
     plan = misalignment_plan(ds)
     if plan._sample is not None:  # every sequence: lags +-1 are tested on all of them
         run_pass(ds.lf, plan.accumulators)

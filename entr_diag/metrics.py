@@ -42,6 +42,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import FitError
+from entr_diag.frames import token_frame
 from entr_diag.passes import Accumulator, PartialRows, column, has_nulls, run_pass, run_starts
 
 __all__ = [
@@ -300,6 +301,7 @@ class MetricsPlan:
 def metrics_plan(lf: pl.LazyFrame) -> MetricsPlan:
     """The plan of :func:`compute_metrics` on ``lf``: run ``plan.accumulators`` in a pass
     over ``lf`` (alone or fused with other plans), then ``plan.finish()``."""
+    lf = token_frame(lf, "metrics_plan")
     return MetricsPlan(lf)
 
 
@@ -312,6 +314,7 @@ def compute_metrics(lf: pl.LazyFrame) -> MismatchMetrics:
     ``ess = 1 / mean((w / mean w)^2) = (sum w)^2 / (n sum w^2)`` with token weights
     ``w = r``. Raises :class:`FitError` when the frame holds no token.
     """
+    lf = token_frame(lf, "compute_metrics")
     plan = metrics_plan(lf)
     run_pass(lf, plan.accumulators)
     return plan.finish()

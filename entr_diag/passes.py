@@ -62,6 +62,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import InputError, ParameterError
+from entr_diag.frames import token_frame
 
 __all__ = [
     "CHUNK_BATCH_ROWS",
@@ -203,6 +204,7 @@ def run_pass(
     that an earlier pass already fed raises :class:`~entr_diag.errors.ParameterError` (its
     sums would count the input twice).
     """
+    lf = token_frame(lf, "run_pass")
     if not accumulators:
         return 0
     for acc in accumulators:  # an accumulator sums ONE pass: a second would double its sums

@@ -39,6 +39,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import ParameterError
+from entr_diag.frames import token_frame
 from entr_diag.passes import (
     Accumulator,
     PartialRows,
@@ -186,6 +187,7 @@ def density_2d(
     Returns an unavailable result (``available=False`` with a reason) when there is no
     entropy column or no token with a finite entropy.
     """
+    lf = token_frame(lf, "density_2d")
     log_edges(h_range[0], h_range[1], h_bins)  # parameter checks before the pass
     log_edges(abs_delta_range[0], abs_delta_range[1], abs_delta_bins)
     has_h = "entropy" in _columns(lf)
@@ -325,6 +327,7 @@ def mismatch_by_prob(
     METHOD.md: in the low-entropy noise regime E[delta^2 | q] grows like (1 - q)/q, so the
     small-p bins should carry a disproportionate share of the delta^2 mass.
     """
+    lf = token_frame(lf, "mismatch_by_prob")
     log_edges(p_range[0], p_range[1], bins)  # parameter checks before the pass
     acc = _ProbSums(p_range, bins, "entropy" in _columns(lf))
     run_pass(lf, [acc])
@@ -656,6 +659,7 @@ def version_switch_profile(lf: pl.LazyFrame, *, max_offset: int = 16) -> Version
     reason when there is no ``policy_version`` column or no sequence switches version.
     Raises :class:`ParameterError` when ``max_offset < 1``.
     """
+    lf = token_frame(lf, "version_switch_profile")
     _check_offset(max_offset)
     cols = _columns(lf)
     if "policy_version" not in cols:
@@ -845,6 +849,7 @@ def offenders(lf: pl.LazyFrame, *, top: int = 20, eps: float = 0.01) -> Offender
     and by seq_id for sequences, so the result does not depend on row order or batches.
     Raises :class:`ParameterError` when ``top < 1`` or ``eps < 0``.
     """
+    lf = token_frame(lf, "offenders")
     _check_offenders(top, eps)
     cols = _columns(lf)
     tok = _TopTokens(cols, top, eps)
@@ -958,6 +963,7 @@ def profiles_plan(lf: pl.LazyFrame, *, eps: float = 0.01, top: int = 20,
     version-switch second pass, :meth:`ProfilesPlan.followup`, unless it was run).
     Raises :class:`ParameterError` for the parameters :func:`offenders` and
     :func:`version_switch_profile` reject."""
+    lf = token_frame(lf, "profiles_plan")
     return ProfilesPlan(lf, eps=eps, top=top, max_offset=max_offset)
 
 
@@ -968,6 +974,7 @@ def compute_profiles(
     :func:`offenders` with their defaults (``eps`` is the ENTR eps, nats), sharing their
     work: one streaming pass, plus a second one when some sequence switches policy version
     (see :class:`ProfilesPlan`)."""
+    lf = token_frame(lf, "compute_profiles")
     plan = profiles_plan(lf, eps=eps, top=top, max_offset=max_offset)
     run_pass(lf, plan.accumulators)
     return plan.finish()

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from entr_diag.frames import token_frame
+
 __all__ = [
     "P_BINS",
     "PBinShare",
@@ -83,6 +85,7 @@ def flagged_tokens(
     ``lf``; ``p = exp(infer_logprob)``; ``score = delta^2 / (entropy + eps)``). With
     ``h_star=None`` the result is empty (same columns). Sink it with ``sink_parquet``.
     """
+    lf = token_frame(lf, "flagged_tokens")
     names = lf.collect_schema().names()
 
     def col(name: str, dtype: pl.DataType) -> pl.Expr:
@@ -106,6 +109,7 @@ def regime_query(
 ) -> pl.LazyFrame:
     """Lazy aggregate for :func:`summarize_regime`: tokens and delta^2 sums per
     (below H*, flagged, p bin). ``lf`` must already be restricted to usable tokens."""
+    lf = token_frame(lf, "regime_query")
     below = pl.lit(False) if h_star is None else (pl.col("entropy") < h_star)
     return (
         lf.select(

@@ -65,6 +65,38 @@ def test_every_command_help_has_example():
         assert "Example: entr-diag" in r.stdout, name
 
 
+def _help_pages() -> dict[str, str]:
+    """The --help output of the root command and of every command."""
+    pages = {"": runner.invoke(app, ["--help"]).stdout}
+    for cmd in app.registered_commands:
+        name = cmd.name or cmd.callback.__name__
+        pages[name] = runner.invoke(app, [name, "--help"]).stdout
+    return pages
+
+
+def test_help_shows_flags_without_a_value_type():
+    """No help page shows a flag's type (`<bool>`), nor an option's Python type
+    (`<list[str]>` for --sweep); the flags themselves are still listed."""
+    for name, page in _help_pages().items():
+        assert "<bool>" not in page and "<list[str]>" not in page, (name, page)
+        assert "--help" in page, name
+    pages = _help_pages()
+    assert "--quiet" in pages["fit"] and "--allow-misaligned" in pages["report"]
+    assert "--no-dirty" in pages["synth"] and "tau|c=LO:HI[:N]" in pages["compare"]
+
+
+def test_help_texts_survive_rich_markup():
+    """Every help text renders as written: a bracket such as E[delta^2|H] is not eaten as
+    rich markup (the help is rendered in rich markup mode)."""
+    from rich.text import Text
+    from typer.main import get_command
+
+    group = get_command(app)
+    for name, cmd in group.commands.items():
+        texts = [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
+        for t in texts:
+            assert Text.from_markup(t).plain == t.replace("\\[", "["), (name, t)
+
 def test_inspect_bundled_sample_says_so():
     """With no path, inspect uses the bundled sample run and says so on stderr."""
     r = runner.invoke(app, ["inspect"])
@@ -339,6 +371,72 @@ def test_misaligned_logprobs_stop_unless_allowed(synth_file, tmp_path):
     r = runner.invoke(app, ["flag", str(p), "-o", str(tmp_path / "n.parquet"), "--n-boot", "100",
                             "--allow-misaligned", "-q"])
     assert r.exit_code == 0, r.output
+
+
+def _late_refusal_inputs(synth: Path, tmp: Path) -> dict[str, list[str]]:
+    """Inputs that pass reading (notes and the accounting line are due) but are refused
+    later: (name -> the paths to give)."""
+    df = pl.read_parquet(synth).sort("seq_id", "position")
+    shifted = df.with_columns(pl.col("infer_logprob").shift(1).over("seq_id")).drop_nulls(
+        "infer_logprob")
+    one_seq = df.filter(pl.col("seq_id") == df["seq_id"][0])
+    files = {"shifted": shifted, "no_entropy": df.drop("entropy")}
+    out = {}
+    for name, frame in files.items():
+        frame.write_parquet(tmp / f"{name}.parquet")
+        out[name] = [str(tmp / f"{name}.parquet")]
+    mixed = tmp / "mixed"  # one shard without entropy: a note, then the refusal
+    mixed.mkdir()
+    df.head(20_000).write_parquet(mixed / "a.parquet")
+    df.tail(20_000).drop("entropy").write_parquet(mixed / "b.parquet")
+    twice = tmp / "twice"  # one sequence copied into two shards: a warning, then the refusal
+    twice.mkdir()
+    for n in ("a", "b"):
+        one_seq.write_parquet(twice / f"{n}.parquet")
+    return {**out, "mixed": [str(mixed)], "twice": [str(twice)]}
+
+
+@pytest.mark.parametrize("case", ["shifted", "no_entropy", "mixed", "twice"])
+def test_refusal_after_reading_is_one_error_line(synth_file, tmp_path, case):
+    """A refusal found after the input was read (misaligned columns, no entropy, too few
+    sequences) prints one `error:` line on stderr: not the accounting line, the notes or
+    the warnings that a successful run prints before its results."""
+    paths = _late_refusal_inputs(synth_file, tmp_path)[case]
+    r = runner.invoke(app, ["fit", *paths, "--n-boot", "100"])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert r.stdout == ""
+
+
+def test_notes_before_an_early_refusal_are_dropped(synth_file, tmp_path):
+    """Notes due before a refusal (a repeated --gate; a skipped '_' file in the input folder)
+    are not printed: the refusal is its one error line."""
+    d = tmp_path / "d"
+    d.mkdir()
+    pl.read_parquet(synth_file).write_parquet(d / "_hidden.parquet")
+    (d / "bad.parquet").write_bytes(b"junk")
+    for args in (["compare", "--gate", "mis", "--gate", "mis", "--json",
+                  str(tmp_path / "no" / "x.json")], ["fit", str(d)]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, r.output
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+
+
+def test_successful_run_prints_its_notes_first(synth_file, tmp_path):
+    """A successful run still prints its notes and the accounting line on stderr, before
+    the 'wrote' line of its first output."""
+    d = tmp_path / "d"
+    d.mkdir()
+    pl.read_parquet(synth_file).write_parquet(d / "a.parquet")
+    pl.DataFrame({"x": [1]}).write_parquet(d / "_meta.parquet")  # skipped: a note
+    out = tmp_path / "fit.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("note: skipped 1 Parquet file(s)"), lines
+    assert "valid loss-masked tokens of" in lines[1] and lines[-1] == f"wrote {out}", lines
 
 
 def test_flag_without_break_writes_empty_file(tmp_path):

@@ -279,6 +279,70 @@ class TestErrors:
             run_tiny(**kw)
 
 
+class TestWithoutEntropy:
+    """A token frame without an entropy column: the gates that need none are compared,
+    ENTR is listed as unavailable with the reason."""
+
+    def test_panel_equals_the_panel_with_entropy(self):
+        """Every panel gate keeps the same tokens and sequences (overall, per step, per
+        staleness, TIS's truncation) as on the same frame with entropy; ENTR, the matched
+        band, the agreement with ENTR, the tau sweep and the entropy bins are left out."""
+        full = run_tiny(h_star=None, law_k=None)
+        r = compare_gates(TINY.lazy().drop("entropy"), entr=EntrGate(tau=4, eps=0.01),
+                          panel=PANEL, sweep_tau=[1.0, 4.0], sweep_c=[0.5, 1.0])
+        assert [g.spec for g in r.gates] == [g.spec() for g in PANEL]
+        for g, h in zip(r.gates, full.gates[1:], strict=True):
+            assert (g.kept_tokens, g.kept_sequences, g.intact_sequences) == \
+                (h.kept_tokens, h.kept_sequences, h.intact_sequences), g.spec
+            assert g.keep_by_step == h.keep_by_step and g.keep_by_staleness == h.keep_by_staleness
+            assert g.agreement_vs_entr is None and g.keep_by_entropy is None
+        assert r.gates[2].tis.truncated_tokens == full.gates[3].tis.truncated_tokens
+        assert r.entr is None and r.entr_spec is None and r.panel_specs == PANEL
+        assert r.matched is None and r.matched_spec is None and list(r.sweep) == ["c"]
+        assert r.sweep["c"].keep_rate == full.sweep["c"].keep_rate
+        (u,) = r.unavailable
+        assert u.spec == "entr:tau=4,eps=0.01" and "no entropy column" in u.reason
+        d = json.loads(json.dumps(r.to_dict(), default=str))
+        assert d["matched"] is None and d["unavailable"][0]["spec"] == u.spec
+        assert "entropy column" in d["null_reasons"]["noise_admitted"]
+
+    def test_export_marks_entr_with_nulls(self):
+        """export_frame: ENTR's keep column is all null (no decision), the others as
+        decisions_frame gives them."""
+        from entr_diag.compare import export_frame
+
+        lf = TINY.lazy().drop("entropy")
+        r = compare_gates(lf, panel=PANEL)
+        out = export_frame(lf, r).collect()
+        col = decision_column(EntrGate())
+        assert out.columns.index(col) == 4 and out[col].null_count() == out.height
+        ref = decisions_frame(lf, list(PANEL)).collect()
+        for g in PANEL:
+            assert out[decision_column(g)].to_list() == ref[decision_column(g)].to_list()
+
+    def test_render_says_unavailable(self):
+        """The terminal table has ENTR's row marked unavailable, and the reason."""
+        r = compare_gates(TINY.lazy().drop("entropy"), panel=PANEL)
+        buf = io.StringIO()
+        render_compare(r, Console(file=buf, width=200, color_system=None))
+        text = buf.getvalue()
+        assert "entr tau=4 eps=0.01 (unavailable)" in text and "ENTR unavailable" in text
+        assert "needs the entropy H" in text and "Matched budget" not in text
+
+    @pytest.mark.parametrize("kw", [dict(h_star=0.2), dict(law_k=0.1),
+                                    dict(entropy_edges=[0, 1, 2]), dict(panel=())])
+    def test_refusals(self, kw):
+        """Entropy-based parameters without entropy, or nothing left to compare, are refused."""
+        with pytest.raises(ParameterError):
+            compare_gates(TINY.lazy().drop("entropy"), **{"panel": PANEL, **kw})
+
+    def test_panel_gate_needing_entropy_is_a_schema_error(self):
+        """An ENTR gate inside the panel is asked for explicitly: a missing entropy is an
+        error there."""
+        with pytest.raises(SchemaError, match="entropy"):
+            compare_gates(TINY.lazy().drop("entropy"), panel=(FixedBand(), EntrGate(tau=2)))
+
+
 def _frame(seed: int, n_seq: int) -> pl.DataFrame:
     rng = np.random.default_rng(seed)
     lens = rng.integers(1, 8, n_seq)

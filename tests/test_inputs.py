@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import polars as pl
@@ -126,30 +127,40 @@ def test_entropy_missing_from_some_shards_is_named(tmp_path, cmd):
 
 
 def test_entropy_missing_from_every_file_keeps_the_plain_message(tmp_path):
-    """Without an entropy column in any file the message says the input has none."""
-    _canonical_shards(tmp_path / "shards", 2, {0: "entropy", 1: "entropy"})
+    """Without an entropy column in any file the message says the input has none, naming
+    the input: the folder and its number of files, or the one file."""
+    files = _canonical_shards(tmp_path / "shards", 2, {0: "entropy", 1: "entropy"})
     r = runner.invoke(app, ["fit", str(tmp_path / "shards"), "-q"])
     assert r.exit_code == 2, r.output
-    assert r.stderr.startswith("error: the input has no entropy column, so the scaling law "
-                               "and the ENTR gate are unavailable; map one with --column "
-                               "entropy=NAME"), r.stderr
+    assert r.stderr.startswith(f"error: {tmp_path / 'shards'} (2 files): the input has no "
+                               "entropy column, so the scaling law and the ENTR gate are "
+                               "unavailable; map one with --column entropy=NAME"), r.stderr
+    r = runner.invoke(app, ["fit", str(files[0]), "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {files[0]}: the input has no entropy column"), r.stderr
 
 
-def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
-    """A dump without entropy (engines rarely return it): ``report`` still writes the
-    metrics, forensics and profiles, says why the law and the gates are missing (stdout,
-    JSON ``unavailable``, HTML), exit 0; ``fit`` and ``compare`` still refuse (exit 2)."""
-    import json
-
+def _no_entropy_run(tmp_path: Path) -> Path:
+    """A synthetic run of 20,000 tokens without its entropy column."""
     from entr_diag.synth import SynthSpec, write_synth
 
     p = tmp_path / "noent.parquet"
     write_synth(p, SynthSpec(n_tokens=20_000, seed=1))
     pl.read_parquet(p).drop("entropy").write_parquet(p)
+    return p
+
+
+def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
+    """A dump without entropy (engines rarely return it): ``report`` still writes the
+    metrics, forensics and profiles, says why the law and the gates are missing (stdout,
+    JSON ``unavailable``, HTML), exit 0; ``fit`` still refuses (exit 2)."""
+    import json
+
+    p = _no_entropy_run(tmp_path)
     out, js = tmp_path / "r.html", tmp_path / "r.json"
     r = runner.invoke(app, ["report", str(p), "-o", str(out), "--json", str(js), "-q"])
     assert r.exit_code == 0, r.output
-    assert "No scaling law: the input has no entropy column" in r.stdout
+    assert f"No scaling law: {p}: the input has no entropy column" in r.stdout
     doc = json.loads(js.read_text())
     assert doc["fit"] is None and doc["compare"] is None
     assert "entropy" in doc["unavailable"]
@@ -159,9 +170,82 @@ def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
     assert "unavailable: no mismatch metrics" not in html and "no per-step metrics" not in html
     assert "without an entropy column the tokens are ranked by their squared log-ratio" in html
     assert "the tokens ENTR would reject first" not in html
-    for cmd in ("fit", "compare"):
-        r = runner.invoke(app, [cmd, str(p), "-q"])
-        assert r.exit_code == 2 and "has no entropy column" in r.stderr
+    r = runner.invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2 and "has no entropy column" in r.stderr
+
+
+def test_compare_without_entropy_compares_the_other_gates(tmp_path):
+    """compare on a dump without entropy: the gates that need none are compared (exit 0);
+    ENTR is marked unavailable with the reason in the table, the JSON (``unavailable``, as
+    report's, and ``compare.unavailable``) and the export (an all-null keep column, the
+    reason in the file's metadata). Asking only for ENTR is refused with one line."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    p = _no_entropy_run(tmp_path)
+    js, ex = tmp_path / "c.json", tmp_path / "c.parquet"
+    r = runner.invoke(app, ["compare", str(p), "--json", str(js), "--export", str(ex), "-q"])
+    assert r.exit_code == 0, r.output
+    out = re.sub(r"\s+", " ", r.stdout)
+    assert f"ENTR unavailable: {p}: the input has no entropy column" in out
+    assert "entr tau=4 eps=0.01 (unavailable)" in out and "fixed c=0.6931" in out
+    doc = json.loads(js.read_text())
+    assert doc["fit"] is None and doc["unavailable"].startswith(f"{p}: the input has no entropy")
+    cmp = doc["compare"]
+    assert [u["spec"] for u in cmp["unavailable"]] == ["entr:tau=4,eps=0.01"]
+    assert cmp["matched"] is None and "tau" not in cmp["sweep"]
+    assert len(cmp["gates"]) == 9 and all(g["kept_tokens"] > 0 for g in cmp["gates"])
+    dec = pl.read_parquet(ex)
+    assert dec["keep[entr:tau=4,eps=0.01]"].null_count() == dec.height == cmp["n_tokens"]
+    assert dec["keep[fixed:c=0.6931471805599453]"].sum() == cmp["gates"][0]["kept_tokens"]
+    meta = pq.read_metadata(ex).metadata
+    assert meta[b"entr_diag.unavailable"].decode() == doc["unavailable"]
+    r = runner.invoke(app, ["compare", str(p), "--gate", "entr:tau=2", "-q"])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {p}: the input has no entropy")
+    assert "the only gate asked for" in lines[0]
+    r = runner.invoke(app, ["compare", str(p), "--gate", "entr:tau=2", "--gate", "mis", "-q"])
+    assert r.exit_code == 0 and "entr tau=2 eps=0.01 (unavailable)" in r.stdout
+
+
+@pytest.mark.parametrize("case", ["one_sequence", "few_sequences"])
+def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
+    """An input too small to fit the law (40 tokens of one sequence; six short sequences in
+    three files): report writes the HTML and the JSON with the law (and the gate comparison)
+    marked unavailable and why, naming the input, exit 0; fit still refuses (exit 2) with
+    one line naming the input."""
+    import html as html_lib
+    import json
+
+    import numpy as np
+
+    if case == "one_sequence":
+        rng = np.random.default_rng(0)
+        infer = -rng.exponential(0.5, 40)
+        p = tmp_path / "one.parquet"
+        pl.DataFrame({"seq_id": [7] * 40, "infer_logprob": infer,
+                      "train_logprob": infer + rng.normal(0, 0.05, 40).clip(max=-infer),
+                      "entropy": rng.uniform(0.01, 2.0, 40)}).write_parquet(p)
+        arg, where, why = str(p), str(p), "one sequence block"
+    else:
+        _canonical_shards(tmp_path / "shards", 3, {})
+        arg, where, why = str(tmp_path / "shards"), f"{tmp_path / 'shards'} (3 files)", \
+            "entropy bin(s) hold enough tokens"
+    out, js = tmp_path / "r.html", tmp_path / "r.json"
+    r = runner.invoke(app, ["report", arg, "-o", str(out), "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    assert doc["fit"] is None and doc["compare"] is None
+    assert doc["unavailable"].startswith(f"{where}: ") and why in doc["unavailable"]
+    assert f"No scaling law: {doc['unavailable']}" in r.stdout.replace("\n", " ")
+    assert doc["metrics"]["overall"]["tokens"] > 0 and doc["forensics"]["checks"]
+    assert f"Scaling law: not fitted: {html_lib.escape(doc['unavailable'])}" in out.read_text()
+    r = runner.invoke(app, ["fit", arg, "-q"])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {where}: ") and why in lines[0]
 
 
 # ------------------------------------------------------------------ partition values

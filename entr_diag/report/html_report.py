@@ -439,8 +439,12 @@ def _findings_section(findings: Any) -> str:
 # ----------------------------------------------------------------------------- 1 summary
 
 
-def _fit_sentence(fit: dict | None) -> str:
+def _fit_sentence(fit: dict | None, unavailable: str | None = None) -> str:
+    """The verdict's sentence on the law; without a fit, ``unavailable`` (the reason the
+    command gives, e.g. no entropy column, too few sequences) when known."""
     if not fit:
+        if unavailable:
+            return f"Scaling law: not fitted: {unavailable}"
         return "Scaling law: not fitted (no fit result)."
     v = _pick(fit, "verdict", "summary")
     if isinstance(v, Mapping):
@@ -515,7 +519,7 @@ def _summary_section(summary: dict, fit: dict | None, compare: dict | None) -> s
     caveat = _get(fit, "verdict", "caveat") if fit else None
     verdict = (
         '<div class="verdict">'
-        f"<p>{_e(_fit_sentence(fit))}</p>"
+        f"<p>{_e(_fit_sentence(fit, summary.get('unavailable')))}</p>"
         + (f'<p class="caveat">{_e(caveat)}</p>' if caveat else "")
         + f"<p>{_e(_regime_sentence(fit))}</p>"
         f"<p>{_e(_gate_sentence(compare))}</p></div>"
@@ -1797,7 +1801,8 @@ def build_report_html(
     Inputs are the ``to_dict()`` of the result objects, i.e. exactly what the JSON report
     holds: ``summary`` (assembled by the CLI: ``tool_version``, ``created_at``, ``inputs``
     {files, layout, tokens_total, tokens_valid, sequences}, ``mapping``, ``exclusions``
-    {reason: count}, ``entropy_source``, ``parameters``), ``fit`` (``FitResult``), ``metrics``
+    {reason: count}, ``entropy_source``, ``parameters``, and ``unavailable``: why there is
+    no fit, when there is none), ``fit`` (``FitResult``), ``metrics``
     (``MismatchMetrics``), ``compare`` (``CompareResult``), ``profiles``
     (:class:`entr_diag.profiles.Profiles`) and ``findings`` (``Findings.to_dict()`` of
     :mod:`entr_diag.forensics`, i.e. {findings: [{kind, severity, title, message, evidence,

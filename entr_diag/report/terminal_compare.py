@@ -63,7 +63,9 @@ def _table(
 
 
 def _panel(d: dict[str, Any]) -> list[dict[str, Any]]:
-    return [*d["gates"], {**d["matched"]["fixed"], "_matched": True}]
+    """The gates compared, then the matched band (none without ENTR)."""
+    m = d.get("matched")
+    return [*d["gates"], *([{**m["fixed"], "_matched": True}] if m else [])]
 
 
 def _name(g: dict[str, Any]) -> str:
@@ -72,7 +74,9 @@ def _name(g: dict[str, Any]) -> str:
 
 def _gate_table(d: dict[str, Any]) -> Table:
     p = d["parameters"]
-    rows = [
+    # a gate that could not be simulated (ENTR without entropy): its row says so
+    rows = [[f"{u['label']} (unavailable)", *["n/a"] * 5] for u in d.get("unavailable") or []]
+    rows += [
         [
             _name(g),
             _int(g["kept_tokens"]),
@@ -83,9 +87,10 @@ def _gate_table(d: dict[str, Any]) -> Table:
         ]
         for g in _panel(d)
     ]
+    entr = "ENTR unavailable" if d.get("unavailable") else \
+        f"ENTR tau={p['tau']:g}, eps={p['eps']:g}"
     return _table(
-        f"Gates on {d['n_tokens']:,} tokens / {d['n_sequences']:,} sequences "
-        f"(ENTR tau={p['tau']:g}, eps={p['eps']:g})",
+        f"Gates on {d['n_tokens']:,} tokens / {d['n_sequences']:,} sequences ({entr})",
         [
             "gate",
             "kept tokens",
@@ -99,7 +104,7 @@ def _gate_table(d: dict[str, Any]) -> Table:
 
 
 def _gate_notes(d: dict[str, Any]) -> list[str]:
-    notes = []
+    notes = [f"{u['label']}: unavailable: {u['reason']}." for u in d.get("unavailable") or []]
     for g in d["gates"]:
         if g.get("tis"):
             x = g["tis"]
@@ -115,12 +120,13 @@ def _gate_notes(d: dict[str, Any]) -> list[str]:
                     f"{g['label']}: one cut over the whole input, drops every token with "
                     f"delta^2 >= {cut:.4g}."
                 )
-    m = d["matched"]
-    notes.append(
-        f"(matched): the fixed band |delta| <= c = {m['c']:.4g} nats, the tightest band "
-        f"keeping as many tokens as ENTR (drops {m['fixed_dropped']:,}; ENTR drops "
-        f"{m['entr_dropped']:,})."
-    )
+    m = d.get("matched")
+    if m:
+        notes.append(
+            f"(matched): the fixed band |delta| <= c = {m['c']:.4g} nats, the tightest band "
+            f"keeping as many tokens as ENTR (drops {m['fixed_dropped']:,}; ENTR drops "
+            f"{m['entr_dropped']:,})."
+        )
     for k, v in (d.get("null_reasons") or {}).items():
         notes.append(f"n/a {k.replace('_', ' ')}: {v}.")
     return notes
@@ -167,11 +173,13 @@ def _agreement_tables(d: dict[str, Any]) -> list[Table]:
             where_rows,
             text_cols=3,
         ),
-    ]
+    ] if counts else []  # no gate compared with ENTR (unavailable without entropy)
 
 
 def _matched_tables(d: dict[str, Any]) -> list[Table]:
-    m = d["matched"]
+    m = d.get("matched")
+    if not m:  # no ENTR, no matched band
+        return []
     e, f = d["gates"][0], m["fixed"]
     fixed_name = f"fixed c={m['c']:.4g}"
     summary = _table(
@@ -220,7 +228,7 @@ def _matched_tables(d: dict[str, Any]) -> list[Table]:
 
 
 def _keep_by_table(d: dict[str, Any], field: str, title: str, first: str) -> Table | None:
-    if d["gates"][0].get(field) is None:
+    if not d["gates"] or d["gates"][0].get(field) is None:
         return None
     gates = [g for g in d["gates"] if not g.get("tis")]
     cols = [g["name"] for g in gates]
@@ -259,7 +267,9 @@ def _sweep_table(s: dict[str, Any]) -> Table:
 def render_compare(result: Any, console: Console) -> None:
     """Print the comparison: panel summary (with notes), agreement with ENTR, the
     matched-budget comparison, keep rate by entropy / staleness, the sweeps, the
-    definitions used and how to read it.
+    definitions used and how to read it. A gate that could not be simulated (ENTR without
+    an entropy column) has a row saying so and a note with the reason; what depends on
+    ENTR (agreement, matched budget, tau sweep, keep rate by entropy) is left out.
 
     ``result``: a :class:`~entr_diag.compare.CompareResult` or its ``to_dict()``.
     """

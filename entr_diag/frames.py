@@ -1,0 +1,68 @@
+"""Argument checks of the library's public entry points: a token frame or a loaded dataset
+of the wrong type (a pandas DataFrame, a path, a list, ...) raises a :class:`TypeError`
+naming the function, the type expected and the type given, instead of an AttributeError
+from deep inside a pass.
+
+These are programming errors, not bad input: the CLI never makes them, so they are plain
+``TypeError`` (not :class:`~entr_diag.errors.EntrDiagError`, whose exit code 2 is for
+input and parameters a user gives).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+__all__ = ["dataset", "token_frame"]
+
+
+def _given(obj: Any) -> str:
+    """The type of ``obj`` as a reader knows it: ``pandas DataFrame``, ``str``, ``list``."""
+    t = type(obj)
+    root = t.__module__.split(".")[0]
+    return t.__qualname__ if root == "builtins" else f"{root} {t.__qualname__}"
+
+
+def _is_dataset(obj: Any) -> bool:
+    from entr_diag.io.load import Dataset  # the loader imports the core: imported late
+
+    return isinstance(obj, Dataset)
+
+
+def token_frame(obj: Any, who: str) -> pl.LazyFrame:
+    """``obj`` as the canonical token frame that ``who`` (a public function) takes: a polars
+    LazyFrame as is, a polars DataFrame made lazy. Rows and columns are not checked here.
+
+    Raises:
+        TypeError: anything else, e.g. ``fit_scaling_law: expected the token frame as a
+            polars LazyFrame (or DataFrame), got pandas DataFrame; ...``.
+    """
+    if isinstance(obj, pl.LazyFrame):
+        return obj
+    if isinstance(obj, pl.DataFrame):
+        return obj.lazy()
+    if _is_dataset(obj):
+        hint = "pass the dataset's token frame, ds.lf"
+    elif isinstance(obj, (str, Path)):
+        hint = "load the files first: entr_diag.io.load_dataset([path]).lf"
+    else:
+        hint = ("load the Parquet dump with entr_diag.io.load_dataset(paths) and pass its "
+                ".lf (the canonical token frame: seq_key, delta, ...)")
+    raise TypeError(f"{who}: expected the token frame as a polars LazyFrame (or DataFrame), "
+                    f"got {_given(obj)}; {hint}.")
+
+
+def dataset(obj: Any, who: str) -> Any:
+    """``obj`` if it is a loaded :class:`~entr_diag.io.load.Dataset`, the argument of ``who``
+    (the forensics read its token frame, its raw rows and its accounting).
+
+    Raises:
+        TypeError: anything else, naming ``who``, the type expected and the type given.
+    """
+    if _is_dataset(obj):
+        return obj
+    raise TypeError(f"{who}: expected a loaded dataset (entr_diag.io.load_dataset(paths)), "
+                    f"got {_given(obj)}; the forensics also read the raw rows and the "
+                    "accounting that a token frame lacks.")

@@ -1,0 +1,106 @@
+"""The library's public entry points refuse a token frame or dataset of the wrong type with
+a TypeError naming the function, the type expected and the type given."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from entr_diag.compare import compare_gates, compare_plan, decisions_frame
+from entr_diag.fit import fit_plan, fit_scaling_law
+from entr_diag.forensics import detect_misalignment, forensics_plan, run_forensics
+from entr_diag.gates import FixedBand
+from entr_diag.io import load_dataset
+from entr_diag.metrics import compute_metrics, metrics_plan
+from entr_diag.passes import run_pass
+from entr_diag.profiles import compute_profiles, profiles_plan
+from entr_diag.regime import flagged_tokens
+
+#: (name, call) of the entry points taking a token frame
+FRAME_TAKERS = [
+    ("fit_scaling_law", fit_scaling_law),
+    ("fit_plan", fit_plan),
+    ("compare_gates", compare_gates),
+    ("compare_plan", compare_plan),
+    ("decisions_frame", lambda x: decisions_frame(x, [FixedBand()])),
+    ("compute_metrics", compute_metrics),
+    ("metrics_plan", metrics_plan),
+    ("compute_profiles", compute_profiles),
+    ("profiles_plan", profiles_plan),
+    ("flagged_tokens", lambda x: flagged_tokens(x, 0.1)),
+    ("run_pass", lambda x: run_pass(x, metrics_plan(_TOKENS.lazy()).accumulators)),
+]
+#: (name, call) of the entry points taking a loaded dataset
+DATASET_TAKERS = [
+    ("run_forensics", run_forensics),
+    ("forensics_plan", forensics_plan),
+    ("detect_misalignment", detect_misalignment),
+]
+
+_TOKENS = pl.DataFrame({
+    "seq_key": pl.Series([1, 1, 2, 2], dtype=pl.UInt64),
+    "seq_id": [1, 1, 2, 2],
+    "position": [0, 1, 0, 1],
+    "train_logprob": [-0.1, -0.2, -1.0, -2.0],
+    "infer_logprob": [-0.12, -0.19, -1.1, -1.9],
+}).with_columns(delta=pl.col("train_logprob") - pl.col("infer_logprob"),
+                entropy=pl.lit(0.5))
+
+WRONG = {
+    "list": ([1, 2], "got list;"),
+    "str path": ("logs.parquet", "got str; load the files first"),
+    "Path": (Path("logs.parquet"), "got pathlib "),
+    "numpy array": (np.zeros(3), "got numpy ndarray;"),
+    "dict of columns": ({"delta": [0.1]}, "got dict;"),
+    "None": (None, "got NoneType;"),
+}
+
+
+@pytest.mark.parametrize("what", list(WRONG))
+@pytest.mark.parametrize("name,call", FRAME_TAKERS, ids=[n for n, _ in FRAME_TAKERS])
+def test_frame_takers_refuse_a_wrong_type(name, call, what):
+    """A list, a path, an array, a dict or None where a token frame is expected: TypeError
+    naming the function, the expected polars LazyFrame and the type given."""
+    bad, words = WRONG[what]
+    with pytest.raises(TypeError) as e:
+        call(bad)
+    msg = str(e.value)
+    assert msg.startswith(f"{name}: expected the token frame as a polars LazyFrame"), msg
+    assert words in msg, msg
+
+
+def test_a_pandas_frame_is_named_as_such():
+    """A pandas DataFrame (pandas is optional: the benchmark's extra) is named as such."""
+    pd = pytest.importorskip("pandas")
+    with pytest.raises(TypeError, match="compute_metrics: .* got pandas DataFrame; load the "):
+        compute_metrics(pd.DataFrame({"delta": [0.1]}))
+
+
+def test_a_dataset_where_a_frame_is_expected_points_to_its_lf(tmp_path):
+    """A loaded Dataset where its token frame is expected: the message says to pass ds.lf."""
+    p = tmp_path / "x.parquet"
+    _TOKENS.drop("seq_key", "delta").write_parquet(p)
+    with pytest.raises(TypeError, match=r"got entr_diag Dataset; pass the dataset's token "
+                                        r"frame, ds\.lf"):
+        fit_scaling_law(load_dataset([p]))
+
+
+def test_a_polars_dataframe_is_taken_as_its_lazy_frame():
+    """A polars DataFrame is accepted where a LazyFrame is expected: same result."""
+    eager, lazy = compute_metrics(_TOKENS), compute_metrics(_TOKENS.lazy())
+    assert eager.to_dict() == lazy.to_dict() and eager.overall.tokens == 4
+    assert flagged_tokens(_TOKENS, None).collect().height == 0
+
+
+@pytest.mark.parametrize("name,call", DATASET_TAKERS, ids=[n for n, _ in DATASET_TAKERS])
+@pytest.mark.parametrize("bad", [_TOKENS, _TOKENS.lazy(), "logs.parquet"],
+                         ids=["DataFrame", "LazyFrame", "str"])
+def test_forensics_refuse_anything_but_a_dataset(name, call, bad):
+    """The forensics take a loaded dataset (they read its raw rows and accounting too): a
+    frame or a path is a TypeError naming the function and the type given."""
+    with pytest.raises(TypeError, match=rf"^{name}: expected a loaded dataset "
+                                        r"\(entr_diag\.io\.load_dataset\(paths\)\), got "):
+        call(bad)
