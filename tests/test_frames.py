@@ -104,3 +104,20 @@ def test_forensics_refuse_anything_but_a_dataset(name, call, bad):
     with pytest.raises(TypeError, match=rf"^{name}: expected a loaded dataset "
                                         r"\(entr_diag\.io\.load_dataset\(paths\)\), got "):
         call(bad)
+
+
+@pytest.mark.parametrize("bad,named", [(_TOKENS, "polars DataFrame"),
+                                       (_TOKENS.lazy(), "polars LazyFrame"), (3, "int"),
+                                       (["x.parquet", 5], "int")],
+                         ids=["DataFrame", "LazyFrame", "int", "list with an int"])
+def test_load_dataset_refuses_what_is_not_a_path(bad, named):
+    """load_dataset takes paths: a frame (whose truth value polars refuses), a number or a
+    list holding one is a TypeError naming what was given; a generator of paths works."""
+    with pytest.raises(TypeError, match=f"load_dataset: expected a path .* got {named};"):
+        load_dataset(bad)
+
+
+def test_load_dataset_takes_any_iterable_of_paths(tmp_path):
+    p = tmp_path / "x.parquet"
+    _TOKENS.drop("seq_key", "delta").write_parquet(p)
+    assert load_dataset(q for q in [p]).accounting.tokens_valid == _TOKENS.height

@@ -16,6 +16,7 @@ wrongly typed columns.
 from __future__ import annotations
 
 import glob
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -611,9 +612,23 @@ def load_dataset(
 
     Raises:
         InputError, SchemaError: see the module docstring.
+        TypeError: ``paths`` is neither a path nor an iterable of paths (e.g. a DataFrame).
     """
-    if isinstance(paths, (str, Path)):  # one path (not its characters)
+    if isinstance(paths, (str, os.PathLike)):  # one path (not its characters)
         paths = [paths]
+    elif paths is not None:
+        given: object = paths
+        if isinstance(paths, Iterable) and not isinstance(paths, pl.DataFrame | pl.LazyFrame):
+            paths = list(paths)
+            given = next((p for p in paths if not isinstance(p, (str, os.PathLike))), None)
+        if given is not None:
+            from entr_diag.frames import _given
+
+            raise TypeError(
+                "load_dataset: expected a path or a list of paths (str or pathlib.Path) to "
+                f"Parquet files or folders, got {_given(given)}; a polars frame already in "
+                "memory goes to the analysis functions directly (or write it with "
+                ".write_parquet first).")
     bundled = not paths
     if bundled:
         paths = [bundled_sample_path()]
