@@ -1256,16 +1256,17 @@ def report(
         # no entropy column, or too little data for the law: the rest of the post-mortem
         # still holds
         if a["unavailable"]:
-            no_law = (f"{a['unavailable']} The scaling law and the gate comparison are "
-                      "therefore unavailable (the report holds the mismatch metrics, "
-                      "forensics and profiles).")
-            cmp_res = None
+            no_law = (f"{a['unavailable']} The scaling law is therefore unavailable (the "
+                      "report holds the mismatch metrics, the gate comparison without the "
+                      "law's token categories, forensics and profiles).")
         elif fit_res is None:
             no_law = _no_column(ds, "entropy", _NO_ENTROPY + " (the report holds the mismatch "
-                                "metrics, forensics and profiles)", _MAP_ENTROPY)
-            cmp_res = None
-        else:
-            cmp_res = _compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]])
+                                "metrics, the gates that need no entropy, forensics and "
+                                "profiles)", _MAP_ENTROPY)
+        # without the law (or entropy) the gates are still compared: no law-scale / noise
+        # categories, and without entropy no ENTR
+        cmp_res = (_compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]])
+                   if ds.has("entropy") or panel else None)
         prof = a["profiles"].finish().to_dict()
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,

@@ -152,8 +152,9 @@ def _no_entropy_run(tmp_path: Path) -> Path:
 
 def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
     """A dump without entropy (engines rarely return it): ``report`` still writes the
-    metrics, forensics and profiles, says why the law and the gates are missing (stdout,
-    JSON ``unavailable``, HTML), exit 0; ``fit`` still refuses (exit 2)."""
+    metrics, forensics, profiles and the comparison of the gates that need no entropy, says
+    why the law and ENTR are missing (stdout, JSON ``unavailable``, HTML), exit 0; ``fit``
+    still refuses (exit 2)."""
     import json
 
     p = _no_entropy_run(tmp_path)
@@ -162,11 +163,16 @@ def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
     assert r.exit_code == 0, r.output
     assert f"No scaling law: {p}: the input has no entropy column" in r.stdout
     doc = json.loads(js.read_text())
-    assert doc["fit"] is None and doc["compare"] is None
-    assert "entropy" in doc["unavailable"]
+    assert doc["fit"] is None and "entropy" in doc["unavailable"]
+    cmp = doc["compare"]  # the panel compared, ENTR named unavailable, as by `compare`
+    assert [u["name"] for u in cmp["unavailable"]] == ["entr"]
+    assert {g["name"] for g in cmp["gates"]} >= {"fixed", "icepop", "tis", "m2po"}
+    assert all(0 < g["kept_share"] <= 1 for g in cmp["gates"])
     assert doc["metrics"]["overall"]["tokens"] > 0 and doc["forensics"]["checks"]
     html = out.read_text()
     assert "unavailable: no fit result" in html
+    assert "Agreement with ENTR</h3>" in html and "unavailable: ENTR is unavailable: the token " \
+        "frame has no entropy column" in html
     assert "unavailable: no mismatch metrics" not in html and "no per-step metrics" not in html
     assert "without an entropy column the tokens are ranked by their squared log-ratio" in html
     assert "the tokens ENTR would reject first" not in html
@@ -237,7 +243,10 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     r = runner.invoke(app, ["report", arg, "-o", str(out), "--json", str(js), "-q"])
     assert r.exit_code == 0, r.output
     doc = json.loads(js.read_text())
-    assert doc["fit"] is None and doc["compare"] is None
+    # the gates are compared without the law's categories (ENTR needs no law)
+    assert doc["fit"] is None and doc["compare"]["unavailable"] == []
+    assert doc["compare"]["gates"][0]["name"] == "entr"
+    assert doc["compare"]["n_exploration"] is None and doc["compare"]["n_noise"] is None
     assert doc["unavailable"].startswith(f"{where}: ") and why in doc["unavailable"]
     assert f"No scaling law: {doc['unavailable']}" in r.stdout.replace("\n", " ")
     assert doc["metrics"]["overall"]["tokens"] > 0 and doc["forensics"]["checks"]

@@ -1095,14 +1095,25 @@ def _keep_vs_entropy_fig(compare: dict | None) -> go.Figure:
             )
         )
     if not drawn:
-        raise ReportUnavailable("the gates carry no keep rate per entropy bin")
+        raise ReportUnavailable(_entr_missing(compare) or "the gates carry no keep rate per "
+                                "entropy bin")
     fig.update_xaxes(type="log", title_text="entropy H (nats)", exponentformat="power", dtick=1)
     fig.update_yaxes(title_text="keep rate (share of tokens kept)", tickformat=".1~%")
     fig.update_layout(legend=_gate_legend(len(fig.data)), margin=dict(b=200, t=20), height=560)
     return fig
 
 
+def _entr_missing(compare: dict | None) -> str | None:
+    """Why ENTR is not in ``compare`` (e.g. no entropy column), None when it is."""
+    for u in (compare or {}).get("unavailable") or ():
+        if isinstance(u, Mapping) and u.get("name") == "entr":
+            return f"ENTR is unavailable: {u.get('reason') or 'not simulated'}"
+    return None
+
+
 def _agreement_html(compare: dict | None) -> str:
+    if why := _entr_missing(compare):
+        return _unavail(why)
     try:
         gates = _gates(compare)
     except ReportUnavailable as exc:
@@ -1148,6 +1159,8 @@ def _agreement_html(compare: dict | None) -> str:
 
 def _disagreement_fig(compare: dict | None) -> go.Figure:
     """Disagreements of ENTR with the keep-rate-matched fixed band, per entropy bin."""
+    if why := _entr_missing(compare):
+        raise ReportUnavailable(why)
     m = _get(compare, "matched") if compare else None
     a = _get(m, "fixed", "agreement_vs_entr")
     be = _get(a, "by_entropy")
