@@ -1172,10 +1172,15 @@ def compare(
                 ds, "entropy", _NO_ENTROPY + ", and the ENTR gate is the only gate asked for "
                 "(--gate)", _MAP_ENTROPY + ", or add gates that need no entropy (e.g. --gate "
                 "fixed:c=0.5)"))
-        fit_res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
-                       allow_misaligned=allow_misaligned, entropy_optional=True)["fit"]
-        no_entr = None  # no entropy column: the gates that need none are compared
-        if fit_res is None:
+        a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
+                 allow_misaligned=allow_misaligned, entropy_optional=True, law_optional=True)
+        fit_res = a["fit"]
+        no_entr = no_law = None  # no entropy column: the gates that need none are compared
+        if a["unavailable"]:  # too little data for the law: the gates need none
+            no_law = (f"{a['unavailable']} The scaling law is therefore unavailable (the "
+                      "gates are compared without its token categories: noise admitted and "
+                      "exploration discarded)")
+        elif fit_res is None:
             no_entr = _no_column(ds, "entropy", _NO_ENTROPY + " (the gates that need no entropy "
                                  "are compared)", _MAP_ENTROPY)
         res = _compare(ds, fit_res, entr, panel, sweeps, quiet)
@@ -1190,7 +1195,7 @@ def compare(
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
                 fit=None if fit_res is None else _fit_dict(fit_res, ds),
-                **({"unavailable": no_entr} if no_entr else {})), quiet)
+                **({"unavailable": no_entr or no_law} if no_entr or no_law else {})), quiet)
             if export is not None:
                 from entr_diag.atomic import write_with
                 from entr_diag.compare import export_frame
@@ -1206,6 +1211,8 @@ def compare(
         out = _tables(json_path, export)
         if no_entr:
             out.print(f"ENTR unavailable: {no_entr}", soft_wrap=True)
+        if no_law:
+            out.print(f"No scaling law: {no_law}", soft_wrap=True)
         render_compare(res, out)
 
 

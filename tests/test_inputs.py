@@ -219,9 +219,9 @@ def test_compare_without_entropy_compares_the_other_gates(tmp_path):
 @pytest.mark.parametrize("case", ["one_sequence", "few_sequences"])
 def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     """An input too small to fit the law (40 tokens of one sequence; six short sequences in
-    three files): report writes the HTML and the JSON with the law (and the gate comparison)
-    marked unavailable and why, naming the input, exit 0; fit still refuses (exit 2) with
-    one line naming the input."""
+    three files): report writes the HTML and the JSON with the law marked unavailable and
+    why, naming the input, and the gates compared without the law's categories, exit 0; so
+    does compare; fit still refuses (exit 2) with one line naming the input."""
     import html as html_lib
     import json
 
@@ -251,6 +251,13 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     assert f"No scaling law: {doc['unavailable']}" in r.stdout.replace("\n", " ")
     assert doc["metrics"]["overall"]["tokens"] > 0 and doc["forensics"]["checks"]
     assert f"Scaling law: not fitted: {html_lib.escape(doc['unavailable'])}" in out.read_text()
+    r = runner.invoke(app, ["compare", arg, "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    cmp_doc = json.loads(js.read_text())
+    assert cmp_doc["fit"] is None and cmp_doc["unavailable"].startswith(f"{where}: ")
+    assert why in cmp_doc["unavailable"] and cmp_doc["compare"]["gates"][0]["name"] == "entr"
+    assert cmp_doc["compare"]["gates"] == doc["compare"]["gates"]  # as in the report
+    assert "No scaling law: " in r.stdout and "ENTR unavailable" not in r.stdout
     r = runner.invoke(app, ["fit", arg, "-q"])
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
