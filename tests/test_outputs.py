@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from typer.testing import CliRunner
@@ -224,6 +225,7 @@ def test_synth_refuses_a_device_and_follows_a_symlink(tmp_path, dev_null):
 _BLOCKING_WRITE = """
 import os, sys, time
 from pathlib import Path
+import numpy as np
 import polars as pl
 
 def slow_sink(self, path, *args, **kwargs):  # half a file, then wait for the signal
@@ -450,3 +452,17 @@ def test_outputs_of_one_run_replace_earlier_ones_together(run_file, tmp_path, mo
         assert html.read_text() == "old html"
         atomic.write_text(js, "new json")
     assert html.read_text() == "new html" and js.read_text() == "new json"
+
+
+def test_json_floats_keep_twelve_significant_digits():
+    """Floats are written with 12 significant digits: a sum whose last bit depends on the
+    order threads added its parts gives the same document; NaN/inf stay null."""
+    from entr_diag.report.json_report import dumps, sanitize
+
+    a = sum([0.1, 0.2, 0.3])  # 0.6000000000000001
+    b = sum([0.3, 0.2, 0.1])  # 0.6
+    assert a != b and sanitize(a) == sanitize(b) == 0.6
+    assert sanitize({"x": [1 / 3, np.float32(2.5), float("nan")]}) == {
+        "x": [0.333333333333, 2.5, None]}
+    assert sanitize(123456789.123456789) == 123456789.123 and sanitize(7) == 7
+    assert dumps({"v": a}) == dumps({"v": b})

@@ -2,8 +2,8 @@
 
 Conventions: ``schema_version`` (bumped on any incompatible change), the tool version, the
 command, the inputs (paths, layout, row counts, mapping, token accounting) and every
-parameter. Non-finite floats (NaN, +-inf) become ``null``; numpy scalars and arrays become
-plain numbers and lists. Files are written atomically.
+parameter. Non-finite floats (NaN, +-inf) become ``null``, finite ones keep 12 significant
+digits (:data:`FLOAT_DIGITS`); numpy scalars and arrays become plain numbers and lists. Files are written atomically.
 """
 
 from __future__ import annotations
@@ -21,10 +21,15 @@ from entr_diag import __version__
 from entr_diag.atomic import write_text
 
 SCHEMA_VERSION = "1.0"
+#: significant digits of a float in the JSON: sums that polars' multi-threaded group-bys
+#: add up in a varying order differ run to run in their last bit; 12 digits make two runs
+#: on the same input give the same document (a float's 17 digits would not)
+FLOAT_DIGITS = 12
 
 
 def sanitize(obj: Any) -> Any:
-    """Recursively convert ``obj`` to JSON-safe plain types (NaN/inf -> None).
+    """Recursively convert ``obj`` to JSON-safe plain types (NaN/inf -> None, floats to
+    :data:`FLOAT_DIGITS` significant digits).
 
     Raises:
         TypeError: for a type with no faithful JSON form (no silent ``str()`` fallback).
@@ -35,7 +40,7 @@ def sanitize(obj: Any) -> Any:
         return int(obj)
     if isinstance(obj, (float, np.floating)):
         f = float(obj)
-        return f if math.isfinite(f) else None
+        return float(f"{f:.{FLOAT_DIGITS}g}") if math.isfinite(f) else None
     if isinstance(obj, np.bool_):
         return bool(obj)
     if isinstance(obj, dict):
