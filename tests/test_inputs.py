@@ -155,6 +155,7 @@ def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
     metrics, forensics, profiles and the comparison of the gates that need no entropy, says
     why the law and ENTR are missing (stdout, JSON ``unavailable``, HTML), exit 0; ``fit``
     still refuses (exit 2)."""
+    import html as html_lib
     import json
 
     p = _no_entropy_run(tmp_path)
@@ -170,7 +171,8 @@ def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
     assert all(0 < g["kept_share"] <= 1 for g in cmp["gates"])
     assert doc["metrics"]["overall"]["tokens"] > 0 and doc["forensics"]["checks"]
     html = out.read_text()
-    assert "unavailable: no fit result" in html
+    assert f"unavailable: no fit result: {html_lib.escape(str(p))}: the input has no entropy " \
+        "column" in html
     assert "Agreement with ENTR</h3>" in html and "unavailable: ENTR is unavailable: the token " \
         "frame has no entropy column" in html
     assert "unavailable: no mismatch metrics" not in html and "no per-step metrics" not in html

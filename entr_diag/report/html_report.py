@@ -624,11 +624,17 @@ def _law_label(name: str, law: Mapping[str, Any]) -> str:
     return f"k·H: {k_s}"
 
 
-def _scaling_fig(fit: dict | None) -> go.Figure:
+def _no_fit(why: str | None) -> ReportUnavailable:
+    """The caption of a figure that needs the fit when there is none (``why``: the reason
+    the command gave, when known)."""
+    return ReportUnavailable(f"no fit result: {why}" if why else
+                             "no fit result (the data carry no entropy column, or too few "
+                             "tokens to fit)")
+
+
+def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
     if not fit:
-        raise ReportUnavailable(
-            "no fit result (the data carry no entropy column, or too few tokens to fit)"
-        )
+        raise _no_fit(why)
     bins = _fit_bins(fit)
     pts: list[tuple[float, float, float | None, float | None, str, bool]] = []
     for b in bins:
@@ -1570,9 +1576,9 @@ def _masked_share_fig(compare: dict | None) -> go.Figure:
     return fig
 
 
-def _strata_fig(fit: dict | None) -> go.Figure:
+def _strata_fig(fit: dict | None, why: str | None = None) -> go.Figure:
     if not fit:
-        raise ReportUnavailable("no fit result")
+        raise _no_fit(why)
     strata = fit.get("strata")
     if not isinstance(strata, Mapping):
         raise ReportUnavailable("the fit has no strata")
@@ -1858,7 +1864,7 @@ def build_report_html(
     )
     doc.add(
         doc.figure_block(
-            lambda: _scaling_fig(fit),
+            lambda: _scaling_fig(fit, summary.get("unavailable")),
             "mean δ² per entropy bin (dots, 95% sequence-bootstrap interval) against the fitted "
             "laws (lines); if the law holds the dots follow a slope-1 line, the shaded red band "
             "below H* is the low-entropy noise regime where they lift off it.",
@@ -1957,7 +1963,7 @@ def build_report_html(
     doc.add("</div><div>")
     doc.add(
         doc.figure_block(
-            lambda: _strata_fig(fit),
+            lambda: _strata_fig(fit, summary.get("unavailable")),
             "the slope k of δ² = k·H (95% interval) per staleness bucket "
             "(train_version − policy_version) and per step range; k growing with staleness "
             "means policy drift adds to the numeric mismatch, k drifting over steps means the "
