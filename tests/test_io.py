@@ -352,6 +352,23 @@ def test_long_shard_with_a_nested_shard_lacking_seq_id_and_position(tmp_path):
         load_dataset([d])
 
 
+def test_nested_files_sharing_a_name_keep_their_sequences_apart(tmp_path):
+    """Nested shards without seq_id name their sequences file:row; two files of one name in
+    different folders (per-rank dumps) are named by their path below the input folder, not
+    merged into one set of sequences (and flagged as duplicates)."""
+    for r in (0, 1):
+        (tmp_path / f"r{r}").mkdir()
+        pl.DataFrame({"train_logprob": [[-0.1, -0.2], [-0.3]],
+                      "infer_logprob": [[-0.1, -0.25], [-0.31]]}).write_parquet(
+            tmp_path / f"r{r}" / "part-0.parquet")
+    ds = load_dataset([tmp_path])
+    assert ds.accounting.sequences_total == 4
+    assert ds.accounting.sequences_with_duplicate_positions == 0
+    assert sorted(ds.lf.select("seq_id").unique().collect()["seq_id"].to_list()) == [
+        "r0/part-0.parquet:0", "r0/part-0.parquet:1", "r1/part-0.parquet:0",
+        "r1/part-0.parquet:1"]
+
+
 def test_fixed_size_list_columns_read_like_lists(tmp_path):
     """A padded [batch, length] tensor dump (pyarrow fixed_size_list, polars Array) loads
     like the same data in variable-length lists; the mask drops the padding."""

@@ -787,9 +787,10 @@ def load_dataset(
             "position column their rows are numbered in file order as one sequence (if those "
             "files are copies of each other, map a position column to have them counted as "
             "duplicates)")
+    labels = _file_labels([p[0] for p in plans])
     for i, (f, types, hive, file_layout, scan, ranges, _numbered) in enumerate(plans):
         frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype, scan=scan,
-                                  position_offsets=file_offsets.get(i)))
+                                  position_offsets=file_offsets.get(i), label=labels[f]))
         if len(ranges) == 1:
             off, n, tokens = ranges[0]
             pieces.append((frames[-1], tokens, tokens > _STREAM_TOKENS, str(f)))
@@ -797,7 +798,7 @@ def load_dataset(
         for j, (off, n, tokens) in enumerate(ranges):
             pieces.append((_file_frame(f, types, hive, mapping, file_layout, sid_dtype,
                                        rows=(off, n), position_offsets=offsets.get((i, j)),
-                                       scan=scan),
+                                       scan=scan, label=labels[f]),
                            tokens, tokens > _STREAM_TOKENS,
                            f"{f} (rows {off:,} to {off + n - 1:,})"))
 
@@ -975,6 +976,7 @@ def _file_frame(
     rows: tuple[int, int] | None = None,
     position_offsets: pl.DataFrame | None = None,
     scan: pl.LazyFrame | None = None,
+    label: str | None = None,
 ) -> pl.LazyFrame:
     """Canonical raw rows of one file: one row per token, every mapped column, ``_empty``.
 
@@ -985,7 +987,8 @@ def _file_frame(
     per sequence in input order), the rows (``_off``) each sequence has in the files and
     chunks before (:func:`_position_offsets`). ``scan``: the file's ``pl.scan_parquet``, shared
     by its chunks (polars keeps the parsed footer with the scan: one copy per file, not per
-    chunk).
+    chunk). ``label``: the file's name within the input (:func:`_file_labels`), the prefix
+    of the ``file:row`` ids of a nested file without a seq_id column.
     """
     lf = pl.scan_parquet(path, hive_partitioning=False) if scan is None else scan
     first_row = 0
@@ -1019,7 +1022,7 @@ def _file_frame(
         sid = (
             pl.col(srcs["seq_id"]).cast(sid_dtype)
             if "seq_id" in srcs
-            else pl.format("{}:{}", pl.lit(path.name), pl.col("_row"))
+            else pl.format("{}:{}", pl.lit(label or path.name), pl.col("_row"))
         )
         lf = lf.with_columns(
             sid.alias("_seq_id"),
@@ -1073,6 +1076,19 @@ def _file_frame(
                                 .alias("position"))
                   .drop("_off"))
     return lf
+
+
+def _file_labels(files: Sequence[Path]) -> dict[Path, str]:
+    """A name per input file, unique within the input: the file name, or when two files
+    share one (``r0/part-0.parquet``, ``r1/part-0.parquet``) the path below the folder
+    holding them all. Nested files without a seq_id name their sequences ``label:row``:
+    the same label for two files would merge their sequences."""
+    names = [f.name for f in files]
+    if len(set(names)) == len(names):
+        return {f: f.name for f in files}
+    full = [f.resolve() for f in files]
+    root = Path(os.path.commonpath([str(p.parent) for p in full]))
+    return {f: str(p.relative_to(root)) for f, p in zip(files, full, strict=True)}
 
 
 def _padding_start(srcs: Mapping[str, str], list_srcs: Sequence[str]) -> pl.Expr:
