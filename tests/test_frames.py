@@ -121,3 +121,13 @@ def test_load_dataset_takes_any_iterable_of_paths(tmp_path):
     p = tmp_path / "x.parquet"
     _TOKENS.drop("seq_key", "delta").write_parquet(p)
     assert load_dataset(q for q in [p]).accounting.tokens_valid == _TOKENS.height
+
+
+def test_load_dataset_empty_paths_is_an_error_not_the_sample():
+    """An empty list (a glob that matched nothing) is refused; only None reads the sample."""
+    from entr_diag.errors import InputError
+
+    for empty in ([], (), iter([])):
+        with pytest.raises(InputError, match="no input path given .*pass None for the bundled"):
+            load_dataset(empty)
+    assert load_dataset(None).bundled

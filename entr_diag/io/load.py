@@ -600,7 +600,8 @@ def load_dataset(
 
     Args:
         paths: files, directories (searched recursively) or globs (one path or a
-            sequence of them); ``None`` or empty uses the bundled sample run.
+            sequence of them); ``None`` uses the bundled sample run (an empty sequence is
+            an error, not the sample).
         columns: ``canonical -> source`` overrides (``--column``).
         framework: name a framework's column naming (``--framework``).
         layout: ``auto`` (per file: nested when the logprob columns are lists), ``long`` or
@@ -629,9 +630,12 @@ def load_dataset(
                 f"Parquet files or folders, got {_given(given)}; a polars frame already in "
                 "memory goes to the analysis functions directly (or write it with "
                 ".write_parquet first).")
-    bundled = not paths
+    bundled = paths is None
     if bundled:
         paths = [bundled_sample_path()]
+    elif not paths:  # e.g. a glob.glob() that matched nothing: never the sample instead
+        raise InputError("no input path given (an empty list of paths); pass None for the "
+                         "bundled sample run.")
     if layout not in LAYOUTS:
         raise InputError(f"--layout must be one of {', '.join(LAYOUTS)}, not '{layout}'.")
     walked: set[Path] = set()
