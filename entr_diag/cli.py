@@ -156,6 +156,10 @@ if not stdout.is_terminal:  # piped or redirected: wide enough for the bin table
 stderr = Console(stderr=True, highlight=False, emoji=False)
 if not stderr.is_terminal:  # a log file: one line per message, no hard wraps
     stderr = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+#: the tables when stdout carries an output (``--json -``): on stderr, as wide as on a
+#: redirected stdout when stderr is not a terminal (80 columns cut every number to "0.0…")
+stderr_tables = _Stdout(stderr=True, highlight=False, soft_wrap=False, emoji=False,
+                        **({} if stderr.is_terminal else {"width": 120}))
 
 # ----------------------------------------------------------------- shared options
 
@@ -387,7 +391,7 @@ def _is_stdout(path: Path | None) -> bool:
 def _tables(*outputs: Path | None) -> Console:
     """Where a command prints its tables: stdout, or stderr when one of its outputs (the
     JSON with ``--json -``, or an output naming /dev/stdout) takes stdout."""
-    return stderr if any(_is_stdout(p) for p in outputs) else stdout
+    return stderr_tables if any(_is_stdout(p) for p in outputs) else stdout
 
 
 def _check_output(path: Path | None, what: str) -> None:
