@@ -633,9 +633,10 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
     return ds
 
 
-def _check_alignment(finding, allow: bool, quiet: bool) -> None:
+def _check_alignment(ds, finding, allow: bool, quiet: bool) -> None:
     """Stop (exit 2) when train and inference logprobs look shifted by one token
-    (``finding``: the result of the off-by-one check, computed in the command's pass)."""
+    (``finding``: the result of the off-by-one check, computed in the command's pass); the
+    refusal names the input (:func:`_where`)."""
     from entr_diag.errors import InputError
 
     f = finding
@@ -646,8 +647,8 @@ def _check_alignment(finding, allow: bool, quiet: bool) -> None:
             _notes.add(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
         return
     raise InputError(
-        f"{f.title}. {_alignment_numbers(f)} Check: {f.check} Pass --allow-misaligned to "
-        "analyse the input anyway."
+        f"{_where(ds)}: {f.title}. {_alignment_numbers(f)} Check: {f.check} Pass "
+        "--allow-misaligned to analyse the input anyway."
     )
 
 
@@ -912,7 +913,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     with _status(f"one pass ({what})", quiet, rows=ds.accounting.tokens_valid):
         run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators])
     if align is not None:
-        _check_alignment(align.finish(), allow_misaligned, quiet)
+        _check_alignment(ds, align.finish(), allow_misaligned, quiet)
     with _status("fitting...", quiet):
         out = {}
         for k, p in plans.items():

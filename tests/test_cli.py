@@ -361,6 +361,7 @@ def test_misaligned_logprobs_stop_unless_allowed(synth_file, tmp_path):
     assert r.exit_code == 2, r.output
     msg = re.sub(r"\s+", " ", r.stderr)
     assert "shift" in msg.lower() and "--allow-misaligned" in msg
+    assert msg.startswith(f"error: {p}: ")  # names the input (a folder of shards: its files)
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--allow-misaligned", "-q"])
     assert r.exit_code == 0, r.output
     for cmd in (["compare"], ["flag", "-o", str(tmp_path / "n.parquet")],
