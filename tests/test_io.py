@@ -415,6 +415,13 @@ def test_padded_tensor_without_mask_drops_trailing_zero_padding(tmp_path):
     assert acc.excluded == {"zero_placeholder": 1, "non_finite_logprob": 1}
     assert acc.tokens_valid == 12 and acc.sequences_without_masked_tokens == 1
     assert load_dataset([tmp_path / "padded.parquet"]).accounting.to_dict()["tokens_padding"] == 11
+    # left padding (a tensor padded on the left) is padding too
+    left = pa.table({k: pa.array([row[::-1] for row in v], type=pa.list_(pa.float64(), 5))
+                     for k, v in (("old_log_probs", tl), ("rollout_log_probs", il),
+                                  ("entropys", h))})
+    pq.write_table(left, tmp_path / "left.parquet")
+    acc_left = load_dataset([tmp_path / "left.parquet"]).accounting
+    assert acc_left.tokens_padding == 11 and acc_left.tokens_valid == 12
     masked = t.append_column("response_mask", pa.array([[1] * 5] * 5, type=pa.list_(pa.int8(), 5)))
     pq.write_table(masked, tmp_path / "masked.parquet")
     acc = load_dataset([tmp_path / "masked.parquet"]).accounting

@@ -481,8 +481,9 @@ class Accounting:
     #: valid tokens whose step is null (their sequence is keyed (null, seq_id): apart from
     #: the same seq_id's tokens that have a step, and in no step's row)
     tokens_without_step: int = 0
-    #: rows of nested files without a loss mask taken for tensor padding (trailing rows
-    #: whose logprobs and entropy are exactly 0.0), counted in ``tokens_unmasked``
+    #: rows of nested files without a loss mask taken for tensor padding (leading or
+    #: trailing rows whose logprobs and entropy are exactly 0.0), counted in
+    #: ``tokens_unmasked``
     tokens_padding: int = 0
 
     def to_dict(self) -> dict:
@@ -1034,9 +1035,11 @@ def _file_frame(
             pl.int_ranges(0, pl.col(ref).list.len().fill_null(0)).alias("_pos"),
         )
         pad = pl.lit(False)
-        if "loss_mask" not in srcs:  # no mask: the trailing all-zero rows are tensor padding
-            lf = lf.with_columns(_padding_start(srcs, list_srcs).alias("_pad_from"))
-            pad = (pl.col("_pos") >= pl.col("_pad_from")).fill_null(False)
+        if "loss_mask" not in srcs:  # no mask: leading / trailing all-zero rows are padding
+            lo, hi = _unpadded_range(srcs, list_srcs)
+            lf = lf.with_columns(lo.alias("_pad_lo"), hi.alias("_pad_hi"))
+            pad = ((pl.col("_pos") < pl.col("_pad_lo"))
+                   | (pl.col("_pos") >= pl.col("_pad_hi"))).fill_null(False)
         # an empty list explodes to one null row: keep it, marked _empty, for the accounting
         lf = lf.explode([*list_srcs, "_pos"], empty_as_null=True, keep_nulls=True)
         exprs = [pl.col("_seq_id").alias("seq_id"), pl.col("_empty"), pad.alias("_pad")]
@@ -1095,12 +1098,14 @@ def _file_labels(files: Sequence[Path]) -> dict[Path, str]:
     return {f: str(p.relative_to(root)) for f, p in zip(files, full, strict=True)}
 
 
-def _padding_start(srcs: Mapping[str, str], list_srcs: Sequence[str]) -> pl.Expr:
-    """Per list row of a nested file without a loss mask: the index where its trailing
-    padding starts, i.e. one past the last token whose train or infer logprob (or entropy,
-    when a list) is not exactly 0.0 (0 when every token is; a null or NaN is not padding).
-    A padded ``[batch, length]`` tensor dumped without its mask pads with zeros: counted
-    as valid tokens, the padding would add tokens at H = 0 with delta = 0."""
+def _unpadded_range(srcs: Mapping[str, str], list_srcs: Sequence[str]
+                    ) -> tuple[pl.Expr, pl.Expr]:
+    """Per list row of a nested file without a loss mask: the index range [lo, hi) outside
+    which its tokens are tensor padding: lo is the first, hi - 1 the last token whose train
+    or infer logprob (or entropy, when a list) is not exactly 0.0 (both 0 when every token
+    is; a null or NaN is not padding). A padded ``[batch, length]`` tensor dumped without
+    its mask pads with zeros (on the right, or on the left): counted as valid tokens, the
+    padding would add tokens at H = 0 with delta = 0."""
     cols = [srcs[c] for c in ("train_logprob", "infer_logprob", "entropy")
             if c in srcs and srcs[c] in list_srcs]
     mag = None
@@ -1108,8 +1113,10 @@ def _padding_start(srcs: Mapping[str, str], list_srcs: Sequence[str]) -> pl.Expr
         m = pl.col(c).list.eval(pl.element().cast(pl.Float64).fill_null(1.0).fill_nan(1.0).abs())
         mag = m if mag is None else mag + m
     assert mag is not None
-    last = mag.list.eval(pl.arg_where(pl.element() != 0).last()).list.first()
-    return last.cast(pl.Int64).fill_null(-1) + 1
+    nz = mag.list.eval(pl.arg_where(pl.element() != 0))
+    lo = nz.list.first().cast(pl.Int64).fill_null(0)
+    hi = nz.list.last().cast(pl.Int64).fill_null(-1) + 1
+    return lo, hi
 
 
 def _with_hive(lf: pl.LazyFrame, types: Mapping[str, pa.DataType], hive: Mapping[str, str],
