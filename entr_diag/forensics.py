@@ -107,6 +107,10 @@ MISALIGN_PARTIAL_SHARE = 0.01
 #: ... unless they fit their lag this well (their pooled mean |difference| below this
 #: fraction of lag 0's; real shifts give ~0.01-0.05, aligned sequences stay above 1.4)
 MISALIGN_PARTIAL_STRONG = 0.1
+#: ... and fewer than MISALIGN_PARTIAL_MIN_SEQS shifted sequences count when they fit their
+#: lag that well over at least this many token pairs together (3 shifted sequences of 973
+#: flipped the fitted law unnoticed)
+MISALIGN_FEW_MIN_PAIRS = 50
 #: off-by-one: tokens of the hash-sampled subset of sequences used for the lag join
 MISALIGN_MAX_TOKENS = 2_000_000
 
@@ -970,7 +974,8 @@ def _misalignment(sample: pl.DataFrame, keep: int,
       MISALIGN_RATIO times mean |train_logprob[t] - infer_logprob[t]| on the same tokens;
     - partial: some sequences (at least MISALIGN_PARTIAL_MIN_SEQS of those with
       MISALIGN_SEQ_MIN_PAIRS pairs, and MISALIGN_PARTIAL_SHARE of them unless they fit
-      their lag below MISALIGN_PARTIAL_STRONG) pass that test on their own tokens, e.g.
+      their lag below MISALIGN_PARTIAL_STRONG; fewer when they fit it that well over
+      MISALIGN_FEW_MIN_PAIRS pairs together) pass that test on their own tokens, e.g.
       the steps written after a resume with a different slicing: a handful of shifted
       sequences among 25k already flips the fitted law. Clean sequences of 8+ pairs stay
       above 1.4 on the bundled run and synthetic runs (threshold 0.5).
@@ -1094,9 +1099,10 @@ def _misalignment(sample: pl.DataFrame, keep: int,
     lag = max(lags, key=lambda L: (shifted[L].height, -abs(L)))
     hit = shifted[lag]
     hit_ratio = ratio(hit[f"_a{lag}"].sum(), hit[f"_z{lag}"].sum()) if hit.height else math.inf
-    if hit.height >= MISALIGN_PARTIAL_MIN_SEQS and (
-            hit.height >= MISALIGN_PARTIAL_SHARE * tested_at[lag].height
-            or hit_ratio < MISALIGN_PARTIAL_STRONG):
+    strong = hit_ratio < MISALIGN_PARTIAL_STRONG
+    if (hit.height >= MISALIGN_PARTIAL_MIN_SEQS and (
+            hit.height >= MISALIGN_PARTIAL_SHARE * tested_at[lag].height or strong)) or (
+            hit.height and strong and hit[f"_n{lag}"].sum() >= MISALIGN_FEW_MIN_PAIRS):
         share = hit.height / max(tested_at[lag].height, 1)
         ev.update(likely_shift=lag, partial=True, shifted_sequences=hit.height,
                   sequences_tested=tested_at[lag].height, shifted_share=_r(share),

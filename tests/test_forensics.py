@@ -189,6 +189,24 @@ def test_a_few_shifted_sequences_are_found_outside_the_sample(tmp_path, monkeypa
     assert f.evidence["shifted_sequences"] >= 5
 
 
+@pytest.mark.parametrize("n_bad", [1, 3])
+def test_one_to_three_strongly_shifted_sequences_are_called(tmp_path, n_bad):
+    """Fewer shifted sequences than MISALIGN_PARTIAL_MIN_SEQS (3 of ~1000 flipped a user's
+    fitted law unnoticed) are called when they fit their lag far better than lag 0 over
+    enough token pairs together."""
+    df = generate(SynthSpec(n_tokens=200_000, seed=7))
+    ids = df["seq_id"].unique().sort()
+    bad = ids.gather(np.random.default_rng(2).choice(ids.len(), n_bad, replace=False))
+    moved = IL.shift(-1).over("seq_id", order_by="position")
+    df = df.with_columns(pl.when(pl.col("seq_id").is_in(bad.implode()))
+                         .then(pl.coalesce(moved, IL)).otherwise(IL).alias("infer_logprob"))
+    f = detect_misalignment(_load(tmp_path, df))
+    assert n_bad < FX.MISALIGN_PARTIAL_MIN_SEQS
+    assert f is not None and f.evidence["partial"] is True and f.evidence["likely_shift"] == -1
+    assert f.evidence["shifted_sequences"] == n_bad
+    assert f.evidence["ratio_in_shifted_sequences"] < FX.MISALIGN_PARTIAL_STRONG
+
+
 def test_clean_run_has_no_sequence_fitting_another_lag(tmp_path, base):
     """On a clean run no sampled sequence fits a lag of +-1..3 (the partial test's margin)."""
     from entr_diag.forensics import misalignment_plan
