@@ -406,9 +406,12 @@ def _check_output(path: Path | None, what: str) -> None:
 
     from entr_diag.atomic import output_target
 
-    if path.is_dir():
-        raise InputError(f"{what} {path} is a directory; give a file name.")
-    target, atomic = output_target(path)
+    try:  # (a name longer than the file system allows fails its stat)
+        if path.is_dir():
+            raise InputError(f"{what} {path} is a directory; give a file name.")
+        target, atomic = output_target(path)
+    except OSError as e:
+        raise InputError(f"cannot write {what} {path}: {e.strerror or e}.") from None
     if not atomic:  # a device, FIFO or socket: written straight through
         return
     parent = target.parent
@@ -1363,6 +1366,9 @@ def synth(
         if not atomic:  # write_synth renames a finished file into place
             raise ParameterError(f"--output {output}: synth writes a regular file, not a "
                                  "device, FIFO or socket; give a file name.")
+        if h_star is not None and not (h_star >= 0 and math.isfinite(h_star)):
+            raise ParameterError(f"--h-star must be a finite number of nats >= 0 (0: no noise "
+                                 f"regime), got {h_star!r}.")
         try:
             spec = SynthSpec(n_tokens=tokens, seed=seed, k=k, alpha=alpha,
                              h_star=None if not h_star else h_star, noise_share=noise_share,

@@ -240,8 +240,8 @@ class SynthSpec:
         if not (0 < self.h_min < self.h_max and math.isfinite(self.h_max)):
             bad(f"need 0 < h_min < h_max < inf, got h_min={self.h_min!r}, h_max={self.h_max!r}.")
         if self.h_star is not None and not (self.h_star > 0 and math.isfinite(self.h_star)):
-            bad(f"h_star must be positive (None, or --h-star 0 on the command line, for no "
-                f"noise regime), got {self.h_star!r}.")
+            bad(f"h_star must be a positive number of nats, or None for no noise regime, "
+                f"got {self.h_star!r}.")
         if self.h_star is not None and self.h_star >= self.h_max:
             bad(f"h_star must be below h_max = {self.h_max!r} nats (else no token follows the "
                 f"law), got {self.h_star!r}.")

@@ -779,9 +779,21 @@ def test_every_command_records_the_input_options_in_its_parameters(tmp_path):
 
 @pytest.mark.parametrize("args,start", [(["--noise-share", "2"], "error: --noise-share must"),
                                         (["--k", "0"], "error: --k must"),
-                                        (["--h-star", "10"], "error: --h-star must")])
+                                        (["--h-star", "10"], "error: --h-star must"),
+                                        (["--h-star", "-1"], "error: --h-star must be a "
+                                         "finite number of nats >= 0 (0: no noise regime)")])
 def test_synth_errors_name_the_options(tmp_path, args, start):
-    """synth's refusals speak of its options (--noise-share), not the spec's fields."""
+    """synth's refusals speak of its options (--noise-share), not the spec's fields (nor of
+    Python's None)."""
     r = runner.invoke(app, ["synth", "-o", str(tmp_path / "x.parquet"), *args, "-q"])
     assert r.exit_code == 2 and r.stderr.startswith(start), r.stderr
-    assert "SynthSpec" not in r.stderr
+    assert "SynthSpec" not in r.stderr and "None" not in r.stderr
+
+
+def test_an_output_name_too_long_for_the_file_system_is_named(tmp_path):
+    """A file name longer than the file system allows: one error line naming the output,
+    not a raw [Errno 36]."""
+    out = tmp_path / ("a" * 300 + ".json")
+    r = runner.invoke(app, ["fit", "--json", str(out), "-q"])
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: cannot write --json {out}: ")
+    assert "Errno" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
