@@ -588,7 +588,9 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         _notes.add(f"no input given: using the bundled sample run ({ds.files[0].path})")
     if not quiet:
         for note in ds.notes:
-            if ("missing from" in note or "not used" in note or "trainer-side" in note
+            if note.startswith("warning: "):
+                _notes.add("[yellow]warning:[/yellow] " + escape(note.removeprefix("warning: ")))
+            elif ("missing from" in note or "not used" in note or "trainer-side" in note
                     or "partition folder" in note or "continue from one file" in note
                     or "written by entr-diag" in note):
                 _notes.add(f"note: {escape(note)}")

@@ -369,6 +369,18 @@ def test_nested_files_sharing_a_name_keep_their_sequences_apart(tmp_path):
         "r1/part-0.parquet:1"]
 
 
+def test_integer_logprob_columns_are_read_with_a_warning(tmp_path):
+    """Integer-typed logprob (or entropy) columns are read as numbers, with a warning naming
+    the column and a file: rounded logprobs make every statistic meaningless."""
+    df = _long(train_logprob=[-1, 0, -2, -1, 0])
+    p = _write(tmp_path, df.with_columns(pl.col("train_logprob").cast(pl.Int32)))
+    ds = load_dataset([p])
+    warn = [n for n in ds.notes if n.startswith("warning: train_logprob")]
+    assert len(warn) == 1 and str(p) in warn[0] and "integers in 1 of 1 files" in warn[0]
+    assert not any(n.startswith("warning:") for n in load_dataset([_write(
+        tmp_path, _long(), "float.parquet")]).notes)
+
+
 def test_fixed_size_list_columns_read_like_lists(tmp_path):
     """A padded [batch, length] tensor dump (pyarrow fixed_size_list, polars Array) loads
     like the same data in variable-length lists; the mask drops the padding."""

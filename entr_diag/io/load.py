@@ -727,6 +727,16 @@ def load_dataset(
                 f"(e.g. {lacking[0]}): not used"
             )
             del mapping[canon]
+    for canon in ("train_logprob", "infer_logprob", "entropy"):  # read, but say so
+        src = mapping.get(canon)
+        ints = [f for f in file_list if src in schemas[f].names
+                and pa.types.is_integer(_value_type(schemas[f].field(src).type))]
+        if ints:
+            notes.append(
+                f"warning: {canon} ('{src}') holds integers in {len(ints)} of "
+                f"{len(file_list)} files (e.g. {ints[0]}): log-probabilities and entropies "
+                "are real numbers in nats; rounded or scaled values make the statistics "
+                "meaningless")
 
     # seq_id keeps an integer dtype when every file has integer ids (cheap to hash); the
     # String form is derived lazily for output only
