@@ -381,6 +381,20 @@ def test_integer_logprob_columns_are_read_with_a_warning(tmp_path):
         tmp_path, _long(), "float.parquet")]).notes)
 
 
+def test_byte_copies_among_the_inputs_are_named(tmp_path):
+    """A shard copied twice into the input (its tokens count twice) is named in a warning;
+    distinct shards of the same shape are not."""
+    import shutil
+
+    a = _write(tmp_path / "run", _long(), "a.parquet")
+    shutil.copy(a, tmp_path / "run" / "b.parquet")
+    _write(tmp_path / "run", _long(train_logprob=[-0.5, -0.2, -0.3, -1.0, -2.0]), "c.parquet")
+    warn = [n for n in load_dataset([tmp_path / "run"]).notes if "copies" in n]
+    assert len(warn) == 1 and warn[0].startswith(f"warning: {a} and {tmp_path / 'run' / 'b.parquet'}")
+    (tmp_path / "run" / "b.parquet").unlink()
+    assert not any("copies" in n for n in load_dataset([tmp_path / "run"]).notes)
+
+
 def test_fixed_size_list_columns_read_like_lists(tmp_path):
     """A padded [batch, length] tensor dump (pyarrow fixed_size_list, polars Array) loads
     like the same data in variable-length lists; the mask drops the padding."""

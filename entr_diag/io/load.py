@@ -683,6 +683,13 @@ def load_dataset(
         if len(file_list) == 1 and not str(e).startswith(("--", "unknown framework")):
             raise SchemaError(f"{file_list[0]}: {e}") from None  # one file's columns: name it
         raise
+    copies = _copies(file_list, rows)
+    if copies:
+        a, b = copies[0]
+        notes.append(
+            f"warning: {a} and {b} look like copies of each other (same size, rows and first "
+            f"and last 64 kB): their tokens count twice; pass one of them"
+            + (f" ({len(copies) - 1:,} more pair(s) like this)" if len(copies) > 1 else ""))
     if ours:
         notes.append(f"skipped {len(ours)} file(s) written by entr-diag (flag or compare "
                      f"--export outputs) found in input directories, e.g. {ours[0]}: name "
@@ -1093,6 +1100,34 @@ def _file_frame(
                                 .alias("position"))
                   .drop("_off"))
     return lf
+
+
+def _copies(files: Sequence[Path], rows: Mapping[Path, int]) -> list[tuple[Path, Path]]:
+    """Pairs (first file, later file) of inputs that look like byte copies: same size, row
+    count and partition folder values, and the same first and last 64 kB (the footer holds
+    every column chunk's offsets and statistics). Only files of equal size are read."""
+    import hashlib
+    import os
+
+    groups: dict[tuple, list[Path]] = {}
+    for f in files:
+        key = (os.path.getsize(f), rows[f], tuple(sorted(_hive_values(f).items())))
+        groups.setdefault(key, []).append(f)
+    out: list[tuple[Path, Path]] = []
+    for (size, _n, _h), group in groups.items():
+        if len(group) < 2:
+            continue
+        first: dict[str, Path] = {}
+        for f in group:
+            with open(f, "rb") as fh:
+                head = fh.read(65536)
+                fh.seek(max(0, size - 65536))
+                digest = hashlib.sha1(head + fh.read()).hexdigest()
+            if digest in first:
+                out.append((first[digest], f))
+            else:
+                first[digest] = f
+    return out
 
 
 def _file_labels(files: Sequence[Path]) -> dict[Path, str]:
