@@ -797,3 +797,25 @@ def test_an_output_name_too_long_for_the_file_system_is_named(tmp_path):
     r = runner.invoke(app, ["fit", "--json", str(out), "-q"])
     assert r.exit_code == 2 and r.stderr.startswith(f"error: cannot write --json {out}: ")
     assert "Errno" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_duplicate_warning_names_partition_folders_outside_the_sequence_key(synth_file, tmp_path):
+    """Per-rank folders (rank=0/, rank=1/) whose seq_ids restart in each folder merge their
+    sequences (the key is (step, seq_id)): the duplicate warning says which partition key is
+    not in the sequence key and what to do; without partition folders it does not."""
+    df = pl.read_parquet(synth_file)
+    for r in (0, 1):
+        (tmp_path / f"rank={r}").mkdir()
+        df.with_columns(pl.col("train_logprob") * (1 + r / 100)).write_parquet(
+            tmp_path / f"rank={r}" / "part.parquet")
+    r = runner.invoke(app, ["inspect", str(tmp_path)])
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert r.exit_code == 0 and "hold more tokens than positions" in msg
+    assert "partitioned by rank, which is not part of the sequence key (step, seq_id)" in msg
+    (tmp_path / "flat").mkdir()
+    for i in (0, 1):
+        df.with_columns(pl.col("train_logprob") * (1 + i / 100)).write_parquet(
+            tmp_path / "flat" / f"p{i}.parquet")
+    r = runner.invoke(app, ["inspect", str(tmp_path / "flat")])
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert "hold more tokens than positions" in msg and "partitioned by" not in msg
