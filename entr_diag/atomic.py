@@ -7,7 +7,10 @@ followed: the temporary file and the rename happen beside the file it points to,
 link stays. A character device, FIFO or socket (``/dev/null``, a named pipe) and the
 standard streams (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``) are
 written straight through: there is no file to replace, and renaming over them would put a
-regular file in their place.
+regular file in their place. When the reader of such an output goes away before its end
+(EPIPE: ``| head``, a FIFO's reader exiting), the output is cut short:
+:class:`~entr_diag.errors.OutputClosedError` (exit code 1), raised within :func:`together`
+only once the group's other outputs are in place.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import signal
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from entr_diag.errors import InputError
+from entr_diag.errors import InputError, OutputClosedError
 
 #: a process's directory of open file descriptors (``/dev/fd`` resolves to one)
 _FD_DIR = re.compile(r"^/proc/[^/]+/fd$")
@@ -68,9 +72,69 @@ def output_target(target: str | Path) -> tuple[Path, bool]:
     return target, False
 
 
-#: within :func:`together`: the (temporary file, target, name shown) renames deferred to its end
-_GROUP: contextvars.ContextVar[list[tuple[Path, Path, Path]] | None] = contextvars.ContextVar(
+@dataclass
+class _Group:
+    """The outputs of one :func:`together` block."""
+
+    #: (temporary file, target, name shown) renames deferred to the block's end
+    renames: list[tuple[Path, Path, Path]] = field(default_factory=list)
+    #: the outputs begun within the block, by name shown
+    outputs: set[str] = field(default_factory=set)
+    #: (name shown, quiet) of the outputs whose reader left before their end
+    closed: list[tuple[str, bool]] = field(default_factory=list)
+    #: (name shown, action) to run once the outputs are in place (:func:`when_written`)
+    announcements: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
+
+
+#: the :func:`together` block being run, if any
+_GROUP: contextvars.ContextVar[_Group | None] = contextvars.ContextVar(
     "entr_diag_atomic_group", default=None)
+
+
+def _begun(shown: str | Path) -> None:
+    """Count an output as one of the current group's, if any."""
+    group = _GROUP.get()
+    if group is not None:
+        group.outputs.add(str(shown))
+
+
+def _closed_error(names: list[str], others: bool) -> OutputClosedError:
+    """The error for the outputs ``names`` cut short (none: only stdout under ``--json -``,
+    said nothing about); ``others``: other outputs of the run were written."""
+    if not names:
+        return OutputClosedError("")
+    whose = "its reader closed it" if len(names) == 1 else "their readers closed them"
+    rest = "; every other output was written" if others else ""
+    return OutputClosedError(f"cannot write {' and '.join(names)}: {whose} before the end "
+                             f"(broken pipe){rest}.")
+
+
+def reader_left(shown: str | Path, *, quiet: bool = False) -> None:
+    """The reader of the output ``shown`` went away before its end (EPIPE). Outside
+    :func:`together` raise :class:`~entr_diag.errors.OutputClosedError` at once; within it
+    note it and return: the group's other outputs are still written and the error is raised
+    at its end. ``quiet``: the output is stdout itself (``--json -``), left without a word,
+    as the tables are.
+
+    Raises:
+        OutputClosedError: outside :func:`together`.
+    """
+    group = _GROUP.get()
+    if group is None:
+        raise _closed_error([] if quiet else [str(shown)], others=False)
+    group.outputs.add(str(shown))
+    group.closed.append((str(shown), quiet))
+
+
+def when_written(target: str | Path, action: Callable[[], object]) -> None:
+    """Run ``action`` (e.g. print ``wrote FILE``) once the output ``target`` is in place: at
+    once outside :func:`together`; within it after the group's renames, and never when the
+    group fails or ``target``'s reader left before its end."""
+    group = _GROUP.get()
+    if group is None:
+        action()
+    else:
+        group.announcements.append((str(target), action))
 
 
 @contextlib.contextmanager
@@ -79,15 +143,24 @@ def together() -> Iterator[None]:
     its end, all or none: each is written to its temporary file as usual, and the renames
     run at the end with SIGINT and SIGTERM held back (a signal then arrives after the last
     rename). If the block fails, no target is touched and the temporary files are removed.
-    (A report and its JSON, or the JSON and the export of a comparison, stay a pair.)"""
-    pending: list[tuple[Path, Path, Path]] = []
-    token = _GROUP.set(pending)
+    (A report and its JSON, or the JSON and the export of a comparison, stay a pair.)
+
+    An output written straight through whose reader leaves before its end (:func:`reader_left`)
+    does not stop the others: they are all written and renamed, the :func:`when_written`
+    actions of those completed run, and then :class:`~entr_diag.errors.OutputClosedError`
+    names the outputs cut short.
+
+    Raises:
+        OutputClosedError: after the renames, when an output's reader left early.
+    """
+    group = _Group()
+    token = _GROUP.set(group)
     try:
         yield
         held = {signal.SIGINT, signal.SIGTERM}
         old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
         try:
-            for tmp, target, shown in pending:
+            for tmp, target, shown in group.renames:
                 try:
                     os.replace(tmp, target)
                 except OSError as e:
@@ -96,9 +169,16 @@ def together() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
     finally:
         _GROUP.reset(token)
-        for tmp, _target, _shown in pending:
+        for tmp, _target, _shown in group.renames:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+    closed = {shown for shown, _quiet in group.closed}
+    for shown, action in group.announcements:
+        if shown not in closed:
+            action()
+    if group.closed:
+        raise _closed_error([shown for shown, quiet in group.closed if not quiet],
+                            others=len(group.outputs) > len(closed))
 
 
 @contextlib.contextmanager
@@ -126,6 +206,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     group = _GROUP.get()
+    _begun(shown)
     deferred = False
     try:
         yield tmp_path
@@ -134,7 +215,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         os.umask(umask)
         os.chmod(tmp_path, 0o666 & ~umask)
         if group is not None:  # renamed with the group's other outputs (:func:`together`)
-            group.append((tmp_path, target, shown))
+            group.renames.append((tmp_path, target, shown))
             deferred = True
             return
         try:
@@ -164,33 +245,84 @@ def _write_failure(target: str | Path, e: BaseException) -> InputError | None:
     return None
 
 
+def _reader_gone(e: BaseException) -> bool:
+    """Whether ``e`` says a pipe's reader went away (EPIPE), as an OSError or in the text of
+    a polars error raised by a sink ('... Broken pipe (os error 32)')."""
+    if isinstance(e, OSError):
+        return e.errno == errno.EPIPE
+    return f"{os.strerror(errno.EPIPE)} (os error {errno.EPIPE})" in str(e)
+
+
+@contextlib.contextmanager
+def _streamed(shown: Path) -> Iterator[None]:
+    """Write the device, FIFO or socket ``shown`` within the block; its reader leaving
+    before the end goes to :func:`reader_left`.
+
+    Raises:
+        InputError: ``shown`` cannot be written.
+        OutputClosedError: its reader left, outside :func:`together`.
+    """
+    _begun(shown)
+    try:
+        yield
+    except Exception as e:
+        if _reader_gone(e):
+            reader_left(shown)
+        elif isinstance(e, OSError):  # e.g. a socket, which cannot be opened
+            raise InputError(f"cannot write {shown}: {e.strerror or e}.") from None
+        else:
+            raise
+
+
+def _run_writer(shown: Path, writer: Callable, dest: Path) -> None:
+    """``writer(dest)``, a failure to write (a full disk, a quota...) said as one naming
+    ``shown``; other errors (e.g. reading the input, a broken pipe) propagate."""
+    try:
+        writer(dest)
+    except Exception as e:
+        failure = _write_failure(shown, e) if not isinstance(e, InputError) else None
+        if failure is None:
+            raise
+        raise failure from None
+
+
 def write_text(target: str | Path, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``target`` atomically; returns the target path.
 
     Raises:
         InputError: naming ``target`` when it cannot be written (e.g. the disk is full).
+        OutputClosedError: ``target`` is a pipe whose reader left before the end (outside
+            :func:`together`; within it, at the block's end).
     """
-    with atomic_path(target) as tmp:
+    def write(dest: Path) -> None:
         try:
-            tmp.write_text(text, encoding="utf-8")
+            dest.write_text(text, encoding="utf-8")
         except OSError as e:  # only writing happens here
+            if _reader_gone(e):
+                raise
             raise InputError(f"cannot write {target}: {e.strerror or e}.") from None
-    return Path(target)
+
+    return write_with(target, write)
 
 
 def write_with(target: str | Path, writer: Callable[[Path], object]) -> Path:
-    """Call ``writer(tmp_path)`` (e.g. ``lf.sink_parquet``) and move the result to ``target``.
+    """Call ``writer(dest)`` (e.g. ``lf.sink_parquet``) and move the result to ``target``.
+
+    ``dest`` is a temporary path beside ``target``, renamed over it afterwards; for a
+    device, FIFO or socket, the target itself, written straight through.
 
     Raises:
         InputError: naming ``target`` when the writer fails to write it (a full disk, a
             quota...); other errors (e.g. reading the input) propagate.
+        OutputClosedError: ``target`` is a pipe whose reader left before the end (outside
+            :func:`together`; within it, at the block's end).
     """
+    shown = Path(target)
+    path, atomic = output_target(target)
+    if not atomic:
+        with _streamed(shown):
+            _run_writer(shown, writer, path)
+        return shown
     with atomic_path(target) as tmp:
-        try:
-            writer(tmp)
-        except Exception as e:
-            failure = _write_failure(target, e) if not isinstance(e, InputError) else None
-            if failure is None:
-                raise
-            raise failure from None
-    return Path(target)
+        _run_writer(shown, writer, tmp)
+    return shown

@@ -466,3 +466,123 @@ def test_json_floats_keep_twelve_significant_digits():
         "x": [0.333333333333, 2.5, None]}
     assert sanitize(123456789.123456789) == 123456789.123 and sanitize(7) == 7
     assert dumps({"v": a}) == dumps({"v": b})
+
+
+# ------------------------------------------------------------------ readers that leave
+
+
+def _closed_stdout_run(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Run ``entr-diag ARGS -q`` with its stdout a pipe whose reader is gone before anything
+    is written (as ``| head -c 0``); returns (exit code, stderr)."""
+    p = subprocess.Popen([sys.executable, "-m", "entr_diag", *args, "-q"], cwd=cwd,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()
+    err = p.stderr.read()
+    return p.wait(timeout=120), err
+
+
+@pytest.mark.parametrize("args,closed,written", [
+    (["report", "-o", "/dev/stdout", "--json", "r.json"], "/dev/stdout", ["r.json"]),
+    (["compare", "--export", "/dev/stdout", "--json", "c.json"], "/dev/stdout", ["c.json"]),
+    (["flag", "-o", "/dev/stdout"], "/dev/stdout", []),
+    (["report", "-o", "r.html", "--json", "-"], None, ["r.html"]),
+    (["compare", "--export", "c.parquet", "--json", "-"], None, ["c.parquet"]),
+])
+def test_an_output_into_a_closed_stdout_exits_1_after_the_others(run_file, tmp_path,
+                                                                 dev_stdout, args, closed,
+                                                                 written):
+    """An output into stdout whose reader is gone (``| head``): exit 1, every other output
+    written, and for an output named by path (/dev/stdout) one line naming it, never blaming
+    the input (was: exit 2, 'cannot read the input: ... Broken pipe' or 'cannot write
+    /dev/stdout', and the other outputs missing; with ``--json -`` the others were missing
+    too)."""
+    code, err = _closed_stdout_run([args[0], str(run_file), *args[1:], "--n-boot", "100"],
+                                   tmp_path)
+    assert code == 1, err
+    assert "Traceback" not in err and "input" not in err
+    if closed is None:  # stdout itself, as for the tables: quietly
+        assert err == ""
+    else:
+        assert err.startswith(f"error: cannot write {closed}: its reader closed it before "
+                              "the end (broken pipe)") and err.endswith(".\n"), err
+        assert err.count("\n") == 1
+        assert ("every other output was written" in err) == bool(written), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(written)
+    for name in written:
+        if name.endswith(".json"):
+            assert json.loads((tmp_path / name).read_text())["command"] == args[0]
+        elif name.endswith(".parquet"):
+            assert pl.read_parquet(tmp_path / name).height > 0
+        else:
+            assert (tmp_path / name).read_text().rstrip().endswith("</html>")
+
+
+def test_a_fifo_whose_reader_leaves_is_named_and_the_json_written(run_file, tmp_path):
+    """A FIFO output whose reader reads a little and leaves: exit 1, the error names the
+    FIFO, the JSON beside it is written and said to be (``wrote`` only for it)."""
+    fifo = tmp_path / "r.fifo"
+    os.mkfifo(fifo)
+
+    def read_a_little() -> None:
+        with open(fifo, "rb") as f:
+            f.read(10)
+
+    reader = threading.Thread(target=read_a_little, daemon=True)
+    reader.start()
+    js = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "entr_diag", "report", str(run_file), "-o",
+                        str(fifo), "--json", str(js), "--n-boot", "100"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    reader.join(10)
+    assert r.returncode == 1, r.stderr
+    assert f"error: cannot write {fifo}: its reader closed it before the end" in r.stderr
+    assert f"wrote {js}" in r.stderr and f"wrote {fifo}" not in r.stderr + r.stdout
+    assert json.loads(js.read_text())["command"] == "report"
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_failed_group_never_says_it_wrote(run_file, tmp_path, monkeypatch):
+    """'wrote FILE' is said once the outputs of a run are in place: when the export fails
+    (a full disk), the JSON written before it is not renamed into place, and not announced
+    (was: 'wrote c.json' on stderr, and no c.json)."""
+    def full_sink(self, path, *a, **k):
+        raise pl.exceptions.ComputeError("failed to write: No space left on device (os error 28)")
+
+    monkeypatch.setattr(pl.LazyFrame, "sink_parquet", full_sink)
+    js, ex = tmp_path / "c.json", tmp_path / "c.parquet"
+    r = runner.invoke(app, ["compare", str(run_file), "--json", str(js), "--export", str(ex),
+                            "--n-boot", "100"])
+    assert r.exit_code == 2, r.output
+    assert f"cannot write {ex}: No space left on device" in r.stderr
+    assert "wrote" not in r.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_atomic_outputs_whose_reader_left(tmp_path):
+    """Library level: a write into a pipe whose reader is gone raises OutputClosedError
+    (exit code 1) naming it; within together(), the other outputs are still written and
+    announced, and the error is raised at the end."""
+    from entr_diag import atomic
+    from entr_diag.errors import OutputClosedError
+
+    r, w = os.pipe()
+    os.close(r)
+    pipe = f"/proc/self/fd/{w}"
+    try:
+        with pytest.raises(OutputClosedError) as e:
+            atomic.write_text(pipe, "x" * 100_000)
+        assert e.value.exit_code == 1
+        assert str(e.value).startswith(f"cannot write {pipe}: its reader closed it")
+        said = []
+        with pytest.raises(OutputClosedError) as e:
+            with atomic.together():
+                atomic.write_text(pipe, "x")
+                atomic.when_written(pipe, lambda: said.append(pipe))
+                atomic.write_with(tmp_path / "b.txt", lambda p: Path(p).write_text("b"))
+                atomic.when_written(tmp_path / "b.txt", lambda: said.append("b"))
+        assert "every other output was written" in str(e.value)
+        assert (tmp_path / "b.txt").read_text() == "b" and said == ["b"]
+    finally:
+        os.close(w)
