@@ -1032,19 +1032,20 @@ def flag(
             pl.col("seq_id").cast(ds.seq_id_dtype))
         write_with(output, lambda tmp: lf.sink_parquet(tmp, compression="zstd",
                                                        metadata=_output_mark("flag")))
+        out = _tables(output)  # stderr when the Parquet goes to stdout
         if h_star is None:
             reason = (res.to_dict().get("regime") or {}).get("breakpoint_search", {}).get("reason", "")
-            stdout.print("no low-entropy noise regime was found in this run, so no token is "
-                         f"flagged; wrote an empty {output}"
-                         + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.",
-                         soft_wrap=True)
+            out.print("no low-entropy noise regime was found in this run, so no token is "
+                      f"flagged; wrote an empty {output}"
+                      + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.",
+                      soft_wrap=True)
             return
         if output_target(output)[1]:
             n = pl.scan_parquet(output).select(pl.len()).collect().item()
         else:  # written to a device or a pipe: nothing to read back
             n = lf.select(pl.len()).collect().item()
-        stdout.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "
-                     f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True)
+        out.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "
+                  f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True)
 
 
 # ----------------------------------------------------------------- compare

@@ -586,3 +586,18 @@ def test_atomic_outputs_whose_reader_left(tmp_path):
         assert (tmp_path / "b.txt").read_text() == "b" and said == ["b"]
     finally:
         os.close(w)
+
+
+def test_flag_to_dev_stdout_says_its_count_on_stderr(run_file, tmp_path, dev_stdout):
+    """``flag -o /dev/stdout > FILE``: FILE holds the flagged tokens' Parquet alone; the
+    count goes to stderr like other commands' tables (was: printed on stdout, over the
+    beginning of the Parquet file)."""
+    out = tmp_path / "flags.parquet"
+    with open(out, "wb") as f:
+        r = subprocess.run([sys.executable, "-m", "entr_diag", "flag", str(run_file), "-o",
+                            dev_stdout, "--n-boot", "100", "-q"], stdout=f,
+                           stderr=subprocess.PIPE, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    n = pl.read_parquet(out).height
+    assert n > 0 and f"{n:,} low-entropy noise tokens" in r.stderr
