@@ -7,10 +7,13 @@ followed: the temporary file and the rename happen beside the file it points to,
 link stays. A character device, FIFO or socket (``/dev/null``, a named pipe) and the
 standard streams (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``) are
 written straight through: there is no file to replace, and renaming over them would put a
-regular file in their place. When the reader of such an output goes away before its end
-(EPIPE: ``| head``, a FIFO's reader exiting), the output is cut short:
-:class:`~entr_diag.errors.OutputClosedError` (exit code 1), raised within :func:`together`
-only once the group's other outputs are in place.
+regular file in their place. Such a target is opened here, on the main thread, before a
+writer gets it: a FIFO waits for its reader, and only a wait on the main thread, in short
+sleeps, is cut short by Ctrl-C or SIGTERM (a polars sink opening it on a worker thread
+waited past both, forever). When the reader of such an output goes away before its end (EPIPE: ``| head``, a
+FIFO's reader exiting), the output is cut short: :class:`~entr_diag.errors.OutputClosedError`
+(exit code 1), raised within :func:`together` only once the group's other outputs are in
+place.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import re
 import signal
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from entr_diag.errors import InputError, OutputClosedError
 
@@ -253,28 +258,61 @@ def _reader_gone(e: BaseException) -> bool:
     return f"{os.strerror(errno.EPIPE)} (os error {errno.EPIPE})" in str(e)
 
 
+#: seconds between two tries to open a FIFO that has no reader yet
+_FIFO_RETRY = 0.05
+
+
+def _open_for_writing(target: Path) -> BinaryIO:
+    """``open(target, "wb")``, except that a FIFO without a reader is waited for in short
+    sleeps instead of in a blocking open: a signal stops a sleep, but a blocking open of a
+    FIFO is restarted by the kernel after a handler installed with SA_RESTART, as polars
+    installs its SIGINT handler (Ctrl-C would then never reach Python's handler)."""
+    try:
+        fifo = stat.S_ISFIFO(os.stat(target).st_mode)
+    except OSError:
+        fifo = False
+    if not fifo:
+        return open(target, "wb")  # closed by the caller
+    while True:
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # ENXIO: no reader yet
+                raise
+        time.sleep(_FIFO_RETRY)
+    os.set_blocking(fd, True)  # then written like any file: a write waits for the reader
+    return open(fd, "wb")  # closed by the caller
+
+
 @contextlib.contextmanager
-def _streamed(shown: Path) -> Iterator[None]:
-    """Write the device, FIFO or socket ``shown`` within the block; its reader leaving
-    before the end goes to :func:`reader_left`.
+def _streamed(target: Path, shown: Path) -> Iterator[BinaryIO]:
+    """Open the device, FIFO or socket ``target`` for writing, here on the main thread (a
+    FIFO's open waits for its reader, cut short by Ctrl-C or SIGTERM), and close it at the
+    end; its reader leaving before then goes to :func:`reader_left`.
 
     Raises:
-        InputError: ``shown`` cannot be written.
+        InputError: ``target`` cannot be opened (e.g. a socket).
         OutputClosedError: its reader left, outside :func:`together`.
     """
+    try:
+        f = _open_for_writing(target)
+    except OSError as e:
+        raise InputError(f"cannot write {shown}: {e.strerror or e}.") from None
     _begun(shown)
     try:
-        yield
+        with f:
+            yield f
     except Exception as e:
         if _reader_gone(e):
             reader_left(shown)
-        elif isinstance(e, OSError):  # e.g. a socket, which cannot be opened
+        elif isinstance(e, OSError):  # closing it flushed the end into a full device, say
             raise InputError(f"cannot write {shown}: {e.strerror or e}.") from None
         else:
             raise
 
 
-def _run_writer(shown: Path, writer: Callable, dest: Path) -> None:
+def _run_writer(shown: Path, writer: Callable, dest: Path | BinaryIO) -> None:
     """``writer(dest)``, a failure to write (a full disk, a quota...) said as one naming
     ``shown``; other errors (e.g. reading the input, a broken pipe) propagate."""
     try:
@@ -294,9 +332,12 @@ def write_text(target: str | Path, text: str) -> Path:
         OutputClosedError: ``target`` is a pipe whose reader left before the end (outside
             :func:`together`; within it, at the block's end).
     """
-    def write(dest: Path) -> None:
+    def write(dest: Path | BinaryIO) -> None:
         try:
-            dest.write_text(text, encoding="utf-8")
+            if isinstance(dest, Path):
+                dest.write_text(text, encoding="utf-8")
+            else:
+                dest.write(text.encode("utf-8"))
         except OSError as e:  # only writing happens here
             if _reader_gone(e):
                 raise
@@ -305,11 +346,12 @@ def write_text(target: str | Path, text: str) -> Path:
     return write_with(target, write)
 
 
-def write_with(target: str | Path, writer: Callable[[Path], object]) -> Path:
+def write_with(target: str | Path, writer: Callable[[Path | BinaryIO], object]) -> Path:
     """Call ``writer(dest)`` (e.g. ``lf.sink_parquet``) and move the result to ``target``.
 
     ``dest`` is a temporary path beside ``target``, renamed over it afterwards; for a
-    device, FIFO or socket, the target itself, written straight through.
+    device, FIFO or socket it is the target opened for binary writing (see the module
+    docstring), which ``writer`` writes to and leaves open.
 
     Raises:
         InputError: naming ``target`` when the writer fails to write it (a full disk, a
@@ -320,8 +362,8 @@ def write_with(target: str | Path, writer: Callable[[Path], object]) -> Path:
     shown = Path(target)
     path, atomic = output_target(target)
     if not atomic:
-        with _streamed(shown):
-            _run_writer(shown, writer, path)
+        with _streamed(path, shown) as f:
+            _run_writer(shown, writer, f)
         return shown
     with atomic_path(target) as tmp:
         _run_writer(shown, writer, tmp)

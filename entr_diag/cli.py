@@ -1030,8 +1030,8 @@ def flag(
         # earlier run must never pass for this run's result
         lf = flagged_tokens(ds.lf, h_star=h_star, tau=tau, eps=eps).with_columns(
             pl.col("seq_id").cast(ds.seq_id_dtype))
-        write_with(output, lambda tmp: lf.sink_parquet(tmp, compression="zstd",
-                                                       metadata=_output_mark("flag")))
+        write_with(output, lambda dest: lf.sink_parquet(dest, compression="zstd",
+                                                         metadata=_output_mark("flag")))
         out = _tables(output)  # stderr when the Parquet goes to stdout
         if h_star is None:
             reason = (res.to_dict().get("regime") or {}).get("breakpoint_search", {}).get("reason", "")
@@ -1223,8 +1223,8 @@ def compare(
                     pl.col("seq_id").cast(ds.seq_id_dtype))
                 meta = {**_output_mark("compare --export"),
                         **({UNAVAILABLE_MARK: no_entr} if no_entr else {})}
-                write_with(export, lambda tmp: lf.sink_parquet(
-                    tmp, compression="zstd", metadata=meta))
+                write_with(export, lambda dest: lf.sink_parquet(
+                    dest, compression="zstd", metadata=meta))
                 if not quiet:
                     when_written(export, lambda: stderr.print(f"wrote {export}"))
         out = _tables(json_path, export)
