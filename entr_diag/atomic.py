@@ -7,7 +7,13 @@ followed: the temporary file and the rename happen beside the file it points to,
 link stays. A character device, FIFO or socket (``/dev/null``, a named pipe) and the
 standard streams (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``) are
 written straight through: there is no file to replace, and renaming over them would put a
-regular file in their place.
+regular file in their place. Such a target is opened here, on the main thread, before a
+writer gets it: a FIFO waits for its reader, and only a wait on the main thread, in short
+sleeps, is cut short by Ctrl-C or SIGTERM (a polars sink opening it on a worker thread
+waited past both, forever). When the reader of such an output goes away before its end (EPIPE: ``| head``, a
+FIFO's reader exiting), the output is cut short: :class:`~entr_diag.errors.OutputClosedError`
+(exit code 1), raised within :func:`together` only once the group's other outputs are in
+place.
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ import re
 import signal
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
-from entr_diag.errors import InputError
+from entr_diag.errors import InputError, OutputClosedError
 
 #: a process's directory of open file descriptors (``/dev/fd`` resolves to one)
 _FD_DIR = re.compile(r"^/proc/[^/]+/fd$")
@@ -68,9 +77,69 @@ def output_target(target: str | Path) -> tuple[Path, bool]:
     return target, False
 
 
-#: within :func:`together`: the (temporary file, target, name shown) renames deferred to its end
-_GROUP: contextvars.ContextVar[list[tuple[Path, Path, Path]] | None] = contextvars.ContextVar(
+@dataclass
+class _Group:
+    """The outputs of one :func:`together` block."""
+
+    #: (temporary file, target, name shown) renames deferred to the block's end
+    renames: list[tuple[Path, Path, Path]] = field(default_factory=list)
+    #: the outputs begun within the block, by name shown
+    outputs: set[str] = field(default_factory=set)
+    #: (name shown, quiet) of the outputs whose reader left before their end
+    closed: list[tuple[str, bool]] = field(default_factory=list)
+    #: (name shown, action) to run once the outputs are in place (:func:`when_written`)
+    announcements: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
+
+
+#: the :func:`together` block being run, if any
+_GROUP: contextvars.ContextVar[_Group | None] = contextvars.ContextVar(
     "entr_diag_atomic_group", default=None)
+
+
+def _begun(shown: str | Path) -> None:
+    """Count an output as one of the current group's, if any."""
+    group = _GROUP.get()
+    if group is not None:
+        group.outputs.add(str(shown))
+
+
+def _closed_error(names: list[str], others: bool) -> OutputClosedError:
+    """The error for the outputs ``names`` cut short (none: only stdout under ``--json -``,
+    said nothing about); ``others``: other outputs of the run were written."""
+    if not names:
+        return OutputClosedError("")
+    whose = "its reader closed it" if len(names) == 1 else "their readers closed them"
+    rest = "; every other output was written" if others else ""
+    return OutputClosedError(f"cannot write {' and '.join(names)}: {whose} before the end "
+                             f"(broken pipe){rest}.")
+
+
+def reader_left(shown: str | Path, *, quiet: bool = False) -> None:
+    """The reader of the output ``shown`` went away before its end (EPIPE). Outside
+    :func:`together` raise :class:`~entr_diag.errors.OutputClosedError` at once; within it
+    note it and return: the group's other outputs are still written and the error is raised
+    at its end. ``quiet``: the output is stdout itself (``--json -``), left without a word,
+    as the tables are.
+
+    Raises:
+        OutputClosedError: outside :func:`together`.
+    """
+    group = _GROUP.get()
+    if group is None:
+        raise _closed_error([] if quiet else [str(shown)], others=False)
+    group.outputs.add(str(shown))
+    group.closed.append((str(shown), quiet))
+
+
+def when_written(target: str | Path, action: Callable[[], object]) -> None:
+    """Run ``action`` (e.g. print ``wrote FILE``) once the output ``target`` is in place: at
+    once outside :func:`together`; within it after the group's renames, and never when the
+    group fails or ``target``'s reader left before its end."""
+    group = _GROUP.get()
+    if group is None:
+        action()
+    else:
+        group.announcements.append((str(target), action))
 
 
 @contextlib.contextmanager
@@ -79,15 +148,24 @@ def together() -> Iterator[None]:
     its end, all or none: each is written to its temporary file as usual, and the renames
     run at the end with SIGINT and SIGTERM held back (a signal then arrives after the last
     rename). If the block fails, no target is touched and the temporary files are removed.
-    (A report and its JSON, or the JSON and the export of a comparison, stay a pair.)"""
-    pending: list[tuple[Path, Path, Path]] = []
-    token = _GROUP.set(pending)
+    (A report and its JSON, or the JSON and the export of a comparison, stay a pair.)
+
+    An output written straight through whose reader leaves before its end (:func:`reader_left`)
+    does not stop the others: they are all written and renamed, the :func:`when_written`
+    actions of those completed run, and then :class:`~entr_diag.errors.OutputClosedError`
+    names the outputs cut short.
+
+    Raises:
+        OutputClosedError: after the renames, when an output's reader left early.
+    """
+    group = _Group()
+    token = _GROUP.set(group)
     try:
         yield
         held = {signal.SIGINT, signal.SIGTERM}
         old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
         try:
-            for tmp, target, shown in pending:
+            for tmp, target, shown in group.renames:
                 try:
                     os.replace(tmp, target)
                 except OSError as e:
@@ -96,9 +174,16 @@ def together() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
     finally:
         _GROUP.reset(token)
-        for tmp, _target, _shown in pending:
+        for tmp, _target, _shown in group.renames:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+    closed = {shown for shown, _quiet in group.closed}
+    for shown, action in group.announcements:
+        if shown not in closed:
+            action()
+    if group.closed:
+        raise _closed_error([shown for shown, quiet in group.closed if not quiet],
+                            others=len(group.outputs) > len(closed))
 
 
 @contextlib.contextmanager
@@ -126,6 +211,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     group = _GROUP.get()
+    _begun(shown)
     deferred = False
     try:
         yield tmp_path
@@ -134,7 +220,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         os.umask(umask)
         os.chmod(tmp_path, 0o666 & ~umask)
         if group is not None:  # renamed with the group's other outputs (:func:`together`)
-            group.append((tmp_path, target, shown))
+            group.renames.append((tmp_path, target, shown))
             deferred = True
             return
         try:
@@ -164,33 +250,121 @@ def _write_failure(target: str | Path, e: BaseException) -> InputError | None:
     return None
 
 
+def _reader_gone(e: BaseException) -> bool:
+    """Whether ``e`` says a pipe's reader went away (EPIPE), as an OSError or in the text of
+    a polars error raised by a sink ('... Broken pipe (os error 32)')."""
+    if isinstance(e, OSError):
+        return e.errno == errno.EPIPE
+    return f"{os.strerror(errno.EPIPE)} (os error {errno.EPIPE})" in str(e)
+
+
+#: seconds between two tries to open a FIFO that has no reader yet
+_FIFO_RETRY = 0.05
+
+
+def _open_for_writing(target: Path) -> BinaryIO:
+    """``open(target, "wb")``, except that a FIFO without a reader is waited for in short
+    sleeps instead of in a blocking open: a signal stops a sleep, but a blocking open of a
+    FIFO is restarted by the kernel after a handler installed with SA_RESTART, as polars
+    installs its SIGINT handler (Ctrl-C would then never reach Python's handler)."""
+    try:
+        fifo = stat.S_ISFIFO(os.stat(target).st_mode)
+    except OSError:
+        fifo = False
+    if not fifo:
+        return open(target, "wb")  # closed by the caller
+    while True:
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # ENXIO: no reader yet
+                raise
+        time.sleep(_FIFO_RETRY)
+    os.set_blocking(fd, True)  # then written like any file: a write waits for the reader
+    return open(fd, "wb")  # closed by the caller
+
+
+@contextlib.contextmanager
+def _streamed(target: Path, shown: Path) -> Iterator[BinaryIO]:
+    """Open the device, FIFO or socket ``target`` for writing, here on the main thread (a
+    FIFO's open waits for its reader, cut short by Ctrl-C or SIGTERM), and close it at the
+    end; its reader leaving before then goes to :func:`reader_left`.
+
+    Raises:
+        InputError: ``target`` cannot be opened (e.g. a socket).
+        OutputClosedError: its reader left, outside :func:`together`.
+    """
+    try:
+        f = _open_for_writing(target)
+    except OSError as e:
+        raise InputError(f"cannot write {shown}: {e.strerror or e}.") from None
+    _begun(shown)
+    try:
+        with f:
+            yield f
+    except Exception as e:
+        if _reader_gone(e):
+            reader_left(shown)
+        elif isinstance(e, OSError):  # closing it flushed the end into a full device, say
+            raise InputError(f"cannot write {shown}: {e.strerror or e}.") from None
+        else:
+            raise
+
+
+def _run_writer(shown: Path, writer: Callable, dest: Path | BinaryIO) -> None:
+    """``writer(dest)``, a failure to write (a full disk, a quota...) said as one naming
+    ``shown``; other errors (e.g. reading the input, a broken pipe) propagate."""
+    try:
+        writer(dest)
+    except Exception as e:
+        failure = _write_failure(shown, e) if not isinstance(e, InputError) else None
+        if failure is None:
+            raise
+        raise failure from None
+
+
 def write_text(target: str | Path, text: str) -> Path:
     """Write ``text`` (UTF-8) to ``target`` atomically; returns the target path.
 
     Raises:
         InputError: naming ``target`` when it cannot be written (e.g. the disk is full).
+        OutputClosedError: ``target`` is a pipe whose reader left before the end (outside
+            :func:`together`; within it, at the block's end).
     """
-    with atomic_path(target) as tmp:
+    def write(dest: Path | BinaryIO) -> None:
         try:
-            tmp.write_text(text, encoding="utf-8")
+            if isinstance(dest, Path):
+                dest.write_text(text, encoding="utf-8")
+            else:
+                dest.write(text.encode("utf-8"))
         except OSError as e:  # only writing happens here
+            if _reader_gone(e):
+                raise
             raise InputError(f"cannot write {target}: {e.strerror or e}.") from None
-    return Path(target)
+
+    return write_with(target, write)
 
 
-def write_with(target: str | Path, writer: Callable[[Path], object]) -> Path:
-    """Call ``writer(tmp_path)`` (e.g. ``lf.sink_parquet``) and move the result to ``target``.
+def write_with(target: str | Path, writer: Callable[[Path | BinaryIO], object]) -> Path:
+    """Call ``writer(dest)`` (e.g. ``lf.sink_parquet``) and move the result to ``target``.
+
+    ``dest`` is a temporary path beside ``target``, renamed over it afterwards; for a
+    device, FIFO or socket it is the target opened for binary writing (see the module
+    docstring), which ``writer`` writes to and leaves open.
 
     Raises:
         InputError: naming ``target`` when the writer fails to write it (a full disk, a
             quota...); other errors (e.g. reading the input) propagate.
+        OutputClosedError: ``target`` is a pipe whose reader left before the end (outside
+            :func:`together`; within it, at the block's end).
     """
+    shown = Path(target)
+    path, atomic = output_target(target)
+    if not atomic:
+        with _streamed(path, shown) as f:
+            _run_writer(shown, writer, f)
+        return shown
     with atomic_path(target) as tmp:
-        try:
-            writer(tmp)
-        except Exception as e:
-            failure = _write_failure(target, e) if not isinstance(e, InputError) else None
-            if failure is None:
-                raise
-            raise failure from None
-    return Path(target)
+        _run_writer(shown, writer, tmp)
+    return shown

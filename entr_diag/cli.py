@@ -325,7 +325,9 @@ _notes = _Notes()
 @contextlib.contextmanager
 def _errors(quiet: bool = True) -> Iterator[None]:
     """Run a command body: a progress bar on stderr; library and input errors become one
-    paragraph on stderr and exit code 2."""
+    paragraph on stderr and exit code 2 (exit code 1 when an output's reader left early:
+    :class:`~entr_diag.errors.OutputClosedError`)."""
+    from entr_diag.errors import OutputClosedError
     from entr_diag.passes import progress_hook
 
     _phases.begin(quiet)
@@ -337,7 +339,10 @@ def _errors(quiet: bool = True) -> Iterator[None]:
     except EntrDiagError as e:
         _phases.end()
         _notes.drop()
-        stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
+        if isinstance(e, OutputClosedError):
+            _let_stdout_go()
+        if str(e):  # an OutputClosedError for stdout alone says nothing, as the tables
+            stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
     except pl.exceptions.PolarsError as e:
         _phases.end()
@@ -356,6 +361,20 @@ def _errors(quiet: bool = True) -> Iterator[None]:
     finally:
         _phases.end()
         _notes.drop()  # interrupted: left unsaid
+
+
+def _let_stdout_go() -> None:
+    """An output's reader left (exit 1): when that was stdout's, point stdout at
+    /dev/null, as rich does when the tables' reader leaves, so that the interpreter's last
+    flush of what is still buffered for it does not fail again at exit."""
+    import os
+
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no real stdout (e.g. captured by a test runner)
+        pass
 
 
 @contextlib.contextmanager
@@ -730,26 +749,25 @@ def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
     if path is None:
         return
     _notes.flush()  # an output: the notes held so far come first
-    if _to_stdout(path):
-        import os
+    from entr_diag.atomic import reader_left, when_written
 
+    if _to_stdout(path):
         from entr_diag.errors import InputError
         from entr_diag.report.json_report import dumps
 
         try:
             sys.stdout.write(dumps(doc))
             sys.stdout.flush()
-        except BrokenPipeError:  # the reader left (| head): exit 1 quietly, as the tables do
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise SystemExit(1) from None
+        except BrokenPipeError:  # the reader left (| head): exit 1 quietly, as the tables
+            reader_left("stdout", quiet=True)  # do, after the run's other outputs
         except OSError as e:
             raise InputError(f"cannot write the JSON to stdout: {e.strerror or e}.") from None
         return
     from entr_diag.report.json_report import write_json
 
     write_json(path, doc)
-    if not quiet:
-        stderr.print(f"wrote {path}")
+    if not quiet:  # said once it is in place (with the run's other outputs)
+        when_written(path, lambda: stderr.print(f"wrote {path}"))
 
 
 def _version_callback(value: bool) -> None:
@@ -1030,21 +1048,22 @@ def flag(
         # earlier run must never pass for this run's result
         lf = flagged_tokens(ds.lf, h_star=h_star, tau=tau, eps=eps).with_columns(
             pl.col("seq_id").cast(ds.seq_id_dtype))
-        write_with(output, lambda tmp: lf.sink_parquet(tmp, compression="zstd",
-                                                       metadata=_output_mark("flag")))
+        write_with(output, lambda dest: lf.sink_parquet(dest, compression="zstd",
+                                                         metadata=_output_mark("flag")))
+        out = _tables(output)  # stderr when the Parquet goes to stdout
         if h_star is None:
             reason = (res.to_dict().get("regime") or {}).get("breakpoint_search", {}).get("reason", "")
-            stdout.print("no low-entropy noise regime was found in this run, so no token is "
-                         f"flagged; wrote an empty {output}"
-                         + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.",
-                         soft_wrap=True)
+            out.print("no low-entropy noise regime was found in this run, so no token is "
+                      f"flagged; wrote an empty {output}"
+                      + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.",
+                      soft_wrap=True)
             return
         if output_target(output)[1]:
             n = pl.scan_parquet(output).select(pl.len()).collect().item()
         else:  # written to a device or a pipe: nothing to read back
             n = lf.select(pl.len()).collect().item()
-        stdout.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "
-                     f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True)
+        out.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "
+                  f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True)
 
 
 # ----------------------------------------------------------------- compare
@@ -1215,17 +1234,17 @@ def compare(
                 fit=None if fit_res is None else _fit_dict(fit_res, ds),
                 **({"unavailable": no_entr or no_law} if no_entr or no_law else {})), quiet)
             if export is not None:
-                from entr_diag.atomic import write_with
+                from entr_diag.atomic import when_written, write_with
                 from entr_diag.compare import export_frame
 
                 lf = export_frame(ds.lf, res).with_columns(
                     pl.col("seq_id").cast(ds.seq_id_dtype))
                 meta = {**_output_mark("compare --export"),
                         **({UNAVAILABLE_MARK: no_entr} if no_entr else {})}
-                write_with(export, lambda tmp: lf.sink_parquet(
-                    tmp, compression="zstd", metadata=meta))
+                write_with(export, lambda dest: lf.sink_parquet(
+                    dest, compression="zstd", metadata=meta))
                 if not quiet:
-                    stderr.print(f"wrote {export}")
+                    when_written(export, lambda: stderr.print(f"wrote {export}"))
         out = _tables(json_path, export)
         if no_entr:
             out.print(f"ENTR unavailable: {no_entr}", soft_wrap=True)

@@ -24,3 +24,14 @@ class FitError(EntrDiagError):
 
 class ParameterError(EntrDiagError):
     """A user-supplied parameter (gate spec, bins, tau...) is invalid."""
+
+
+class OutputClosedError(EntrDiagError):
+    """The reader of an output written straight through (stdout, ``/dev/stdout``, a FIFO)
+    went away before the output was complete (EPIPE, e.g. ``| head``): exit code 1, as when
+    the tables' stdout is closed early, after every other output has been written (see
+    :func:`entr_diag.atomic.together`). Its message names the outputs cut short; it is
+    empty when they are only stdout under ``--json -``, which is left quietly like the
+    tables."""
+
+    exit_code = 1

@@ -469,3 +469,191 @@ def test_json_floats_keep_twelve_significant_digits():
         "x": [0.333333333333, 2.5, None]}
     assert sanitize(123456789.123456789) == 123456789.123 and sanitize(7) == 7
     assert dumps({"v": a}) == dumps({"v": b})
+
+
+# ------------------------------------------------------------------ readers that leave
+
+
+def _closed_stdout_run(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Run ``entr-diag ARGS -q`` with its stdout a pipe whose reader is gone before anything
+    is written (as ``| head -c 0``); returns (exit code, stderr)."""
+    p = subprocess.Popen([sys.executable, "-m", "entr_diag", *args, "-q"], cwd=cwd,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()
+    err = p.stderr.read()
+    return p.wait(timeout=120), err
+
+
+@pytest.mark.parametrize("args,closed,written", [
+    (["report", "-o", "/dev/stdout", "--json", "r.json"], "/dev/stdout", ["r.json"]),
+    (["compare", "--export", "/dev/stdout", "--json", "c.json"], "/dev/stdout", ["c.json"]),
+    (["flag", "-o", "/dev/stdout"], "/dev/stdout", []),
+    (["report", "-o", "r.html", "--json", "-"], None, ["r.html"]),
+    (["compare", "--export", "c.parquet", "--json", "-"], None, ["c.parquet"]),
+])
+def test_an_output_into_a_closed_stdout_exits_1_after_the_others(run_file, tmp_path,
+                                                                 dev_stdout, args, closed,
+                                                                 written):
+    """An output into stdout whose reader is gone (``| head``): exit 1, every other output
+    written, and for an output named by path (/dev/stdout) one line naming it, never blaming
+    the input (was: exit 2, 'cannot read the input: ... Broken pipe' or 'cannot write
+    /dev/stdout', and the other outputs missing; with ``--json -`` the others were missing
+    too)."""
+    code, err = _closed_stdout_run([args[0], str(run_file), *args[1:], "--n-boot", "100"],
+                                   tmp_path)
+    assert code == 1, err
+    assert "Traceback" not in err and "input" not in err
+    if closed is None:  # stdout itself, as for the tables: quietly
+        assert err == ""
+    else:
+        assert err.startswith(f"error: cannot write {closed}: its reader closed it before "
+                              "the end (broken pipe)") and err.endswith(".\n"), err
+        assert err.count("\n") == 1
+        assert ("every other output was written" in err) == bool(written), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(written)
+    for name in written:
+        if name.endswith(".json"):
+            assert json.loads((tmp_path / name).read_text())["command"] == args[0]
+        elif name.endswith(".parquet"):
+            assert pl.read_parquet(tmp_path / name).height > 0
+        else:
+            assert (tmp_path / name).read_text().rstrip().endswith("</html>")
+
+
+def test_a_fifo_whose_reader_leaves_is_named_and_the_json_written(run_file, tmp_path):
+    """A FIFO output whose reader reads a little and leaves: exit 1, the error names the
+    FIFO, the JSON beside it is written and said to be (``wrote`` only for it)."""
+    fifo = tmp_path / "r.fifo"
+    os.mkfifo(fifo)
+
+    def read_a_little() -> None:
+        with open(fifo, "rb") as f:
+            f.read(10)
+
+    reader = threading.Thread(target=read_a_little, daemon=True)
+    reader.start()
+    js = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "entr_diag", "report", str(run_file), "-o",
+                        str(fifo), "--json", str(js), "--n-boot", "100"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    reader.join(10)
+    assert r.returncode == 1, r.stderr
+    assert f"error: cannot write {fifo}: its reader closed it before the end" in r.stderr
+    assert f"wrote {js}" in r.stderr and f"wrote {fifo}" not in r.stderr + r.stdout
+    assert json.loads(js.read_text())["command"] == "report"
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_failed_group_never_says_it_wrote(run_file, tmp_path, monkeypatch):
+    """'wrote FILE' is said once the outputs of a run are in place: when the export fails
+    (a full disk), the JSON written before it is not renamed into place, and not announced
+    (was: 'wrote c.json' on stderr, and no c.json)."""
+    def full_sink(self, path, *a, **k):
+        raise pl.exceptions.ComputeError("failed to write: No space left on device (os error 28)")
+
+    monkeypatch.setattr(pl.LazyFrame, "sink_parquet", full_sink)
+    js, ex = tmp_path / "c.json", tmp_path / "c.parquet"
+    r = runner.invoke(app, ["compare", str(run_file), "--json", str(js), "--export", str(ex),
+                            "--n-boot", "100"])
+    assert r.exit_code == 2, r.output
+    assert f"cannot write {ex}: No space left on device" in r.stderr
+    assert "wrote" not in r.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_atomic_outputs_whose_reader_left(tmp_path):
+    """Library level: a write into a pipe whose reader is gone raises OutputClosedError
+    (exit code 1) naming it; within together(), the other outputs are still written and
+    announced, and the error is raised at the end."""
+    from entr_diag import atomic
+    from entr_diag.errors import OutputClosedError
+
+    r, w = os.pipe()
+    os.close(r)
+    pipe = f"/proc/self/fd/{w}"
+    try:
+        with pytest.raises(OutputClosedError) as e:
+            atomic.write_text(pipe, "x" * 100_000)
+        assert e.value.exit_code == 1
+        assert str(e.value).startswith(f"cannot write {pipe}: its reader closed it")
+        said = []
+        with pytest.raises(OutputClosedError) as e:
+            with atomic.together():
+                atomic.write_text(pipe, "x")
+                atomic.when_written(pipe, lambda: said.append(pipe))
+                atomic.write_with(tmp_path / "b.txt", lambda p: Path(p).write_text("b"))
+                atomic.when_written(tmp_path / "b.txt", lambda: said.append("b"))
+        assert "every other output was written" in str(e.value)
+        assert (tmp_path / "b.txt").read_text() == "b" and said == ["b"]
+    finally:
+        os.close(w)
+
+
+def test_flag_to_dev_stdout_says_its_count_on_stderr(run_file, tmp_path, dev_stdout):
+    """``flag -o /dev/stdout > FILE``: FILE holds the flagged tokens' Parquet alone; the
+    count goes to stderr like other commands' tables (was: printed on stdout, over the
+    beginning of the Parquet file)."""
+    out = tmp_path / "flags.parquet"
+    with open(out, "wb") as f:
+        r = subprocess.run([sys.executable, "-m", "entr_diag", "flag", str(run_file), "-o",
+                            dev_stdout, "--n-boot", "100", "-q"], stdout=f,
+                           stderr=subprocess.PIPE, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    n = pl.read_parquet(out).height
+    assert n > 0 and f"{n:,} low-entropy noise tokens" in r.stderr
+
+
+# ------------------------------------------------------------------ a FIFO without a reader
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("cmd", [["flag", "-o"], ["compare", "--json", "c.json", "--export"],
+                                 ["fit", "--json"]])
+def test_an_output_into_a_fifo_without_reader_is_interruptible(run_file, tmp_path, sig,
+                                                                code, cmd):
+    """An output into a FIFO nobody reads waits for a reader, but SIGTERM and Ctrl-C end
+    the wait: exit 143 / 130, quietly, the FIFO left a FIFO and no other output written
+    (was: a Parquet output waited in the FIFO's open on a polars worker thread, past both
+    signals, forever; and polars' SIGINT handler, installed with SA_RESTART, had the kernel
+    restart any blocking open of a FIFO after Ctrl-C, so that the JSON waited past it too)."""
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "entr_diag", cmd[0], str(run_file), *cmd[1:], str(fifo),
+         "--n-boot", "100"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        start_new_session=True)  # SIGINT not ignored as in a background job
+    assert p.stderr is not None
+    try:
+        # the accounting line is held until the outputs begin: then the FIFO is opened
+        first = p.stderr.readline()
+        assert "valid loss-masked tokens" in first, first + p.communicate()[1]
+        time.sleep(1)
+        assert p.poll() is None, p.communicate()
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=15)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == code, err
+    assert "Traceback" not in err and "error" not in err
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert [x.name for x in tmp_path.iterdir()] == ["out.fifo"]
+
+
+def test_flag_into_a_fifo_with_a_reader_delivers_the_whole_parquet(run_file, tmp_path):
+    """With a reader on the FIFO, ``flag -o FIFO`` sends it the same tokens a file gets."""
+    reader = _FifoReader(tmp_path, "flags.fifo")
+    r = subprocess.run([sys.executable, "-m", "entr_diag", "flag", str(run_file), "-o",
+                        str(reader.path), "--n-boot", "100", "-q"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    got = pl.read_parquet(io.BytesIO(reader.result()))
+    out = tmp_path / "flags.parquet"
+    r = runner.invoke(app, ["flag", str(run_file), "-o", str(out), "--n-boot", "100", "-q"])
+    assert r.exit_code == 0, r.output
+    assert got.height > 0 and got.equals(pl.read_parquet(out))
