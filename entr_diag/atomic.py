@@ -10,10 +10,10 @@ written straight through: there is no file to replace, and renaming over them wo
 regular file in their place. Such a target is opened here, on the main thread, before a
 writer gets it: a FIFO waits for its reader, and only a wait on the main thread, in short
 sleeps, is cut short by Ctrl-C or SIGTERM (a polars sink opening it on a worker thread
-waited past both, forever). When the reader of such an output goes away before its end (EPIPE: ``| head``, a
-FIFO's reader exiting), the output is cut short: :class:`~entr_diag.errors.OutputClosedError`
-(exit code 1), raised within :func:`together` only once the group's other outputs are in
-place.
+waited past both, forever). When the reader of such an output goes away before its end
+(EPIPE: ``| head``, a FIFO's reader exiting), the output is cut short:
+:class:`~entr_diag.errors.OutputClosedError` (exit code 1), raised within :func:`together`
+only once the group's other outputs are in place.
 """
 
 from __future__ import annotations
