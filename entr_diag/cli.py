@@ -745,6 +745,26 @@ def _forensics(ds, quiet: bool):
         return run_forensics(ds)
 
 
+def _write_stdout(text: str) -> None:
+    """Write ``text`` to stdout in full, or raise :class:`BrokenPipeError` when its reader
+    leaves before the end. ``os.write`` in a loop: a reader leaving during Python's write of a
+    large str (``| head -c 10`` on a 200 kB JSON) made the write return the pipe's 64 kB as
+    if all was written, and the command exit 0 on a cut JSON."""
+    import io
+    import os
+
+    sys.stdout.flush()
+    try:
+        fd = sys.stdout.fileno()
+    except (io.UnsupportedOperation, AttributeError, ValueError):  # no real stdout (tests)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    view = memoryview(text.encode(sys.stdout.encoding or "utf-8"))
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
     if path is None:
         return
@@ -756,8 +776,7 @@ def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
         from entr_diag.report.json_report import dumps
 
         try:
-            sys.stdout.write(dumps(doc))
-            sys.stdout.flush()
+            _write_stdout(dumps(doc))
         except BrokenPipeError:  # the reader left (| head): exit 1 quietly, as the tables
             reader_left("stdout", quiet=True)  # do, after the run's other outputs
         except OSError as e:

@@ -389,6 +389,27 @@ def test_json_dash_into_a_closed_pipe_exits_1_quietly(run_file):
         assert r.returncode == 2 and b"cannot write the JSON to stdout" in r.stderr
 
 
+def test_json_dash_whose_reader_leaves_midway_exits_1(run_file, tmp_path):
+    """``--json - | head -c 10`` on a JSON larger than a pipe holds (64 kB): the reader
+    leaves during the write; exit 1, not 0 on a JSON cut at 64 kB (Python's write of the
+    large str returned as if complete); the report beside it is written."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "r.html"
+    cmd = [sys.executable, "-m", "entr_diag", "report", str(run_file), "-o", str(out),
+           "--json", "-", "-q"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stderr is not None
+    assert p.stdout.read(10) == b'{\n  "schem'
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 1 and b"error" not in err, err
+    assert out.stat().st_size > 100_000
+    full = subprocess.run(cmd, capture_output=True, timeout=120)
+    assert full.returncode == 0 and len(full.stdout) > 65_536  # larger than a pipe holds
+
+
 def test_dash_and_dev_stdout_as_output_paths(run_file, tmp_path, monkeypatch):
     """'-' is stdout only for --json: ``-o -`` is refused (it made a file named '-'); an
     output to /dev/stdout gets stdout to itself (the tables go to stderr), and two outputs
