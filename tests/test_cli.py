@@ -819,3 +819,12 @@ def test_duplicate_warning_names_partition_folders_outside_the_sequence_key(synt
     r = runner.invoke(app, ["inspect", str(tmp_path / "flat")])
     msg = re.sub(r"\s+", " ", r.stderr)
     assert "hold more tokens than positions" in msg and "partitioned by" not in msg
+    # without a position column the rows are numbered on across the folders (no duplicate
+    # positions): the warning comes with the numbering note
+    for r_ in (0, 1):
+        p = tmp_path / f"rank={r_}" / "part.parquet"
+        pl.read_parquet(p).drop("position").write_parquet(p)
+    r = runner.invoke(app, ["inspect", str(tmp_path), "--layout", "long"])
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert r.exit_code == 0 and "warning: " in msg and "continue from one file" in msg
+    assert "partitioned by rank, which is not part of the sequence key" in msg

@@ -804,11 +804,19 @@ def load_dataset(
                       ranges, numbered))
     offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype)
     if continued:
+        # partition folders outside the sequence key (rank=0/, rank=1/): per-folder seq_ids
+        # that restart merge across folders
+        parts = sorted({k for p in plans for k in p[2] if k not in set(mapping.values())})
         notes.append(
-            f"{continued:,} sequence(s) continue from one file into a later one: without a "
+            ("warning: " if parts else "")
+            + f"{continued:,} sequence(s) continue from one file into a later one: without a "
             "position column their rows are numbered in file order as one sequence (if those "
             "files are copies of each other, map a position column to have them counted as "
-            "duplicates)")
+            "duplicates)"
+            + (f"; the input's folders are partitioned by {', '.join(parts)}, which is not "
+               "part of the sequence key (step, seq_id): seq_ids numbered anew in each folder "
+               "merge across folders; give each folder's sequences distinct ids, or analyse "
+               "one folder at a time" if parts else ""))
     labels = _file_labels([p[0] for p in plans])
     for i, (f, types, hive, file_layout, scan, ranges, _numbered) in enumerate(plans):
         frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype, scan=scan,

@@ -32,7 +32,7 @@ def render_inspect(desc: dict, console: Console) -> None:
         mt.add_row(canon, src)
     console.print(mt)
     for note in desc.get("mapping_notes", []):
-        console.print(f"  note: {note}")
+        console.print(f"  {note}" if note.startswith("warning: ") else f"  note: {note}")
     src = desc.get("entropy_source")
     console.print(
         "entropy used: "
