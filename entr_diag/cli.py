@@ -883,6 +883,12 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
             f"input files (e.g. {m['file']}), so it was not used, and without it "
             f"{consequence}. Pass only the files that have it, or {fix}."
         )
+    nulls = next((n for n in ds.notes if n.startswith(f"{canon} (") and "holds only nulls" in n),
+                 None)
+    if nulls:  # the column is there, all null: dropped by the loader
+        src = nulls.split("'")[1]
+        return (f"{_where(ds)}: the {canon} column ('{src}') holds only nulls, so "
+                f"{consequence}; {fix}.")
     return f"{_where(ds)}: the input has no {canon} column, so {consequence}; {fix}."
 
 

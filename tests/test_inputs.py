@@ -150,6 +150,30 @@ def _no_entropy_run(tmp_path: Path) -> Path:
     return p
 
 
+def test_an_all_null_entropy_column_counts_as_absent(tmp_path):
+    """An engine that writes the entropy column but fills it with nulls: the column is not
+    used (a note), so compare compares the gates that need no entropy as without the column
+    (it refused: every token excluded as invalid_entropy) and fit's refusal says the column
+    holds only nulls; a column with some values is used (its nulls excluded)."""
+    import json
+
+    p = _no_entropy_run(tmp_path)
+    df = pl.read_parquet(p)
+    df.with_columns(pl.lit(None, dtype=pl.Float64).alias("entropy")).write_parquet(p)
+    js = tmp_path / "c.json"
+    r = runner.invoke(app, ["compare", str(p), "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    assert [u["name"] for u in json.loads(js.read_text())["compare"]["unavailable"]] == ["entr"]
+    r = runner.invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2
+    assert f"{p}: the entropy column ('entropy') holds only nulls" in r.stderr.replace("\n", "")
+    df.with_columns(pl.when(pl.int_range(pl.len()) < 10).then(0.5).otherwise(None)
+                    .alias("entropy")).write_parquet(p)
+    r = runner.invoke(app, ["inspect", str(p), "--json", str(js)])
+    acc = json.loads(js.read_text())["inputs"]["accounting"]
+    assert acc["exclusions"]["invalid_entropy"] > 0 and "only nulls" not in r.stderr
+
+
 def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
     """A dump without entropy (engines rarely return it): ``report`` still writes the
     metrics, forensics, profiles and the comparison of the gates that need no entropy, says

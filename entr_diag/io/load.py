@@ -734,6 +734,11 @@ def load_dataset(
                 f"(e.g. {lacking[0]}): not used"
             )
             del mapping[canon]
+    src = mapping.get("entropy")  # an engine that writes the column but fills it with nulls
+    if src and all(_only_nulls(metas[f], src) for f in file_list):
+        notes.append(f"entropy ('{src}') holds only nulls in every file: not used (as if "
+                     "absent)")
+        del mapping["entropy"]
     for canon in ("train_logprob", "infer_logprob", "entropy"):  # read, but say so
         src = mapping.get(canon)
         ints = [f for f in file_list if src in schemas[f].names
@@ -1108,6 +1113,24 @@ def _file_frame(
                                 .alias("position"))
                   .drop("_off"))
     return lf
+
+
+def _only_nulls(meta: pq.FileMetaData, src: str) -> bool:
+    """Whether the file's Parquet statistics show column ``src`` (its leaf, for a list
+    column) null in every row of every row group; False when a statistic is missing or the
+    file lacks the column."""
+    found = False
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        for j in range(rg.num_columns):
+            col = rg.column(j)
+            if col.path_in_schema != src and not col.path_in_schema.startswith(src + "."):
+                continue
+            found = True
+            st = col.statistics
+            if st is None or not st.has_null_count or st.null_count != col.num_values:
+                return False
+    return found
 
 
 def _copies(files: Sequence[Path], rows: Mapping[Path, int]) -> list[tuple[Path, Path]]:
