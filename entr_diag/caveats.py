@@ -89,3 +89,16 @@ def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int) -> st
         return None
     return (f"caveat: {(masked - valid) / masked:.1%} of the loss-masked tokens are excluded, "
             f"the results rest on the {valid:,} others. {hint}")
+
+
+def integer_caveat(notes: list[str] | tuple[str, ...]) -> str | None:
+    """A one-line caveat when the loader read an integer-typed logprob or entropy column
+    (its ``warning: CANON ('SRC') holds integers ...`` note), else None: a verdict on
+    rounded or scaled log-probabilities means nothing, whatever its intervals say."""
+    cols = [n.removeprefix("warning: ").split(" holds integers")[0] for n in notes
+            if n.startswith("warning: ") and " holds integers " in n]
+    if not cols:
+        return None
+    return (f"caveat: {' and '.join(cols)} {'holds' if len(cols) == 1 else 'hold'} integers "
+            "(rounded or scaled values, not log-probabilities in nats): the verdict is "
+            "meaningless until the dump stores them as floats.")

@@ -726,14 +726,15 @@ def _alignment_numbers(f) -> str:
 
 def _fit_dict(fit_res, ds) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
-    terminal, JSON and HTML: the small-sample caveat and the mostly-excluded caveat (None
-    when neither applies)."""
-    from entr_diag.caveats import exclusion_caveat, small_sample_caveat
+    terminal, JSON and HTML: the small-sample, mostly-excluded and integer-column caveats
+    (None when none applies)."""
+    from entr_diag.caveats import exclusion_caveat, integer_caveat, small_sample_caveat
 
     acc = ds.accounting
     fd = fit_res.to_dict()
     parts = [small_sample_caveat(fd, acc.sequences_valid),
-             exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid)]
+             exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid),
+             integer_caveat(ds.notes)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
     return fd
 

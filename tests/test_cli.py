@@ -828,3 +828,18 @@ def test_duplicate_warning_names_partition_folders_outside_the_sequence_key(synt
     msg = re.sub(r"\s+", " ", r.stderr)
     assert r.exit_code == 0 and "warning: " in msg and "continue from one file" in msg
     assert "partitioned by rank, which is not part of the sequence key" in msg
+
+
+def test_integer_logprob_columns_put_a_caveat_beside_the_verdict(synth_file, tmp_path):
+    """Rounded (integer-typed) logprobs: besides the loader's warning, the verdict carries a
+    caveat (terminal, JSON verdict.caveat) - a reader of the JSON alone sees it."""
+    p = tmp_path / "int.parquet"
+    pl.read_parquet(synth_file).with_columns(
+        pl.col("train_logprob", "infer_logprob").round(0).cast(pl.Int32)).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    cav = json.loads(js.read_text())["verdict"]["caveat"]
+    assert "train_logprob ('train_logprob') and infer_logprob ('infer_logprob') hold integers" \
+        in cav and "meaningless" in cav
+    assert "hold integers" in re.sub(r"\s+", " ", r.stdout)
