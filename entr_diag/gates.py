@@ -619,9 +619,13 @@ def parse_gate_spec(spec: str) -> GateSpec:
     ``"entr:tau=4,eps=0.01"``, ``"estr:tau=4"``.
 
     Raises :class:`~entr_diag.errors.ParameterError` naming the problem, with the gate's
-    parameters and defaults (or, for an unknown gate, the gate names), on one line.
+    parameters and defaults (or, for an unknown gate, the gate names), on one line;
+    :class:`TypeError` when ``spec`` is not a str.
     """
-    if not isinstance(spec, str) or not spec.strip():
+    if not isinstance(spec, str):
+        raise TypeError(f"parse_gate_spec: expected the spec as a str (e.g. 'fixed:c=0.5'), "
+                        f"got {type(spec).__qualname__}.")
+    if not spec.strip():
         raise _bad("Empty gate spec.")
     name, sep, rest = spec.strip().partition(":")
     key = name.strip().lower().replace("_", "-")

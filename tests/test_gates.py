@@ -273,6 +273,14 @@ class TestParse:
         assert g == expected
         assert parse_gate_spec(g.spec()) == g
 
+    @pytest.mark.parametrize("spec", [5, None, ["fixed"]])
+    def test_a_spec_that_is_not_a_str_is_a_type_error(self, spec):
+        """A number, None or a list is a TypeError naming what was given, not "Empty gate
+        spec"."""
+        with pytest.raises(TypeError, match=r"parse_gate_spec: expected the spec as a str .*, "
+                                            rf"got {type(spec).__qualname__}\."):
+            parse_gate_spec(spec)
+
     @pytest.mark.parametrize(
         "spec, fragment",
         [
