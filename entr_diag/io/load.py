@@ -1138,7 +1138,6 @@ def _copies(files: Sequence[Path], rows: Mapping[Path, int]) -> list[tuple[Path,
     count and partition folder values, and the same first and last 64 kB (the footer holds
     every column chunk's offsets and statistics). Only files of equal size are read."""
     import hashlib
-    import os
 
     groups: dict[tuple, list[Path]] = {}
     for f in files:
