@@ -615,19 +615,14 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
                 _notes.add(f"note: {escape(note)}")
     dup = ds.accounting.sequences_with_duplicate_positions
     if dup and not quiet:
-        # partition folders the sequence key does not hold (rank=0/, rank=1/): per-folder
-        # seq_ids that restart merge across folders
-        mapped = set(ds.mapping.values())
-        parts = sorted({k for f in ds.files for k in f.hive if k not in mapped})
+        from entr_diag.io.load import unkeyed_partitions
+
         _notes.add(
             f"[yellow]warning:[/yellow] {dup:,} sequence(s) hold more tokens than positions: the "
             "same (step, seq_id, position) appears more than once (e.g. one dump copied into two "
             "shards, whose tokens then count twice; or a seq_id shared by several sequences, "
             "such as a prompt or group id like verl's uid, which merges them into one)"
-            + (f"; the input's folders are partitioned by {', '.join(parts)}, which is not part "
-               "of the sequence key (step, seq_id): seq_ids numbered anew in each folder merge "
-               "across folders; give each folder's sequences distinct ids, or analyse one "
-               "folder at a time." if parts else ".")
+            + escape(unkeyed_partitions([f.hive for f in ds.files], ds.mapping)) + "."
         )
     nostep = ds.accounting.tokens_without_step
     if nostep and not quiet:

@@ -809,19 +809,13 @@ def load_dataset(
                       ranges, numbered))
     offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype)
     if continued:
-        # partition folders outside the sequence key (rank=0/, rank=1/): per-folder seq_ids
-        # that restart merge across folders
-        parts = sorted({k for p in plans for k in p[2] if k not in set(mapping.values())})
+        unkeyed = unkeyed_partitions([p[2] for p in plans], mapping)
         notes.append(
-            ("warning: " if parts else "")
+            ("warning: " if unkeyed else "")
             + f"{continued:,} sequence(s) continue from one file into a later one: without a "
             "position column their rows are numbered in file order as one sequence (if those "
             "files are copies of each other, map a position column to have them counted as "
-            "duplicates)"
-            + (f"; the input's folders are partitioned by {', '.join(parts)}, which is not "
-               "part of the sequence key (step, seq_id): seq_ids numbered anew in each folder "
-               "merge across folders; give each folder's sequences distinct ids, or analyse "
-               "one folder at a time" if parts else ""))
+            "duplicates)" + unkeyed)
     labels = _file_labels([p[0] for p in plans])
     for i, (f, types, hive, file_layout, scan, ranges, _numbered) in enumerate(plans):
         frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype, scan=scan,
@@ -1113,6 +1107,21 @@ def _file_frame(
                                 .alias("position"))
                   .drop("_off"))
     return lf
+
+
+def unkeyed_partitions(hives: Iterable[Mapping[str, str]], mapping: Mapping[str, str]) -> str:
+    """``"; the input's folders are partitioned by KEY, ..."``: the clause that warnings
+    about merged sequences add when partition folders (``rank=0/``, ``rank=1/``) hold a key
+    the sequence key (step, seq_id) does not (per-folder seq_ids that restart merge across
+    folders); ``""`` when there is none. ``hives``: each file's partition values."""
+    mapped = set(mapping.values())
+    parts = sorted({k for h in hives for k in h if k not in mapped})
+    if not parts:
+        return ""
+    return (f"; the input's folders are partitioned by {', '.join(parts)}, which is not part "
+            "of the sequence key (step, seq_id): seq_ids numbered anew in each folder merge "
+            "across folders; give each folder's sequences distinct ids, or analyse one folder "
+            "at a time")
 
 
 def _only_nulls(meta: pq.FileMetaData, src: str) -> bool:
