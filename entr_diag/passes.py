@@ -18,7 +18,8 @@ How the frame is read (:func:`run_pass`):
   accumulator's queries and the batch accumulators' projection together: common-subplan
   elimination decodes and validates the chunk once for all of them, and caches only that
   chunk. The next chunk is computed on a worker thread (polars releases the GIL) while
-  the accumulators reduce the current one, in batches of :data:`CHUNK_BATCH_ROWS` rows.
+  the accumulators reduce the current one, in batches of at most :data:`CHUNK_BATCH_ROWS`
+  rows cut where the engine's memory chunks end (no copy on the way to numpy).
 - **Streaming.** Any other frame, and a chunk too large to hold (a file written as one
   huge row group), is streamed with :meth:`polars.LazyFrame.collect_batches` in batches of
   :data:`CHUNK_ROWS` rows; the query accumulators' queries then run as streaming queries
@@ -53,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -249,9 +251,7 @@ def run_pass(
                 if progress is not None and n:
                     progress(n)
                 continue
-            size = chunk_size or CHUNK_BATCH_ROWS
-            for off in range(0, tail.height, size):
-                batch = tail.slice(off, size)
+            for batch in _batches(tail, chunk_size or CHUNK_BATCH_ROWS):
                 for acc in batch_accs:
                     acc.update(batch)
                 rows += batch.height
@@ -262,6 +262,38 @@ def run_pass(
             with _naming(c):
                 rows += _stream(c.frame, accumulators, chunk_size or CHUNK_ROWS)
     return rows
+
+
+#: a batch cut from a chunk's rows ends at a boundary of its memory chunks once it holds
+#: this many rows (:func:`_batches`)
+MIN_ALIGNED_ROWS: int = 65_536
+
+
+def _batches(frame: pl.DataFrame, size: int) -> Iterator[pl.DataFrame]:
+    """``frame`` in consecutive batches of at most ``size`` rows, cut where its columns'
+    memory chunks end (the streaming engine returns a chunk's rows as a few chunks of about
+    100k rows per column): a batch within one memory chunk hands the accumulators its
+    columns without a copy (``to_numpy`` of a column of several chunks copies them, and
+    the fresh arrays cost their page faults: 1 CPU s per pass at 50M tokens). Consecutive
+    memory chunks shorter than :data:`MIN_ALIGNED_ROWS` are batched together (copied). The
+    cuts are those most columns share; a column cut elsewhere is copied."""
+    n = frame.height
+    # the memory chunks most columns share (others, e.g. a String column, are copied)
+    cuts = Counter(tuple(len(c) for c in s.get_chunks()) for s in frame.get_columns())
+    lens = list(cuts.most_common(1)[0][0]) if cuts else [n]
+    bounds, end = [0], 0
+    for length in lens:
+        while length:  # at most size rows a batch, within or across memory chunks
+            take = min(length, size - (end - bounds[-1]))
+            end, length = end + take, length - take
+            if end - bounds[-1] == size:
+                bounds.append(end)
+        if end - bounds[-1] >= MIN_ALIGNED_ROWS:  # the memory chunk ends the batch
+            bounds.append(end)
+    if bounds[-1] != n:
+        bounds.append(n)
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        yield frame.slice(a, b - a)
 
 
 @contextlib.contextmanager

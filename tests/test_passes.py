@@ -101,3 +101,24 @@ def test_an_accumulator_is_fed_by_one_pass_only():
     with pytest.raises(ParameterError, match="already been fed"):
         run_pass(lf, plan.accumulators)
     assert plan.finish().overall.tokens == 3
+
+
+def test_batches_follow_memory_chunks_and_cover_the_frame_in_order():
+    """A chunk's rows are cut into batches of at most ``size`` rows at the memory-chunk
+    boundaries most columns share (columns then reach numpy without a copy); short memory
+    chunks are batched together; every row is handed over once, in order."""
+    from entr_diag.passes import MIN_ALIGNED_ROWS, _batches
+
+    big = MIN_ALIGNED_ROWS + 10
+    parts = [big, 3, 5, MIN_ALIGNED_ROWS, 2 * big + 7, 4]
+    frame = pl.concat([pl.DataFrame({"a": np.arange(k), "b": np.ones(k)}) for k in parts],
+                      rechunk=False)
+    frame = frame.with_columns(pl.Series("c", np.arange(frame.height)))  # one memory chunk
+    size = 2 * big
+    out = list(_batches(frame, size))
+    assert [b.height for b in out] == [big, MIN_ALIGNED_ROWS + 8, size, 11]
+    assert pl.concat(out).equals(frame)
+    assert [b["a"].n_chunks() for b in out] == [1, 3, 1, 2]
+    assert all(b.height <= size for b in _batches(frame.rechunk(), 1000))
+    assert sum(b.height for b in _batches(frame.rechunk(), 1000)) == frame.height
+    assert list(_batches(frame.head(0), size)) == []
