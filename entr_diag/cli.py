@@ -902,11 +902,16 @@ _MAP_ENTROPY = ("map one with --column entropy=NAME (or --entropy train for a tr
 def _fit_refusal(ds, e: FitError, optional: bool) -> str:
     """The fit's refusal (too few tokens or sequences, ...) naming the input: raised again
     (exit 2) unless ``optional``; else returned, as the reason the law is unavailable."""
-    msg = str(e)
-    msg = f"{_where(ds)}: {msg[:1].lower()}{msg[1:]}"
+    msg = f"{_where(ds)}: {_why_no_fit(e)}."
     if not optional:
         raise FitError(msg) from None
     return msg
+
+
+def _why_no_fit(e: FitError | str) -> str:
+    """The fit's refusal as a phrase: first letter lower case, no final period."""
+    msg = str(e).rstrip(".")
+    return f"{msg[:1].lower()}{msg[1:]}"
 
 
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
@@ -924,16 +929,17 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     ``law_optional``; both refusals name the input.
 
     Returns a dict with keys ``fit`` (FitResult, or None: no entropy column, or the fit
-    failed and ``law_optional``), ``unavailable`` (None, or why the fit failed),
-    ``metrics``, ``findings`` (None when not asked for) and ``profiles``: the unfinished
-    ProfilesPlan (its version-switch follow-up pass is shared with the gate comparison's
-    first pass; call ``finish()`` after).
+    failed and ``law_optional``), ``unavailable`` (None, or why the fit failed, naming the
+    input), ``no_fit`` (the same reason as a phrase, without the input), ``metrics``,
+    ``findings`` (None when not asked for) and ``profiles``: the unfinished ProfilesPlan
+    (its version-switch follow-up pass is shared with the gate comparison's first pass;
+    call ``finish()`` after).
     """
     from entr_diag.fit import fit_plan
     from entr_diag.passes import run_pass
 
     plans: dict = {}
-    unavailable = None
+    unavailable = no_fit = None
     if ds.has("entropy"):
         try:
             plans["fit"] = fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
@@ -941,7 +947,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                                     fine_counts=ds.entropy_fine_counts,
                                     step_range=ds.step_range)
         except FitError as e:
-            unavailable = _fit_refusal(ds, e, law_optional)
+            unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(e)
     elif not entropy_optional or _dropped(ds, "entropy"):  # some files have it: to fix
         raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _MAP_ENTROPY))
     if full:
@@ -974,8 +980,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             except FitError as e:
                 if k != "fit":
                     raise
-                unavailable = _fit_refusal(ds, e, law_optional)
-    return {"unavailable": unavailable,
+                unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(e)
+    return {"unavailable": unavailable, "no_fit": no_fit,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}}
 
 
@@ -1144,11 +1150,12 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
     return entr, [g for g in unique if not isinstance(g, EntrGate)]
 
 
-def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
+def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=(), no_fit=None):
     """The gate comparison: two passes over the tokens (:class:`~entr_diag.compare.ComparePlan`),
     the first shared with the follow-up accumulators of ``with_plans`` (plans whose
-    ``finish`` the caller calls afterwards). ``fit_res`` None (an input without entropy):
-    no law, no noise regime, and ENTR unavailable."""
+    ``finish`` the caller calls afterwards). ``fit_res`` None: no law and no noise regime,
+    because the fit failed (``no_fit`` says why) or the input has no entropy (and ENTR is
+    unavailable)."""
     import numpy as np
 
     from entr_diag.compare import compare_plan
@@ -1165,7 +1172,7 @@ def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
                "flag_tau": fd["parameters"].get("tau", 4.0),
                "flag_eps": fd["parameters"].get("eps", 0.01), "entropy_edges": edges}
     plan = compare_plan(
-        ds.lf, entr=entr, panel=panel, **law,
+        ds.lf, entr=entr, panel=panel, **law, no_fit=no_fit,
         sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
         sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
     )
@@ -1241,7 +1248,7 @@ def compare(
         elif fit_res is None:
             no_entr = _no_column(ds, "entropy", _NO_ENTROPY + " (the gates that need no entropy "
                                  "are compared)", _MAP_ENTROPY)
-        res = _compare(ds, fit_res, entr, panel, sweeps, quiet)
+        res = _compare(ds, fit_res, entr, panel, sweeps, quiet, no_fit=a["no_fit"])
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
@@ -1330,7 +1337,8 @@ def report(
                                 "profiles)", _MAP_ENTROPY)
         # without the law (or entropy) the gates are still compared: no law-scale / noise
         # categories, and without entropy no ENTR
-        cmp_res = (_compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]])
+        cmp_res = (_compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]],
+                            no_fit=a["no_fit"])
                    if ds.has("entropy") or panel else None)
         prof = a["profiles"].finish().to_dict()
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,

@@ -277,6 +277,12 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     assert f"No scaling law: {doc['unavailable']}" in r.stdout.replace("\n", " ")
     assert doc["metrics"]["overall"]["tokens"] > 0 and doc["forensics"]["checks"]
     assert f"Scaling law: not fitted: {html_lib.escape(doc['unavailable'])}" in out.read_text()
+    # the gates' n/a reasons say why there is no law, not "law_k not given"
+    reasons = doc["compare"]["null_reasons"]
+    assert set(reasons) == {"noise_admitted", "exploration_discarded"}
+    for t in (*reasons.values(), *(doc["compare"]["definitions"][k]
+                                   for k in ("noise_token", "law_scale_token"))):
+        assert "no scaling law could be fitted (" in t and why in t and "given" not in t, t
     r = runner.invoke(app, ["compare", arg, "--json", str(js), "-q"])
     assert r.exit_code == 0, r.output
     cmp_doc = json.loads(js.read_text())
@@ -284,6 +290,10 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     assert why in cmp_doc["unavailable"] and cmp_doc["compare"]["gates"][0]["name"] == "entr"
     assert cmp_doc["compare"]["gates"] == doc["compare"]["gates"]  # as in the report
     assert "No scaling law: " in r.stdout and "ENTR unavailable" not in r.stdout
+    assert cmp_doc["compare"]["null_reasons"] == reasons
+    text = " ".join(r.stdout.split())
+    assert "n/a exploration discarded: no scaling law could be fitted (" in text
+    assert "law_k" not in text and "given" not in text
     r = runner.invoke(app, ["fit", arg, "-q"])
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
