@@ -532,6 +532,30 @@ def test_tiny_run_fits_without_a_breakpoint_search(tmp_path):
     assert bp["breakpoint"] is None and "breakpoint needs at least 4" in r.stdout
 
 
+def test_run_with_no_full_entropy_bin_says_so_in_a_sentence(tmp_path):
+    """91 tokens of 7 sequences in 30 bins: no bin holds enough tokens, said as such (not
+    'only 0 bin(s)') with the advice; in 3 bins the law is fitted and no breakpoint bin
+    qualifies, said the same way."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 91
+    infer = -rng.exponential(0.5, n)
+    p = tmp_path / "tiny.parquet"
+    pl.DataFrame({"seq_id": np.arange(n) % 7, "infer_logprob": infer,
+                  "train_logprob": np.minimum(infer + rng.normal(0, 0.05, n), 0.0),
+                  "entropy": rng.uniform(0.01, 2.0, n)}).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {p}: no entropy bin holds enough tokens (need 3 bins")
+    assert "give more tokens or sequences, or fewer bins." in r.stderr
+    assert "only 0" not in r.stderr
+    r = runner.invoke(app, ["fit", str(p), "--bins", "3", "--n-boot", "100", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "Breakpoint: none (none of the finer breakpoint bins holds >= 10 tokens" in r.stdout
+    assert "only 0" not in r.stdout
+
+
 def test_exact_off_by_one_stops_with_the_shift(tmp_path):
     """train_logprob[t] == infer_logprob[t-1] exactly (no noise) is the clearest shift: exit
     2 naming it, not a division by zero; --allow-misaligned goes on."""

@@ -264,7 +264,7 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     else:
         _canonical_shards(tmp_path / "shards", 3, {})
         arg, where, why = str(tmp_path / "shards"), f"{tmp_path / 'shards'} (3 files)", \
-            "entropy bin(s) hold enough tokens"
+            "enough tokens (need 3 bins"
     out, js = tmp_path / "r.html", tmp_path / "r.json"
     r = runner.invoke(app, ["report", arg, "-o", str(out), "--json", str(js), "-q"])
     assert r.exit_code == 0, r.output
