@@ -574,7 +574,7 @@ def _require_tokens(ds) -> None:
     reasons = "; ".join(f"{r}: {n:,} ({EXCLUSION_REASONS.get(r, '')})" for r, n in acc.excluded.items())
     from entr_diag.caveats import exclusion_hint
 
-    hint = exclusion_hint(acc.excluded, acc.tokens_masked)
+    hint = exclusion_hint(acc.excluded, acc.tokens_masked, ds.mapping)
     raise InputError(
         f"{where}: 0 valid loss-masked tokens: all {acc.tokens_masked:,} loss-masked tokens "
         f"were excluded. {reasons}.{' ' + hint if hint else ''}"
@@ -654,7 +654,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         )
         from entr_diag.caveats import exclusion_caveat
 
-        caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid)
+        caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid,
+                                  ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     return ds
@@ -728,7 +729,7 @@ def _fit_dict(fit_res, ds) -> dict:
     acc = ds.accounting
     fd = fit_res.to_dict()
     parts = [small_sample_caveat(fd, acc.sequences_valid),
-             exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid),
+             exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping),
              integer_caveat(ds.notes)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
     return fd

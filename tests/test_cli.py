@@ -320,12 +320,15 @@ def test_all_tokens_masked_out(tmp_path):
 
 
 def test_probabilities_instead_of_logprobs(tmp_path):
-    """Positive 'logprobs' (probabilities) are excluded and the error says what they look like."""
+    """Positive 'logprobs' (probabilities) are excluded and the error says what they look
+    like, naming the columns."""
     p = _file(tmp_path, old_log_probs=[0.9, 0.8, 0.5, 0.4], rollout_log_probs=[0.9, 0.7, 0.5, 0.3])
     r = runner.invoke(app, ["fit", str(p)])
     assert r.exit_code == 2
     msg = re.sub(r"\s+", " ", r.stderr)
     assert "positive_logprob: 3" in msg and "probabilities" in msg
+    assert ("one or both of train_logprob ('old_log_probs') and infer_logprob "
+            "('rollout_log_probs') may hold probabilities") in msg
 
 
 def test_loss_mask_missing_in_one_shard(tmp_path):
