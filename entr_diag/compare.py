@@ -60,7 +60,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import InputError, ParameterError, SchemaError
-from entr_diag.frames import token_frame
+from entr_diag.frames import number, token_frame
 from entr_diag.gates import (
     DEFAULT_PANEL,
     M2PO,
@@ -1443,6 +1443,11 @@ class ComparePlan:
         for g in panel:
             if not isinstance(g, GateSpec):
                 raise ParameterError(f"compare_gates: panel entry {g!r} is not a gate spec.")
+        for param, value, optional in (("h_star", h_star, True), ("law_k", law_k, True),
+                                       ("law_alpha", law_alpha, False),
+                                       ("flag_tau", flag_tau, False),
+                                       ("flag_eps", flag_eps, False)):
+            number(value, "compare_gates", param, optional=optional)
         if h_star is not None and not (math.isfinite(h_star) and h_star > 0):
             raise ParameterError(
                 f"h_star must be a positive entropy in nats or None (got {h_star})."
@@ -2057,7 +2062,8 @@ def compare_gates(
     Returns a :class:`CompareResult`. Raises SchemaError (missing column; a panel gate
     needing the missing entropy), InputError (no token, or null entropy), ParameterError
     (bad edges, sweeps or law parameters; ``h_star``, ``law_k`` or ``entropy_edges``
-    without an entropy column). Two
+    without an entropy column), TypeError (``h_star``, ``law_k``, ``law_alpha``,
+    ``flag_tau`` or ``flag_eps`` not a real number). Two
     streaming passes (:class:`ComparePlan`).
     """
     lf = token_frame(lf, "compare_gates")
