@@ -407,6 +407,39 @@ def _is_stdout(path: Path | None) -> bool:
     return _file_identity(path) == ("inode", out.st_dev, out.st_ino)
 
 
+def _names_stdout(path: Path | None) -> bool:
+    """``path`` is ``-`` or reaches this process's stdout through its descriptor's link
+    (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``, or a symlink to one): it names the
+    stream itself, whatever the stream is connected to (a file, a pipe, /dev/null, a tty).
+    Each link of the path is compared by (device, inode) with the descriptor's link."""
+    import os
+    import stat
+
+    if path is None or _to_stdout(path):
+        return path is not None
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # no real stdout (e.g. captured by a test runner)
+        return False
+    links = set()
+    for link in (f"/proc/self/fd/{fd}", f"/dev/fd/{fd}"):
+        with contextlib.suppress(OSError):
+            st = os.lstat(link)
+            links.add((st.st_dev, st.st_ino))
+    p = os.path.abspath(path)
+    for _ in range(40):  # symlink hops, as many as the kernel follows
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return False
+        if (st.st_dev, st.st_ino) in links:
+            return True
+        if not stat.S_ISLNK(st.st_mode):
+            return False
+        p = os.path.join(os.path.dirname(p), os.readlink(p))
+    return False
+
+
 def _tables(*outputs: Path | None) -> Console:
     """Where a command prints its tables: stdout, or stderr when one of its outputs (the
     JSON with ``--json -``, or an output naming /dev/stdout) takes stdout."""
@@ -488,8 +521,9 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
     """Input files are never modified, nor added to: an output naming an input file (also
     through a symlink or hard link), lying inside an input directory or matching an input
     glob is refused (a later run over the same input would read it); so are two outputs
-    naming the same file (except a character device such as /dev/null). Checked before
-    any data is read."""
+    naming the same file (except a character device such as /dev/null) and two outputs
+    into stdout (two naming stdout itself, ``-`` or ``/dev/stdout``, even when stdout is
+    /dev/null or a terminal). Checked before any data is read."""
     import os
     import stat
 
@@ -501,7 +535,10 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
         into_device = stat.S_ISCHR(os.fstat(sys.stdout.fileno()).st_mode)  # /dev/null, a tty
     except (OSError, ValueError):
         into_device = False
-    if len(to_stdout) > 1 and not into_device:
+    # stdout on a device: outputs naming that device (-o /dev/null) may share it, but two
+    # naming stdout itself (--json - and -o /dev/stdout) are refused wherever it goes
+    if len(to_stdout) > 1 and (not into_device
+                               or sum(_names_stdout(outputs[w]) for w in to_stdout) > 1):
         raise ParameterError(f"{' and '.join(to_stdout)} both write to stdout; send one of "
                              "them to a file.")
     given = {what: path for what, path in outputs.items()
