@@ -41,7 +41,7 @@ def small_sample_caveat(fit: Mapping, sequences: int | None = None) -> str | Non
 
 #: what a reason excluding most loss-masked tokens usually means
 MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
-    "positive_logprob": "the logprob columns may hold probabilities rather than "
+    "positive_logprob": "{logprob_columns} may hold probabilities rather than "
                         "log-probabilities (entr-diag needs natural-log probabilities, <= 0)",
     "sentinel_logprob": "padding values inside the loss mask: the mask may not match the "
                         "logprob arrays (shifted, or the prompt's mask)",
@@ -64,18 +64,25 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
 }
 
 
-def exclusion_hint(excluded: Mapping[str, int], masked: int) -> str:
+def exclusion_hint(excluded: Mapping[str, int], masked: int,
+                   mapping: Mapping[str, str] | None = None) -> str:
     """What the reason excluding more than half of the ``masked`` loss-masked tokens
-    usually means, as a sentence ('' when no reason does)."""
+    usually means, as a sentence ('' when no reason does); ``mapping`` (canonical column ->
+    source column) names the logprob columns in it."""
     if not excluded or not masked:
         return ""
     reason, n = max(excluded.items(), key=lambda kv: kv[1])
     if n <= masked / 2 or reason not in MOSTLY_EXCLUDED_HINTS:
         return ""
-    return f"Most are {reason}: {MOSTLY_EXCLUDED_HINTS[reason]}."
+    named = [f"{c} ('{mapping[c]}')" for c in ("train_logprob", "infer_logprob")
+             if mapping and c in mapping]
+    cols = f"one or both of {' and '.join(named)}" if len(named) == 2 else "the logprob columns"
+    hint = MOSTLY_EXCLUDED_HINTS[reason].replace("{logprob_columns}", cols)
+    return f"Most are {reason}: {hint}."
 
 
-def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int) -> str | None:
+def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int,
+                     mapping: Mapping[str, str] | None = None) -> str | None:
     """A one-line caveat when one exclusion reason removes more than half of the loss-masked
     tokens (the results then rest on what is left, and the reason usually means the columns
     are not what they were taken for), else None.
@@ -83,8 +90,9 @@ def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int) -> st
     Args:
         excluded: tokens per exclusion reason (the token accounting's ``excluded``).
         masked: loss-masked tokens; valid: those left after the exclusions.
+        mapping: canonical column -> source column, to name the columns concerned.
     """
-    hint = exclusion_hint(excluded, masked)
+    hint = exclusion_hint(excluded, masked, mapping)
     if not hint or not valid:
         return None
     return (f"caveat: {(masked - valid) / masked:.1%} of the loss-masked tokens are excluded, "

@@ -407,6 +407,39 @@ def _is_stdout(path: Path | None) -> bool:
     return _file_identity(path) == ("inode", out.st_dev, out.st_ino)
 
 
+def _names_stdout(path: Path | None) -> bool:
+    """``path`` is ``-`` or reaches this process's stdout through its descriptor's link
+    (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``, or a symlink to one): it names the
+    stream itself, whatever the stream is connected to (a file, a pipe, /dev/null, a tty).
+    Each link of the path is compared by (device, inode) with the descriptor's link."""
+    import os
+    import stat
+
+    if path is None or _to_stdout(path):
+        return path is not None
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError):  # no real stdout (e.g. captured by a test runner)
+        return False
+    links = set()
+    for link in (f"/proc/self/fd/{fd}", f"/dev/fd/{fd}"):
+        with contextlib.suppress(OSError):
+            st = os.lstat(link)
+            links.add((st.st_dev, st.st_ino))
+    p = os.path.abspath(path)
+    for _ in range(40):  # symlink hops, as many as the kernel follows
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return False
+        if (st.st_dev, st.st_ino) in links:
+            return True
+        if not stat.S_ISLNK(st.st_mode):
+            return False
+        p = os.path.join(os.path.dirname(p), os.readlink(p))
+    return False
+
+
 def _tables(*outputs: Path | None) -> Console:
     """Where a command prints its tables: stdout, or stderr when one of its outputs (the
     JSON with ``--json -``, or an output naming /dev/stdout) takes stdout."""
@@ -488,8 +521,9 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
     """Input files are never modified, nor added to: an output naming an input file (also
     through a symlink or hard link), lying inside an input directory or matching an input
     glob is refused (a later run over the same input would read it); so are two outputs
-    naming the same file (except a character device such as /dev/null). Checked before
-    any data is read."""
+    naming the same file (except a character device such as /dev/null) and two outputs
+    into stdout (two naming stdout itself, ``-`` or ``/dev/stdout``, even when stdout is
+    /dev/null or a terminal). Checked before any data is read."""
     import os
     import stat
 
@@ -501,7 +535,10 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
         into_device = stat.S_ISCHR(os.fstat(sys.stdout.fileno()).st_mode)  # /dev/null, a tty
     except (OSError, ValueError):
         into_device = False
-    if len(to_stdout) > 1 and not into_device:
+    # stdout on a device: outputs naming that device (-o /dev/null) may share it, but two
+    # naming stdout itself (--json - and -o /dev/stdout) are refused wherever it goes
+    if len(to_stdout) > 1 and (not into_device
+                               or sum(_names_stdout(outputs[w]) for w in to_stdout) > 1):
         raise ParameterError(f"{' and '.join(to_stdout)} both write to stdout; send one of "
                              "them to a file.")
     given = {what: path for what, path in outputs.items()
@@ -574,7 +611,7 @@ def _require_tokens(ds) -> None:
     reasons = "; ".join(f"{r}: {n:,} ({EXCLUSION_REASONS.get(r, '')})" for r, n in acc.excluded.items())
     from entr_diag.caveats import exclusion_hint
 
-    hint = exclusion_hint(acc.excluded, acc.tokens_masked)
+    hint = exclusion_hint(acc.excluded, acc.tokens_masked, ds.mapping)
     raise InputError(
         f"{where}: 0 valid loss-masked tokens: all {acc.tokens_masked:,} loss-masked tokens "
         f"were excluded. {reasons}.{' ' + hint if hint else ''}"
@@ -654,7 +691,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         )
         from entr_diag.caveats import exclusion_caveat
 
-        caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid)
+        caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid,
+                                  ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     return ds
@@ -728,7 +766,7 @@ def _fit_dict(fit_res, ds) -> dict:
     acc = ds.accounting
     fd = fit_res.to_dict()
     parts = [small_sample_caveat(fd, acc.sequences_valid),
-             exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid),
+             exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping),
              integer_caveat(ds.notes)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
     return fd
@@ -902,11 +940,16 @@ _MAP_ENTROPY = ("map one with --column entropy=NAME (or --entropy train for a tr
 def _fit_refusal(ds, e: FitError, optional: bool) -> str:
     """The fit's refusal (too few tokens or sequences, ...) naming the input: raised again
     (exit 2) unless ``optional``; else returned, as the reason the law is unavailable."""
-    msg = str(e)
-    msg = f"{_where(ds)}: {msg[:1].lower()}{msg[1:]}"
+    msg = f"{_where(ds)}: {_why_no_fit(e)}."
     if not optional:
         raise FitError(msg) from None
     return msg
+
+
+def _why_no_fit(e: FitError | str) -> str:
+    """The fit's refusal as a phrase: first letter lower case, no final period."""
+    msg = str(e).rstrip(".")
+    return f"{msg[:1].lower()}{msg[1:]}"
 
 
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
@@ -924,16 +967,17 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     ``law_optional``; both refusals name the input.
 
     Returns a dict with keys ``fit`` (FitResult, or None: no entropy column, or the fit
-    failed and ``law_optional``), ``unavailable`` (None, or why the fit failed),
-    ``metrics``, ``findings`` (None when not asked for) and ``profiles``: the unfinished
-    ProfilesPlan (its version-switch follow-up pass is shared with the gate comparison's
-    first pass; call ``finish()`` after).
+    failed and ``law_optional``), ``unavailable`` (None, or why the fit failed, naming the
+    input), ``no_fit`` (the same reason as a phrase, without the input), ``metrics``,
+    ``findings`` (None when not asked for) and ``profiles``: the unfinished ProfilesPlan
+    (its version-switch follow-up pass is shared with the gate comparison's first pass;
+    call ``finish()`` after).
     """
     from entr_diag.fit import fit_plan
     from entr_diag.passes import run_pass
 
     plans: dict = {}
-    unavailable = None
+    unavailable = no_fit = None
     if ds.has("entropy"):
         try:
             plans["fit"] = fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
@@ -941,7 +985,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                                     fine_counts=ds.entropy_fine_counts,
                                     step_range=ds.step_range)
         except FitError as e:
-            unavailable = _fit_refusal(ds, e, law_optional)
+            unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(e)
     elif not entropy_optional or _dropped(ds, "entropy"):  # some files have it: to fix
         raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _MAP_ENTROPY))
     if full:
@@ -974,8 +1018,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             except FitError as e:
                 if k != "fit":
                     raise
-                unavailable = _fit_refusal(ds, e, law_optional)
-    return {"unavailable": unavailable,
+                unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(e)
+    return {"unavailable": unavailable, "no_fit": no_fit,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}}
 
 
@@ -1144,11 +1188,12 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
     return entr, [g for g in unique if not isinstance(g, EntrGate)]
 
 
-def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
+def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=(), no_fit=None):
     """The gate comparison: two passes over the tokens (:class:`~entr_diag.compare.ComparePlan`),
     the first shared with the follow-up accumulators of ``with_plans`` (plans whose
-    ``finish`` the caller calls afterwards). ``fit_res`` None (an input without entropy):
-    no law, no noise regime, and ENTR unavailable."""
+    ``finish`` the caller calls afterwards). ``fit_res`` None: no law and no noise regime,
+    because the fit failed (``no_fit`` says why) or the input has no entropy (and ENTR is
+    unavailable)."""
     import numpy as np
 
     from entr_diag.compare import compare_plan
@@ -1165,7 +1210,7 @@ def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=()):
                "flag_tau": fd["parameters"].get("tau", 4.0),
                "flag_eps": fd["parameters"].get("eps", 0.01), "entropy_edges": edges}
     plan = compare_plan(
-        ds.lf, entr=entr, panel=panel, **law,
+        ds.lf, entr=entr, panel=panel, **law, no_fit=no_fit,
         sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
         sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
     )
@@ -1241,7 +1286,7 @@ def compare(
         elif fit_res is None:
             no_entr = _no_column(ds, "entropy", _NO_ENTROPY + " (the gates that need no entropy "
                                  "are compared)", _MAP_ENTROPY)
-        res = _compare(ds, fit_res, entr, panel, sweeps, quiet)
+        res = _compare(ds, fit_res, entr, panel, sweeps, quiet, no_fit=a["no_fit"])
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
@@ -1330,7 +1375,8 @@ def report(
                                 "profiles)", _MAP_ENTROPY)
         # without the law (or entropy) the gates are still compared: no law-scale / noise
         # categories, and without entropy no ENTR
-        cmp_res = (_compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]])
+        cmp_res = (_compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]],
+                            no_fit=a["no_fit"])
                    if ds.has("entropy") or panel else None)
         prof = a["profiles"].finish().to_dict()
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,

@@ -60,7 +60,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import InputError, ParameterError, SchemaError
-from entr_diag.frames import token_frame
+from entr_diag.frames import number, token_frame
 from entr_diag.gates import (
     DEFAULT_PANEL,
     M2PO,
@@ -1432,6 +1432,7 @@ class ComparePlan:
         p_edges: Sequence[float] = DEFAULT_P_EDGES,
         sweep_tau: np.ndarray | Sequence[float] | None = None,
         sweep_c: np.ndarray | Sequence[float] | None = None,
+        no_fit: str | None = None,
     ) -> None:
         entr = entr if entr is not None else EntrGate()
         if not isinstance(entr, EntrGate):
@@ -1442,12 +1443,21 @@ class ComparePlan:
         for g in panel:
             if not isinstance(g, GateSpec):
                 raise ParameterError(f"compare_gates: panel entry {g!r} is not a gate spec.")
+        for param, value, optional in (("h_star", h_star, True), ("law_k", law_k, True),
+                                       ("law_alpha", law_alpha, False),
+                                       ("flag_tau", flag_tau, False),
+                                       ("flag_eps", flag_eps, False)):
+            number(value, "compare_gates", param, optional=optional)
         if h_star is not None and not (math.isfinite(h_star) and h_star > 0):
             raise ParameterError(
                 f"h_star must be a positive entropy in nats or None (got {h_star})."
             )
         if law_k is not None and not (math.isfinite(law_k) and law_k > 0):
             raise ParameterError(f"law_k must be positive or None (got {law_k}).")
+        if no_fit is not None and (h_star is not None or law_k is not None):
+            raise ParameterError(
+                "compare_gates: no_fit (why no law was fitted) given with h_star or law_k."
+            )
         if not math.isfinite(law_alpha):
             raise ParameterError(f"law_alpha must be finite (got {law_alpha}).")
         if not (math.isfinite(flag_tau) and flag_tau > 0 and math.isfinite(flag_eps)
@@ -1509,9 +1519,13 @@ class ComparePlan:
         H = pl.col("entropy")
         d2 = pl.col("delta") ** 2
         self.null_reasons: dict[str, str] = {}
+        #: why no law was fitted, in the caller's words (None: not given, or no entropy)
+        self.no_fit = f"no scaling law could be fitted ({no_fit})" if no_fit else None
         if h_star is None:
             is_noise = pl.lit(False)
             self.null_reasons["noise_admitted"] = (
+                f"{self.no_fit}: there is no entropy breakpoint H*, so no noise to admit"
+                if self.no_fit and self.has_entropy else
                 "no entropy breakpoint H* (the fit found no low-entropy noise regime, or none "
                 "was given): there is no noise to admit"
                 if self.has_entropy else
@@ -1524,6 +1538,8 @@ class ComparePlan:
         if law_k is None:
             is_law = pl.lit(False)
             self.null_reasons["exploration_discarded"] = (
+                f"{self.no_fit}: the law's scale is undefined"
+                if self.no_fit and self.has_entropy else
                 "no fitted law (law_k not given): the law's scale is undefined"
                 if self.has_entropy else
                 "no entropy column: no law of the entropy can be fitted"
@@ -1925,6 +1941,7 @@ class ComparePlan:
                 "log-ratio breaks "
                 f"the entropy-normalized bound: delta^2 / (H + {flag_eps:g}) > {flag_tau:g}"
                 if h_star is not None
+                else f"undefined: {self.no_fit}" if self.no_fit and self.has_entropy
                 else "undefined: no entropy breakpoint H* was given" if self.has_entropy
                 else "undefined: no entropy column"
             ),
@@ -1935,6 +1952,7 @@ class ComparePlan:
                 f"{CHI2_1_99:.4g} * k * H^alpha (k = {law_k:.4g}, alpha = {law_alpha:.4g}; "
                 f"{CHI2_1_99:.4g} = 99% quantile of chi2 with 1 dof)"
                 if law_k is not None
+                else f"undefined: {self.no_fit}" if self.no_fit and self.has_entropy
                 else "undefined: no fitted law (law_k) was given" if self.has_entropy
                 else "undefined: no entropy column"
             ),
@@ -2016,6 +2034,7 @@ def compare_gates(
     p_edges: Sequence[float] = DEFAULT_P_EDGES,
     sweep_tau: np.ndarray | Sequence[float] | None = None,
     sweep_c: np.ndarray | Sequence[float] | None = None,
+    no_fit: str | None = None,
 ) -> CompareResult:
     """Simulate ENTR and a panel of gates on a token frame and compare what they keep.
 
@@ -2036,18 +2055,22 @@ def compare_gates(
     sweep_tau, sweep_c : budgets swept in one pass for ENTR (tau) and the fixed band (c,
         nats). None = :data:`DEFAULT_SWEEP_TAU` / :data:`DEFAULT_SWEEP_C`; an empty array
         disables that sweep.
+    no_fit : why no law was fitted (a phrase, e.g. a FitError's message), with ``h_star``
+        and ``law_k`` None: ``null_reasons`` and ``definitions`` say it instead of "not
+        given".
 
     Returns a :class:`CompareResult`. Raises SchemaError (missing column; a panel gate
     needing the missing entropy), InputError (no token, or null entropy), ParameterError
     (bad edges, sweeps or law parameters; ``h_star``, ``law_k`` or ``entropy_edges``
-    without an entropy column). Two
+    without an entropy column), TypeError (``h_star``, ``law_k``, ``law_alpha``,
+    ``flag_tau`` or ``flag_eps`` not a real number). Two
     streaming passes (:class:`ComparePlan`).
     """
     lf = token_frame(lf, "compare_gates")
     plan = compare_plan(
         lf, entr=entr, panel=panel, h_star=h_star, law_k=law_k, law_alpha=law_alpha,
         flag_tau=flag_tau, flag_eps=flag_eps, entropy_edges=entropy_edges, p_edges=p_edges,
-        sweep_tau=sweep_tau, sweep_c=sweep_c,
+        sweep_tau=sweep_tau, sweep_c=sweep_c, no_fit=no_fit,
     )
     run_pass(lf, plan.accumulators)
     return plan.finish()

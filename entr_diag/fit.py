@@ -635,8 +635,10 @@ def _search_break(
     n = len(bd.h)
     if n < 3:  # too few breakpoint bins to fit even the single law (tiny runs)
         s = BreakpointSearch(0, _NAN, _NAN, _NAN, _NAN, _CI_NAN, _NAN, False,
-                             f"only {n} of the finer breakpoint bins hold >= {MIN_BIN_TOKENS} "
-                             "tokens from >= 2 sequence blocks: a breakpoint needs at least 4")
+                             (f"only {n} of the finer breakpoint bins hold" if n else
+                              "none of the finer breakpoint bins holds")
+                             + f" >= {MIN_BIN_TOKENS} tokens from >= 2 sequence blocks: a "
+                             "breakpoint needs at least 4")
         return s, None, 0
     x, y, w = bd.lx, bd.ly, bd.w_log()
     LXr, LYr = bd.log_reps()
@@ -1364,10 +1366,12 @@ def _finish_fit(plan: FitPlan) -> FitResult:
                 "delta = train_logprob - infer_logprob is 0 for every token: train and "
                 "inference log-probabilities are identical, so there is no mismatch to fit."
             )
+        k = bd_all.idx.size
         raise FitError(
-            f"Only {bd_all.idx.size} entropy bin(s) hold enough tokens (need 3 bins with >= "
-            f"{MIN_BIN_TOKENS} tokens from >= 2 sequence blocks and H >= {H_MIN:g} nats); "
-            "give more tokens or sequences, or fewer bins."
+            (f"Only {k} entropy bin(s) hold" if k else "No entropy bin holds")
+            + f" enough tokens (need 3 bins with >= {MIN_BIN_TOKENS} tokens from >= 2 "
+            f"sequence blocks and H >= {H_MIN:g} nats); give more tokens or sequences, or "
+            "fewer bins."
         )
 
     # ---- breakpoint on finer bins (same edge kind), then laws on the law regime

@@ -2075,7 +2075,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     if acc is not None:  # most tokens invalid: the columns, not a few rows, are the problem
         from entr_diag.caveats import exclusion_hint
 
-        hint = exclusion_hint(acc.excluded, acc.tokens_masked)
+        hint = exclusion_hint(acc.excluded, acc.tokens_masked, getattr(ctx.ds, "mapping", None))
         if hint:
             reason = max(acc.excluded.items(), key=lambda kv: kv[1])[0]
             title = f"Most loss-masked tokens are invalid ({reason}), not a few corrupt rows"

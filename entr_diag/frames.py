@@ -1,7 +1,8 @@
 """Argument checks of the library's public entry points: a token frame or a loaded dataset
-of the wrong type (a pandas DataFrame, a path, a list, ...) raises a :class:`TypeError`
-naming the function, the type expected and the type given, instead of an AttributeError
-from deep inside a pass.
+of the wrong type (a pandas DataFrame, a path, a list, ...), or a numeric parameter given as
+something else (a str), raises a :class:`TypeError` naming the function, the parameter, the
+type expected and the type given, instead of an AttributeError or a bare TypeError from
+deep inside a pass.
 
 These are programming errors, not bad input: the CLI never makes them, so they are plain
 ``TypeError`` (not :class:`~entr_diag.errors.EntrDiagError`, whose exit code 2 is for
@@ -10,12 +11,13 @@ input and parameters a user gives).
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-__all__ = ["dataset", "token_frame"]
+__all__ = ["dataset", "number", "token_frame"]
 
 
 def _given(obj: Any) -> str:
@@ -66,3 +68,21 @@ def dataset(obj: Any, who: str) -> Any:
     raise TypeError(f"{who}: expected a loaded dataset (entr_diag.io.load_dataset(paths)), "
                     f"got {_given(obj)}; the forensics also read the raw rows and the "
                     "accounting that a token frame lacks.")
+
+
+def number(value: Any, who: str, param: str, *, optional: bool = False) -> Any:
+    """``value`` as given if it is a real number (int, float, a numpy scalar; not a bool),
+    or None when ``optional``: the numeric parameter ``param`` of ``who`` (a public function
+    or class). Its value (range, finiteness) is not checked here.
+
+    Raises:
+        TypeError: anything else, e.g. ``EntrGate: expected tau as a real number, got str
+            ('4').``
+    """
+    if value is None and optional:
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return value
+    shown = f" ({value!r})" if isinstance(value, str) else ""
+    raise TypeError(f"{who}: expected {param} as a real number{' or None' if optional else ''}, "
+                    f"got {_given(value)}{shown}.")

@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 import polars as pl
 
 from entr_diag.errors import ParameterError
+from entr_diag.frames import number
 
 __all__ = [
     "GateSpec",
@@ -103,6 +104,10 @@ class GateSpec:
     Class attributes: ``name`` (canonical, as in specs), ``aliases``, ``level`` (``"token"``,
     ``"sequence"`` or ``"batch"``), ``source`` (whose definition it matches), ``columns``
     (canonical columns the rule reads), ``weights_only`` (TIS: keeps all tokens).
+
+    Constructing a gate raises :class:`TypeError` (naming the gate and the parameter) when a
+    parameter is not a real number, e.g. ``EntrGate(tau="4")``, and
+    :class:`~entr_diag.errors.ParameterError` when its value is out of range.
     """
 
     name: ClassVar[str] = ""
@@ -135,6 +140,17 @@ class GateSpec:
     def keep_expr(self) -> pl.Expr:  # pragma: no cover - abstract
         """Boolean keep decision per token row (True = kept in the loss)."""
         raise NotImplementedError
+
+    def __post_init__(self) -> None:
+        """Every parameter is a real number (None where its type allows it), then
+        :meth:`_validate` checks the values."""
+        for f in fields(self):
+            number(getattr(self, f.name), type(self).__name__, f.name,
+                   optional="None" in str(f.type))
+        self._validate()
+
+    def _validate(self) -> None:
+        """Raise :class:`ParameterError` (via :meth:`_check`) for a value out of range."""
 
     def _check(self, cond: bool, msg: str) -> None:
         if not cond:
@@ -170,7 +186,7 @@ class EntrGate(TokenGate):
     summary: ClassVar[str] = "keep iff delta^2/(H+eps) <= tau"
     columns: ClassVar[tuple[str, ...]] = ("delta", "entropy")
 
-    def __post_init__(self) -> None:
+    def _validate(self) -> None:
         self._check(math.isfinite(self.tau) and self.tau > 0, "tau must be a positive number")
         self._check(math.isfinite(self.eps) and self.eps >= 0, "eps must be >= 0 (nats)")
 
@@ -201,7 +217,7 @@ class FixedBand(TokenGate):
     )
     summary: ClassVar[str] = "keep iff |delta| <= c"
 
-    def __post_init__(self) -> None:
+    def _validate(self) -> None:
         self._check(not math.isnan(self.c) and self.c >= 0, "c must be >= 0 (nats)")
 
     def keep_expr(self) -> pl.Expr:
@@ -215,7 +231,7 @@ class _RatioBand(TokenGate):
 
     summary: ClassVar[str] = "keep iff low <= r <= high"
 
-    def __post_init__(self) -> None:
+    def _validate(self) -> None:
         self._check(
             math.isfinite(self.low) and math.isfinite(self.high) and 0 < self.low <= self.high,
             "need 0 < low <= high (importance-ratio bounds)",
@@ -276,7 +292,7 @@ class TIS(TokenGate):
     summary: ClassVar[str] = "keeps all; weight min(r, cap)"
     weights_only: ClassVar[bool] = True
 
-    def __post_init__(self) -> None:
+    def _validate(self) -> None:
         self._check(math.isfinite(self.cap) and self.cap > 0, "cap must be a positive ratio")
 
     def keep_expr(self) -> pl.Expr:
@@ -353,7 +369,7 @@ class SeqIS(SequenceGate):
     )
     summary: ClassVar[str] = "drop seq if exp(sum delta) outside [lower, upper]"
 
-    def __post_init__(self) -> None:
+    def _validate(self) -> None:
         if self.lower is None and math.isfinite(self.upper) and self.upper > 0:
             object.__setattr__(self, "lower", 1.0 / self.upper)
         lo = self.lower if self.lower is not None else float("nan")
@@ -395,7 +411,7 @@ class GeoRS(SequenceGate):
     )
     summary: ClassVar[str] = "drop seq if exp(mean delta) outside [low, high]"
 
-    def __post_init__(self) -> None:
+    def _validate(self) -> None:
         self._check(
             math.isfinite(self.low) and math.isfinite(self.high) and 0 < self.low <= self.high,
             "need 0 < low <= high (geometric-mean ratio bounds)",
@@ -431,7 +447,7 @@ class K3SeqRS(SequenceGate):
     source: ClassVar[str] = "verl K3 sequence rejection: drop if mean_t(r - 1 - delta) > 0.01"
     summary: ClassVar[str] = "drop seq if mean(r - 1 - delta) > threshold"
 
-    def __post_init__(self) -> None:
+    def _validate(self) -> None:
         self._check(math.isfinite(self.threshold) and self.threshold >= 0, "threshold must be >= 0")
 
     def seq_aggs(self) -> dict[str, pl.Expr]:
@@ -464,7 +480,7 @@ class CatastrophicVeto(SequenceGate):
     source: ClassVar[str] = "verl catastrophic-token veto: drop seq if any r < 1e-4"
     summary: ClassVar[str] = "drop seq if any r < min_ratio"
 
-    def __post_init__(self) -> None:
+    def _validate(self) -> None:
         self._check(math.isfinite(self.min_ratio) and self.min_ratio > 0, "min_ratio must be > 0")
 
     def seq_aggs(self) -> dict[str, pl.Expr]:
@@ -514,7 +530,7 @@ class M2PO(GateSpec):
     )
     summary: ClassVar[str] = "drop largest delta^2 until mean(delta^2) <= max"
 
-    def __post_init__(self) -> None:
+    def _validate(self) -> None:
         self._check(
             math.isfinite(self.max_mean_sq) and self.max_mean_sq > 0, "max_mean_sq must be > 0"
         )

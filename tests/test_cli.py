@@ -320,12 +320,15 @@ def test_all_tokens_masked_out(tmp_path):
 
 
 def test_probabilities_instead_of_logprobs(tmp_path):
-    """Positive 'logprobs' (probabilities) are excluded and the error says what they look like."""
+    """Positive 'logprobs' (probabilities) are excluded and the error says what they look
+    like, naming the columns."""
     p = _file(tmp_path, old_log_probs=[0.9, 0.8, 0.5, 0.4], rollout_log_probs=[0.9, 0.7, 0.5, 0.3])
     r = runner.invoke(app, ["fit", str(p)])
     assert r.exit_code == 2
     msg = re.sub(r"\s+", " ", r.stderr)
     assert "positive_logprob: 3" in msg and "probabilities" in msg
+    assert ("one or both of train_logprob ('old_log_probs') and infer_logprob "
+            "('rollout_log_probs') may hold probabilities") in msg
 
 
 def test_loss_mask_missing_in_one_shard(tmp_path):
@@ -530,6 +533,30 @@ def test_tiny_run_fits_without_a_breakpoint_search(tmp_path):
     assert r.exit_code == 0, r.output
     bp = json.loads((tmp_path / "f.json").read_text())
     assert bp["breakpoint"] is None and "breakpoint needs at least 4" in r.stdout
+
+
+def test_run_with_no_full_entropy_bin_says_so_in_a_sentence(tmp_path):
+    """91 tokens of 7 sequences in 30 bins: no bin holds enough tokens, said as such (not
+    'only 0 bin(s)') with the advice; in 3 bins the law is fitted and no breakpoint bin
+    qualifies, said the same way."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 91
+    infer = -rng.exponential(0.5, n)
+    p = tmp_path / "tiny.parquet"
+    pl.DataFrame({"seq_id": np.arange(n) % 7, "infer_logprob": infer,
+                  "train_logprob": np.minimum(infer + rng.normal(0, 0.05, n), 0.0),
+                  "entropy": rng.uniform(0.01, 2.0, n)}).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: {p}: no entropy bin holds enough tokens (need 3 bins")
+    assert "give more tokens or sequences, or fewer bins." in r.stderr
+    assert "only 0" not in r.stderr
+    r = runner.invoke(app, ["fit", str(p), "--bins", "3", "--n-boot", "100", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "Breakpoint: none (none of the finer breakpoint bins holds >= 10 tokens" in r.stdout
+    assert "only 0" not in r.stdout
 
 
 def test_exact_off_by_one_stops_with_the_shift(tmp_path):

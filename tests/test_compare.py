@@ -182,6 +182,20 @@ class TestHandCase:
         # every token is a candidate: A1 (d^2 .04 <= .0066?) no; A2 (H=0) no; C0 no
         assert r.n_exploration == 4
 
+    def test_null_reasons_say_why_no_law_was_fitted(self):
+        """``no_fit`` (why the fit failed) replaces "not given" in the null reasons and the
+        definitions; given beside a law it is refused."""
+        why = "all tokens fall into one sequence block"
+        d = run_tiny(h_star=None, law_k=None, no_fit=why).to_dict()
+        texts = [*d["null_reasons"].values(), d["definitions"]["noise_token"],
+                 d["definitions"]["law_scale_token"]]
+        assert len(texts) == 4
+        for t in texts:
+            assert f"no scaling law could be fitted ({why})" in t and "given" not in t, t
+        for kw in (dict(h_star=0.2, law_k=None), dict(h_star=None, law_k=0.1)):
+            with pytest.raises(ParameterError, match="no_fit"):
+                run_tiny(no_fit=why, **kw)
+
     def test_specs_for_export(self):
         """The result carries its gate specs, so decisions_frame can export the same gates."""
         r = run_tiny()

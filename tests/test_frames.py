@@ -1,8 +1,10 @@
-"""The library's public entry points refuse a token frame or dataset of the wrong type with
-a TypeError naming the function, the type expected and the type given."""
+"""The library's public entry points refuse a token frame or dataset of the wrong type, or
+a numeric parameter that is not a number, with a TypeError naming the function, the type
+expected and the type given."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 from entr_diag.compare import compare_gates, compare_plan, decisions_frame
 from entr_diag.fit import fit_plan, fit_scaling_law
 from entr_diag.forensics import detect_misalignment, forensics_plan, run_forensics
-from entr_diag.gates import FixedBand
+from entr_diag.gates import GATE_TYPES, FixedBand, SeqIS
 from entr_diag.io import load_dataset
 from entr_diag.metrics import compute_metrics, metrics_plan
 from entr_diag.passes import run_pass
@@ -131,3 +133,28 @@ def test_load_dataset_empty_paths_is_an_error_not_the_sample():
         with pytest.raises(InputError, match="no input path given .*pass None for the bundled"):
             load_dataset(empty)
     assert load_dataset(None).bundled
+
+
+@pytest.mark.parametrize("cls", list(GATE_TYPES.values()), ids=list(GATE_TYPES))
+def test_gate_constructors_refuse_a_parameter_that_is_not_a_number(cls):
+    """Every gate given a str (or a bool) for any of its parameters raises a TypeError
+    naming the gate, the parameter, the type expected and the one given; numpy scalars
+    and ints are numbers."""
+    for f in fields(cls):
+        for bad, given in (("4", "got str ('4')."), (True, "got bool.")):
+            with pytest.raises(TypeError) as e:
+                cls(**{f.name: bad})
+            assert str(e.value).startswith(f"{cls.__name__}: expected {f.name} as a real "
+                                           "number"), str(e.value)
+            assert str(e.value).endswith(given), str(e.value)
+        assert cls(**{f.name: np.float64(getattr(cls(), f.name))}) == cls()
+    assert SeqIS(lower=None) == SeqIS()  # lower may be None (1/upper)
+
+
+@pytest.mark.parametrize("param", ["h_star", "law_k", "law_alpha", "flag_tau", "flag_eps"])
+def test_compare_gates_refuses_a_law_parameter_that_is_not_a_number(param):
+    """compare_gates given a str for a numeric parameter raises a TypeError naming it at
+    the entry, before any pass."""
+    with pytest.raises(TypeError, match=rf"^compare_gates: expected {param} as a real number"
+                                        r"( or None)?, got str \('x'\)\.$"):
+        compare_gates(_TOKENS, **{param: "x"})

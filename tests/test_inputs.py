@@ -264,7 +264,7 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     else:
         _canonical_shards(tmp_path / "shards", 3, {})
         arg, where, why = str(tmp_path / "shards"), f"{tmp_path / 'shards'} (3 files)", \
-            "entropy bin(s) hold enough tokens"
+            "enough tokens (need 3 bins"
     out, js = tmp_path / "r.html", tmp_path / "r.json"
     r = runner.invoke(app, ["report", arg, "-o", str(out), "--json", str(js), "-q"])
     assert r.exit_code == 0, r.output
@@ -277,6 +277,12 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     assert f"No scaling law: {doc['unavailable']}" in r.stdout.replace("\n", " ")
     assert doc["metrics"]["overall"]["tokens"] > 0 and doc["forensics"]["checks"]
     assert f"Scaling law: not fitted: {html_lib.escape(doc['unavailable'])}" in out.read_text()
+    # the gates' n/a reasons say why there is no law, not "law_k not given"
+    reasons = doc["compare"]["null_reasons"]
+    assert set(reasons) == {"noise_admitted", "exploration_discarded"}
+    for t in (*reasons.values(), *(doc["compare"]["definitions"][k]
+                                   for k in ("noise_token", "law_scale_token"))):
+        assert "no scaling law could be fitted (" in t and why in t and "given" not in t, t
     r = runner.invoke(app, ["compare", arg, "--json", str(js), "-q"])
     assert r.exit_code == 0, r.output
     cmp_doc = json.loads(js.read_text())
@@ -284,6 +290,10 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     assert why in cmp_doc["unavailable"] and cmp_doc["compare"]["gates"][0]["name"] == "entr"
     assert cmp_doc["compare"]["gates"] == doc["compare"]["gates"]  # as in the report
     assert "No scaling law: " in r.stdout and "ENTR unavailable" not in r.stdout
+    assert cmp_doc["compare"]["null_reasons"] == reasons
+    text = " ".join(r.stdout.split())
+    assert "n/a exploration discarded: no scaling law could be fitted (" in text
+    assert "law_k" not in text and "given" not in text
     r = runner.invoke(app, ["fit", arg, "-q"])
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
@@ -317,8 +327,8 @@ def test_partition_value_contradicted_by_the_files_column_is_noted(tmp_path):
 
 def test_mostly_excluded_tokens_are_warned_about_with_what_it_means(tmp_path):
     """Probabilities in the logprob columns exclude almost every token as positive_logprob:
-    a warning says so and what it usually means, beside the count; a run with a few bad
-    rows gets no such warning."""
+    a warning says so and what it usually means, naming the columns, beside the count; a
+    run with a few bad rows gets no such warning."""
     p = _shard(tmp_path / "probs.parquet")
     df = pl.read_parquet(p)
     pl.concat([df.with_columns(pl.col("old_log_probs", "rollout_log_probs").exp()
@@ -327,7 +337,9 @@ def test_mostly_excluded_tokens_are_warned_about_with_what_it_means(tmp_path):
               ).write_parquet(p)
     r = runner.invoke(app, ["inspect", str(p)])
     assert "warning: 90.0% of the loss-masked tokens are excluded" in r.stderr
-    assert "probabilities rather than log-probabilities" in r.stderr
+    err = " ".join(r.stderr.split())
+    assert ("one or both of train_logprob ('old_log_probs') and infer_logprob "
+            "('rollout_log_probs') may hold probabilities rather than log-probabilities") in err
     ok = runner.invoke(app, ["inspect", str(_shard(tmp_path / "ok.parquet"))])
     assert ok.exit_code == 0 and "are excluded" not in ok.stderr
 
@@ -350,9 +362,12 @@ def test_mostly_excluded_caveat_reaches_the_verdict_even_quiet(tmp_path):
     doc = json.loads(js.read_text())
     caveat = doc["verdict"]["caveat"]
     assert "of the loss-masked tokens are excluded" in caveat and "probabilities" in caveat
-    assert "probabilities rather" in " ".join(r.stdout.split())
+    named = ("one or both of train_logprob ('train_logprob') and infer_logprob "
+             "('infer_logprob') may hold probabilities")
+    assert named in caveat and "probabilities rather" in " ".join(r.stdout.split())
     found = [f for f in doc["forensics"]["findings"] if f["kind"] == "corrupt_rows"]
     assert found and found[0]["title"].startswith("Most loss-masked tokens are invalid")
+    assert named in found[0]["message"]
     out = tmp_path / "r.html"
     r = runner.invoke(app, ["report", str(p), "-q", "-o", str(out)])
     assert r.exit_code == 0 and "of the loss-masked tokens are excluded" in out.read_text()

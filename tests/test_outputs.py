@@ -436,6 +436,25 @@ def test_dash_and_dev_stdout_as_output_paths(run_file, tmp_path, monkeypatch):
     assert r.returncode == 2 and b"--output and --json both write to stdout" in r.stderr
 
 
+def test_two_outputs_naming_stdout_are_refused_when_stdout_is_dev_null(run_file, tmp_path,
+                                                                       dev_null, dev_stdout):
+    """With stdout on /dev/null (a device), two outputs naming stdout itself (``--json -``
+    and ``-o /dev/stdout``, or a symlink to it) are refused as into a file or a pipe; an
+    output naming /dev/null beside ``--json -`` is not."""
+    base = [sys.executable, "-m", "entr_diag", "report", str(run_file), "-q"]
+    (tmp_path / "link.json").symlink_to(dev_stdout)
+    for outs in (["-o", dev_stdout, "--json", "-"],
+                 ["-o", dev_stdout, "--json", str(tmp_path / "link.json")]):
+        r = subprocess.run([*base, *outs], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=120)
+        assert r.returncode == 2, (outs, r.stderr)
+        assert r.stderr == b"error: --output and --json both write to stdout; send one of " \
+            b"them to a file.\n", r.stderr
+    r = subprocess.run([*base, "-o", dev_null, "--json", "-"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, timeout=120)
+    assert r.returncode == 0 and b"wrote /dev/null" in r.stderr, r.stderr
+
+
 def test_synth_on_a_full_disk_names_the_file(tmp_path, monkeypatch):
     """synth's writer failing (a full disk) names the output, exit 2, nothing left behind."""
     import errno
