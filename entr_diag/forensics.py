@@ -912,7 +912,9 @@ class _LagSums:
         np.logical_and(sk[1:] == sk[:-1], pos[1:] == pos[:-1] + 1, out=pair[:-1])
         out: dict[str, Any] = {"seq_key": sk[starts]}
         if "step" in self.keys:
-            out["step"] = batch.get_column("step").gather(pl.Series(starts))
+            step = batch.get_column("step")  # numpy: a polars gather here waits for the engine
+            out["step"] = (step.gather(pl.Series(starts)) if step.null_count()
+                           else pl.Series("step", column(batch, "step")[starts]))
         n_pairs = np.add.reduceat(pair.astype(np.int64), starts)
         w = np.zeros(n)
         # lag -1 at token t = i + 1: |train[t] - infer[t - 1]|; lag +1 at t = i: |train[t] -
