@@ -60,7 +60,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import InputError, ParameterError, SchemaError
-from entr_diag.frames import number, token_frame
+from entr_diag.frames import number, number_array, token_frame
 from entr_diag.gates import (
     DEFAULT_PANEL,
     M2PO,
@@ -726,7 +726,7 @@ def _bin_labels(edges: Sequence[float]) -> tuple[str, ...]:
 
 
 def _check_edges(edges: Any, what: str) -> np.ndarray:
-    e = np.asarray(edges, dtype=float).ravel()
+    e = number_array(edges, "compare_gates", what)
     if e.size < 2 or not np.all(np.isfinite(e)) or np.any(np.diff(e) <= 0):
         raise ParameterError(
             f"{what} must be at least two finite, strictly increasing values (got {e.tolist()})."
@@ -735,7 +735,7 @@ def _check_edges(edges: Any, what: str) -> np.ndarray:
 
 
 def _check_sweep(values: Any, what: str, positive: bool) -> np.ndarray:
-    v = np.asarray(values, dtype=float).ravel()
+    v = number_array(values, "compare_gates", what)
     if v.size == 0:
         return v
     bad = ~np.isfinite(v) | ((v <= 0) if positive else (v < 0))
@@ -2063,7 +2063,8 @@ def compare_gates(
     needing the missing entropy), InputError (no token, or null entropy), ParameterError
     (bad edges, sweeps or law parameters; ``h_star``, ``law_k`` or ``entropy_edges``
     without an entropy column), TypeError (``h_star``, ``law_k``, ``law_alpha``,
-    ``flag_tau`` or ``flag_eps`` not a real number). Two
+    ``flag_tau`` or ``flag_eps`` not a real number; an entry of ``sweep_tau``, ``sweep_c``,
+    ``entropy_edges`` or ``p_edges`` not a real number, e.g. a str). Two
     streaming passes (:class:`ComparePlan`).
     """
     lf = token_frame(lf, "compare_gates")

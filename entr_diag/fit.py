@@ -97,7 +97,7 @@ from entr_diag.aggregate import (
     usable,
 )
 from entr_diag.errors import FitError, ParameterError
-from entr_diag.frames import token_frame
+from entr_diag.frames import number, token_frame
 from entr_diag.passes import PartialRows, column, run_pass
 from entr_diag.regime import (
     P_BINS,
@@ -986,9 +986,13 @@ def fit_scaling_law(
     entropy, all tokens in one sequence block, delta = 0 everywhere, or fewer than 3 entropy
     bins with enough tokens (>= 10 tokens in >= 2 sequence blocks with H >= 1e-6);
     :class:`ParameterError` for invalid parameters (``n_boot < 100``, ``tau <= 0``,
-    ``eps < 0``, ``bins < 1``, ``bin_edges`` not "quantile"/"log", ``n_blocks < 2``).
+    ``eps < 0``, ``bins < 1``, ``bin_edges`` not "quantile"/"log", ``n_blocks < 2``);
+    :class:`TypeError` (naming the parameter) when ``bins``, ``eps``, ``tau``, ``n_boot``,
+    ``n_blocks`` or ``seed`` is not a real number (e.g. ``tau="4"``).
     """
     lf = token_frame(lf, "fit_scaling_law")
+    _check_numbers("fit_scaling_law", bins=bins, eps=eps, tau=tau, n_boot=n_boot,
+                   n_blocks=n_blocks, seed=seed)
     plan = fit_plan(lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau, n_boot=n_boot,
                     n_blocks=n_blocks, seed=seed, with_strata=with_strata)
     run_pass(lf, plan.accumulators)
@@ -1217,6 +1221,8 @@ def fit_plan(
     :func:`~entr_diag.aggregate.fine_bin_expr`, e.g. ``Dataset.entropy_fine_counts``) and
     ``step_range`` (lowest, highest step of ``lf``) skip pass 1 when they are known."""
     lf = token_frame(lf, "fit_plan")
+    _check_numbers("fit_plan", bins=bins, eps=eps, tau=tau, n_boot=n_boot, n_blocks=n_blocks,
+                   seed=seed)
     check_fit_parameters(eps, tau, n_boot, bins)
     _check_blocks(n_blocks)
     if int(seed) != seed or seed < 0:
@@ -1282,6 +1288,13 @@ def fit_plan(
 #: Largest ``n_boot * breakpoint bins``: the bootstrap holds (bins x n_boot) float64 matrices,
 #: a few at a time (20M: 160 MB each).
 MAX_BOOT_CELLS: int = 20_000_000
+
+
+def _check_numbers(who: str, **params: object) -> None:
+    """TypeError (naming ``who`` and the parameter) for a parameter that is not a real
+    number, e.g. ``tau="4"``."""
+    for name, value in params.items():
+        number(value, who, name)
 
 
 def check_fit_parameters(eps: float, tau: float, n_boot: int, bins: int | None = None) -> None:

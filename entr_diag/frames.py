@@ -15,9 +15,10 @@ import numbers
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
-__all__ = ["dataset", "number", "token_frame"]
+__all__ = ["dataset", "number", "number_array", "token_frame"]
 
 
 def _given(obj: Any) -> str:
@@ -86,3 +87,20 @@ def number(value: Any, who: str, param: str, *, optional: bool = False) -> Any:
     shown = f" ({value!r})" if isinstance(value, str) else ""
     raise TypeError(f"{who}: expected {param} as a real number{' or None' if optional else ''}, "
                     f"got {_given(value)}{shown}.")
+
+
+def number_array(values: Any, who: str, param: str) -> np.ndarray:
+    """``values`` (a sequence or array of real numbers, or one number) as a flat float64
+    array: the numeric list parameter ``param`` of ``who``. Its values (range, order) are
+    not checked here.
+
+    Raises:
+        TypeError: an entry that is not a real number (a str, a bool, None), e.g.
+            ``compare_gates: expected sweep_tau as real numbers, got '1' (str).``
+    """
+    arr = np.asarray(values, dtype=object).ravel()
+    for v in arr:
+        if not isinstance(v, numbers.Real) or isinstance(v, bool | np.bool_):
+            raise TypeError(f"{who}: expected {param} as real numbers, got {v!r} "
+                            f"({type(v).__name__}).")
+    return arr.astype(np.float64)

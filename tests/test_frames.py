@@ -158,3 +158,23 @@ def test_compare_gates_refuses_a_law_parameter_that_is_not_a_number(param):
     with pytest.raises(TypeError, match=rf"^compare_gates: expected {param} as a real number"
                                         r"( or None)?, got str \('x'\)\.$"):
         compare_gates(_TOKENS, **{param: "x"})
+
+
+@pytest.mark.parametrize("param", ["sweep_tau", "sweep_c", "entropy_edges", "p_edges"])
+def test_compare_gates_refuses_a_list_entry_that_is_not_a_number(param):
+    """A sweep or edge list holding a str (once turned silently into a float, or a bare
+    ValueError) or None raises a TypeError naming the parameter and the entry."""
+    for bad, shown in ((["1", 2.0, 3.0], r"'1' \(str\)"), ([0.5, None, 2.0], r"None \(NoneType\)")):
+        with pytest.raises(TypeError, match=rf"^compare_gates: expected {param} as real "
+                                            rf"numbers, got {shown}\.$"):
+            compare_gates(_TOKENS, **{param: bad})
+
+
+@pytest.mark.parametrize("fn", [fit_scaling_law, fit_plan], ids=["fit_scaling_law", "fit_plan"])
+@pytest.mark.parametrize("param", ["bins", "eps", "tau", "n_boot", "n_blocks", "seed"])
+def test_fit_refuses_a_parameter_that_is_not_a_number(fn, param):
+    """The fit given a str for a numeric parameter raises a TypeError naming the function
+    and the parameter (was a bare TypeError from a comparison deep inside)."""
+    with pytest.raises(TypeError, match=rf"^{fn.__name__}: expected {param} as a real number, "
+                                        r"got str \('4'\)\.$"):
+        fn(_TOKENS, **{param: "4"})
