@@ -98,6 +98,8 @@ def number_array(values: Any, who: str, param: str) -> np.ndarray:
         TypeError: an entry that is not a real number (a str, a bool, None), e.g.
             ``compare_gates: expected sweep_tau as real numbers, got '1' (str).``
     """
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
+        return values.astype(np.float64).ravel()
     arr = np.asarray(values, dtype=object).ravel()
     for v in arr:
         if not isinstance(v, numbers.Real) or isinstance(v, bool | np.bool_):
