@@ -952,6 +952,22 @@ def _why_no_fit(e: FitError | str) -> str:
     return f"{msg[:1].lower()}{msg[1:]}"
 
 
+def _import_meanwhile(module: str) -> None:
+    """Import ``module`` on a worker thread while this one goes on (scipy.stats takes 0.5 s
+    of Python; the alignment check that follows the pass is mostly polars, which releases
+    the GIL). A later import of the module waits for this one. Not a daemon thread: an
+    import is never cut short at exit."""
+    import importlib
+    import threading
+
+    def target() -> None:
+        with contextlib.suppress(Exception):  # the later import raises it where it is used
+            importlib.import_module(module)
+
+    if module not in sys.modules:
+        threading.Thread(target=target, name=f"import {module}").start()
+
+
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
          full: bool = True, forensics: bool = False, profiles: bool = False,
          entropy_optional: bool = False, law_optional: bool = False):
@@ -1008,6 +1024,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     what = ", ".join({"findings": "forensics"}.get(k, k) for k in plans if k != "alignment")
     with _status(f"one pass ({what})", quiet, rows=ds.accounting.tokens_valid):
         run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators])
+    if "fit" in plans or forensics:  # their robust statistics; meanwhile the alignment check
+        _import_meanwhile("scipy.stats")
     if align is not None:
         _check_alignment(ds, align.finish(), allow_misaligned, quiet)
     with _status("fitting...", quiet):
