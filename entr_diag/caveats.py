@@ -99,6 +99,24 @@ def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int,
             f"the results rest on the {valid:,} others. {hint}")
 
 
+def exclusion_lead(excluded: Mapping[str, int], masked: int, valid: int,
+                   mapping: Mapping[str, str] | None = None) -> str:
+    """When more than half of the ``masked`` loss-masked tokens were excluded: a sentence
+    saying how many and why (the largest reasons with their counts, and what the dominant
+    one usually means, :func:`exclusion_hint`), to lead a refusal of the fit with: the
+    exclusions, not the few tokens left, are then what to fix. '' otherwise."""
+    if not masked or masked - valid <= masked / 2:
+        return ""
+    out = masked - valid
+    top = sorted(excluded.items(), key=lambda kv: -kv[1])
+    reasons = ", ".join(f"{r} {n:,}" for r, n in top[:3]) + (", ..." if len(top) > 3 else "")
+    hint = exclusion_hint(excluded, masked, mapping).removeprefix("Most are ")
+    why = hint.split(": ", 1)[1] if hint else \
+        "see `entr-diag inspect` for what each reason means and which columns they concern."
+    return (f"{out:,} of the {masked:,} loss-masked tokens ({out / masked:.1%}) were "
+            f"excluded ({reasons}): {why}")
+
+
 def integer_caveat(notes: list[str] | tuple[str, ...]) -> str | None:
     """A one-line caveat when the loader read an integer-typed logprob or entropy column
     (its ``warning: CANON ('SRC') holds integers ...`` note), else None: a verdict on

@@ -940,16 +940,28 @@ _MAP_ENTROPY = ("map one with --column entropy=NAME (or --entropy train for a tr
 def _fit_refusal(ds, e: FitError, optional: bool) -> str:
     """The fit's refusal (too few tokens or sequences, ...) naming the input: raised again
     (exit 2) unless ``optional``; else returned, as the reason the law is unavailable."""
-    msg = f"{_where(ds)}: {_why_no_fit(e)}."
+    msg = f"{_where(ds)}: {_why_no_fit(ds, e)}."
     if not optional:
         raise FitError(msg) from None
     return msg
 
 
-def _why_no_fit(e: FitError | str) -> str:
-    """The fit's refusal as a phrase: first letter lower case, no final period."""
+def _why_no_fit(ds, e: FitError | str) -> str:
+    """The fit's refusal as a phrase: first letter lower case, no final period. When the
+    exclusions removed most loss-masked tokens it leads with them (how many, why, what that
+    usually means: :func:`~entr_diag.caveats.exclusion_lead`) instead of advising more
+    tokens: the few left are not the problem."""
+    from entr_diag.caveats import exclusion_lead
+    from entr_diag.fit import MORE_DATA
+
     msg = str(e).rstrip(".")
-    return f"{msg[:1].lower()}{msg[1:]}"
+    why = f"{msg[:1].lower()}{msg[1:]}"
+    acc = ds.accounting
+    lead = exclusion_lead(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping)
+    if not lead:
+        return why
+    return (f"{lead} The law cannot be fitted on the {acc.tokens_valid:,} tokens left: "
+            + why.removesuffix(f"; {MORE_DATA}"))
 
 
 def _import_meanwhile(module: str) -> None:
@@ -1001,7 +1013,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                                     fine_counts=ds.entropy_fine_counts,
                                     step_range=ds.step_range)
         except FitError as e:
-            unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(e)
+            unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(ds, e)
     elif not entropy_optional or _dropped(ds, "entropy"):  # some files have it: to fix
         raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _MAP_ENTROPY))
     if full:
@@ -1036,7 +1048,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             except FitError as e:
                 if k != "fit":
                     raise
-                unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(e)
+                unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(ds, e)
     return {"unavailable": unavailable, "no_fit": no_fit,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}}
 

@@ -139,6 +139,9 @@ __all__ = [
 
 #: A bin takes part in fits only with at least this many tokens (and 2 non-empty blocks).
 MIN_BIN_TOKENS: int = 10
+#: the advice ending the refusal when too few bins are filled (the CLI drops it when the
+#: exclusions, not the input's size, left too few tokens)
+MORE_DATA = "give more tokens or sequences, or fewer bins"
 #: A break must lower BIC by more than this.
 BIC_MARGIN: float = 2.0
 #: The low bins must exceed the extrapolated law by at least this factor (weighted mean).
@@ -1383,8 +1386,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         raise FitError(
             (f"Only {k} entropy bin(s) hold" if k else "No entropy bin holds")
             + f" enough tokens (need 3 bins with >= {MIN_BIN_TOKENS} tokens from >= 2 "
-            f"sequence blocks and H >= {H_MIN:g} nats); give more tokens or sequences, or "
-            "fewer bins."
+            f"sequence blocks and H >= {H_MIN:g} nats); {MORE_DATA}."
         )
 
     # ---- breakpoint on finer bins (same edge kind), then laws on the law regime

@@ -559,6 +559,48 @@ def test_run_with_no_full_entropy_bin_says_so_in_a_sentence(tmp_path):
     assert "only 0" not in r.stdout
 
 
+def test_law_refused_after_most_tokens_were_excluded_leads_with_the_exclusions(tmp_path):
+    """Probabilities stored in the logprob columns: all but a few tokens are excluded as
+    positive_logprob and the law cannot be fitted on the rest. The refusal of fit (and
+    compare's 'No scaling law:' line) leads with the exclusions and their probable cause,
+    not with advice to give more tokens; spread over reasons without a dominant one, the
+    counts are still named."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 3000
+    infer = -rng.exponential(0.5, n)
+    infer[:2960] = np.exp(infer[:2960])  # probabilities (> 1e-4) on most rows
+    p = tmp_path / "probs.parquet"
+    pl.DataFrame({"seq_id": np.arange(n) // 30, "infer_logprob": infer,
+                  "train_logprob": infer - np.abs(rng.normal(0, 0.001, n)),
+                  "entropy": rng.uniform(0.01, 2.0, n)}).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2, r.output
+    msg = " ".join(r.stderr.split())
+    assert msg.startswith(f"error: {p}: 2,960 of the 3,000 loss-masked tokens (98.7%) were "
+                          "excluded (positive_logprob 2,960): one or both of train_logprob "
+                          "('train_logprob') and infer_logprob ('infer_logprob') may hold "
+                          "probabilities rather than log-probabilities"), msg
+    assert "The law cannot be fitted on the 40 tokens left: no entropy bin holds" in msg
+    assert "give more tokens" not in msg
+    r = runner.invoke(app, ["compare", str(p), "-q"])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("No scaling law:"))
+    assert "(positive_logprob 2,960): one or both" in line and "give more" not in line
+    # no dominant reason: the counts, and where to look, without the advice
+    infer[:1500] = 0.5
+    infer[1500:2960] = np.nan
+    pl.DataFrame({"seq_id": np.arange(n) // 30, "infer_logprob": infer,
+                  "train_logprob": infer, "entropy": rng.uniform(0.01, 2.0, n)}
+                 ).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "-q"])
+    msg = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and ("(98.7%) were excluded (positive_logprob 1,500, "
+                                 "non_finite_logprob 1,460): see `entr-diag inspect`") in msg, msg
+    assert "give more tokens" not in msg
+
+
 def test_exact_off_by_one_stops_with_the_shift(tmp_path):
     """train_logprob[t] == infer_logprob[t-1] exactly (no noise) is the clearest shift: exit
     2 naming it, not a division by zero; --allow-misaligned goes on."""
