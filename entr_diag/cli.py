@@ -192,7 +192,7 @@ EntropyOpt = Annotated[
 _GATE_HELP = ("A gate to compare (repeatable), e.g. fixed:c=0.5, icepop:low=0.5,high=5, mis, "
               "tis:cap=2, seq-is, geo-rs, k3, veto, m2po, entr:tau=4. Default: the panel.")
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON to this file ('-': to stdout, the tables then go to stderr).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr (warnings still print).")]
 TauOpt = Annotated[float, typer.Option(help="ENTR budget tau: keep iff delta^2/(H+eps) <= tau.")]
 EpsOpt = Annotated[float, typer.Option(help="ENTR entropy offset eps (nats).")]
 BinsOpt = Annotated[int, typer.Option(min=3, max=500, help="Number of entropy bins (3 to 500).")]
@@ -642,16 +642,16 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         )
     if ds.bundled and not quiet:
         _notes.add(f"no input given: using the bundled sample run ({ds.files[0].path})")
-    if not quiet:
-        for note in ds.notes:
-            if note.startswith("warning: "):
-                _notes.add("[yellow]warning:[/yellow] " + escape(note.removeprefix("warning: ")))
-            elif ("missing from" in note or "not used" in note or "trainer-side" in note
-                    or "partition folder" in note or "continue from one file" in note
-                    or "written by entr-diag" in note):
-                _notes.add(f"note: {escape(note)}")
+    for note in ds.notes:  # warnings even with --quiet (it hides progress and notes)
+        if note.startswith("warning: "):
+            _notes.add("[yellow]warning:[/yellow] " + escape(note.removeprefix("warning: ")))
+        elif not quiet and ("missing from" in note or "not used" in note
+                            or "trainer-side" in note or "partition folder" in note
+                            or "continue from one file" in note
+                            or "written by entr-diag" in note):
+            _notes.add(f"note: {escape(note)}")
     dup = ds.accounting.sequences_with_duplicate_positions
-    if dup and not quiet:
+    if dup:
         from entr_diag.io.load import unkeyed_partitions
 
         _notes.add(
@@ -662,14 +662,14 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             + escape(unkeyed_partitions([f.hive for f in ds.files], ds.mapping)) + "."
         )
     nostep = ds.accounting.tokens_without_step
-    if nostep and not quiet:
+    if nostep:
         _notes.add(
             f"[yellow]warning:[/yellow] {nostep:,} valid token(s) have a null step: their "
             "sequences are keyed (null, seq_id), apart from any tokens of the same seq_id "
             "that have a step, and they count in no step's row of the per-step tables."
         )
     ahead = sum(n for s, n in (ds.accounting.staleness or {}).items() if s < 0)
-    if ahead and not quiet:
+    if ahead:
         _notes.add(
             f"[yellow]warning:[/yellow] {ahead:,} valid token(s) have policy_version > "
             "train_version (negative staleness): a rollout cannot come from a policy newer "
@@ -679,8 +679,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         )
     if analyse:
         _require_tokens(ds)
+    acc = ds.accounting
     if not quiet:
-        acc = ds.accounting
         _notes.add(
             f"{acc.tokens_valid:,} valid loss-masked tokens of {acc.tokens_total:,} rows; "
             f"{acc.tokens_masked - acc.tokens_valid:,} excluded"
@@ -689,16 +689,15 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
                "leading or trailing rows whose logprobs and entropy are exactly 0)"
                if acc.tokens_padding else "")
         )
-        from entr_diag.caveats import exclusion_caveat
+    from entr_diag.caveats import exclusion_caveat
 
-        caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid,
-                                  ds.mapping)
-        if caveat:
-            _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
+    caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping)
+    if caveat:
+        _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     return ds
 
 
-def _check_alignment(ds, finding, allow: bool, quiet: bool) -> None:
+def _check_alignment(ds, finding, allow: bool) -> None:
     """Stop (exit 2) when train and inference logprobs look shifted by one token
     (``finding``: the result of the off-by-one check, computed in the command's pass); the
     refusal names the input (:func:`_where`)."""
@@ -708,8 +707,7 @@ def _check_alignment(ds, finding, allow: bool, quiet: bool) -> None:
     if f is None:
         return
     if allow:
-        if not quiet:
-            _notes.add(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
+        _notes.add(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
         return
     raise InputError(
         f"{_where(ds)}: {f.title}. {_alignment_numbers(f)} Check: {f.check} Pass "
@@ -1039,7 +1037,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if "fit" in plans or forensics:  # their robust statistics; meanwhile the alignment check
         _import_meanwhile("scipy.stats")
     if align is not None:
-        _check_alignment(ds, align.finish(), allow_misaligned, quiet)
+        _check_alignment(ds, align.finish(), allow_misaligned)
     with _status("fitting...", quiet):
         out = {}
         for k, p in plans.items():

@@ -515,6 +515,45 @@ def test_progress_bar_counts_rows_on_a_terminal(monkeypatch, tmp_path):
     assert r.exit_code == 0 and seen == []
 
 
+def test_quiet_hides_notes_and_progress_but_not_warnings(tmp_path):
+    """--quiet hides the notes (accounting line, bundled-sample line) but the data-quality
+    warnings still print: duplicated rows, byte copies of a file, most tokens excluded,
+    --allow-misaligned going on."""
+    import shutil
+
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    n_seq, length = 40, 50
+    infer = -rng.exponential(0.7, n_seq * length)
+    df = pl.DataFrame({"seq_id": np.repeat(np.arange(n_seq), length),
+                       "position": np.tile(np.arange(length), n_seq), "infer_logprob": infer,
+                       "train_logprob": infer - np.abs(rng.normal(0, 0.01, n_seq * length)),
+                       "entropy": rng.exponential(0.5, n_seq * length)})
+    d = tmp_path / "d"
+    d.mkdir()
+    df.write_parquet(d / "a.parquet")
+    shutil.copy(d / "a.parquet", d / "b.parquet")
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "-q"])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert "look like copies of each other" in err and "hold more tokens than positions" in err
+    assert "valid loss-masked tokens" not in err and "note:" not in err
+    # probabilities on 3 rows of 4: the mostly-excluded warning
+    p = tmp_path / "probs.parquet"
+    df.with_columns(pl.when(pl.col("position") % 4 > 0).then(pl.col("infer_logprob").exp())
+                    .otherwise(pl.col("infer_logprob"))).write_parquet(p)
+    r = runner.invoke(app, ["inspect", str(p), "-q"])
+    assert r.exit_code == 0 and "% of the loss-masked tokens are excluded, the results" in \
+        " ".join(r.stderr.split())
+    # shifted by a token, analysed anyway
+    df.with_columns(pl.col("infer_logprob").shift(1).over("seq_id")).drop_nulls().write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--allow-misaligned", "-q"])
+    assert r.exit_code == 0 and "(--allow-misaligned: going on)" in " ".join(r.stderr.split())
+    r = runner.invoke(app, ["fit", "--n-boot", "100", "-q"])  # bundled run: nothing to warn
+    assert r.exit_code == 0 and r.stderr == ""
+
+
 def test_tiny_run_fits_without_a_breakpoint_search(tmp_path):
     """A run too small for the finer breakpoint bins (400 tokens) is fitted and says why no
     breakpoint was searched, instead of crashing."""
