@@ -85,8 +85,9 @@ class _Group:
     renames: list[tuple[Path, Path, Path]] = field(default_factory=list)
     #: the outputs begun within the block, by name shown
     outputs: set[str] = field(default_factory=set)
-    #: (name shown, quiet) of the outputs whose reader left before their end
-    closed: list[tuple[str, bool]] = field(default_factory=list)
+    #: (name shown, quiet, why) of the outputs whose reader left before their end (why:
+    #: None), or whose writing failed otherwise (why: the reason, e.g. a full device)
+    closed: list[tuple[str, bool, str | None]] = field(default_factory=list)
     #: (name shown, action) to run once the outputs are in place (:func:`when_written`)
     announcements: list[tuple[str, Callable[[], object]]] = field(default_factory=list)
 
@@ -103,32 +104,41 @@ def _begun(shown: str | Path) -> None:
         group.outputs.add(str(shown))
 
 
-def _closed_error(names: list[str], others: bool) -> OutputClosedError:
-    """The error for the outputs ``names`` cut short (none: only stdout under ``--json -``,
-    said nothing about); ``others``: other outputs of the run were written."""
-    if not names:
+def _closed_error(closed: list[tuple[str, bool, str | None]], others: bool
+                  ) -> OutputClosedError:
+    """The error for the outputs cut short, ``closed`` as in :attr:`_Group.closed` (none
+    but quiet ones: only stdout under ``--json -``, said nothing about); ``others``: other
+    outputs of the run were written."""
+    names = list(dict.fromkeys(s for s, quiet, why in closed if why is None and not quiet))
+    failed = dict.fromkeys(f"cannot write {s}: {why}" for s, _q, why in closed if why)
+    parts = list(failed)
+    if names:
+        whose = "its reader closed it" if len(names) == 1 else "their readers closed them"
+        parts.insert(0, f"cannot write {' and '.join(names)}: {whose} before the end "
+                        "(broken pipe)")
+    if not parts:
         return OutputClosedError("")
-    whose = "its reader closed it" if len(names) == 1 else "their readers closed them"
     rest = "; every other output was written" if others else ""
-    return OutputClosedError(f"cannot write {' and '.join(names)}: {whose} before the end "
-                             f"(broken pipe){rest}.")
+    return OutputClosedError(f"{'; '.join(parts)}{rest}.")
 
 
-def reader_left(shown: str | Path, *, quiet: bool = False) -> None:
-    """The reader of the output ``shown`` went away before its end (EPIPE). Outside
-    :func:`together` raise :class:`~entr_diag.errors.OutputClosedError` at once; within it
-    note it and return: the group's other outputs are still written and the error is raised
-    at its end. ``quiet``: the output is stdout itself (``--json -``), left without a word,
-    as the tables are.
+def reader_left(shown: str | Path, *, quiet: bool = False, why: str | None = None) -> None:
+    """The reader of the output ``shown`` went away before its end (EPIPE), or, with
+    ``why`` (e.g. 'No space left on device'), writing it straight through failed for that
+    reason (stdout redirected to a full device). Outside :func:`together` raise
+    :class:`~entr_diag.errors.OutputClosedError` at once; within it note it and return: the
+    group's other outputs are still written and the error is raised at its end. ``quiet``:
+    the output is stdout itself (``--json -``) whose reader left, left without a word, as
+    the tables are (a failure with ``why`` is always named).
 
     Raises:
         OutputClosedError: outside :func:`together`.
     """
     group = _GROUP.get()
     if group is None:
-        raise _closed_error([] if quiet else [str(shown)], others=False)
+        raise _closed_error([(str(shown), quiet, why)], others=False)
     group.outputs.add(str(shown))
-    group.closed.append((str(shown), quiet))
+    group.closed.append((str(shown), quiet, why))
 
 
 def when_written(target: str | Path, action: Callable[[], object]) -> None:
@@ -177,13 +187,12 @@ def together() -> Iterator[None]:
         for tmp, _target, _shown in group.renames:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-    closed = {shown for shown, _quiet in group.closed}
+    closed = {shown for shown, _quiet, _why in group.closed}
     for shown, action in group.announcements:
         if shown not in closed:
             action()
     if group.closed:
-        raise _closed_error([shown for shown, quiet in group.closed if not quiet],
-                            others=len(group.outputs) > len(closed))
+        raise _closed_error(group.closed, others=len(group.outputs) > len(closed))
 
 
 @contextlib.contextmanager

@@ -142,12 +142,19 @@ app = typer.Typer(
 class _Stdout(Console):
     """The results console: its first print ends the progress bar (on stderr), so that on a
     terminal no frame of the bar is left in or between the result tables, and prints the
-    notes held until then (:class:`_Notes`)."""
+    notes held until then (:class:`_Notes`). A failure to write the tables other than their
+    reader leaving (which rich handles: exit 1, quietly), e.g. stdout redirected to a full
+    device, is an output failure naming the stream (exit 1), not bad input."""
 
     def print(self, *args, **kwargs) -> None:  # type: ignore[override]
         _phases.end()
         _notes.flush()
-        super().print(*args, **kwargs)
+        try:
+            super().print(*args, **kwargs)
+        except OSError as e:
+            from entr_diag.atomic import reader_left
+
+            reader_left("stderr" if self.stderr else "stdout", why=e.strerror or str(e))
 
 
 stdout = _Stdout(highlight=False, soft_wrap=False, emoji=False)
@@ -364,17 +371,17 @@ def _errors(quiet: bool = True) -> Iterator[None]:
 
 
 def _let_stdout_go() -> None:
-    """An output's reader left (exit 1): when that was stdout's, point stdout at
-    /dev/null, as rich does when the tables' reader leaves, so that the interpreter's last
-    flush of what is still buffered for it does not fail again at exit."""
+    """An output's reader left, or writing it failed (exit 1): when that was stdout's,
+    point stdout at /dev/null, as rich does when the tables' reader leaves, so that the
+    interpreter's last flush of what is still buffered for it does not fail again at exit
+    (a broken pipe, a full device)."""
     import os
 
     try:
         sys.stdout.flush()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # no real stdout (e.g. captured by a test runner)
-        pass
+    except (OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):  # no real stdout (e.g. a test runner)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @contextlib.contextmanager
@@ -804,15 +811,14 @@ def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
     from entr_diag.atomic import reader_left, when_written
 
     if _to_stdout(path):
-        from entr_diag.errors import InputError
         from entr_diag.report.json_report import dumps
 
         try:
             _write_stdout(dumps(doc))
         except BrokenPipeError:  # the reader left (| head): exit 1 quietly, as the tables
             reader_left("stdout", quiet=True)  # do, after the run's other outputs
-        except OSError as e:
-            raise InputError(f"cannot write the JSON to stdout: {e.strerror or e}.") from None
+        except OSError as e:  # e.g. a full device: named, exit 1, after the other outputs
+            reader_left("stdout", why=e.strerror or str(e))
         return
     from entr_diag.report.json_report import write_json
 

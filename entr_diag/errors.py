@@ -28,7 +28,8 @@ class ParameterError(EntrDiagError):
 
 class OutputClosedError(EntrDiagError):
     """The reader of an output written straight through (stdout, ``/dev/stdout``, a FIFO)
-    went away before the output was complete (EPIPE, e.g. ``| head``): exit code 1, as when
+    went away before the output was complete (EPIPE, e.g. ``| head``), or writing stdout
+    failed otherwise (e.g. a full device, its message naming stdout): exit code 1, as when
     the tables' stdout is closed early, after every other output has been written (see
     :func:`entr_diag.atomic.together`). Its message names the outputs cut short; it is
     empty when they are only stdout under ``--json -``, which is left quietly like the

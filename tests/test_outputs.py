@@ -373,7 +373,8 @@ def test_json_dash_writes_pure_json_to_stdout(run_file, tmp_path, monkeypatch, c
 
 def test_json_dash_into_a_closed_pipe_exits_1_quietly(run_file):
     """``--json - | true``: the reader is gone before the JSON is written; exit 1 without an
-    error message, as for the tables (the README's exit codes); a full stdout is named."""
+    error message, as for the tables (the README's exit codes); a full stdout is named
+    (exit 1 too: an output failure, not bad input)."""
     import subprocess
     import sys
 
@@ -386,7 +387,30 @@ def test_json_dash_into_a_closed_pipe_exits_1_quietly(run_file):
     if os.path.exists("/dev/full"):
         with open("/dev/full", "w") as full:
             r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, timeout=120)
-        assert r.returncode == 2 and b"cannot write the JSON to stdout" in r.stderr
+        assert r.returncode == 1, r.stderr
+        assert r.stderr == b"error: cannot write stdout: No space left on device.\n"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_tables_into_a_full_stdout_exit_1_naming_stdout(run_file, tmp_path):
+    """``entr-diag fit > /dev/full``: writing the tables fails with ENOSPC; one error line
+    naming stdout and exit 1 (an output failure, as when its reader leaves; was exit 2 with
+    a bare '[Errno 28]'), nothing else on stderr (no 'Exception ignored' at exit). With
+    ``report -o FILE --json -`` the report is still written (as for a closed pipe)."""
+    base = [sys.executable, "-m", "entr_diag"]
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([*base, "fit", str(run_file), "--n-boot", "100", "-q"], stdout=full,
+                           stderr=subprocess.PIPE, timeout=120)
+        assert r.returncode == 1, r.stderr
+        assert r.stderr == b"error: cannot write stdout: No space left on device.\n"
+        out = tmp_path / "r.html"
+        r = subprocess.run([*base, "report", str(run_file), "--n-boot", "100", "-q", "-o",
+                            str(out), "--json", "-"], stdout=full, stderr=subprocess.PIPE,
+                           timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr == (b"error: cannot write stdout: No space left on device; every other "
+                        b"output was written.\n")
+    assert out.stat().st_size > 100_000
 
 
 def test_json_dash_whose_reader_leaves_midway_exits_1(run_file, tmp_path):
