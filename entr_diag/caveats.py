@@ -6,6 +6,7 @@ Pure functions of the core (the fit and the forensics use them; the renderers pr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 #: Fewer independent resampling units than this (non-empty sequence blocks of the bootstrap;
@@ -128,3 +129,63 @@ def integer_caveat(notes: list[str] | tuple[str, ...]) -> str | None:
     return (f"caveat: {' and '.join(cols)} {'holds' if len(cols) == 1 else 'hold'} integers "
             "(rounded or scaled values, not log-probabilities in nats): the verdict is "
             "meaningless until the dump stores them as floats.")
+
+
+#: mean(-infer_logprob) / mean(H) is ~1 over tokens sampled from the engine's distribution
+#: (E[-log mu(y)] = H(mu), :class:`entr_diag.fit.UnitsCheck`); a unit mistake scales it by
+#: a known factor. key -> (factor, its name, the wrong side, its unit, the conversion to nats)
+UNIT_SIGNATURES: dict[str, tuple[float, str, str, str, str]] = {
+    "entropy_bits": (math.log(2), "ln 2", "entropy", "bits (log base 2)", "ln 2"),
+    "logprob_log10": (1 / math.log(10), "1/ln 10", "logprob", "log10 values", "ln 10"),
+    "logprob_log2": (1 / math.log(2), "1/ln 2", "logprob", "log2 values", "ln 2"),
+    "entropy_log10": (math.log(10), "ln 10", "entropy", "log10 units", "ln 10"),
+}
+#: a ratio within this relative distance of a signature's factor matches it (the four
+#: windows are disjoint, and all exclude [0.75, 1.34]: temperature or top-p sampling moves
+#: the ratio from 1, but a unit mistake by a whole factor)
+UNIT_TOLERANCE = 0.07
+#: fewer tokens than this and no signature is matched (on the bundled run, 500 tokens of 5
+#: sequences give ratios from 0.90 to 1.11)
+MIN_UNIT_TOKENS = 200
+
+
+def unit_mistake(ratio: float, tokens: int) -> str | None:
+    """The key of :data:`UNIT_SIGNATURES` whose factor ``ratio`` (the fit's entropy-weighted
+    median of per-bin mean(-infer_logprob) / mean(H), over ``tokens`` tokens) lies within
+    :data:`UNIT_TOLERANCE` of (``|ratio / factor - 1| <= 0.07``), else None; None too below
+    :data:`MIN_UNIT_TOKENS` tokens or for a ratio that is not a finite positive number."""
+    if tokens < MIN_UNIT_TOKENS or not (ratio > 0 and math.isfinite(ratio)):
+        return None
+    for key, (factor, *_rest) in UNIT_SIGNATURES.items():
+        if abs(ratio / factor - 1) <= UNIT_TOLERANCE:
+            return key
+    return None
+
+
+def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
+                 ) -> str | None:
+    """A one-line caveat naming the likely unit mistake (entropy in bits, logprobs in
+    log10...) and its columns when the fit's units check (a fit result's ``to_dict()
+    ["units"]``) matched one of :data:`UNIT_SIGNATURES`, else None.
+
+    Args:
+        units: ``ratio_binned`` and ``likely_mistake`` of :class:`entr_diag.fit.UnitsCheck`.
+        mapping: canonical column -> source column, to name the columns concerned.
+    """
+    key = (units or {}).get("likely_mistake")
+    if key not in UNIT_SIGNATURES:
+        return None
+    factor, name, side, unit, to_nats = UNIT_SIGNATURES[key]
+    m = mapping or {}
+    canon = ["entropy"] if side == "entropy" else ["train_logprob", "infer_logprob"]
+    cols = " and ".join(f"{c} ('{m[c]}')" if c in m else c for c in canon)
+    one = len(canon) == 1
+    return (
+        f"caveat: {cols} probably {'holds' if one else 'hold'} {unit}, not nats: the "
+        "sampled tokens' surprisal (-infer_logprob) averages "
+        f"{units['ratio_binned']:.3f} times their entropy, near {name} = {factor:.3f}, "
+        "where it is 1 in nats (E[-log mu(y)] = H(mu) for tokens sampled from mu). The "
+        "fitted law and the ENTR gate's budget are then off by a constant factor: multiply "
+        f"the {'column' if one else 'columns'} by {to_nats} (unless the engine sampled "
+        "with a temperature or top-p that the logged values leave out)."
+    )

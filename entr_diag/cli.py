@@ -764,15 +764,20 @@ def _alignment_numbers(f) -> str:
 
 def _fit_dict(fit_res, ds) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
-    terminal, JSON and HTML: the small-sample, mostly-excluded and integer-column caveats
-    (None when none applies)."""
-    from entr_diag.caveats import exclusion_caveat, integer_caveat, small_sample_caveat
+    terminal, JSON and HTML: the small-sample, mostly-excluded, integer-column and
+    unit-mistake caveats (None when none applies)."""
+    from entr_diag.caveats import (
+        exclusion_caveat,
+        integer_caveat,
+        small_sample_caveat,
+        units_caveat,
+    )
 
     acc = ds.accounting
     fd = fit_res.to_dict()
     parts = [small_sample_caveat(fd, acc.sequences_valid),
              exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping),
-             integer_caveat(ds.notes)]
+             integer_caveat(ds.notes), units_caveat(fd.get("units"), ds.mapping)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
     return fd
 
@@ -1053,6 +1058,12 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                 if k != "fit":
                     raise
                 unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(ds, e)
+    if out.get("fit") is not None and out["fit"].units is not None:  # a unit mistake?
+        from entr_diag.caveats import units_caveat
+
+        caveat = units_caveat(out["fit"].units.to_dict(), ds.mapping)
+        if caveat:
+            _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     return {"unavailable": unavailable, "no_fit": no_fit,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}}
 

@@ -67,6 +67,10 @@ sampling distribution: ``E[delta^2 | H] ~= k H``. :func:`fit_scaling_law` checks
    interval gets narrower than any practical difference), holds approximately when it
    misses 1 but stays within 1 +/- ALPHA_TOL, and does not hold when it lies entirely
    outside 1 +/- ALPHA_TOL or the weighted R^2 of the power law is below R2_MIN.
+9. **Units** (:class:`UnitsCheck`): mean(-infer_logprob) / mean(H), which is 1 in nats for
+   tokens sampled from the engine's distribution (E[-log mu(y)] = H(mu)), per bin and
+   overall, summed in the same pass; a unit mistake's factor (entropy in bits, logprobs
+   in log10...) is named.
 
 Results do not depend on row order or sharding except through float summation order.
 """
@@ -130,6 +134,7 @@ __all__ = [
     "RobustPower",
     "Strata",
     "StratumFit",
+    "UnitsCheck",
     "Verdict",
     "FitPlan",
     "check_fit_parameters",
@@ -418,6 +423,67 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class UnitsCheck:
+    """Are the logprobs and the entropy in nats? The expected-surprisal check.
+
+    For a token y sampled from the engine's distribution mu, ``E[-log mu(y)] = H(mu)``: the
+    entropy is by definition the expected surprisal of a draw, so over tokens sampled by
+    the engine mean(-infer_logprob) / mean(H) is about 1 (0.997 on the bundled sample
+    run). A unit mistake scales it by a known factor: entropy in bits ``ln 2 = 0.693``,
+    logprobs in log10 ``1/ln 10 = 0.434``, logprobs in log2 ``1/ln 2 = 1.443``, entropy in
+    log10 ``ln 10 = 2.303`` (:data:`entr_diag.caveats.UNIT_SIGNATURES`; both sides in the
+    same wrong base cancel out and go unseen). Sampling with a temperature or top-p that
+    the logged logprobs or entropy do not include moves the ratio away from 1 too, by an
+    amount of its own: only those four signatures are named.
+
+    The identity also holds given H (a function of the context, not of the sampled token),
+    so it is read per entropy bin too. ``ratio_binned``, the one the signatures are matched
+    against, is the median of the display bins' ratios (sum of -infer_logprob / sum of H
+    per bin) weighted by their entropy mass: a low-entropy noise regime (off-mode tokens
+    drawn where H is near 0, each with a surprisal of several nats) inflates ``ratio``
+    (2.1 on a synthetic run with a 10% noise share below H*) but holds a few percent of the
+    entropy mass at most, and leaves it at 1.
+
+    Fields: ``tokens`` (the fit's tokens, over which both sums run: valid, loss-masked,
+    finite entropy), ``mean_surprisal`` (mean -infer_logprob), ``mean_entropy``, ``ratio``
+    (their ratio), ``ratio_binned``, ``likely_mistake`` (a key of the signatures, or None:
+    :func:`entr_diag.caveats.unit_mistake`).
+    """
+
+    tokens: int
+    mean_surprisal: float
+    mean_entropy: float
+    ratio: float
+    ratio_binned: float
+    likely_mistake: str | None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _units_check(s_lp: np.ndarray, s_h: np.ndarray, n: np.ndarray) -> UnitsCheck:
+    """:class:`UnitsCheck` from per-bin sums of infer_logprob, of H and token counts."""
+    from entr_diag.caveats import unit_mistake
+
+    tokens, surprisal, entropy = int(n.sum()), float(-s_lp.sum()), float(s_h.sum())
+    ok = s_h > 0
+    binned = math.nan
+    if ok.any():
+        r, w = -s_lp[ok] / s_h[ok], s_h[ok]
+        order = np.argsort(r)
+        cum = np.cumsum(w[order])
+        binned = float(r[order][np.searchsorted(cum, cum[-1] / 2)])
+    return UnitsCheck(
+        tokens=tokens,
+        mean_surprisal=surprisal / tokens if tokens else math.nan,
+        mean_entropy=entropy / tokens if tokens else math.nan,
+        ratio=surprisal / entropy if entropy > 0 else math.nan,
+        ratio_binned=binned,
+        likely_mistake=unit_mistake(binned, tokens),
+    )
+
+
+@dataclass(frozen=True)
 class FitResult:
     """Everything :func:`fit_scaling_law` computes; render it, never recompute from it."""
 
@@ -429,9 +495,11 @@ class FitResult:
     regime: RegimeResult
     strata: Strata
     verdict: Verdict
+    units: UnitsCheck | None = None
 
     def to_dict(self) -> dict:
-        """Plain Python: keys ``parameters, bins, laws, breakpoint, regime, strata, verdict``.
+        """Plain Python: keys ``parameters, bins, laws, breakpoint, regime, strata, verdict,
+        units`` (:class:`UnitsCheck`, None when not computed).
 
         ``breakpoint`` is None when no break was found; the search diagnostics are in
         ``regime["breakpoint_search"]``. ``verdict["caveat"]``: the small-sample caveat
@@ -450,6 +518,7 @@ class FitResult:
             "regime": regime,
             "strata": self.strata.to_dict(),
             "verdict": self.verdict.to_dict(),
+            "units": None if self.units is None else self.units.to_dict(),
         }
         out["verdict"]["caveat"] = small_sample_caveat(out)
         return out
@@ -1022,7 +1091,7 @@ class _FitSums:
                  B: int, eps: float, tau: float, stale: pl.Expr | None,
                  step_range: pl.Expr | None, n_ranges: int) -> None:
         # read as numpy arrays shared with the pass's other accumulators (:func:`column`)
-        self.columns: list[str] = ["entropy", "delta", "seq_key"]
+        self.columns: list[str] = ["entropy", "delta", "seq_key", "infer_logprob"]
         self.nb, self.nc, self.B = binning.n_bins, cells.n_bins, B
         self.eps, self.tau = eps, tau
         self.nr = n_ranges
@@ -1072,7 +1141,9 @@ class _FitSums:
         self.joint = {c: np.zeros(size) for c in ("n", "s_h", "s_d2")}
         self._buf = np.empty((0, 0))  # reused float64 temporaries, (3, rows)
         self._kbuf = np.empty(0, dtype=np.int64)  # reused int64 joint keys, (rows,)
-        self.reg = {c: np.zeros(self.nc * 2 * NP) for c in ("n", "s_d", "s_d2", "s_absd", "s_z2")}
+        # s_lp: sum of infer_logprob, for the units check (:class:`UnitsCheck`)
+        self.reg = {c: np.zeros(self.nc * 2 * NP)
+                    for c in ("n", "s_d", "s_d2", "s_absd", "s_z2", "s_lp")}
         self.hist = np.zeros(self.nb * (_N_D + 1))
         self.masks = PartialRows(["seq_key"],
                                  [pl.col(f"m{w}").bitwise_or() for w in range(self.words)])
@@ -1112,7 +1183,7 @@ class _FitSums:
         np.abs(d, out=t1)
         np.divide(d2, np.add(h, self.eps, out=t2), out=t2)
         for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", t1),
-                        ("s_z2", t2)):
+                        ("s_z2", t2), ("s_lp", col("infer_logprob"))):
             self._add(self.reg[name], k, w)
         self._add(self.hist, col("_fit_hist"))
         # sequences per bin: OR of 2^coarse over runs of one sequence (rows of a sequence
@@ -1537,4 +1608,6 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         regime=regime,
         strata=Strata(tuple(staleness_fits), tuple(step_fits), tuple(notices)),
         verdict=_make_verdict(power, bp, search, regime),
+        units=_units_check(per_bin(reg["s_lp"].sum(axis=(1, 2))), S["s_h"].sum(axis=1),
+                           S["n"].sum(axis=1)),
     )

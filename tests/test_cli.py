@@ -554,6 +554,40 @@ def test_quiet_hides_notes_and_progress_but_not_warnings(tmp_path):
     assert r.exit_code == 0 and r.stderr == ""
 
 
+def test_entropy_in_bits_is_warned_about_and_reaches_the_verdict(synth_file, tmp_path):
+    """Entropy stored in bits: the sampled tokens' mean surprisal is ln 2 times their
+    entropy. fit warns on stderr (also with --quiet) naming the column, the caveat joins
+    the verdict (terminal, JSON, and compare's and the report's JSON), and the ratio is in
+    the JSON's ``units``; the same run in nats (with its noise regime) warns of nothing."""
+    import math
+
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "-q", "--json", str(js)])
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    doc = json.loads(js.read_text())
+    assert doc["units"]["likely_mistake"] is None and "bits" not in (doc["verdict"]["caveat"] or "")
+    assert doc["units"]["ratio_binned"] == pytest.approx(1.0, abs=0.05)
+    p = tmp_path / "bits.parquet"
+    pl.read_parquet(synth_file).with_columns(pl.col("entropy") / math.log(2)).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert err.startswith("warning: entropy ('entropy') probably holds bits (log base 2), "
+                          "not nats: the sampled tokens' surprisal (-infer_logprob) averages "
+                          "0.6"), err
+    assert "multiply the column by ln 2" in err
+    doc = json.loads(js.read_text())
+    assert doc["units"]["likely_mistake"] == "entropy_bits"
+    assert doc["units"]["ratio_binned"] == pytest.approx(math.log(2), rel=0.05)
+    assert "entropy ('entropy') probably holds bits" in doc["verdict"]["caveat"]
+    assert "probably holds bits" in " ".join(r.stdout.split())
+    r = runner.invoke(app, ["compare", str(p), "--n-boot", "100", "-q", "--json", str(js)])
+    assert r.exit_code == 0 and "probably holds bits" in r.stderr
+    fit = json.loads(js.read_text())["fit"]
+    assert fit["units"]["likely_mistake"] == "entropy_bits"
+    assert "probably holds bits" in fit["verdict"]["caveat"]
+
+
 def test_tiny_run_fits_without_a_breakpoint_search(tmp_path):
     """A run too small for the finer breakpoint bins (400 tokens) is fitted and says why no
     breakpoint was searched, instead of crashing."""

@@ -246,7 +246,8 @@ def test_to_dict_layout_and_json():
     """to_dict has exactly the documented top-level keys and is JSON-serialisable."""
     r = _fit(n_tokens=50_000, seed=0, h_star=0.03)
     d = r.to_dict()
-    assert list(d) == ["parameters", "bins", "laws", "breakpoint", "regime", "strata", "verdict"]
+    assert list(d) == ["parameters", "bins", "laws", "breakpoint", "regime", "strata", "verdict",
+                       "units"]
     assert set(d["laws"]) == {"proportional", "affine", "power"}
     for key in ("k", "alpha", "alpha_ci", "k_ci", "robust"):
         assert key in d["laws"]["power"]
@@ -467,3 +468,60 @@ def test_verdict_prints_enough_decimals_to_show_the_interval():
     assert "alpha = 1.300 [1.299, 1.301]" in v.text, v.text
     power.alpha_ci = (1.2, 1.4)
     assert "alpha = 1.30 [1.20, 1.40]" in _make_verdict(power, None, search, regime).text
+
+
+# ----------------------------------------------------------------------------- units check
+
+
+@pytest.mark.parametrize("scale, mistake", [
+    ({}, None),
+    ({"entropy": 1 / math.log(2)}, "entropy_bits"),
+    ({"entropy": 1 / math.log(10)}, "entropy_log10"),
+    ({"infer_logprob": 1 / math.log(10), "train_logprob": 1 / math.log(10)}, "logprob_log10"),
+    ({"infer_logprob": 1 / math.log(2), "train_logprob": 1 / math.log(2)}, "logprob_log2"),
+])
+def test_units_check_names_the_unit_mistake(scale, mistake):
+    """mean(-infer_logprob) / mean(H) is 1 for tokens sampled from the logged distribution
+    (synth: E[s | H] = H, no noise regime); entropy in bits or log10, logprobs in log10 or
+    log2 move it to the signature's factor and name the mistake."""
+    df, _ = synth(n_tokens=20_000, seed=4, h_star=None)
+    fit = fit_scaling_law(canonical(df.with_columns(pl.col(c) * f for c, f in scale.items())),
+                          n_boot=100)
+    u = fit.to_dict()["units"]
+    factor = {None: 1.0, "entropy_bits": math.log(2), "entropy_log10": math.log(10),
+              "logprob_log10": 1 / math.log(10), "logprob_log2": 1 / math.log(2)}[mistake]
+    assert u["ratio"] == pytest.approx(factor, rel=0.03)
+    assert u["ratio_binned"] == pytest.approx(factor, rel=0.05)
+    assert u["mean_surprisal"] / u["mean_entropy"] == pytest.approx(u["ratio"])
+    assert u["likely_mistake"] == mistake and u["tokens"] == fit.parameters["tokens"]
+
+
+def test_units_check_ignores_a_low_entropy_noise_regime():
+    """A planted noise regime (off-mode tokens at H near 0, several nats of surprisal each)
+    inflates the overall ratio to about 2.1, near ln 10, but the entropy-weighted median
+    of the bin ratios stays at 1: no unit mistake is named."""
+    fit = _fit(n_tokens=50_000, seed=1, noise_share=0.1, n_boot=100)
+    u = fit.to_dict()["units"]
+    assert u["ratio"] > 1.8 and u["ratio_binned"] == pytest.approx(1.0, abs=0.05)
+    assert u["likely_mistake"] is None
+
+
+def test_unit_mistake_rule():
+    """A signature matches within 7% of its factor and from 200 tokens; the normal range
+    around 1 (temperature, top-p) and anything between the signatures match nothing."""
+    from entr_diag.caveats import unit_mistake, units_caveat
+
+    assert unit_mistake(math.log(2) * 1.069, 10_000) == "entropy_bits"
+    assert unit_mistake(math.log(2) * 0.931, 10_000) == "entropy_bits"
+    assert unit_mistake(math.log(2) * 1.08, 10_000) is None
+    assert unit_mistake(0.434, 10_000) == "logprob_log10"
+    assert unit_mistake(1.45, 10_000) == "logprob_log2"
+    assert unit_mistake(2.3, 10_000) == "entropy_log10"
+    for r in (0.75, 0.85, 1.0, 1.2, 1.33, 1.8, 3.0, 0.3, math.nan, 0.0, -1.0):
+        assert unit_mistake(r, 10_000) is None, r
+    assert unit_mistake(math.log(2), 199) is None
+    assert units_caveat({"likely_mistake": None}) is None and units_caveat(None) is None
+    text = units_caveat({"likely_mistake": "entropy_bits", "ratio_binned": 0.69},
+                        {"entropy": "entropys"})
+    assert text.startswith("caveat: entropy ('entropys') probably holds bits")
+    assert "0.690 times their entropy, near ln 2 = 0.693" in text
