@@ -764,18 +764,19 @@ def _alignment_numbers(f) -> str:
 
 def _fit_dict(fit_res, ds) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
-    terminal, JSON and HTML: the small-sample, mostly-excluded, integer-column and
-    unit-mistake caveats (None when none applies)."""
+    terminal, JSON and HTML: the small-sample, interval, mostly-excluded, integer-column
+    and unit-mistake caveats (None when none applies)."""
     from entr_diag.caveats import (
         exclusion_caveat,
         integer_caveat,
+        interval_caveat,
         small_sample_caveat,
         units_caveat,
     )
 
     acc = ds.accounting
     fd = fit_res.to_dict()
-    parts = [small_sample_caveat(fd, acc.sequences_valid),
+    parts = [small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
              exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping),
              integer_caveat(ds.notes), units_caveat(fd.get("units"), ds.mapping)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}

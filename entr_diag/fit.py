@@ -502,11 +502,12 @@ class FitResult:
         units`` (:class:`UnitsCheck`, None when not computed).
 
         ``breakpoint`` is None when no break was found; the search diagnostics are in
-        ``regime["breakpoint_search"]``. ``verdict["caveat"]``: the small-sample caveat
-        (:func:`entr_diag.caveats.small_sample_caveat`) or None (the CLI adds the
+        ``regime["breakpoint_search"]``. ``verdict["caveat"]``: the small-sample and interval caveats
+        (:func:`entr_diag.caveats.small_sample_caveat`, :func:`~entr_diag.caveats.interval_caveat`)
+        or None (the CLI adds the
         token accounting's). Floats may be NaN (the JSON writer maps them to null).
         """
-        from entr_diag.caveats import small_sample_caveat
+        from entr_diag.caveats import interval_caveat, small_sample_caveat
 
         regime = self.regime.to_dict()
         regime["breakpoint_search"] = self.breakpoint_search.to_dict()
@@ -520,7 +521,8 @@ class FitResult:
             "verdict": self.verdict.to_dict(),
             "units": None if self.units is None else self.units.to_dict(),
         }
-        out["verdict"]["caveat"] = small_sample_caveat(out)
+        caveats = [small_sample_caveat(out), interval_caveat(out)]
+        out["verdict"]["caveat"] = " ".join(c for c in caveats if c) or None
         return out
 
 

@@ -525,3 +525,24 @@ def test_unit_mistake_rule():
                         {"entropy": "entropys"})
     assert text.startswith("caveat: entropy ('entropys') probably holds bits")
     assert "0.690 times their entropy, near ln 2 = 0.693" in text
+
+
+def test_interval_caveat_names_an_estimate_outside_its_own_bootstrap_interval():
+    """alpha or k outside its 95% interval (many small bins: the log of a bin's mean is
+    biased in the replicates) gets a caveat naming both numbers; inside, or NaN, none."""
+    from entr_diag.caveats import interval_caveat
+
+    def fit(alpha, alpha_ci, k=1e-3, k_ci=(9e-4, 1.1e-3)):
+        return {"parameters": {"bins": 200},
+                "laws": {"power": {"alpha": alpha, "alpha_ci": list(alpha_ci), "k": k,
+                                   "k_ci": list(k_ci)}}}
+
+    assert interval_caveat(fit(1.0, (0.95, 1.05))) is None
+    assert interval_caveat(fit(1.0, (float("nan"), float("nan")))) is None
+    assert interval_caveat({"laws": {"power": None}}) is None
+    text = interval_caveat(fit(1.132, (1.134, 1.185), 3.3e-4, (3.1e-4, 3.2e-4)))
+    assert text.startswith("caveat: the power law's alpha = 1.132 [1.134, 1.185] and "
+                           "k = 0.00033 [0.00031, 0.00032] lie outside their own 95%")
+    assert "alpha = 1.132 [1.134, 1.185] lies outside its own" in interval_caveat(
+        fit(1.132, (1.134, 1.185)))
+    assert "with 200 bins" in text and "fewer bins" in text
