@@ -1337,7 +1337,8 @@ def compare(
         from entr_diag.atomic import together
 
         _notes.flush()  # the outputs begin: the notes held so far come first
-        with together():  # the JSON and the export replace earlier ones together, or neither
+        closed = _ClosedLater()  # a FIFO's reader left: the tables still follow
+        with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
                 fit=None if fit_res is None else _fit_dict(fit_res, ds),
@@ -1360,6 +1361,7 @@ def compare(
         if no_law:
             out.print(f"No scaling law: {no_law}", soft_wrap=True)
         render_compare(res, out)
+        closed.done()
 
 
 # ----------------------------------------------------------------- report

@@ -540,7 +540,8 @@ def test_an_output_into_a_closed_stdout_exits_1_after_the_others(run_file, tmp_p
     written, and for an output named by path (/dev/stdout) one line naming it, never blaming
     the input (was: exit 2, 'cannot read the input: ... Broken pipe' or 'cannot write
     /dev/stdout', and the other outputs missing; with ``--json -`` the others were missing
-    too); report's lines (wrote, verdict), on stderr, still print before it."""
+    too); report's lines (wrote, verdict) and compare's tables, on stderr, still print
+    before it."""
     code, err = _closed_stdout_run([args[0], str(run_file), *args[1:], "--n-boot", "100"],
                                    tmp_path)
     assert code == 1, err
@@ -550,6 +551,8 @@ def test_an_output_into_a_closed_stdout_exits_1_after_the_others(run_file, tmp_p
     if args[0] == "report":  # its lines still print (on stderr: stdout carries an output)
         assert lines[0].startswith(("law ", "wrote r.html (")), err
         assert any(x.startswith("law ") for x in lines), err
+    elif args[0] == "compare":  # so do its tables
+        assert lines[0].startswith("Gates on "), err
     else:
         assert len(lines) == len(errors), err
     if closed is None:  # stdout itself, as for the tables: no error line
@@ -614,6 +617,20 @@ def test_a_fifo_whose_reader_leaves_is_named_and_the_rest_written(run_file, tmp_
         assert html.read_text().rstrip().endswith("</html>")
     verdict = r.stdout.splitlines()[-1]
     assert verdict.startswith("law "), r.stdout
+
+
+@pytest.mark.parametrize("into_fifo", ["--json", "--export"])
+def test_compare_into_a_fifo_whose_reader_leaves_still_prints_its_tables(run_file, tmp_path,
+                                                                        into_fifo):
+    """compare with its JSON or its export in a FIFO whose reader leaves: exit 1, the error
+    names the FIFO, the other output is written and said to be, and the gate tables are
+    still printed on stdout (were not printed at all)."""
+    r, paths = _run_into_a_leaving_reader(tmp_path, ["compare", str(run_file)],
+                                          {"--json": "c.json", "--export": "c.parquet"},
+                                          into_fifo)
+    other = paths["--export" if into_fifo == "--json" else "--json"]
+    assert f"wrote {other}" in r.stderr and other.stat().st_size > 0
+    assert "Gates on " in r.stdout and "Matched budget" in r.stdout, r.stdout
 
 
 def test_a_failed_group_never_says_it_wrote(run_file, tmp_path, monkeypatch):
