@@ -810,6 +810,31 @@ def _write_stdout(text: str) -> None:
         view = view[os.write(fd, view):]
 
 
+class _ClosedLater:
+    """Around a run's outputs (``with closed, together():``): an output whose reader left
+    before its end (:class:`~entr_diag.errors.OutputClosedError`, e.g. a FIFO read by
+    ``head -c 100``) is kept, not raised, so that the command's remaining lines (the
+    verdict, the tables, the other outputs' ``wrote``) still print; :meth:`done` then
+    raises it (exit 1)."""
+
+    error: Exception | None = None
+
+    def __enter__(self) -> _ClosedLater:
+        return self
+
+    def __exit__(self, kind: type | None, e: BaseException | None, tb: object) -> bool:
+        from entr_diag.errors import OutputClosedError
+
+        if isinstance(e, OutputClosedError):
+            self.error = e
+            return True
+        return False
+
+    def done(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
 def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
     if path is None:
         return
@@ -1340,7 +1365,8 @@ def compare(
         from entr_diag.atomic import together
 
         _notes.flush()  # the outputs begin: the notes held so far come first
-        with together():  # the JSON and the export replace earlier ones together, or neither
+        closed = _ClosedLater()  # a FIFO's reader left: the tables still follow
+        with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
                 fit=None if fit_res is None else _fit_dict(fit_res, ds),
@@ -1363,6 +1389,7 @@ def compare(
         if no_law:
             out.print(f"No scaling law: {no_law}", soft_wrap=True)
         render_compare(res, out)
+        closed.done()
 
 
 # ----------------------------------------------------------------- report
@@ -1455,14 +1482,16 @@ def report(
         html = build_report_html(summary=sanitize(summary), fit=doc["fit"], metrics=doc["metrics"],
                                  compare=doc["compare"], profiles=doc["profiles"],
                                  findings=doc["forensics"])
-        from entr_diag.atomic import together, write_text
+        from entr_diag.atomic import together, when_written, write_text
 
         _notes.flush()  # the outputs begin: the notes held so far come first
-        with together():  # the report and its JSON replace earlier ones together, or neither
-            write_text(output, html)
-            _write_json(json_path, doc, quiet)
         out = _tables(json_path, output)
-        out.print(f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)")
+        closed = _ClosedLater()  # a FIFO's reader left: the verdict still follows
+        with closed, together():  # the report and its JSON replace earlier ones together
+            write_text(output, html)
+            when_written(output, lambda: out.print(
+                f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)"))
+            _write_json(json_path, doc, quiet)
         if no_law:
             out.print(f"No scaling law: {no_law}", soft_wrap=True)
         verdict = (doc["fit"] or {}).get("verdict") or {}
@@ -1470,6 +1499,7 @@ def report(
             out.print(verdict["text"], soft_wrap=True)
         if verdict.get("caveat"):
             out.print(verdict["caveat"], style="yellow", soft_wrap=True)
+        closed.done()
 
 
 # ----------------------------------------------------------------- synth

@@ -1439,6 +1439,13 @@ class ComparePlan:
             raise ParameterError(
                 "compare_gates: `entr` must be an EntrGate (entr:tau=...,eps=...)."
             )
+        if isinstance(panel, str | bytes | GateSpec) or not hasattr(panel, "__iter__"):
+            # (a str would be iterated character by character)
+            given = (f"one gate spec, {panel!r}; wrap it in a list: panel=[gate]"
+                     if isinstance(panel, GateSpec) else type(panel).__qualname__
+                     + (f" ({panel!r})" if isinstance(panel, str | bytes) else ""))
+            raise TypeError("compare_gates: expected panel as a sequence of gate specs (e.g. "
+                            f"[parse_gate_spec('fixed')] or DEFAULT_PANEL), got {given}.")
         panel = tuple(panel)
         for g in panel:
             if not isinstance(g, GateSpec):
@@ -2064,7 +2071,8 @@ def compare_gates(
     (bad edges, sweeps or law parameters; ``h_star``, ``law_k`` or ``entropy_edges``
     without an entropy column), TypeError (``h_star``, ``law_k``, ``law_alpha``,
     ``flag_tau`` or ``flag_eps`` not a real number; an entry of ``sweep_tau``, ``sweep_c``,
-    ``entropy_edges`` or ``p_edges`` not a real number, e.g. a str). Two
+    ``entropy_edges`` or ``p_edges`` not a real number, e.g. a str; ``panel`` a str, a
+    single gate spec or not a sequence). Two
     streaming passes (:class:`ComparePlan`).
     """
     lf = token_frame(lf, "compare_gates")

@@ -4,10 +4,11 @@ A mean log-ratio looks alike whatever its cause; per-token logs do not. Public r
 people running verl, slime, TRL, NeMo-RL, SkyRL, AReaL and OpenRLHF keep naming a handful of
 recurring causes (logprob arrays shifted by one token, sampling temperature or top-p applied
 on the engine side only, MoE routing that differs between engine and trainer, slowly
-degrading mismatch, stale policies mixed in, truncated logprob arrays). Each check below looks
-for the signature one cause leaves in the per-token columns of ``docs/CONTRACT.md`` and
-returns a :class:`Finding` with the numbers behind it and what to check in the training stack,
-or says why the data cannot tell (``cannot_tell``).
+degrading mismatch, stale policies mixed in, truncated logprob arrays, placeholder logprobs
+such as -500 that no sampler produces). Each check below looks for the signature one cause
+leaves in the per-token columns of ``docs/CONTRACT.md`` and returns a :class:`Finding` with
+the numbers behind it and what to check in the training stack, or says why the data cannot
+tell (``cannot_tell``).
 
 Entry points (pure: nothing is printed, nothing is raised for a positive finding):
 
@@ -178,6 +179,20 @@ CORRUPT_MIN_RUN = 3
 PLACEHOLDER_REASONS: tuple[str, ...] = ("zero_placeholder", "sentinel_logprob", "positive_logprob")
 _NOT_MASKED = ("unmasked", "padding", "empty_row", "null_loss_mask", "invalid_loss_mask")
 
+#: implausible logprobs: a valid token with a logprob below this (nats) on either side is a
+#: placeholder or corrupt value, not a sampled token. A sampling step picks some token of
+#: probability below e^x with probability at most V e^x (a vocabulary of V tokens holds at
+#: most V of them), so over N sampled tokens the expected number is at most N V e^x: for
+#: N = 1e12 tokens and V = 1e6, e^-50 gives 2e-4 (p < 2e-22), while real tails stay far
+#: above (the bundled bf16 run: -16). Above the loader's sentinel floor (-1000 nats): such
+#: tokens are valid to the loader and enter the fit.
+IMPLAUSIBLE_LOGPROB = -50.0
+#: implausible logprobs: carrying at least this share of sum delta^2 makes a warning (they
+#: move the law's k by about as much; below: info), at least this share critical (the law
+#: then describes them, not the mismatch)
+IMPLAUSIBLE_SHARE_WARN = 0.01
+IMPLAUSIBLE_SHARE_CRITICAL = 0.5
+
 #: trainer noise floor: mismatch below this multiple of the floor is "at the floor"
 FLOOR_RATIO_AT_FLOOR = 2.0
 
@@ -190,6 +205,7 @@ CHECKS: tuple[str, ...] = (
     "drift",
     "staleness",
     "corrupt_rows",
+    "implausible_logprobs",
     "trainer_noise_floor",
 )
 
@@ -699,6 +715,8 @@ class _Ctx:
         self._bad: pl.DataFrame | None = None
         self.last_ok: pl.DataFrame | None = None
         self.zero_counts: tuple[int, int] | None = None
+        #: token frame: the tokens with an implausible logprob (None: not run)
+        self.implausible: _ImplausibleTokens | None = None
 
     def has(self, col: str) -> bool:
         return col in self.names
@@ -1976,6 +1994,60 @@ class _ZeroCounts:
         self.m += int(r[1] or 0)
 
 
+class _ImplausibleTokens:
+    """Token-pass accumulator of the implausible-logprobs check: the valid tokens with a
+    logprob below :data:`IMPLAUSIBLE_LOGPROB` on either side. A batch without one costs a
+    minimum per side; the flagged tokens (few) are reduced per sequence (seq_id, count per
+    side, sum delta^2, first position) and per entropy bin (n, sum H, sum delta^2), with the
+    range of the flagged values per side (a single value: a placeholder)."""
+
+    columns = ("seq_key", "seq_id", "position", "entropy", "train_logprob", "infer_logprob",
+               "delta")
+
+    def __init__(self) -> None:
+        t = IMPLAUSIBLE_LOGPROB
+        self._sides = {"infer": pl.col("infer_logprob") < t, "train": pl.col("train_logprob") < t}
+        #: the lowest value per side over all valid tokens, the highest flagged one
+        self.lowest = {"infer": math.inf, "train": math.inf}
+        self.highest_flagged = {"infer": -math.inf, "train": -math.inf}
+        d = pl.col("delta")
+        self._aggs = [
+            pl.col("seq_id").first(),
+            pl.len().cast(pl.Int64).alias("n"),
+            *[c.sum().cast(pl.Int64).alias(f"n_{side}") for side, c in self._sides.items()],
+            (d * d).sum().alias("sd2"),
+            pl.col("position").min().alias("first_pos"),
+        ]
+        self.seqs = PartialRows(["seq_key"], [
+            pl.col("seq_id").first(), *_sums(("n", "n_infer", "n_train", "sd2")),
+            pl.col("first_pos").min()])
+        #: per entropy bin: n, sum H, sum delta^2 of the flagged tokens
+        self.bins = np.zeros((3, N_BINS))
+
+    def update(self, batch: pl.DataFrame) -> None:
+        if not batch.height:
+            return
+        lows = {side: float(column(batch, f"{side}_logprob").min()) for side in self.lowest}
+        for side, lo in lows.items():
+            self.lowest[side] = min(self.lowest[side], lo)
+        if all(lo >= IMPLAUSIBLE_LOGPROB for lo in lows.values()):
+            return
+        f = batch.filter(self._sides["infer"] | self._sides["train"])
+        if not f.height:  # (a NaN minimum)
+            return
+        for side, c in self._sides.items():
+            hi = f.select(pl.col(f"{side}_logprob").filter(c).max()).item()
+            if hi is not None:
+                self.highest_flagged[side] = max(self.highest_flagged[side], float(hi))
+        self.seqs.add(f.group_by("seq_key").agg(self._aggs))
+        # (the filtered rows' arrays directly: column() caches the batch being processed)
+        d2 = f["delta"].cast(pl.Float64).to_numpy() ** 2
+        if "entropy" in f.columns:
+            b = f.select(_bin_expr()).to_series().to_numpy()
+            for i, w in enumerate((None, f["entropy"].cast(pl.Float64).to_numpy(), d2)):
+                self.bins[i] += np.bincount(b, weights=w, minlength=N_BINS)
+
+
 def _check_corrupt(ctx: _Ctx) -> _Result:
     """Corrupt rows reported per sequence.
 
@@ -2098,6 +2170,157 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     return _found(f, f"{n_suffix} suffix, {n_run} placeholder-run sequences")
 
 
+def _lp(x: float) -> str:
+    """A logprob for a message (nats)."""
+    return f"{x:.4g}"
+
+
+def _mass(x: float) -> str:
+    """A share of sum delta^2 as a percentage; never 100.00% (nor 0.00%) unless exact."""
+    s = f"{x:.2%}"
+    if s == "100.00%" and x < 1:
+        return ">99.99%"
+    if s == "0.00%" and x > 0:
+        return "<0.01%"
+    return s
+
+
+def _check_implausible(ctx: _Ctx) -> _Result:
+    """Sampled tokens with an impossible logprob (placeholders the loader keeps).
+
+    Signature: valid tokens whose logprob is below IMPLAUSIBLE_LOGPROB (-50 nats, p < 2e-22)
+    on either side. The engine sampled the token, so its inference-side probability cannot
+    be that small: the expected number of sampled tokens with p < e^x is at most N V e^x
+    for N tokens and a vocabulary of V (2e-4 for N = 1e12, V = 1e6, x = -50). A value there
+    is a placeholder or corrupt value (an engine writing -500 where it has no logprob, a
+    clamp, logprobs gathered at the wrong token id); on the trainer side, a token the
+    trainer's vocabulary masks or a placeholder. The loader keeps them (its sentinel floor
+    is -1000 nats), so they enter the fit, where a few carry most of sum delta^2. Reported
+    with their count, share, sequences and share of sum delta^2, and the law (k, alpha on
+    the forensic entropy bins) with and without them; the severity follows that share
+    (IMPLAUSIBLE_SHARE_WARN, IMPLAUSIBLE_SHARE_CRITICAL).
+    """
+    from entr_diag.io.schema import SENTINEL_FLOOR
+
+    name = "implausible_logprobs"
+    acc = ctx.implausible
+    assert acc is not None
+    t = IMPLAUSIBLE_LOGPROB
+    seqs = acc.seqs.result()
+    lowest = ", ".join(f"{side} {_lp(v)}" for side, v in acc.lowest.items()
+                       if math.isfinite(v))
+    if not seqs.height:
+        return _clear(name, f"no valid token has a logprob below {t:g} nats"
+                            + (f" (lowest: {lowest})" if lowest else ""))
+    tot = ctx.cells.select(pl.col("n").sum(), pl.col("sd2").sum()).row(0)
+    n_all, sd2_all = int(tot[0] or 0), float(tot[1] or 0.0)
+    n_flag = int(seqs["n"].sum())
+    by_side = {side: int(seqs[f"n_{side}"].sum()) for side in ("infer", "train")}
+    sd2_flag = float(seqs["sd2"].sum())
+    share_d2 = sd2_flag / sd2_all if sd2_all > 0 else 0.0
+    tok_share = n_flag / n_all if n_all else float("nan")
+    # the law on the forensic entropy bins, with and without the flagged tokens
+    k_with = k_without = a_with = a_without = float("nan")
+    if ctx.has("entropy"):
+        b = (ctx.cells.group_by("bin").agg(pl.col("n", "sh", "sd2").sum())
+             .filter(pl.col("bin").is_not_null()))
+        cols = np.zeros((3, N_BINS))
+        idx = b["bin"].to_numpy().astype(np.int64)
+        for i, c in enumerate(("n", "sh", "sd2")):
+            cols[i, idx] = b[c].to_numpy().astype(np.float64)
+        for which, (n, sh, sd2) in (("with", cols), ("without", cols - acc.bins)):
+            ok = n > 0
+            h, q = sh[ok] / n[ok], sd2[ok] / n[ok]
+            k = _k_fit(h, q, n[ok])
+            big = n[ok] >= MIN_BIN_TOKENS
+            a = _alpha_fit(h[big], q[big])
+            if which == "with":
+                k_with, a_with = k, a
+            else:
+                k_without, a_without = k, a
+    top = seqs.sort("n", "sd2", "seq_key", descending=[True, True, False]).head(OUTLIER_LIST)
+    ranges = {side: [_r(acc.lowest[side]), _r(acc.highest_flagged[side])]
+              for side in by_side if by_side[side]}
+    ev = {
+        "tokens_flagged": n_flag,
+        "token_share_flagged": _r(tok_share),
+        "delta2_share_flagged": _r(share_d2, 6),
+        "k_with_flagged": _r(k_with),
+        "k_without_flagged": _r(k_without),
+        "tokens_infer_side": by_side["infer"],
+        "tokens_train_side": by_side["train"],
+        "example_seq_ids": [str(x) for x in top["seq_id"].to_list()],
+        "sequences_flagged": seqs.height,
+        "example_first_positions": [int(x) for x in top["first_pos"].to_list()],
+        "alpha_with_flagged": _r(a_with),
+        "alpha_without_flagged": _r(a_without),
+        "infer_logprob_range_flagged": ranges.get("infer", []),
+        "train_logprob_range_flagged": ranges.get("train", []),
+        "threshold_logprob": t,
+    }
+
+    def values(side: str) -> str:
+        lo, hi = acc.lowest[side], acc.highest_flagged[side]
+        return f"all {_lp(lo)}" if lo == hi else f"{_lp(lo)} to {_lp(hi)}"
+
+    sides = "; ".join(f"{by_side[side]:,} on the {what} side ({values(side)})"
+                      for side, what in (("infer", "inference"), ("train", "trainer"))
+                      if by_side[side])
+    law = ""
+    if math.isfinite(k_with) and math.isfinite(k_without):
+        law = (f" The law's k is {k_with:.3g} with them and {k_without:.3g} without"
+               + (f" (alpha {a_with:.2f} with, {a_without:.2f} without)"
+                  if math.isfinite(a_with) and math.isfinite(a_without) else "")
+               + " on the forensic entropy bins.")
+    # (without entropy there is no law: the mismatch metrics are what they distort)
+    enter, effects = (("fit", ("the fitted law describes these values, not the mismatch",
+                               "they bias the fitted law", "the fit barely moves"))
+                      if ctx.has("entropy") else
+                      ("mismatch metrics", ("the metrics describe these values, not the "
+                                            "mismatch", "they bias the metrics",
+                                            "the metrics barely move")))
+    if share_d2 >= IMPLAUSIBLE_SHARE_CRITICAL:
+        sev, effect = "critical", effects[0]
+    elif share_d2 >= IMPLAUSIBLE_SHARE_WARN:
+        sev, effect = "warning", effects[1]
+    else:
+        sev, effect = "info", effects[2]
+    why = []
+    if by_side["infer"]:
+        why.append("no sampler picks a token that unlikely (over N tokens and a vocabulary of "
+                   f"V, at most N*V*e^{t:g} are expected: 2e-4 for 1e12 tokens and V = 1e6), "
+                   "so the engine-side values are placeholders or corrupt")
+    if by_side["train"]:
+        why.append("the trainer-side values, for tokens the engine sampled, are placeholders, "
+                   "tokens the trainer's vocabulary masks, or not log-probabilities at all (a "
+                   "scaled or summed column)")
+    why_s = "; ".join(why)
+    msg = (
+        f"{n_flag:,} of {n_all:,} valid tokens ({_share(tok_share)}), in {seqs.height:,} "
+        f"sequence(s), have a logprob below {t:g} nats (p < {math.exp(t):.1e}): {sides}. "
+        + why_s[:1].upper() + why_s[1:]
+        + f". The loader keeps them (its sentinel floor is {SENTINEL_FLOOR:g} nats) and they "
+        f"enter the {enter}: they carry {_mass(share_d2)} of sum delta^2, so {effect}.{law} E.g. "
+        f"seq_id {', '.join(ev['example_seq_ids'][:5])}."
+    )
+    f = Finding(
+        kind=name,
+        severity=sev,
+        title=(f"{n_flag:,} token(s) with an impossible logprob (below {t:g} nats) carry "
+               f"{_mass(share_d2)} of sum delta^2"),
+        message=msg,
+        evidence=ev,
+        check=(
+            f"remove these rows before the analysis (keep the rows whose columns mapped to "
+            f"infer_logprob and train_logprob are above {t:g}, or set their loss mask to "
+            "false) and rerun; then find what writes them: a placeholder or clamp value "
+            "where the engine returned no logprob, logprobs gathered at the wrong token id, "
+            "a vocabulary or tokenizer mismatch between engine and trainer."
+        ),
+    )
+    return _found(f, f"{n_flag:,} tokens below {t:g} nats, {_mass(share_d2)} of delta^2")
+
+
 def _check_floor(ctx: _Ctx) -> _Result:
     """Trainer self-noise floor.
 
@@ -2186,6 +2409,7 @@ _CHECK_FUNCS: dict[str, Callable[[_Ctx], _Result]] = {
     "drift": _check_drift,
     "staleness": _check_staleness,
     "corrupt_rows": _check_corrupt,
+    "implausible_logprobs": _check_implausible,
     "trainer_noise_floor": _check_floor,
 }
 
@@ -2204,6 +2428,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "drift": ("cells",),
     "staleness": ("cells",),
     "corrupt_rows": ("raw_bad",),
+    "implausible_logprobs": ("cells", "implausible"),
     "trainer_noise_floor": ("cells", "floor"),
 }
 
@@ -2304,7 +2529,9 @@ class ForensicsPlan:
       seq_id, n, sums of |delta|, delta^2, H, the last valid position (:class:`_SeqTables`;
       sequence outliers: the expected |delta| of each sequence, the robust z with its
       median / MAD over sequences and the law without the flagged sequences are computed
-      after the pass from these tables; memory O(sequences x bins)).
+      after the pass from these tables; memory O(sequences x bins));
+    - the tokens with a logprob below IMPLAUSIBLE_LOGPROB, per sequence and entropy bin
+      (:class:`_ImplausibleTokens`; a batch without one costs a minimum per side).
 
     When the accounting lists the steps and staleness values (the loader's always does),
     the three come from one numpy accumulator on a dense layout (:class:`_TokenTables`:
@@ -2383,6 +2610,9 @@ class ForensicsPlan:
             self.accumulators.append(_Derived(ctx.names, inner))
         if self.misalign is not None:
             self.accumulators += self.misalign.accumulators
+        if "implausible" in need:
+            ctx.implausible = _ImplausibleTokens()
+            self.accumulators.append(ctx.implausible)
 
         self._bad = self._last_ok = self._last_valid = None
         self._last_tokens = False

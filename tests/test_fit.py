@@ -380,6 +380,24 @@ def test_render_fit_without_break_or_metrics():
     assert "Breakpoint: none" in out and "Mismatch metrics" not in out
 
 
+def test_render_fit_keeps_the_robust_row_when_placeholders_flatten_the_law():
+    """With 0.1% of engine logprobs at -500 (the fit flattens to alpha ~ 0) the laws table
+    still has its robust (Theil-Sen) row, with the robust alpha, at 120 and 80 columns."""
+    df, _ = synth(n_tokens=40_000, seed=1, h_star=None)
+    bad = pl.int_range(pl.len()) % 1000 == 7
+    r = fit_scaling_law(canonical(df.with_columns(
+        pl.when(bad).then(-500.0).otherwise(pl.col("infer_logprob")).alias("infer_logprob"))),
+        n_boot=100)
+    assert abs(r.laws.power.alpha) < 0.5  # the law is destroyed
+    for width in (120, 80):
+        console = Console(file=io.StringIO(), width=width, color_system=None)
+        render_fit(r, None, console)
+        out = console.file.getvalue()
+        laws = out[out.index("Laws fitted"):out.index("Robust check:")]
+        assert "robust" in laws and "(Theil-Sen)" in laws, width
+        assert f"{r.laws.power.robust.alpha:.3g}" in laws, width
+
+
 def test_render_fit_subsamples_long_step_series():
     """With many steps the metrics table is subsampled and says so; strata stay <= 8 ranges."""
     _, lf = synth(n_tokens=40_000, seed=2, h_star=0.03, n_steps=30)

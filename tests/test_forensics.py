@@ -64,7 +64,7 @@ def test_clean_synth_is_silent(tmp_path, seed):
     assert [c.name for c in res.checks] == list(CHECKS)
     st = {c.name: c.status for c in res.checks}
     for name in ("misalignment", "one_sided_temperature", "truncated_sampling", "drift",
-                 "staleness", "corrupt_rows"):
+                 "staleness", "corrupt_rows", "implausible_logprobs"):
         assert st[name] == "clear", (name, res.status(name))
     assert st["trainer_noise_floor"] == "cannot_tell"
     assert detect_misalignment(_load(tmp_path, generate(spec), "again.parquet")) is None
@@ -462,6 +462,100 @@ def test_scattered_dirty_rows_are_not_corrupt_runs(tmp_path):
     assert "scattered" in res.status("corrupt_rows").reason
 
 
+# ------------------------------------------------------------------ implausible logprobs
+
+
+def test_impossible_engine_logprobs_are_reported_with_their_weight_in_the_fit(tmp_path, base):
+    """0.1% of engine logprobs set to -500 (valid to the loader, whose floor is -1000) are
+    reported critical: count, share, sequences, share of sum delta^2, the law without them."""
+    bad = pl.int_range(pl.len()) % 1000 == 7
+    df = base.with_columns(pl.when(bad).then(-500.0).otherwise(IL).alias("infer_logprob"))
+    planted = base.with_row_index().filter(pl.col("index") % 1000 == 7, pl.col("loss_mask"))
+    ds = _load(tmp_path, df)
+    assert not ds.accounting.excluded  # the loader keeps every one of them
+    res = run_forensics(ds)
+    f = res.findings[0]
+    assert f.kind == "implausible_logprobs" and f.severity == "critical"
+    ev = f.evidence
+    assert ev["tokens_flagged"] == ev["tokens_infer_side"] == planted.height
+    assert ev["tokens_train_side"] == 0
+    assert ev["token_share_flagged"] == pytest.approx(
+        planted.height / ds.accounting.tokens_valid, rel=1e-3)
+    assert ev["sequences_flagged"] == planted["seq_id"].n_unique()
+    assert set(ev["example_seq_ids"]) <= {str(s) for s in planted["seq_id"].to_list()}
+    assert ev["infer_logprob_range_flagged"] == [-500.0, -500.0]
+    assert ev["delta2_share_flagged"] > 0.99
+    clean = run_forensics(_load(tmp_path, base, "clean.parquet"),
+                          checks=["implausible_logprobs"])
+    assert clean.status("implausible_logprobs").status == "clear"
+    # without them the law is (close to) the clean run's, with them it is not
+    k_clean = FX._k_fit(*(lambda b: (b["h"].to_numpy(), b["q"].to_numpy(),
+                                     b["n"].to_numpy().astype(float)))(_bins_of(tmp_path, base)))
+    assert ev["k_without_flagged"] == pytest.approx(k_clean, rel=0.05)
+    assert ev["k_with_flagged"] > 100 * k_clean
+    assert "-500" in f.message and "remove these rows" in f.check
+    assert res.status("implausible_logprobs").status == "found"
+
+
+def _bins_of(tmp_path, df):
+    plan = FX.forensics_plan(_load(tmp_path, df, "bins.parquet"), checks=["drift"])
+    from entr_diag.passes import run_pass
+
+    run_pass(plan.ds.lf, plan.accumulators)
+    plan.finish()
+    return plan.ctx.bins()
+
+
+@pytest.mark.parametrize(("share", "severity"),
+                         [(1e-4, "info"), (0.1, "warning"), (0.9, "critical")])
+def test_implausible_logprob_severity_follows_their_share_of_delta2(tmp_path, base, share,
+                                                                   severity):
+    """Twenty tokens at -60 nats on both sides, whose delta carries a given share of sum
+    delta^2, make an info, a warning or a critical finding; the trainer side is counted."""
+    s_clean = float(base.filter(pl.col("loss_mask")).select((DELTA * DELTA).sum()).item())
+    n = 20
+    d = math.sqrt(s_clean * share / (1 - share) / n)
+    bad = pl.int_range(pl.len()) % (base.height // n) == 3
+    df = base.with_columns(
+        pl.when(bad).then(-60.0).otherwise(IL).alias("infer_logprob"),
+        pl.when(bad).then(-60.0 + d).otherwise(TL).alias("train_logprob"))
+    res = run_forensics(_load(tmp_path, df), checks=["implausible_logprobs"])
+    f = res.by_kind("implausible_logprobs")
+    assert f is not None and f.severity == severity
+    n_bad = df.filter(bad & pl.col("loss_mask")).height
+    assert f.evidence["tokens_flagged"] == f.evidence["tokens_infer_side"] == n_bad
+    assert f.evidence["tokens_train_side"] == (n_bad if -60 + d < -50 else 0)
+    # the bad tokens replaced a few clean ones: their share is close to the planted one
+    assert f.evidence["delta2_share_flagged"] == pytest.approx(share, rel=0.1)
+
+
+def test_trainer_side_impossible_logprobs_are_counted_apart(tmp_path, base):
+    """A trainer logprob of -80 on tokens the engine sampled with ordinary probability is
+    flagged on the trainer side, with the range of its values."""
+    bad = pl.int_range(pl.len()) % 500 == 11
+    df = base.with_columns(pl.when(bad).then(-80.0).otherwise(TL).alias("train_logprob"))
+    res = run_forensics(_load(tmp_path, df), checks=["implausible_logprobs"])
+    ev = res.by_kind("implausible_logprobs").evidence
+    assert ev["tokens_train_side"] == ev["tokens_flagged"] == df.filter(
+        bad & pl.col("loss_mask")).height
+    assert ev["tokens_infer_side"] == 0
+    assert ev["train_logprob_range_flagged"] == [-80.0, -80.0]
+    assert ev["infer_logprob_range_flagged"] == []
+    assert "trainer side" in res.by_kind("implausible_logprobs").message
+
+
+def test_impossible_logprobs_without_entropy_name_the_metrics(tmp_path, base):
+    """Without an entropy column there is no law: the finding still counts the tokens and
+    says the mismatch metrics carry them (k with / without: NaN)."""
+    bad = pl.int_range(pl.len()) % 1000 == 7
+    df = base.drop("entropy").with_columns(
+        pl.when(bad).then(-500.0).otherwise(IL).alias("infer_logprob"))
+    f = run_forensics(_load(tmp_path, df), checks=["implausible_logprobs"]).findings[0]
+    assert f.severity == "critical" and f.evidence["tokens_infer_side"] > 0
+    assert math.isnan(f.evidence["k_with_flagged"])
+    assert "the metrics describe these values" in f.message and "law" not in f.message
+
+
 # ------------------------------------------------------------------ trainer floor
 
 
@@ -697,7 +791,7 @@ def _same(a, b, path=""):
         assert a == b, path
 
 
-@pytest.mark.parametrize("case", ["outliers", "corrupt"])
+@pytest.mark.parametrize("case", ["outliers", "corrupt", "implausible"])
 def test_plan_does_not_depend_on_batch_size(tmp_path, case):
     """The forensics plan gives the same findings whether its token and raw passes cut the
     frames into small batches (sequences split across batches) or read them whole."""
@@ -706,6 +800,12 @@ def test_plan_does_not_depend_on_batch_size(tmp_path, case):
     if case == "outliers":
         b = generate(SynthSpec(n_tokens=20_000, seed=3))
         df = _with_delta(b, pl.when(pl.col("seq_id") % 41 == 0).then(DELTA * 6).otherwise(DELTA))
+    elif case == "implausible":
+        b = generate(SynthSpec(n_tokens=20_000, seed=3))
+        i = pl.int_range(pl.len())
+        df = b.with_columns(pl.when(i % 301 == 5).then(-300.0 - i % 11).otherwise(IL)
+                            .alias("infer_logprob"),
+                            pl.when(i % 499 == 9).then(-70.0).otherwise(TL).alias("train_logprob"))
     else:
         b = generate(SynthSpec(n_tokens=6_000, seed=3, masked_share=0.0))
         n_tok = pl.len().over("seq_id")
@@ -730,6 +830,11 @@ def test_plan_does_not_depend_on_batch_size(tmp_path, case):
     if case == "corrupt":
         assert ev["corrupt_rows"]["sequences_with_nonfinite_suffix"] > 0
         assert ev["corrupt_rows"]["sequences_with_placeholder_run"] > 0
+    elif case == "implausible":
+        e = ev["implausible_logprobs"]
+        assert e["tokens_infer_side"] > 0 and e["tokens_train_side"] > 0
+        lo, hi = e["infer_logprob_range_flagged"]
+        assert -310 <= lo < hi <= -300
     else:
         assert ev["sequence_outliers"]["sequences_flagged"] > 0
         # no excluded row in the accounting: no raw pass at all

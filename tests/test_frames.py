@@ -170,6 +170,23 @@ def test_compare_gates_refuses_a_list_entry_that_is_not_a_number(param):
             compare_gates(_TOKENS, **{param: bad})
 
 
+@pytest.mark.parametrize("fn", [compare_gates, compare_plan], ids=["compare_gates", "compare_plan"])
+@pytest.mark.parametrize(("panel", "shown"), [
+    ("fixed", r"str \('fixed'\)"),
+    (FixedBand(c=0.5), r"one gate spec, FixedBand\(c=0.5\); wrap it in a list: panel=\[gate\]"),
+    (5, "int"),
+])
+def test_compare_gates_refuses_a_panel_that_is_not_a_sequence_of_gates(fn, panel, shown):
+    """A str panel (was iterated letter by letter: "panel entry 'f' is not a gate spec"), a
+    single gate spec or a number raises a TypeError saying what panel must be."""
+    with pytest.raises(TypeError, match=r"^compare_gates: expected panel as a sequence of gate "
+                                        r"specs \(e\.g\. \[parse_gate_spec\('fixed'\)\] or "
+                                        rf"DEFAULT_PANEL\), got {shown}\.$"):
+        fn(_TOKENS, panel=panel)
+    r = compare_gates(_TOKENS, panel=[FixedBand(c=0.5)])  # the same gate in a list is fine
+    assert r.panel_specs == (FixedBand(c=0.5),)
+
+
 @pytest.mark.parametrize("fn", [fit_scaling_law, fit_plan], ids=["fit_scaling_law", "fit_plan"])
 @pytest.mark.parametrize("param", ["bins", "eps", "tau", "n_boot", "n_blocks", "seed"])
 def test_fit_refuses_a_parameter_that_is_not_a_number(fn, param):

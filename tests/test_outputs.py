@@ -564,17 +564,27 @@ def test_an_output_into_a_closed_stdout_exits_1_after_the_others(run_file, tmp_p
     written, and for an output named by path (/dev/stdout) one line naming it, never blaming
     the input (was: exit 2, 'cannot read the input: ... Broken pipe' or 'cannot write
     /dev/stdout', and the other outputs missing; with ``--json -`` the others were missing
-    too)."""
+    too); report's lines (wrote, verdict) and compare's tables, on stderr, still print
+    before it."""
     code, err = _closed_stdout_run([args[0], str(run_file), *args[1:], "--n-boot", "100"],
                                    tmp_path)
     assert code == 1, err
     assert "Traceback" not in err and "input" not in err
-    if closed is None:  # stdout itself, as for the tables: quietly
-        assert err == ""
+    lines = err.splitlines()
+    errors = [x for x in lines if x.startswith("error:")]
+    if args[0] == "report":  # its lines still print (on stderr: stdout carries an output)
+        assert lines[0].startswith(("law ", "wrote r.html (")), err
+        assert any(x.startswith("law ") for x in lines), err
+    elif args[0] == "compare":  # so do its tables
+        assert lines[0].startswith("Gates on "), err
     else:
-        assert err.startswith(f"error: cannot write {closed}: its reader closed it before "
-                              "the end (broken pipe)") and err.endswith(".\n"), err
-        assert err.count("\n") == 1
+        assert len(lines) == len(errors), err
+    if closed is None:  # stdout itself, as for the tables: no error line
+        assert errors == []
+    else:
+        assert errors == lines[-1:], err
+        assert err.endswith(".\n") and lines[-1].startswith(
+            f"error: cannot write {closed}: its reader closed it before the end (broken pipe)")
         assert ("every other output was written" in err) == bool(written), err
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(written)
     for name in written:
@@ -586,10 +596,14 @@ def test_an_output_into_a_closed_stdout_exits_1_after_the_others(run_file, tmp_p
             assert (tmp_path / name).read_text().rstrip().endswith("</html>")
 
 
-def test_a_fifo_whose_reader_leaves_is_named_and_the_json_written(run_file, tmp_path):
-    """A FIFO output whose reader reads a little and leaves: exit 1, the error names the
-    FIFO, the JSON beside it is written and said to be (``wrote`` only for it)."""
-    fifo = tmp_path / "r.fifo"
+def _run_into_a_leaving_reader(tmp_path: Path, args: list[str], outputs: dict[str, str],
+                               into: str) -> tuple[subprocess.CompletedProcess, dict[str, Path]]:
+    """Run ``entr-diag ARGS`` with its ``outputs`` (option -> file name in ``tmp_path``),
+    the one of option ``into`` a FIFO whose reader reads 10 bytes and leaves (as ``head -c
+    10 FIFO``). Checks exit 1, one error naming the FIFO and no ``wrote`` for it; returns
+    the result and the paths by option."""
+    paths = {opt: tmp_path / name for opt, name in outputs.items()}
+    fifo = paths[into] = tmp_path / "out.fifo"
     os.mkfifo(fifo)
 
     def read_a_little() -> None:
@@ -598,17 +612,49 @@ def test_a_fifo_whose_reader_leaves_is_named_and_the_json_written(run_file, tmp_
 
     reader = threading.Thread(target=read_a_little, daemon=True)
     reader.start()
-    js = tmp_path / "r.json"
-    r = subprocess.run([sys.executable, "-m", "entr_diag", "report", str(run_file), "-o",
-                        str(fifo), "--json", str(js), "--n-boot", "100"],
+    opts = [str(x) for opt, path in paths.items() for x in (opt, path)]
+    r = subprocess.run([sys.executable, "-m", "entr_diag", *args, *opts, "--n-boot", "100"],
                        capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     reader.join(10)
     assert r.returncode == 1, r.stderr
     assert f"error: cannot write {fifo}: its reader closed it before the end" in r.stderr
-    assert f"wrote {js}" in r.stderr and f"wrote {fifo}" not in r.stderr + r.stdout
-    assert json.loads(js.read_text())["command"] == "report"
+    assert f"wrote {fifo}" not in r.stderr + r.stdout
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    return r, paths
+
+
+@pytest.mark.parametrize("into_fifo", ["-o", "--json"])
+def test_a_fifo_whose_reader_leaves_is_named_and_the_rest_written(run_file, tmp_path,
+                                                                  into_fifo):
+    """A report output into a FIFO whose reader reads a little and leaves: exit 1, the
+    error names the FIFO, the other output is written and said to be (``wrote`` only for
+    it), and the verdict is still printed on stdout (was: no line on stdout at all)."""
+    r, paths = _run_into_a_leaving_reader(tmp_path, ["report", str(run_file)],
+                                          {"-o": "r.html", "--json": "r.json"}, into_fifo)
+    html, js = paths["-o"], paths["--json"]
+    if into_fifo == "-o":
+        assert f"wrote {js}" in r.stderr
+        assert json.loads(js.read_text())["command"] == "report"
+    else:
+        assert r.stdout.startswith(f"wrote {html} (")
+        assert html.read_text().rstrip().endswith("</html>")
+    verdict = r.stdout.splitlines()[-1]
+    assert verdict.startswith("law "), r.stdout
+
+
+@pytest.mark.parametrize("into_fifo", ["--json", "--export"])
+def test_compare_into_a_fifo_whose_reader_leaves_still_prints_its_tables(run_file, tmp_path,
+                                                                        into_fifo):
+    """compare with its JSON or its export in a FIFO whose reader leaves: exit 1, the error
+    names the FIFO, the other output is written and said to be, and the gate tables are
+    still printed on stdout (were not printed at all)."""
+    r, paths = _run_into_a_leaving_reader(tmp_path, ["compare", str(run_file)],
+                                          {"--json": "c.json", "--export": "c.parquet"},
+                                          into_fifo)
+    other = paths["--export" if into_fifo == "--json" else "--json"]
+    assert f"wrote {other}" in r.stderr and other.stat().st_size > 0
+    assert "Gates on " in r.stdout and "Matched budget" in r.stdout, r.stdout
 
 
 def test_a_failed_group_never_says_it_wrote(run_file, tmp_path, monkeypatch):
