@@ -85,6 +85,44 @@ def test_skipped_files_noted_on_stderr(tmp_path):
     assert r.exit_code == 0 and r.stderr == "", r.stderr
 
 
+# ------------------------------------------------------------------ names holding [ * ?
+
+
+def test_paths_with_glob_characters_are_read_literally(tmp_path):
+    """An existing file or folder whose name holds '[' (``run[1].parquet``, a folder holding
+    ``rank[0].parquet``, a folder ``dir[x]``) is read as named, not taken for a polars glob
+    that matches nothing; a pattern given by the user still expands (to such files too)."""
+    import json
+
+    one = _shard(tmp_path / "run[1].parquet")
+    inner = _shard(tmp_path / "brdir" / "rank[0].parquet", seq=5)
+    _shard(tmp_path / "brdir" / "other.parquet", seq=9)
+    folder = _shard(tmp_path / "dir[x]" / "a.parquet", seq=20)
+    for path, files in [(one, 1), (tmp_path / "brdir", 2), (tmp_path / "dir[x]", 1),
+                        (folder, 1), (tmp_path / "*" / "rank*.parquet", 1)]:
+        js = tmp_path / "i.json"
+        r = runner.invoke(app, ["inspect", str(path), "--json", str(js), "-q"])
+        assert r.exit_code == 0, (path, r.output)
+        doc = json.loads(js.read_text())["inputs"]
+        assert len(doc["files"]) == files and doc["accounting"]["tokens_valid"] == 4 * files
+    assert resolve_paths([str(tmp_path / "*" / "rank*.parquet")]) == [inner]
+    assert resolve_paths([str(tmp_path / "run[[]1].parquet")]) == [one]  # [[] escapes '['
+
+
+def test_flag_output_named_with_a_bracket_is_counted(tmp_path):
+    """``flag -o 'noise[1].parquet'`` counts the tokens it wrote by reading that very file
+    back (not a polars glob matching nothing)."""
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "run.parquet"
+    write_synth(p, SynthSpec(n_tokens=40_000, seed=2, noise_share=0.1))
+    out = tmp_path / "noise[1].parquet"
+    r = runner.invoke(app, ["flag", str(p), "-o", str(out), "--n-boot", "200", "-q"])
+    assert r.exit_code == 0, r.output
+    n = pl.read_parquet(out, glob=False).height
+    assert n > 0 and r.stdout.startswith(f"{n:,} low-entropy noise tokens"), r.stdout
+
+
 # ------------------------------------------------------------------ columns some files lack
 
 

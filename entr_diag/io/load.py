@@ -145,6 +145,13 @@ def _looks_parquet(p: Path) -> bool:
     return p.suffix.lower() in (".parquet", ".pq", ".parq") and not p.name.startswith((".", "_"))
 
 
+def _scan(path: Path) -> pl.LazyFrame:
+    """A lazy scan of the one file ``path``, read literally: polars would expand ``[``,
+    ``*`` and ``?`` in it as a glob (``run[1].parquet`` matching ``run1.parquet``, or
+    nothing); the input's patterns are expanded by :func:`resolve_paths` alone."""
+    return pl.scan_parquet(path, hive_partitioning=False, glob=False)
+
+
 def _read_schema(path: Path) -> pa.Schema:
     try:
         return pq.read_schema(path)
@@ -805,7 +812,7 @@ def load_dataset(
         ranges = _row_group_ranges(metas.pop(f), mapping["train_logprob"] if nested else None,
                                    split=not numbered or mapping.get("seq_id") in types)
         # (the footer is dropped once read: 20k row groups hold 200 MB of pyarrow metadata)
-        plans.append((f, types, hive, file_layout, pl.scan_parquet(f, hive_partitioning=False),
+        plans.append((f, types, hive, file_layout, _scan(f),
                       ranges, numbered))
     offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype)
     if continued:
@@ -1014,12 +1021,12 @@ def _file_frame(
     groups; the file-level checks, e.g. ragged nested rows, run only for the whole file).
     ``position_offsets``: for a long file (or a chunk of one) without positions (numbered
     per sequence in input order), the rows (``_off``) each sequence has in the files and
-    chunks before (:func:`_position_offsets`). ``scan``: the file's ``pl.scan_parquet``, shared
+    chunks before (:func:`_position_offsets`). ``scan``: the file's :func:`_scan`, shared
     by its chunks (polars keeps the parsed footer with the scan: one copy per file, not per
     chunk). ``label``: the file's name within the input (:func:`_file_labels`), the prefix
     of the ``file:row`` ids of a nested file without a seq_id column.
     """
-    lf = pl.scan_parquet(path, hive_partitioning=False) if scan is None else scan
+    lf = _scan(path) if scan is None else scan
     first_row = 0
     if rows is not None:
         first_row = rows[0]
