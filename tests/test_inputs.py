@@ -341,6 +341,33 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
 # ------------------------------------------------------------------ partition values
 
 
+@pytest.mark.parametrize("folders", [["step=abc", "step=def"], ["step=1", "step=abc"]])
+def test_non_integer_partition_value_names_the_folder(tmp_path, folders):
+    """Folders ``step=abc/`` giving the step a value that is not an integer are refused
+    naming the first such folder, its files and how many such files and folders there are
+    (not a bare 'column step has type string'; with integer folders too, not a cast error
+    while reading)."""
+    for i, folder in enumerate(folders):
+        _shard(tmp_path / "run" / folder / "a.parquet", seq=10 * i)
+    _shard(tmp_path / "run" / "step=abc" / "b.parquet", seq=100)
+    r = runner.invoke(app, ["inspect", str(tmp_path / "run"), "-q"])
+    assert r.exit_code == 2, r.output
+    more = "; 3 files in 2 such folders in all" if folders[0] == "step=abc" else ""
+    assert r.stderr == (
+        f"error: column 'step' (step) comes from the partition folder "
+        f"{tmp_path / 'run' / 'step=abc'} (2 files{more}) whose value 'abc' is not an "
+        "integer; step needs integer values: name the folders step=<integer> (e.g. step=3) "
+        "or move the files out of them.\n"), r.stderr
+    # a key that is not mapped may hold anything (date=2024-01-01, rank=a)
+    (tmp_path / "run").rename(tmp_path / "run2")
+    for p in (tmp_path / "run2").rglob("*.parquet"):
+        q = tmp_path / "ok" / p.parent.name.replace("step", "rank") / p.name
+        q.parent.mkdir(parents=True, exist_ok=True)
+        p.rename(q)
+    r = runner.invoke(app, ["inspect", str(tmp_path / "ok"), "-q"])
+    assert r.exit_code == 0, r.output
+
+
 def test_partition_value_contradicted_by_the_files_column_is_noted(tmp_path):
     """``step=4/`` holding a file whose step column says 5: the column is used and a note
     says so; an agreeing file (``step=05`` with 5: same integer) gives no note."""

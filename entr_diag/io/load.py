@@ -268,6 +268,7 @@ def resolve_mapping(
     overrides: Mapping[str, str] | None = None,
     framework: str | None = None,
     entropy: str = "auto",
+    origins: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Choose, for each canonical column, the source column that holds it.
 
@@ -285,6 +286,9 @@ def resolve_mapping(
         framework: a key of :data:`~entr_diag.io.schema.FRAMEWORKS`; its names are tried
             first and may resolve the ambiguous names (``logprobs``, ``log_probs``).
         entropy: ``auto`` (inference-side, else trainer-side), ``infer`` or ``train``.
+        origins: source name -> where a column no file holds gets its values (partition
+            folders whose value is not an integer, :func:`_hive_origin`): a type error on it
+            says that instead of naming a column type.
 
     Returns:
         ``(mapping, notes)``: canonical -> source for every column found (``entropy`` maps
@@ -343,10 +347,8 @@ def resolve_mapping(
             src = overrides[canon]
             t = _value_type(available[src])
             if not _kind_ok(col.kind, t):
-                raise SchemaError(
-                    f"column '{src}' mapped to {canon} has type {_type_name(available[src])}; "
-                    f"{canon} needs {S.KIND_WORDS[col.kind]} values."
-                )
+                raise _wrong_type(src, canon, available[src], (origins or {}).get(src),
+                                  mapped=True)
             mapping[canon] = src
             continue
         candidates: list[str] = []
@@ -367,10 +369,7 @@ def resolve_mapping(
             ok = _kind_ok(col.kind, _value_type(available[src]))
             if not ok:
                 if src == canon or src == fw.get(canon) or col.required:
-                    raise SchemaError(
-                        f"column '{src}' ({canon}) has type {_type_name(available[src])}; "
-                        f"{canon} needs {S.KIND_WORDS[col.kind]} values."
-                    )
+                    raise _wrong_type(src, canon, available[src], (origins or {}).get(src))
                 notes.append(f"'{src}' not used as {canon}: type {_type_name(available[src])}")
                 continue
             usable.append(src)
@@ -441,6 +440,38 @@ def resolve_mapping(
             + hint
         )
     return mapping, notes
+
+
+def _wrong_type(src: str, canon: str, typ: pa.DataType, origin: str | None, *,
+                mapped: bool = False) -> SchemaError:
+    """Source column ``src`` cannot hold ``canon``; ``origin``: where its values come from
+    when no file holds it (partition folders, :func:`_hive_origin`)."""
+    need = S.KIND_WORDS[S.BY_NAME[canon].kind]
+    what = f"column '{src}' mapped to {canon}" if mapped else f"column '{src}' ({canon})"
+    if origin is not None:
+        return SchemaError(
+            f"{what} comes from {origin}; {canon} needs {need} values: name the folders "
+            f"{src}=<integer> (e.g. {src}=3) or move the files out of them."
+        )
+    return SchemaError(f"{what} has type {_type_name(typ)}; {canon} needs {need} values.")
+
+
+def _hive_origin(key: str, files: Sequence[Path]) -> str:
+    """``the partition folder /x/step=abc (1 file; 3 files in 2 folders in all) whose value
+    'abc' is not an integer``: where the values of partition key ``key`` come from, for
+    ``files``, those under a folder ``key=VALUE`` whose value is not an integer."""
+    folders: dict[Path, int] = {}
+    for f in files:
+        d = next(p for p in f.parents if _HIVE_SEGMENT.match(p.name)
+                 and p.name.split("=", 1)[0] == key)
+        folders[d] = folders.get(d, 0) + 1
+    first = next(iter(folders))
+    value = first.name.split("=", 1)[1]
+    more = (f"; {len(files):,} files in {len(folders):,} such folders in all"
+            if len(folders) > 1 else "")
+    n = folders[first]
+    return (f"the partition folder {first} ({n:,} file{'s' if n > 1 else ''}{more}) whose value "
+            f"'{value}' is not an integer")
 
 
 def _refuse_ambiguous(canon: str, usable: Sequence[str]) -> None:
@@ -670,7 +701,14 @@ def load_dataset(
             f"--export outputs, e.g. {ours[0]}), skipped in directory searches: name them "
             "explicitly to read them.")
 
-    # union of available columns (hive partition keys count as string columns)
+    # union of available columns (a partition key counts as an integer column when every
+    # folder's value is an integer (or null), else as a string column)
+    not_int: dict[str, list[Path]] = {}  # partition key -> files below a non-integer value
+    for f in file_list:
+        for k, v in _hive_values(f).items():
+            if v != _HIVE_NULL and not _int_like(v):
+                not_int.setdefault(k, []).append(f)
+    file_columns = {n for f in file_list for n in schemas[f].names}
     available: dict[str, pa.DataType] = {}
     for f in file_list:
         for name, typ in zip(schemas[f].names, schemas[f].types, strict=True):
@@ -679,13 +717,15 @@ def load_dataset(
                 available[name] = typ
         for k, v in _hive_values(f).items():
             if v != _HIVE_NULL:  # a null value: typed by the other folders
-                available.setdefault(k, pa.int64() if _int_like(v) else pa.string())
+                available.setdefault(k, pa.string() if k in not_int else pa.int64())
     for f in file_list:  # partition keys whose every value is null
         for k in _hive_values(f):
             available.setdefault(k, pa.string())
     try:
-        mapping, notes = resolve_mapping(available, overrides=columns, framework=framework,
-                                         entropy=entropy)
+        mapping, notes = resolve_mapping(
+            available, overrides=columns, framework=framework, entropy=entropy,
+            origins={k: _hive_origin(k, fs) for k, fs in not_int.items()
+                     if k not in file_columns})
     except SchemaError as e:
         if len(file_list) == 1 and not str(e).startswith(("--", "unknown framework")):
             raise SchemaError(f"{file_list[0]}: {e}") from None  # one file's columns: name it
