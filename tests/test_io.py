@@ -649,9 +649,69 @@ def test_framework_never_maps_other_frameworks_names(framework):
     own = set(S.FRAMEWORKS[framework].values())
     others = {n for k, p in S.FRAMEWORKS.items() if k != framework for n in p.values()}
     others -= own | set(S.CANONICAL) | {"advantages"}  # the name every framework shares
-    available = {n: pa.float64() for n in others | {"train_logprob", "infer_logprob"}}
-    mapping, _ = resolve_mapping(available, framework=framework)
-    assert others and not set(mapping.values()) & others, mapping
+    for typ in (pa.float64(), pa.int64()):  # (int64: ids and steps fit the id columns)
+        available = {n: typ for n in others | {"train_logprob", "infer_logprob"}}
+        mapping, _ = resolve_mapping(available, framework=framework)
+        assert others, framework
+        for canon, src in mapping.items():  # never as the column another preset reads it as
+            assert src not in others or not S.users_of(src, canon), (canon, src)
+
+
+def test_readme_lists_every_framework_preset():
+    """The README's table of presets gives each framework's names as schema.py has them."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = {ln.split("|")[1].strip(" `"): ln for ln in readme.splitlines()
+            if ln.startswith("| `") and ln.split("|")[1].strip(" `") in S.FRAMEWORKS}
+    assert set(rows) == set(S.FRAMEWORKS)
+    for fw, preset in S.FRAMEWORKS.items():
+        for canon, src in preset.items():
+            cell = f"`{src}`" if canon in ("train_logprob", "infer_logprob") else \
+                f"{canon} `{src}`"
+            assert cell in rows[fw], (fw, canon, src)
+
+
+def _slime_rows(seq: str = "index") -> pl.DataFrame:
+    """A slime-style long dump: 2 rollouts (``rollout_id``, the step) of 3 samples each
+    (``seq``: the per-sample id), 2 tokens per sample."""
+    n = 12
+    return pl.DataFrame({
+        seq: [i // 2 for i in range(n)],
+        "position": [i % 2 for i in range(n)],
+        "rollout_id": [i // 6 for i in range(n)],
+        "log_probs": [-0.1 - 0.01 * i for i in range(n)],
+        "rollout_log_probs": [-0.11 - 0.01 * i for i in range(n)],
+        "loss_masks": [1] * n,
+        "entropy": [0.5] * n,
+    })
+
+
+@pytest.mark.parametrize("seq", ["index", "seq_id", "sample_indices"])
+def test_slime_rollout_id_is_the_step(tmp_path, seq):
+    """--framework slime reads ``rollout_id`` (slime's rollout index, the training step) as
+    the step and the sample's id (``index``, ``sample_indices`` or ``seq_id``) as the
+    sequence: 6 sequences over 2 steps, not 2 sequences of 6 samples each (with its seq_id
+    beside it, not refused as ambiguous)."""
+    ds = load_dataset([_write(tmp_path, _slime_rows(seq))], framework="slime")
+    assert ds.mapping["seq_id"] == seq and ds.mapping["step"] == "rollout_id"
+    acc = ds.accounting
+    assert acc.sequences_total == 6 and acc.steps == (0, 1) and acc.tokens_valid == 12
+    assert acc.sequences_with_duplicate_positions == 0
+
+
+def test_rollout_id_stays_a_sequence_id_without_slime(tmp_path):
+    """Without --framework slime (and with another framework) ``rollout_id`` is still a
+    generic alias of seq_id, with a note that slime reads it as the step; beside a seq_id
+    column the refusal names --framework slime."""
+    df = _long().rename({"seq_id": "rollout_id"})
+    p = _write(tmp_path, df)
+    for fw in (None, "verl"):
+        ds = load_dataset([p], framework=fw)
+        assert ds.mapping["seq_id"] == "rollout_id" and ds.mapping["step"] == "step"
+        assert ("seq_id <- 'rollout_id' (--framework slime would read it as step: name the "
+                "framework if the dump is slime's)") in ds.notes
+    with pytest.raises(SchemaError, match="--framework slime reads 'rollout_id' as step"):
+        load_dataset([_write(tmp_path, _slime_rows("seq_id").rename(
+            {"log_probs": "train_logprob", "rollout_log_probs": "infer_logprob"}), "b.parquet")])
 
 
 def test_two_candidates_for_one_column_refused(tmp_path):

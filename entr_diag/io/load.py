@@ -275,7 +275,10 @@ def resolve_mapping(
     A canonical column's candidates are, in order: the framework's own name (with
     ``framework``), the canonical name, then its generic aliases. With ``framework`` the
     names only *other* frameworks use are never candidates (:func:`~entr_diag.io.schema.
-    foreign_names`): ``--framework trl`` never reads verl's ``old_log_probs``. A column is
+    foreign_names`) for the column they read them as: ``--framework trl`` never reads
+    verl's ``old_log_probs``; nor is a name the framework reads as one column a candidate
+    for another (``--framework slime`` reads ``rollout_id`` as the step, never as the
+    sequence id, a generic alias of which it is elsewhere). A column is
     never guessed between two present candidates: unless an override or the framework's own
     name decides, two or more candidates of the right type are refused as ambiguous.
 
@@ -359,7 +362,9 @@ def resolve_mapping(
         for src in candidates:
             if src not in available:
                 continue
-            if src in foreign and src != fw.get(canon):
+            if src in fw.values() and src != fw.get(canon):  # the framework's other column
+                continue
+            if src in foreign and src != fw.get(canon) and S.users_of(src, canon):
                 skipped.setdefault(canon, []).append(src)
                 continue
             if src in used:
@@ -386,7 +391,10 @@ def resolve_mapping(
         mapping[canon] = src
         used.add(src)
         if src != canon:
-            notes.append(f"{canon} <- '{src}'")
+            uses = S.other_uses(src, canon) if src != fw.get(canon) else ()
+            notes.append(f"{canon} <- '{src}'" + "".join(
+                f" (--framework {k} would read it as {c}: name the framework if the dump "
+                f"is {k}'s)" for k, c in uses))
         if len(usable) > 1:  # the framework's own name decided
             notes.append(f"{canon}: using '{src}' (--framework {key}); also present and not "
                          "used: " + ", ".join(f"'{a}'" for a in usable[1:]))
@@ -480,6 +488,8 @@ def _refuse_ambiguous(canon: str, usable: Sequence[str]) -> None:
         ", ".join(f"'{s}'" for s in usable)
     fws = [f"--framework {_or_list(S.users_of(s, canon))} reads '{s}'"
            for s in usable if S.users_of(s, canon)]
+    fws += [f"--framework {k} reads '{s}' as {c}" for s in usable
+            for k, c in S.other_uses(s, canon)]
     raise SchemaError(
         f"ambiguous column {canon}: the input has {len(usable)} candidate columns, {names}, "
         f"and entr-diag never guesses between them. Choose one with --column {canon}=NAME "
