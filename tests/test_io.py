@@ -517,6 +517,80 @@ def test_ragged_nested_refused_with_seq_ids(tmp_path):
     assert "2 nested row(s)" in str(e.value) and "a" in str(e.value) and "c" in str(e.value)
 
 
+def test_ragged_nested_names_the_culprit_lists(tmp_path):
+    """The refusal names the list column(s) whose length differs from the row's other
+    lists, with their numbers of rows (not every list column of the file); a source
+    name is followed by its canonical column."""
+    df = pl.DataFrame({
+        "seq_id": [1, 2, 3, 4],
+        "train_logprob": [[-0.1, -0.2], [-0.3, -0.1], [-0.1, -0.2], [-0.5]],
+        "infer_logprob": [[-0.1, -0.2], [-0.3], [-0.1, -0.2], [-0.5]],
+        "rollout_entropy": [[0.1], [0.2, 0.3], [0.4], [0.5]],
+        "loss_mask": [[True, True], [True, True], [True, True], [True]],
+        "token_id": [[5, 6], [7, 8], [9, 10], [11]],
+    })
+    with pytest.raises(InputError) as e:
+        load_dataset([_write(tmp_path, df)])
+    assert str(e.value) == (
+        f"{tmp_path / 'x.parquet'}: 3 nested row(s) have per-token lists of different "
+        "lengths: 'rollout_entropy' (entropy) in 2 rows and 'infer_logprob' in 1 row differ "
+        "from the row's other lists; seq_id(s): 1, 2, 3. Every per-token list of a sequence "
+        "must have one entry per token.")
+    # train_logprob itself the odd one out; two lists of different lengths: both named
+    df = pl.DataFrame({"seq_id": [1], "train_logprob": [[-0.1]],
+                       "infer_logprob": [[-0.1, -0.2]], "entropy": [[0.1, 0.2]]})
+    with pytest.raises(InputError, match="lengths: 'train_logprob' in 1 row differs from"):
+        load_dataset([_write(tmp_path, df)])
+    with pytest.raises(InputError, match="'infer_logprob' in 1 row and 'train_logprob' in 1 "
+                                         "row differ"):
+        load_dataset([_write(tmp_path, df.drop("entropy"))])
+
+
+def test_null_nested_list_counts_its_tokens_like_null_values(tmp_path):
+    """A null per-token list beside present ones holds a null per token, excluded by the
+    reason a null value of that column has in the long layout (entropy: invalid_entropy,
+    loss mask: null_loss_mask, position: invalid_position, a logprob: non_finite_logprob;
+    a null token_id is kept): the same accounting as the long layout with those nulls. A row
+    whose lists are all null stays an empty sequence."""
+    rows = [  # (column made null, tokens)
+        (None, 3), ("entropy", 2), ("loss_mask", 4), ("position", 1), ("token_id", 2),
+        ("infer_logprob", 3), ("train_logprob", 2), ("all", 0)]
+    recs = []
+    for i, (col, n) in enumerate(rows):
+        rec = {"seq_id": i, "train_logprob": [-0.1 * (j + 1) for j in range(n)],
+               "infer_logprob": [-0.1 * (j + 1) - 0.01 for j in range(n)],
+               "entropy": [0.5] * n, "loss_mask": [True] * n, "position": list(range(n)),
+               "token_id": list(range(n))}
+        for c in rec:
+            if c != "seq_id" and col in (c, "all"):
+                rec[c] = None
+        recs.append(rec)
+    nested = pl.DataFrame(recs, schema={
+        "seq_id": pl.Int64, "train_logprob": pl.List(pl.Float64),
+        "infer_logprob": pl.List(pl.Float64), "entropy": pl.List(pl.Float64),
+        "loss_mask": pl.List(pl.Boolean), "position": pl.List(pl.Int64),
+        "token_id": pl.List(pl.Int64)})
+    ds = load_dataset([_write(tmp_path, nested)])
+    acc = ds.accounting
+    assert acc.excluded == {"invalid_entropy": 2, "null_loss_mask": 4, "invalid_position": 1,
+                            "non_finite_logprob": 5}
+    assert acc.tokens_valid == 3 + 2 and acc.sequences_total == 8
+    assert acc.sequences_without_masked_tokens == 1  # the empty row
+    valid = _valid(ds)
+    assert valid.filter(pl.col("seq_id") == "4")["token_id"].null_count() == 2
+    # the long layout with the same values (nulls in place of the null lists)
+    lists = [c for c in nested.columns if c != "seq_id"]
+    long = (nested.filter(pl.col("seq_id") != 7)
+            .with_columns(pl.col(c).fill_null(pl.col("train_logprob").list.eval(pl.lit(None)))
+                          for c in lists)
+            .with_columns(pl.col(c).fill_null(pl.col("infer_logprob").list.eval(pl.lit(None)))
+                          for c in lists)
+            .explode(lists))
+    ds_long = load_dataset([_write(tmp_path, long, "long.parquet")])
+    assert ds_long.accounting.excluded == acc.excluded
+    assert ds_long.accounting.tokens_valid == acc.tokens_valid
+
+
 def test_wrong_type_refused(tmp_path):
     """A logprob column holding strings is refused, naming file, column and type."""
     df = _long().with_columns(pl.col("train_logprob").cast(pl.String))

@@ -1099,12 +1099,11 @@ def _file_frame(
             lf = lf.with_columns(pl.col(src).arr.to_list() for src in fixed)
         ref = srcs["train_logprob"]
         lens = {src: pl.col(src).list.len() for src in list_srcs}
-        ragged = pl.lit(False)
-        for src in list_srcs:
-            if src != ref:
-                ragged = ragged | (lens[src].fill_null(-1) != lens[ref].fill_null(-1))
+        # a row's tokens: the length of its train_logprob list, or of the first other list
+        # when that one is null (null when every list of the row is: an empty row)
+        n_tok = pl.coalesce([lens[ref], *(lens[src] for src in list_srcs if src != ref)])
         if rows is None:
-            _check_ragged(path, lf, ragged, srcs, list_srcs)
+            _check_ragged(path, lf, lens, n_tok, srcs, list_srcs)
         sid = (
             pl.col(srcs["seq_id"]).cast(sid_dtype)
             if "seq_id" in srcs
@@ -1112,9 +1111,13 @@ def _file_frame(
         )
         lf = lf.with_columns(
             sid.alias("_seq_id"),
-            (pl.col(ref).list.len().fill_null(0) == 0).alias("_empty"),
-            pl.int_ranges(0, pl.col(ref).list.len().fill_null(0)).alias("_pos"),
+            (n_tok.fill_null(0) == 0).alias("_empty"),
+            pl.int_ranges(0, n_tok.fill_null(0)).alias("_pos"),
         )
+        # a null list beside present ones holds a null per token: excluded by the reason a
+        # null value of its column has in the long layout (a null entropy: invalid_entropy)
+        lf = lf.with_columns(pl.col(src).fill_null(pl.col("_pos").list.eval(pl.lit(None)))
+                             for src in list_srcs)
         pad = pl.lit(False)
         if "loss_mask" not in srcs:  # no mask: leading / trailing all-zero rows are padding
             lo, hi = _unpadded_range(srcs, list_srcs)
@@ -1327,26 +1330,47 @@ def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
     return chunk_offs, file_offs, continued
 
 
-def _check_ragged(path: Path, lf: pl.LazyFrame, ragged: pl.Expr, srcs: Mapping[str, str],
-                  list_srcs: Iterable[str]) -> None:
-    list_srcs = list(list_srcs)
+def _check_ragged(path: Path, lf: pl.LazyFrame, lens: Mapping[str, pl.Expr], n_tok: pl.Expr,
+                  srcs: Mapping[str, str], list_srcs: Sequence[str]) -> None:
+    """Refuse a nested file with a row whose per-token lists (``lens``: their lengths, null
+    for a null list) differ in length, naming the culprit list columns (in each such row,
+    those whose length most of the row's other lists do not share; all of them on a tie)
+    with their numbers of rows, and the first seq_ids. A null list is no culprit: its
+    tokens hold nulls (see :func:`_file_frame`)."""
     if len(list_srcs) < 2:
         return
     key = pl.col(srcs["seq_id"]).cast(pl.String) if "seq_id" in srcs else pl.format(
         "row {}", pl.col("_row"))
+    ragged = pl.any_horizontal([(lens[src] != n_tok).fill_null(False) for src in list_srcs])
+    # per list: how many of the row's lists share its length (0 for a null list)
+    agree = {src: pl.sum_horizontal([(lens[d] == lens[src]).fill_null(False).cast(pl.Int32)
+                                     for d in list_srcs]).alias(f"_a{i}")
+             for i, src in enumerate(list_srcs)}
+    most = pl.max_horizontal([pl.col(f"_a{i}") for i in range(len(list_srcs))])
+    tie = pl.sum_horizontal([(pl.col(f"_a{i}") == most).cast(pl.Int32)
+                             for i in range(len(list_srcs))]) > most
     bad = (
-        lf.select(ragged.alias("_r"), key.alias("_k"))
-        .filter(pl.col("_r"))
-        .select(pl.len().alias("n"), pl.col("_k").head(_MAX_LISTED).implode().alias("keys"))
+        lf.filter(ragged)
+        .select(key.alias("_k"), *agree.values())
+        .select(pl.len().alias("n"), pl.col("_k").head(_MAX_LISTED).implode().alias("keys"),
+                *[((pl.col(f"_a{i}") > 0) & ((pl.col(f"_a{i}") < most) | tie)).sum()
+                  .alias(src) for i, src in enumerate(list_srcs)])
         .collect(engine="streaming")
     )
     n = int(bad["n"][0])
     if n:
         keys = ", ".join(str(k) for k in bad["keys"][0])
+        canon = {src: c for c, src in srcs.items()}
+        culprits = [(src, int(bad[src][0])) for src in list_srcs if bad[src][0]]
+        culprits.sort(key=lambda c: -c[1])
+        named = _or_list([f"'{src}'" + (f" ({canon[src]})" if canon.get(src, src) != src else "")
+                          + f" in {k:,} row{'s' if k > 1 else ''}" for src, k in culprits],
+                         "and")
         raise InputError(
-            f"{path}: {n} nested row(s) have list columns of different lengths, or a null "
-            f"list ({', '.join(list_srcs)}); seq_id(s): {keys}. Every per-token list of a "
-            "sequence must have one entry per token."
+            f"{path}: {n:,} nested row(s) have per-token lists of different lengths: "
+            f"{named} differ{'s' if len(culprits) == 1 else ''} from the row's other lists; "
+            f"seq_id(s): {keys}. Every per-token list of a sequence must have one entry per "
+            "token."
         )
 
 
