@@ -212,6 +212,40 @@ def test_an_all_null_entropy_column_counts_as_absent(tmp_path):
     assert acc["exclusions"]["invalid_entropy"] > 0 and "only nulls" not in r.stderr
 
 
+def test_all_null_inference_entropy_falls_back_to_the_trainer_entropy(tmp_path):
+    """verl's ``rollout_entropy`` all null beside a filled ``entropys``: the inference-side
+    column counts as absent, so the trainer-side entropy is used (a note names both), as
+    without the column; ``--entropy infer`` still refuses, saying it holds only nulls; when
+    the trainer-side entropy holds only nulls too, the refusal names it."""
+    import json
+
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "verl.parquet"
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=1))
+    df = pl.read_parquet(p).rename({"train_logprob": "old_log_probs",
+                                    "infer_logprob": "rollout_log_probs",
+                                    "entropy": "entropys"})
+    df = df.with_columns(pl.lit(None, dtype=pl.Float32).alias("rollout_entropy"))
+    df.write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "--framework", "verl", "--n-boot", "200",
+                            "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    note = ("note: entropy: the inference-side entropy ('rollout_entropy') holds only nulls in "
+            "every file, as if absent: using the trainer-side entropy ('entropys')")
+    assert note in r.stderr.replace("\n", " "), r.stderr
+    inputs = json.loads(js.read_text())["inputs"]
+    assert inputs["entropy_source"] == "trainer" and inputs["mapping"]["entropy"] == "entropys"
+    assert "entropy <- 'rollout_entropy'" not in inputs["mapping_notes"]
+    r = runner.invoke(app, ["fit", str(p), "--framework", "verl", "--entropy", "infer", "-q"])
+    assert r.exit_code == 2 and "('rollout_entropy') holds only nulls" in r.stderr, r.output
+    df.with_columns(pl.lit(None, dtype=pl.Float32).alias("entropys")).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "--framework", "verl", "-q"])
+    assert r.exit_code == 2, r.output
+    assert f"{p}: the entropy column ('entropys') holds only nulls" in r.stderr, r.stderr
+
+
 def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
     """A dump without entropy (engines rarely return it): ``report`` still writes the
     metrics, forensics, profiles and the comparison of the gates that need no entropy, says

@@ -792,6 +792,15 @@ def load_dataset(
             )
             del mapping[canon]
     src = mapping.get("entropy")  # an engine that writes the column but fills it with nulls
+    train = mapping.get("train_entropy")
+    if src and src != train and entropy == "auto" and train \
+            and all(_only_nulls(metas[f], src) for f in file_list):
+        # as if absent: the trainer-side entropy is used, as without the column
+        if f"entropy <- '{src}'" in notes:
+            notes.remove(f"entropy <- '{src}'")
+        notes.append(f"entropy: the inference-side entropy ('{src}') holds only nulls in every "
+                     f"file, as if absent: using the trainer-side entropy ('{train}')")
+        mapping["entropy"] = src = train
     if src and all(_only_nulls(metas[f], src) for f in file_list):
         notes.append(f"entropy ('{src}') holds only nulls in every file: not used (as if "
                      "absent)")
