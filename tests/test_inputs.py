@@ -123,6 +123,23 @@ def test_flag_output_named_with_a_bracket_is_counted(tmp_path):
     assert n > 0 and r.stdout.startswith(f"{n:,} low-entropy noise tokens"), r.stdout
 
 
+def test_pipe_input_is_refused_as_a_pipe_not_as_missing(tmp_path):
+    """A named pipe (like /dev/stdin under `cat f | entr-diag fit /dev/stdin`) is refused
+    saying that Parquet cannot be read from a pipe and to save it to a file, not that the
+    input does not exist; no reader blocks on it."""
+    import os
+
+    fifo = tmp_path / "in.parquet"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match=r"input .*in\.parquet is a pipe or device, not a file: "
+                                         "Parquet cannot be read from a pipe or stdin"):
+        resolve_paths([fifo])
+    r = runner.invoke(app, ["fit", str(fifo)])
+    assert r.exit_code == 2, r.output
+    assert len(r.stderr.splitlines()) == 1 and "save it to a file first" in r.stderr
+    assert "does not exist" not in r.stderr
+
+
 # ------------------------------------------------------------------ columns some files lack
 
 

@@ -85,7 +85,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
     ``part-9`` before ``part-10``), without duplicates.
 
     Raises:
-        InputError: a path that does not exist, a glob or directory that matches no
+        InputError: a path that does not exist or is no file (a pipe such as
+            ``/dev/stdin``, a device), a glob or directory that matches no
             Parquet file (naming the skipped ones), or no path at all.
     """
     if not paths:
@@ -115,6 +116,11 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
             out.extend(found)
         elif p.is_file():
             out.append(p)
+        elif p.exists():  # a pipe (/dev/stdin, <(...), a FIFO), a terminal or a socket
+            raise InputError(
+                f"input {text} is a pipe or device, not a file: Parquet cannot be read from a "
+                "pipe or stdin (it needs a seekable file: its footer is at the end); "
+                "save it to a file first (e.g. `cat > run.parquet`) and pass that file.")
         elif any(ch in text for ch in "*?["):
             found = sorted((Path(m) for m in glob.glob(text, recursive=True)
                             if Path(m).is_file()), key=_natural)
