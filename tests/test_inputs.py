@@ -63,8 +63,25 @@ def test_directory_with_only_skipped_files_says_so(tmp_path):
     assert r.exit_code == 2 and "_rollouts_step0.parquet" in r.stderr, r.output
     assert "Traceback" not in r.output
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InputError, match=r"holds no Parquet files \(\*\.parquet, \*\.pq\)\.$"):
+    with pytest.raises(InputError, match=r"holds no Parquet files "
+                                         r"\(\*\.parquet, \*\.pq, \*\.parq\)\.$"):
         resolve_paths([tmp_path / "empty"])
+
+
+def test_no_parquet_message_lists_exactly_the_names_a_walk_reads(tmp_path):
+    """The names a folder without Parquet is said to lack are the ones a directory walk
+    reads (any case), and no other."""
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError) as e:
+        resolve_paths([tmp_path / "empty"])
+    listed = re.search(r"holds no Parquet files \((.*)\)", str(e.value)).group(1).split(", ")
+    want = set()
+    for i, ext in enumerate((".parquet", ".pq", ".parq", ".pqt", ".prq", ".parquet.bak")):
+        for name in (f"f{i}{ext}", f"g{i}{ext.upper()}"):
+            _shard(tmp_path / "walk" / name, seq=10 * i)
+            if f"*{ext}" in listed:
+                want.add(name)
+    assert {f.name for f in resolve_paths([tmp_path / "walk"])} == want
 
 
 def test_skipped_files_noted_on_stderr(tmp_path):

@@ -70,11 +70,14 @@ def bundled_sample_path() -> Path:
 #: key of the Parquet file metadata entr-diag writes into its own Parquet outputs (flag,
 #: compare --export): a directory walk skips such files (a run's folder may hold them)
 OUTPUT_MARK = "entr_diag.output"
+#: the file name endings (any case) a directory search reads as Parquet
+PARQUET_SUFFIXES: tuple[str, ...] = (".parquet", ".pq", ".parq")
 
 
 def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None,
                   walked: set[Path] | None = None) -> list[Path]:
-    """Expand files, directories (recursively, ``*.parquet``) and globs into Parquet files.
+    """Expand files, directories (recursively, the :data:`PARQUET_SUFFIXES`) and globs into
+    Parquet files.
 
     A directory walk skips Parquet files whose names start with '.' or '_' (hidden,
     temporary or metadata files by the Spark/Hive convention); they are appended to
@@ -108,7 +111,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                 walked.update(found)
             if not found:
                 raise InputError(
-                    f"directory {text} holds no Parquet files (*.parquet, *.pq)"
+                    f"directory {text} holds no Parquet files "
+                    f"({', '.join('*' + x for x in PARQUET_SUFFIXES)})"
                     + (f" except {len(hidden)} skipped hidden or _-prefixed file(s), e.g. "
                        f"{hidden[0]}: pass them explicitly to read them."
                        if hidden else ".")
@@ -148,7 +152,7 @@ def _natural(p: Path) -> tuple:
 
 
 def _looks_parquet(p: Path) -> bool:
-    return p.suffix.lower() in (".parquet", ".pq", ".parq") and not p.name.startswith((".", "_"))
+    return p.suffix.lower() in PARQUET_SUFFIXES and not p.name.startswith((".", "_"))
 
 
 def _scan(path: Path) -> pl.LazyFrame:
