@@ -168,6 +168,7 @@ Paths = Annotated[
     typer.Argument(
         help="Parquet files, directories (recursive) or globs. Default: the bundled sample run.",
         show_default=False,
+        parser=str,  # the strings as typed: Path("") would be ".", the current directory
     ),
 ]
 ColumnOpt = Annotated[

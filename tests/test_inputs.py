@@ -140,6 +140,25 @@ def test_flag_output_named_with_a_bracket_is_counted(tmp_path):
     assert n > 0 and r.stdout.startswith(f"{n:,} low-entropy noise tokens"), r.stdout
 
 
+def test_empty_input_path_is_refused_not_read_as_the_current_directory(tmp_path,
+                                                                        monkeypatch):
+    """An empty path ('') is refused, by the commands and the library, instead of being
+    read as the current directory; '.' still reads it."""
+    from entr_diag.io import load_dataset
+
+    _shard(tmp_path / "a.parquet")
+    monkeypatch.chdir(tmp_path)
+    for args in (["inspect", ""], ["inspect", "a.parquet", ""]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, r.output
+        assert r.stderr.startswith("error: empty input path ('')") and len(
+            r.stderr.splitlines()) == 1, r.stderr
+    for paths in ([""], "", ["a.parquet", ""]):
+        with pytest.raises(InputError, match=r"^empty input path \(''\)"):
+            load_dataset(paths)
+    assert resolve_paths(["."]) == [Path("a.parquet")]
+
+
 def test_pipe_input_is_refused_as_a_pipe_not_as_missing(tmp_path):
     """A named pipe (like /dev/stdin under `cat f | entr-diag fit /dev/stdin`) is refused
     saying that Parquet cannot be read from a pipe and to save it to a file, not that the

@@ -88,7 +88,7 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
     ``part-9`` before ``part-10``), without duplicates.
 
     Raises:
-        InputError: a path that does not exist or is no file (a pipe such as
+        InputError: an empty path (``''``), a path that does not exist or is no file (a pipe such as
             ``/dev/stdin``, a device), a glob or directory that matches no
             Parquet file (naming the skipped ones), or no path at all.
     """
@@ -97,6 +97,9 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
     out: list[Path] = []
     for raw in paths:
         text = str(raw)
+        if not text:  # Path("") is the current directory: never read it unasked
+            raise InputError("empty input path (''): name a Parquet file, a directory or a "
+                             "glob (the current directory is '.').")
         p = Path(text)
         if p.is_dir():
             found, hidden = [], []
