@@ -591,6 +591,32 @@ def test_null_nested_list_counts_its_tokens_like_null_values(tmp_path):
     assert ds_long.accounting.tokens_valid == acc.tokens_valid
 
 
+@pytest.mark.parametrize("statistics", [True, False])
+def test_uint64_values_too_large_for_an_integer_column_are_counted_over_the_file(
+        tmp_path, statistics):
+    """A uint64 step holding values above 2^63 - 1 is refused naming the file and column and
+    counting those values over the whole file (every row group, with or without Parquet
+    statistics), not over one batch of it; small uint64 steps are read."""
+    import pyarrow.parquet as pq
+
+    n = 3000
+    df = pl.DataFrame({"seq_id": [i // 10 for i in range(n)],
+                       "train_logprob": [-0.1] * n, "infer_logprob": [-0.12] * n,
+                       "step": pl.Series([2**63 + i if i % 3 == 0 else i for i in range(n)],
+                                         dtype=pl.UInt64)})
+    p = tmp_path / "x.parquet"
+    pq.write_table(df.to_arrow(), p, row_group_size=700, write_statistics=statistics)
+    with pytest.raises(SchemaError) as e:
+        load_dataset([p])
+    assert str(e.value).startswith(
+        f"{p}: column 'step' (step) holds 1,000 of its 3,000 values above "
+        "9,223,372,036,854,775,807, the largest signed 64-bit integer (up to "
+        f"{2**63 + 2997:,}): no step is that large"), str(e.value)
+    pq.write_table(df.with_columns(pl.col("step") % 7).to_arrow(), p, row_group_size=700,
+                   write_statistics=statistics)
+    assert load_dataset([p]).accounting.steps == tuple(range(7))
+
+
 def test_wrong_type_refused(tmp_path):
     """A logprob column holding strings is refused, naming file, column and type."""
     df = _long().with_columns(pl.col("train_logprob").cast(pl.String))

@@ -856,6 +856,7 @@ def load_dataset(
                     f"{canon} needs {S.KIND_WORDS[S.BY_NAME[canon].kind]} values (other files have "
                     f"{_type_name(available[src])})."
                 )
+        _refuse_unsigned_overflow(f, metas[f], types, mapping)
         tl_type = types.get(mapping["train_logprob"])
         il_type = types.get(mapping["infer_logprob"])
         nested = tl_type is not None and _is_list(tl_type)
@@ -1036,6 +1037,39 @@ def _row_group_ranges(meta: pq.FileMetaData, list_column: str | None, *,
     if n:
         out.append((start, n, tok))
     return out
+
+
+_I64_LIMIT = 2**63 - 1
+
+
+def _refuse_unsigned_overflow(path: Path, meta: pq.FileMetaData,
+                              types: Mapping[str, pa.DataType], mapping: Mapping[str, str]
+                              ) -> None:
+    """Refuse a uint64 column read as a signed 64-bit integer (step, position, versions,
+    token_id) that holds values above 2^63 - 1 (by its statistics, or, without them, by
+    reading that one column), counting them over the whole file: the cast would fail while
+    a pass reads the file, counting one batch of it."""
+    for canon, src in mapping.items():
+        if S.BY_NAME[canon].kind != S.INT or src not in types \
+                or _value_type(types[src]) != pa.uint64():
+            continue
+        leaves = [j for j in range(meta.num_columns) if meta.schema.column(j).path == src
+                  or meta.schema.column(j).path.startswith(src + ".")]
+        stats = [meta.row_group(g).column(j).statistics
+                 for g in range(meta.num_row_groups) for j in leaves]
+        if all(st is not None and st.has_min_max and st.max <= _I64_LIMIT for st in stats):
+            continue
+        x = pl.col(src).explode() if _is_list(types[src]) else pl.col(src)
+        counts = _scan(path).select((x > _I64_LIMIT).sum().alias("big"), x.count().alias("n"),
+                                    x.max().alias("top"))
+        big, n, top = counts.collect(engine="streaming").row(0)
+        if big:
+            raise SchemaError(
+                f"{path}: column '{src}' ({canon}) holds {big:,} of its {n:,} values above "
+                f"{_I64_LIMIT:,}, the largest signed 64-bit integer (up to {top:,}): no "
+                f"{canon} is that large (a hash, or -1 written unsigned?); map another column "
+                f"with --column {canon}=NAME, or fix the dump."
+            )
 
 
 def _int_like(v: str) -> bool:
