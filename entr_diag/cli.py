@@ -175,6 +175,7 @@ Paths = Annotated[
     typer.Argument(
         help="Parquet files, directories (recursive) or globs. Default: the bundled sample run.",
         show_default=False,
+        parser=str,  # the strings as typed: Path("") would be ".", the current directory
     ),
 ]
 ColumnOpt = Annotated[
@@ -1195,7 +1196,7 @@ def flag(
                       soft_wrap=True)
             return
         if output_target(output)[1]:
-            n = pl.scan_parquet(output).select(pl.len()).collect().item()
+            n = pl.scan_parquet(output, glob=False).select(pl.len()).collect().item()
         else:  # written to a device or a pipe: nothing to read back
             n = lf.select(pl.len()).collect().item()
         out.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "

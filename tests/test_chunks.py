@@ -164,7 +164,8 @@ def test_reused_seq_ids_are_numbered_per_step(tmp_path):
 
 def test_read_error_names_the_shard_and_rows(tmp_path, monkeypatch):
     """A value that cannot be read in one shard of several (here a uint64 step above 2**63,
-    in the second chunk of that shard) names that shard and its rows, exit 2."""
+    in the second chunk of that shard, with the loader's check of such values turned off
+    to reach the read) names that shard and its rows, exit 2."""
     import numpy as np
 
     d = tmp_path / "shards"
@@ -178,6 +179,7 @@ def test_read_error_names_the_shard_and_rows(tmp_path, monkeypatch):
     t = t.set_column(t.schema.get_field_index("step"), "step", pa.array(step))
     pq.write_table(t, d / "part-1.parquet", row_group_size=1_000)
     monkeypatch.setattr(load, "CHUNK_TOKENS", 1_500)
+    monkeypatch.setattr(load, "_refuse_unsigned_overflow", lambda *a: None)
     r = runner.invoke(app, ["fit", str(d), "--quiet"])
     assert r.exit_code == 2
     assert "part-1.parquet (rows 3,000 to" in r.stderr and "step" in r.stderr
@@ -231,9 +233,10 @@ def _shards(tmp_path, tokens, n, bad, change):
     return d
 
 
-def test_read_error_in_a_chunk_of_small_files_names_the_file(tmp_path):
+def test_read_error_in_a_chunk_of_small_files_names_the_file(tmp_path, monkeypatch):
     """Small files read together in one chunk: a read error still names the file it comes
-    from, not just the range of files."""
+    from, not just the range of files (the loader's check of uint64 values turned off to
+    reach the read)."""
     import numpy as np
 
     def overflow(part):  # steps above 2**63 do not convert to Int64
@@ -241,6 +244,7 @@ def test_read_error_in_a_chunk_of_small_files_names_the_file(tmp_path):
         return part.set_column(part.schema.get_field_index("step"), "step", pa.array(step))
 
     d = _shards(tmp_path, 2_000, 5, 3, overflow)
+    monkeypatch.setattr(load, "_refuse_unsigned_overflow", lambda *a: None)
     r = runner.invoke(app, ["fit", str(d), "--quiet"])  # 5 files of 400 tokens: one chunk
     assert r.exit_code == 2
     assert f"cannot read {d / 'part-3.parquet'} (" in r.stderr, r.stderr

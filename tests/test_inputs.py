@@ -63,8 +63,25 @@ def test_directory_with_only_skipped_files_says_so(tmp_path):
     assert r.exit_code == 2 and "_rollouts_step0.parquet" in r.stderr, r.output
     assert "Traceback" not in r.output
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InputError, match=r"holds no Parquet files \(\*\.parquet, \*\.pq\)\.$"):
+    with pytest.raises(InputError, match=r"holds no Parquet files "
+                                         r"\(\*\.parquet, \*\.pq, \*\.parq\)\.$"):
         resolve_paths([tmp_path / "empty"])
+
+
+def test_no_parquet_message_lists_exactly_the_names_a_walk_reads(tmp_path):
+    """The names a folder without Parquet is said to lack are the ones a directory walk
+    reads (any case), and no other."""
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError) as e:
+        resolve_paths([tmp_path / "empty"])
+    listed = re.search(r"holds no Parquet files \((.*)\)", str(e.value)).group(1).split(", ")
+    want = set()
+    for i, ext in enumerate((".parquet", ".pq", ".parq", ".pqt", ".prq", ".parquet.bak")):
+        for name in (f"f{i}{ext}", f"g{i}{ext.upper()}"):
+            _shard(tmp_path / "walk" / name, seq=10 * i)
+            if f"*{ext}" in listed:
+                want.add(name)
+    assert {f.name for f in resolve_paths([tmp_path / "walk"])} == want
 
 
 def test_skipped_files_noted_on_stderr(tmp_path):
@@ -83,6 +100,80 @@ def test_skipped_files_noted_on_stderr(tmp_path):
     assert str(d / ".old.parquet") in notes[0]
     r = runner.invoke(app, ["inspect", str(d), "-q"])
     assert r.exit_code == 0 and r.stderr == "", r.stderr
+
+
+# ------------------------------------------------------------------ names holding [ * ?
+
+
+def test_paths_with_glob_characters_are_read_literally(tmp_path):
+    """An existing file or folder whose name holds '[' (``run[1].parquet``, a folder holding
+    ``rank[0].parquet``, a folder ``dir[x]``) is read as named, not taken for a polars glob
+    that matches nothing; a pattern given by the user still expands (to such files too)."""
+    import json
+
+    one = _shard(tmp_path / "run[1].parquet")
+    inner = _shard(tmp_path / "brdir" / "rank[0].parquet", seq=5)
+    _shard(tmp_path / "brdir" / "other.parquet", seq=9)
+    folder = _shard(tmp_path / "dir[x]" / "a.parquet", seq=20)
+    for path, files in [(one, 1), (tmp_path / "brdir", 2), (tmp_path / "dir[x]", 1),
+                        (folder, 1), (tmp_path / "*" / "rank*.parquet", 1)]:
+        js = tmp_path / "i.json"
+        r = runner.invoke(app, ["inspect", str(path), "--json", str(js), "-q"])
+        assert r.exit_code == 0, (path, r.output)
+        doc = json.loads(js.read_text())["inputs"]
+        assert len(doc["files"]) == files and doc["accounting"]["tokens_valid"] == 4 * files
+    assert resolve_paths([str(tmp_path / "*" / "rank*.parquet")]) == [inner]
+    assert resolve_paths([str(tmp_path / "run[[]1].parquet")]) == [one]  # [[] escapes '['
+
+
+def test_flag_output_named_with_a_bracket_is_counted(tmp_path):
+    """``flag -o 'noise[1].parquet'`` counts the tokens it wrote by reading that very file
+    back (not a polars glob matching nothing)."""
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "run.parquet"
+    write_synth(p, SynthSpec(n_tokens=40_000, seed=2, noise_share=0.1))
+    out = tmp_path / "noise[1].parquet"
+    r = runner.invoke(app, ["flag", str(p), "-o", str(out), "--n-boot", "200", "-q"])
+    assert r.exit_code == 0, r.output
+    n = pl.read_parquet(out, glob=False).height
+    assert n > 0 and r.stdout.startswith(f"{n:,} low-entropy noise tokens"), r.stdout
+
+
+def test_empty_input_path_is_refused_not_read_as_the_current_directory(tmp_path,
+                                                                        monkeypatch):
+    """An empty path ('') is refused, by the commands and the library, instead of being
+    read as the current directory; '.' still reads it."""
+    from entr_diag.io import load_dataset
+
+    _shard(tmp_path / "a.parquet")
+    monkeypatch.chdir(tmp_path)
+    for args in (["inspect", ""], ["inspect", "a.parquet", ""]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2, r.output
+        assert r.stderr.startswith("error: empty input path ('')") and len(
+            r.stderr.splitlines()) == 1, r.stderr
+    for paths in ([""], "", ["a.parquet", ""]):
+        with pytest.raises(InputError, match=r"^empty input path \(''\)"):
+            load_dataset(paths)
+    assert resolve_paths(["."]) == [Path("a.parquet")]
+
+
+def test_pipe_input_is_refused_as_a_pipe_not_as_missing(tmp_path):
+    """A named pipe (like /dev/stdin under `cat f | entr-diag fit /dev/stdin`) is refused
+    saying that Parquet cannot be read from a pipe and to save it to a file, not that the
+    input does not exist; no reader blocks on it."""
+    import os
+
+    fifo = tmp_path / "in.parquet"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match=r"input .*in\.parquet is a pipe or device, not a file: "
+                                         "Parquet cannot be read from a pipe or stdin"):
+        resolve_paths([fifo])
+    r = runner.invoke(app, ["fit", str(fifo)])
+    assert r.exit_code == 2, r.output
+    assert len(r.stderr.splitlines()) == 1 and "save it to a file first" in r.stderr
+    assert "does not exist" not in r.stderr
 
 
 # ------------------------------------------------------------------ columns some files lack
@@ -172,6 +263,40 @@ def test_an_all_null_entropy_column_counts_as_absent(tmp_path):
     r = runner.invoke(app, ["inspect", str(p), "--json", str(js)])
     acc = json.loads(js.read_text())["inputs"]["accounting"]
     assert acc["exclusions"]["invalid_entropy"] > 0 and "only nulls" not in r.stderr
+
+
+def test_all_null_inference_entropy_falls_back_to_the_trainer_entropy(tmp_path):
+    """verl's ``rollout_entropy`` all null beside a filled ``entropys``: the inference-side
+    column counts as absent, so the trainer-side entropy is used (a note names both), as
+    without the column; ``--entropy infer`` still refuses, saying it holds only nulls; when
+    the trainer-side entropy holds only nulls too, the refusal names it."""
+    import json
+
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "verl.parquet"
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=1))
+    df = pl.read_parquet(p).rename({"train_logprob": "old_log_probs",
+                                    "infer_logprob": "rollout_log_probs",
+                                    "entropy": "entropys"})
+    df = df.with_columns(pl.lit(None, dtype=pl.Float32).alias("rollout_entropy"))
+    df.write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "--framework", "verl", "--n-boot", "200",
+                            "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    note = ("note: entropy: the inference-side entropy ('rollout_entropy') holds only nulls in "
+            "every file, as if absent: using the trainer-side entropy ('entropys')")
+    assert note in r.stderr.replace("\n", " "), r.stderr
+    inputs = json.loads(js.read_text())["inputs"]
+    assert inputs["entropy_source"] == "trainer" and inputs["mapping"]["entropy"] == "entropys"
+    assert "entropy <- 'rollout_entropy'" not in inputs["mapping_notes"]
+    r = runner.invoke(app, ["fit", str(p), "--framework", "verl", "--entropy", "infer", "-q"])
+    assert r.exit_code == 2 and "('rollout_entropy') holds only nulls" in r.stderr, r.output
+    df.with_columns(pl.lit(None, dtype=pl.Float32).alias("entropys")).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "--framework", "verl", "-q"])
+    assert r.exit_code == 2, r.output
+    assert f"{p}: the entropy column ('entropys') holds only nulls" in r.stderr, r.stderr
 
 
 def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):
@@ -301,6 +426,33 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
 
 
 # ------------------------------------------------------------------ partition values
+
+
+@pytest.mark.parametrize("folders", [["step=abc", "step=def"], ["step=1", "step=abc"]])
+def test_non_integer_partition_value_names_the_folder(tmp_path, folders):
+    """Folders ``step=abc/`` giving the step a value that is not an integer are refused
+    naming the first such folder, its files and how many such files and folders there are
+    (not a bare 'column step has type string'; with integer folders too, not a cast error
+    while reading)."""
+    for i, folder in enumerate(folders):
+        _shard(tmp_path / "run" / folder / "a.parquet", seq=10 * i)
+    _shard(tmp_path / "run" / "step=abc" / "b.parquet", seq=100)
+    r = runner.invoke(app, ["inspect", str(tmp_path / "run"), "-q"])
+    assert r.exit_code == 2, r.output
+    more = "; 3 files in 2 such folders in all" if folders[0] == "step=abc" else ""
+    assert r.stderr == (
+        f"error: column 'step' (step) comes from the partition folder "
+        f"{tmp_path / 'run' / 'step=abc'} (2 files{more}) whose value 'abc' is not an "
+        "integer; step needs integer values: name the folders step=<integer> (e.g. step=3) "
+        "or move the files out of them.\n"), r.stderr
+    # a key that is not mapped may hold anything (date=2024-01-01, rank=a)
+    (tmp_path / "run").rename(tmp_path / "run2")
+    for p in (tmp_path / "run2").rglob("*.parquet"):
+        q = tmp_path / "ok" / p.parent.name.replace("step", "rank") / p.name
+        q.parent.mkdir(parents=True, exist_ok=True)
+        p.rename(q)
+    r = runner.invoke(app, ["inspect", str(tmp_path / "ok"), "-q"])
+    assert r.exit_code == 0, r.output
 
 
 def test_partition_value_contradicted_by_the_files_column_is_noted(tmp_path):

@@ -517,6 +517,106 @@ def test_ragged_nested_refused_with_seq_ids(tmp_path):
     assert "2 nested row(s)" in str(e.value) and "a" in str(e.value) and "c" in str(e.value)
 
 
+def test_ragged_nested_names_the_culprit_lists(tmp_path):
+    """The refusal names the list column(s) whose length differs from the row's other
+    lists, with their numbers of rows (not every list column of the file); a source
+    name is followed by its canonical column."""
+    df = pl.DataFrame({
+        "seq_id": [1, 2, 3, 4],
+        "train_logprob": [[-0.1, -0.2], [-0.3, -0.1], [-0.1, -0.2], [-0.5]],
+        "infer_logprob": [[-0.1, -0.2], [-0.3], [-0.1, -0.2], [-0.5]],
+        "rollout_entropy": [[0.1], [0.2, 0.3], [0.4], [0.5]],
+        "loss_mask": [[True, True], [True, True], [True, True], [True]],
+        "token_id": [[5, 6], [7, 8], [9, 10], [11]],
+    })
+    with pytest.raises(InputError) as e:
+        load_dataset([_write(tmp_path, df)])
+    assert str(e.value) == (
+        f"{tmp_path / 'x.parquet'}: 3 nested row(s) have per-token lists of different "
+        "lengths: 'rollout_entropy' (entropy) in 2 rows and 'infer_logprob' in 1 row differ "
+        "from the row's other lists; seq_id(s): 1, 2, 3. Every per-token list of a sequence "
+        "must have one entry per token.")
+    # train_logprob itself the odd one out; two lists of different lengths: both named
+    df = pl.DataFrame({"seq_id": [1], "train_logprob": [[-0.1]],
+                       "infer_logprob": [[-0.1, -0.2]], "entropy": [[0.1, 0.2]]})
+    with pytest.raises(InputError, match="lengths: 'train_logprob' in 1 row differs from"):
+        load_dataset([_write(tmp_path, df)])
+    with pytest.raises(InputError, match="'infer_logprob' in 1 row and 'train_logprob' in 1 "
+                                         "row differ"):
+        load_dataset([_write(tmp_path, df.drop("entropy"))])
+
+
+def test_null_nested_list_counts_its_tokens_like_null_values(tmp_path):
+    """A null per-token list beside present ones holds a null per token, excluded by the
+    reason a null value of that column has in the long layout (entropy: invalid_entropy,
+    loss mask: null_loss_mask, position: invalid_position, a logprob: non_finite_logprob;
+    a null token_id is kept): the same accounting as the long layout with those nulls. A row
+    whose lists are all null stays an empty sequence."""
+    rows = [  # (column made null, tokens)
+        (None, 3), ("entropy", 2), ("loss_mask", 4), ("position", 1), ("token_id", 2),
+        ("infer_logprob", 3), ("train_logprob", 2), ("all", 0)]
+    recs = []
+    for i, (col, n) in enumerate(rows):
+        rec = {"seq_id": i, "train_logprob": [-0.1 * (j + 1) for j in range(n)],
+               "infer_logprob": [-0.1 * (j + 1) - 0.01 for j in range(n)],
+               "entropy": [0.5] * n, "loss_mask": [True] * n, "position": list(range(n)),
+               "token_id": list(range(n))}
+        for c in rec:
+            if c != "seq_id" and col in (c, "all"):
+                rec[c] = None
+        recs.append(rec)
+    nested = pl.DataFrame(recs, schema={
+        "seq_id": pl.Int64, "train_logprob": pl.List(pl.Float64),
+        "infer_logprob": pl.List(pl.Float64), "entropy": pl.List(pl.Float64),
+        "loss_mask": pl.List(pl.Boolean), "position": pl.List(pl.Int64),
+        "token_id": pl.List(pl.Int64)})
+    ds = load_dataset([_write(tmp_path, nested)])
+    acc = ds.accounting
+    assert acc.excluded == {"invalid_entropy": 2, "null_loss_mask": 4, "invalid_position": 1,
+                            "non_finite_logprob": 5}
+    assert acc.tokens_valid == 3 + 2 and acc.sequences_total == 8
+    assert acc.sequences_without_masked_tokens == 1  # the empty row
+    valid = _valid(ds)
+    assert valid.filter(pl.col("seq_id") == "4")["token_id"].null_count() == 2
+    # the long layout with the same values (nulls in place of the null lists)
+    lists = [c for c in nested.columns if c != "seq_id"]
+    long = (nested.filter(pl.col("seq_id") != 7)
+            .with_columns(pl.col(c).fill_null(pl.col("train_logprob").list.eval(pl.lit(None)))
+                          for c in lists)
+            .with_columns(pl.col(c).fill_null(pl.col("infer_logprob").list.eval(pl.lit(None)))
+                          for c in lists)
+            .explode(lists))
+    ds_long = load_dataset([_write(tmp_path, long, "long.parquet")])
+    assert ds_long.accounting.excluded == acc.excluded
+    assert ds_long.accounting.tokens_valid == acc.tokens_valid
+
+
+@pytest.mark.parametrize("statistics", [True, False])
+def test_uint64_values_too_large_for_an_integer_column_are_counted_over_the_file(
+        tmp_path, statistics):
+    """A uint64 step holding values above 2^63 - 1 is refused naming the file and column and
+    counting those values over the whole file (every row group, with or without Parquet
+    statistics), not over one batch of it; small uint64 steps are read."""
+    import pyarrow.parquet as pq
+
+    n = 3000
+    df = pl.DataFrame({"seq_id": [i // 10 for i in range(n)],
+                       "train_logprob": [-0.1] * n, "infer_logprob": [-0.12] * n,
+                       "step": pl.Series([2**63 + i if i % 3 == 0 else i for i in range(n)],
+                                         dtype=pl.UInt64)})
+    p = tmp_path / "x.parquet"
+    pq.write_table(df.to_arrow(), p, row_group_size=700, write_statistics=statistics)
+    with pytest.raises(SchemaError) as e:
+        load_dataset([p])
+    assert str(e.value).startswith(
+        f"{p}: column 'step' (step) holds 1,000 of its 3,000 values above "
+        "9,223,372,036,854,775,807, the largest signed 64-bit integer (up to "
+        f"{2**63 + 2997:,}): no step is that large"), str(e.value)
+    pq.write_table(df.with_columns(pl.col("step") % 7).to_arrow(), p, row_group_size=700,
+                   write_statistics=statistics)
+    assert load_dataset([p]).accounting.steps == tuple(range(7))
+
+
 def test_wrong_type_refused(tmp_path):
     """A logprob column holding strings is refused, naming file, column and type."""
     df = _long().with_columns(pl.col("train_logprob").cast(pl.String))
@@ -649,9 +749,69 @@ def test_framework_never_maps_other_frameworks_names(framework):
     own = set(S.FRAMEWORKS[framework].values())
     others = {n for k, p in S.FRAMEWORKS.items() if k != framework for n in p.values()}
     others -= own | set(S.CANONICAL) | {"advantages"}  # the name every framework shares
-    available = {n: pa.float64() for n in others | {"train_logprob", "infer_logprob"}}
-    mapping, _ = resolve_mapping(available, framework=framework)
-    assert others and not set(mapping.values()) & others, mapping
+    for typ in (pa.float64(), pa.int64()):  # (int64: ids and steps fit the id columns)
+        available = {n: typ for n in others | {"train_logprob", "infer_logprob"}}
+        mapping, _ = resolve_mapping(available, framework=framework)
+        assert others, framework
+        for canon, src in mapping.items():  # never as the column another preset reads it as
+            assert src not in others or not S.users_of(src, canon), (canon, src)
+
+
+def test_readme_lists_every_framework_preset():
+    """The README's table of presets gives each framework's names as schema.py has them."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = {ln.split("|")[1].strip(" `"): ln for ln in readme.splitlines()
+            if ln.startswith("| `") and ln.split("|")[1].strip(" `") in S.FRAMEWORKS}
+    assert set(rows) == set(S.FRAMEWORKS)
+    for fw, preset in S.FRAMEWORKS.items():
+        for canon, src in preset.items():
+            cell = f"`{src}`" if canon in ("train_logprob", "infer_logprob") else \
+                f"{canon} `{src}`"
+            assert cell in rows[fw], (fw, canon, src)
+
+
+def _slime_rows(seq: str = "index") -> pl.DataFrame:
+    """A slime-style long dump: 2 rollouts (``rollout_id``, the step) of 3 samples each
+    (``seq``: the per-sample id), 2 tokens per sample."""
+    n = 12
+    return pl.DataFrame({
+        seq: [i // 2 for i in range(n)],
+        "position": [i % 2 for i in range(n)],
+        "rollout_id": [i // 6 for i in range(n)],
+        "log_probs": [-0.1 - 0.01 * i for i in range(n)],
+        "rollout_log_probs": [-0.11 - 0.01 * i for i in range(n)],
+        "loss_masks": [1] * n,
+        "entropy": [0.5] * n,
+    })
+
+
+@pytest.mark.parametrize("seq", ["index", "seq_id", "sample_indices"])
+def test_slime_rollout_id_is_the_step(tmp_path, seq):
+    """--framework slime reads ``rollout_id`` (slime's rollout index, the training step) as
+    the step and the sample's id (``index``, ``sample_indices`` or ``seq_id``) as the
+    sequence: 6 sequences over 2 steps, not 2 sequences of 6 samples each (with its seq_id
+    beside it, not refused as ambiguous)."""
+    ds = load_dataset([_write(tmp_path, _slime_rows(seq))], framework="slime")
+    assert ds.mapping["seq_id"] == seq and ds.mapping["step"] == "rollout_id"
+    acc = ds.accounting
+    assert acc.sequences_total == 6 and acc.steps == (0, 1) and acc.tokens_valid == 12
+    assert acc.sequences_with_duplicate_positions == 0
+
+
+def test_rollout_id_stays_a_sequence_id_without_slime(tmp_path):
+    """Without --framework slime (and with another framework) ``rollout_id`` is still a
+    generic alias of seq_id, with a note that slime reads it as the step; beside a seq_id
+    column the refusal names --framework slime."""
+    df = _long().rename({"seq_id": "rollout_id"})
+    p = _write(tmp_path, df)
+    for fw in (None, "verl"):
+        ds = load_dataset([p], framework=fw)
+        assert ds.mapping["seq_id"] == "rollout_id" and ds.mapping["step"] == "step"
+        assert ("seq_id <- 'rollout_id' (--framework slime would read it as step: name the "
+                "framework if the dump is slime's)") in ds.notes
+    with pytest.raises(SchemaError, match="--framework slime reads 'rollout_id' as step"):
+        load_dataset([_write(tmp_path, _slime_rows("seq_id").rename(
+            {"log_probs": "train_logprob", "rollout_log_probs": "infer_logprob"}), "b.parquet")])
 
 
 def test_two_candidates_for_one_column_refused(tmp_path):

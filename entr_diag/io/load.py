@@ -70,11 +70,14 @@ def bundled_sample_path() -> Path:
 #: key of the Parquet file metadata entr-diag writes into its own Parquet outputs (flag,
 #: compare --export): a directory walk skips such files (a run's folder may hold them)
 OUTPUT_MARK = "entr_diag.output"
+#: the file name endings (any case) a directory search reads as Parquet
+PARQUET_SUFFIXES: tuple[str, ...] = (".parquet", ".pq", ".parq")
 
 
 def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None,
                   walked: set[Path] | None = None) -> list[Path]:
-    """Expand files, directories (recursively, ``*.parquet``) and globs into Parquet files.
+    """Expand files, directories (recursively, the :data:`PARQUET_SUFFIXES`) and globs into
+    Parquet files.
 
     A directory walk skips Parquet files whose names start with '.' or '_' (hidden,
     temporary or metadata files by the Spark/Hive convention); they are appended to
@@ -85,7 +88,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
     ``part-9`` before ``part-10``), without duplicates.
 
     Raises:
-        InputError: a path that does not exist, a glob or directory that matches no
+        InputError: an empty path (``''``), a path that does not exist or is no file (a pipe such as
+            ``/dev/stdin``, a device), a glob or directory that matches no
             Parquet file (naming the skipped ones), or no path at all.
     """
     if not paths:
@@ -93,6 +97,9 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
     out: list[Path] = []
     for raw in paths:
         text = str(raw)
+        if not text:  # Path("") is the current directory: never read it unasked
+            raise InputError("empty input path (''): name a Parquet file, a directory or a "
+                             "glob (the current directory is '.').")
         p = Path(text)
         if p.is_dir():
             found, hidden = [], []
@@ -107,7 +114,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                 walked.update(found)
             if not found:
                 raise InputError(
-                    f"directory {text} holds no Parquet files (*.parquet, *.pq)"
+                    f"directory {text} holds no Parquet files "
+                    f"({', '.join('*' + x for x in PARQUET_SUFFIXES)})"
                     + (f" except {len(hidden)} skipped hidden or _-prefixed file(s), e.g. "
                        f"{hidden[0]}: pass them explicitly to read them."
                        if hidden else ".")
@@ -115,6 +123,11 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
             out.extend(found)
         elif p.is_file():
             out.append(p)
+        elif p.exists():  # a pipe (/dev/stdin, <(...), a FIFO), a terminal or a socket
+            raise InputError(
+                f"input {text} is a pipe or device, not a file: Parquet cannot be read from a "
+                "pipe or stdin (it needs a seekable file: its footer is at the end); "
+                "save it to a file first (e.g. `cat > run.parquet`) and pass that file.")
         elif any(ch in text for ch in "*?["):
             found = sorted((Path(m) for m in glob.glob(text, recursive=True)
                             if Path(m).is_file()), key=_natural)
@@ -142,7 +155,14 @@ def _natural(p: Path) -> tuple:
 
 
 def _looks_parquet(p: Path) -> bool:
-    return p.suffix.lower() in (".parquet", ".pq", ".parq") and not p.name.startswith((".", "_"))
+    return p.suffix.lower() in PARQUET_SUFFIXES and not p.name.startswith((".", "_"))
+
+
+def _scan(path: Path) -> pl.LazyFrame:
+    """A lazy scan of the one file ``path``, read literally: polars would expand ``[``,
+    ``*`` and ``?`` in it as a glob (``run[1].parquet`` matching ``run1.parquet``, or
+    nothing); the input's patterns are expanded by :func:`resolve_paths` alone."""
+    return pl.scan_parquet(path, hive_partitioning=False, glob=False)
 
 
 def _read_schema(path: Path) -> pa.Schema:
@@ -261,13 +281,17 @@ def resolve_mapping(
     overrides: Mapping[str, str] | None = None,
     framework: str | None = None,
     entropy: str = "auto",
+    origins: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     """Choose, for each canonical column, the source column that holds it.
 
     A canonical column's candidates are, in order: the framework's own name (with
     ``framework``), the canonical name, then its generic aliases. With ``framework`` the
     names only *other* frameworks use are never candidates (:func:`~entr_diag.io.schema.
-    foreign_names`): ``--framework trl`` never reads verl's ``old_log_probs``. A column is
+    foreign_names`) for the column they read them as: ``--framework trl`` never reads
+    verl's ``old_log_probs``; nor is a name the framework reads as one column a candidate
+    for another (``--framework slime`` reads ``rollout_id`` as the step, never as the
+    sequence id, a generic alias of which it is elsewhere). A column is
     never guessed between two present candidates: unless an override or the framework's own
     name decides, two or more candidates of the right type are refused as ambiguous.
 
@@ -278,6 +302,9 @@ def resolve_mapping(
         framework: a key of :data:`~entr_diag.io.schema.FRAMEWORKS`; its names are tried
             first and may resolve the ambiguous names (``logprobs``, ``log_probs``).
         entropy: ``auto`` (inference-side, else trainer-side), ``infer`` or ``train``.
+        origins: source name -> where a column no file holds gets its values (partition
+            folders whose value is not an integer, :func:`_hive_origin`): a type error on it
+            says that instead of naming a column type.
 
     Returns:
         ``(mapping, notes)``: canonical -> source for every column found (``entropy`` maps
@@ -336,10 +363,8 @@ def resolve_mapping(
             src = overrides[canon]
             t = _value_type(available[src])
             if not _kind_ok(col.kind, t):
-                raise SchemaError(
-                    f"column '{src}' mapped to {canon} has type {_type_name(available[src])}; "
-                    f"{canon} needs {S.KIND_WORDS[col.kind]} values."
-                )
+                raise _wrong_type(src, canon, available[src], (origins or {}).get(src),
+                                  mapped=True)
             mapping[canon] = src
             continue
         candidates: list[str] = []
@@ -350,7 +375,9 @@ def resolve_mapping(
         for src in candidates:
             if src not in available:
                 continue
-            if src in foreign and src != fw.get(canon):
+            if src in fw.values() and src != fw.get(canon):  # the framework's other column
+                continue
+            if src in foreign and src != fw.get(canon) and S.users_of(src, canon):
                 skipped.setdefault(canon, []).append(src)
                 continue
             if src in used:
@@ -360,10 +387,7 @@ def resolve_mapping(
             ok = _kind_ok(col.kind, _value_type(available[src]))
             if not ok:
                 if src == canon or src == fw.get(canon) or col.required:
-                    raise SchemaError(
-                        f"column '{src}' ({canon}) has type {_type_name(available[src])}; "
-                        f"{canon} needs {S.KIND_WORDS[col.kind]} values."
-                    )
+                    raise _wrong_type(src, canon, available[src], (origins or {}).get(src))
                 notes.append(f"'{src}' not used as {canon}: type {_type_name(available[src])}")
                 continue
             usable.append(src)
@@ -380,7 +404,10 @@ def resolve_mapping(
         mapping[canon] = src
         used.add(src)
         if src != canon:
-            notes.append(f"{canon} <- '{src}'")
+            uses = S.other_uses(src, canon) if src != fw.get(canon) else ()
+            notes.append(f"{canon} <- '{src}'" + "".join(
+                f" (--framework {k} would read it as {c}: name the framework if the dump "
+                f"is {k}'s)" for k, c in uses))
         if len(usable) > 1:  # the framework's own name decided
             notes.append(f"{canon}: using '{src}' (--framework {key}); also present and not "
                          "used: " + ", ".join(f"'{a}'" for a in usable[1:]))
@@ -436,12 +463,46 @@ def resolve_mapping(
     return mapping, notes
 
 
+def _wrong_type(src: str, canon: str, typ: pa.DataType, origin: str | None, *,
+                mapped: bool = False) -> SchemaError:
+    """Source column ``src`` cannot hold ``canon``; ``origin``: where its values come from
+    when no file holds it (partition folders, :func:`_hive_origin`)."""
+    need = S.KIND_WORDS[S.BY_NAME[canon].kind]
+    what = f"column '{src}' mapped to {canon}" if mapped else f"column '{src}' ({canon})"
+    if origin is not None:
+        return SchemaError(
+            f"{what} comes from {origin}; {canon} needs {need} values: name the folders "
+            f"{src}=<integer> (e.g. {src}=3) or move the files out of them."
+        )
+    return SchemaError(f"{what} has type {_type_name(typ)}; {canon} needs {need} values.")
+
+
+def _hive_origin(key: str, files: Sequence[Path]) -> str:
+    """``the partition folder /x/step=abc (1 file; 3 files in 2 folders in all) whose value
+    'abc' is not an integer``: where the values of partition key ``key`` come from, for
+    ``files``, those under a folder ``key=VALUE`` whose value is not an integer."""
+    folders: dict[Path, int] = {}
+    for f in files:
+        d = next(p for p in f.parents if _HIVE_SEGMENT.match(p.name)
+                 and p.name.split("=", 1)[0] == key)
+        folders[d] = folders.get(d, 0) + 1
+    first = next(iter(folders))
+    value = first.name.split("=", 1)[1]
+    more = (f"; {len(files):,} files in {len(folders):,} such folders in all"
+            if len(folders) > 1 else "")
+    n = folders[first]
+    return (f"the partition folder {first} ({n:,} file{'s' if n > 1 else ''}{more}) whose value "
+            f"'{value}' is not an integer")
+
+
 def _refuse_ambiguous(canon: str, usable: Sequence[str]) -> None:
     """Two or more present source columns could each be ``canon``: never guess."""
     names = " and ".join(f"'{s}'" for s in usable) if len(usable) == 2 else \
         ", ".join(f"'{s}'" for s in usable)
     fws = [f"--framework {_or_list(S.users_of(s, canon))} reads '{s}'"
            for s in usable if S.users_of(s, canon)]
+    fws += [f"--framework {k} reads '{s}' as {c}" for s in usable
+            for k, c in S.other_uses(s, canon)]
     raise SchemaError(
         f"ambiguous column {canon}: the input has {len(usable)} candidate columns, {names}, "
         f"and entr-diag never guesses between them. Choose one with --column {canon}=NAME "
@@ -663,7 +724,14 @@ def load_dataset(
             f"--export outputs, e.g. {ours[0]}), skipped in directory searches: name them "
             "explicitly to read them.")
 
-    # union of available columns (hive partition keys count as string columns)
+    # union of available columns (a partition key counts as an integer column when every
+    # folder's value is an integer (or null), else as a string column)
+    not_int: dict[str, list[Path]] = {}  # partition key -> files below a non-integer value
+    for f in file_list:
+        for k, v in _hive_values(f).items():
+            if v != _HIVE_NULL and not _int_like(v):
+                not_int.setdefault(k, []).append(f)
+    file_columns = {n for f in file_list for n in schemas[f].names}
     available: dict[str, pa.DataType] = {}
     for f in file_list:
         for name, typ in zip(schemas[f].names, schemas[f].types, strict=True):
@@ -672,13 +740,15 @@ def load_dataset(
                 available[name] = typ
         for k, v in _hive_values(f).items():
             if v != _HIVE_NULL:  # a null value: typed by the other folders
-                available.setdefault(k, pa.int64() if _int_like(v) else pa.string())
+                available.setdefault(k, pa.string() if k in not_int else pa.int64())
     for f in file_list:  # partition keys whose every value is null
         for k in _hive_values(f):
             available.setdefault(k, pa.string())
     try:
-        mapping, notes = resolve_mapping(available, overrides=columns, framework=framework,
-                                         entropy=entropy)
+        mapping, notes = resolve_mapping(
+            available, overrides=columns, framework=framework, entropy=entropy,
+            origins={k: _hive_origin(k, fs) for k, fs in not_int.items()
+                     if k not in file_columns})
     except SchemaError as e:
         if len(file_list) == 1 and not str(e).startswith(("--", "unknown framework")):
             raise SchemaError(f"{file_list[0]}: {e}") from None  # one file's columns: name it
@@ -735,6 +805,15 @@ def load_dataset(
             )
             del mapping[canon]
     src = mapping.get("entropy")  # an engine that writes the column but fills it with nulls
+    train = mapping.get("train_entropy")
+    if src and src != train and entropy == "auto" and train \
+            and all(_only_nulls(metas[f], src) for f in file_list):
+        # as if absent: the trainer-side entropy is used, as without the column
+        if f"entropy <- '{src}'" in notes:
+            notes.remove(f"entropy <- '{src}'")
+        notes.append(f"entropy: the inference-side entropy ('{src}') holds only nulls in every "
+                     f"file, as if absent: using the trainer-side entropy ('{train}')")
+        mapping["entropy"] = src = train
     if src and all(_only_nulls(metas[f], src) for f in file_list):
         notes.append(f"entropy ('{src}') holds only nulls in every file: not used (as if "
                      "absent)")
@@ -777,6 +856,7 @@ def load_dataset(
                     f"{canon} needs {S.KIND_WORDS[S.BY_NAME[canon].kind]} values (other files have "
                     f"{_type_name(available[src])})."
                 )
+        _refuse_unsigned_overflow(f, metas[f], types, mapping)
         tl_type = types.get(mapping["train_logprob"])
         il_type = types.get(mapping["infer_logprob"])
         nested = tl_type is not None and _is_list(tl_type)
@@ -805,7 +885,7 @@ def load_dataset(
         ranges = _row_group_ranges(metas.pop(f), mapping["train_logprob"] if nested else None,
                                    split=not numbered or mapping.get("seq_id") in types)
         # (the footer is dropped once read: 20k row groups hold 200 MB of pyarrow metadata)
-        plans.append((f, types, hive, file_layout, pl.scan_parquet(f, hive_partitioning=False),
+        plans.append((f, types, hive, file_layout, _scan(f),
                       ranges, numbered))
     offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype)
     if continued:
@@ -959,6 +1039,39 @@ def _row_group_ranges(meta: pq.FileMetaData, list_column: str | None, *,
     return out
 
 
+_I64_LIMIT = 2**63 - 1
+
+
+def _refuse_unsigned_overflow(path: Path, meta: pq.FileMetaData,
+                              types: Mapping[str, pa.DataType], mapping: Mapping[str, str]
+                              ) -> None:
+    """Refuse a uint64 column read as a signed 64-bit integer (step, position, versions,
+    token_id) that holds values above 2^63 - 1 (by its statistics, or, without them, by
+    reading that one column), counting them over the whole file: the cast would fail while
+    a pass reads the file, counting one batch of it."""
+    for canon, src in mapping.items():
+        if S.BY_NAME[canon].kind != S.INT or src not in types \
+                or _value_type(types[src]) != pa.uint64():
+            continue
+        leaves = [j for j in range(meta.num_columns) if meta.schema.column(j).path == src
+                  or meta.schema.column(j).path.startswith(src + ".")]
+        stats = [meta.row_group(g).column(j).statistics
+                 for g in range(meta.num_row_groups) for j in leaves]
+        if all(st is not None and st.has_min_max and st.max <= _I64_LIMIT for st in stats):
+            continue
+        x = pl.col(src).explode() if _is_list(types[src]) else pl.col(src)
+        counts = _scan(path).select((x > _I64_LIMIT).sum().alias("big"), x.count().alias("n"),
+                                    x.max().alias("top"))
+        big, n, top = counts.collect(engine="streaming").row(0)
+        if big:
+            raise SchemaError(
+                f"{path}: column '{src}' ({canon}) holds {big:,} of its {n:,} values above "
+                f"{_I64_LIMIT:,}, the largest signed 64-bit integer (up to {top:,}): no "
+                f"{canon} is that large (a hash, or -1 written unsigned?); map another column "
+                f"with --column {canon}=NAME, or fix the dump."
+            )
+
+
 def _int_like(v: str) -> bool:
     return bool(re.fullmatch(r"-?\d+", v))
 
@@ -1014,12 +1127,12 @@ def _file_frame(
     groups; the file-level checks, e.g. ragged nested rows, run only for the whole file).
     ``position_offsets``: for a long file (or a chunk of one) without positions (numbered
     per sequence in input order), the rows (``_off``) each sequence has in the files and
-    chunks before (:func:`_position_offsets`). ``scan``: the file's ``pl.scan_parquet``, shared
+    chunks before (:func:`_position_offsets`). ``scan``: the file's :func:`_scan`, shared
     by its chunks (polars keeps the parsed footer with the scan: one copy per file, not per
     chunk). ``label``: the file's name within the input (:func:`_file_labels`), the prefix
     of the ``file:row`` ids of a nested file without a seq_id column.
     """
-    lf = pl.scan_parquet(path, hive_partitioning=False) if scan is None else scan
+    lf = _scan(path) if scan is None else scan
     first_row = 0
     if rows is not None:
         first_row = rows[0]
@@ -1042,12 +1155,11 @@ def _file_frame(
             lf = lf.with_columns(pl.col(src).arr.to_list() for src in fixed)
         ref = srcs["train_logprob"]
         lens = {src: pl.col(src).list.len() for src in list_srcs}
-        ragged = pl.lit(False)
-        for src in list_srcs:
-            if src != ref:
-                ragged = ragged | (lens[src].fill_null(-1) != lens[ref].fill_null(-1))
+        # a row's tokens: the length of its train_logprob list, or of the first other list
+        # when that one is null (null when every list of the row is: an empty row)
+        n_tok = pl.coalesce([lens[ref], *(lens[src] for src in list_srcs if src != ref)])
         if rows is None:
-            _check_ragged(path, lf, ragged, srcs, list_srcs)
+            _check_ragged(path, lf, lens, n_tok, srcs, list_srcs)
         sid = (
             pl.col(srcs["seq_id"]).cast(sid_dtype)
             if "seq_id" in srcs
@@ -1055,9 +1167,13 @@ def _file_frame(
         )
         lf = lf.with_columns(
             sid.alias("_seq_id"),
-            (pl.col(ref).list.len().fill_null(0) == 0).alias("_empty"),
-            pl.int_ranges(0, pl.col(ref).list.len().fill_null(0)).alias("_pos"),
+            (n_tok.fill_null(0) == 0).alias("_empty"),
+            pl.int_ranges(0, n_tok.fill_null(0)).alias("_pos"),
         )
+        # a null list beside present ones holds a null per token: excluded by the reason a
+        # null value of its column has in the long layout (a null entropy: invalid_entropy)
+        lf = lf.with_columns(pl.col(src).fill_null(pl.col("_pos").list.eval(pl.lit(None)))
+                             for src in list_srcs)
         pad = pl.lit(False)
         if "loss_mask" not in srcs:  # no mask: leading / trailing all-zero rows are padding
             lo, hi = _unpadded_range(srcs, list_srcs)
@@ -1270,26 +1386,47 @@ def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
     return chunk_offs, file_offs, continued
 
 
-def _check_ragged(path: Path, lf: pl.LazyFrame, ragged: pl.Expr, srcs: Mapping[str, str],
-                  list_srcs: Iterable[str]) -> None:
-    list_srcs = list(list_srcs)
+def _check_ragged(path: Path, lf: pl.LazyFrame, lens: Mapping[str, pl.Expr], n_tok: pl.Expr,
+                  srcs: Mapping[str, str], list_srcs: Sequence[str]) -> None:
+    """Refuse a nested file with a row whose per-token lists (``lens``: their lengths, null
+    for a null list) differ in length, naming the culprit list columns (in each such row,
+    those whose length most of the row's other lists do not share; all of them on a tie)
+    with their numbers of rows, and the first seq_ids. A null list is no culprit: its
+    tokens hold nulls (see :func:`_file_frame`)."""
     if len(list_srcs) < 2:
         return
     key = pl.col(srcs["seq_id"]).cast(pl.String) if "seq_id" in srcs else pl.format(
         "row {}", pl.col("_row"))
+    ragged = pl.any_horizontal([(lens[src] != n_tok).fill_null(False) for src in list_srcs])
+    # per list: how many of the row's lists share its length (0 for a null list)
+    agree = {src: pl.sum_horizontal([(lens[d] == lens[src]).fill_null(False).cast(pl.Int32)
+                                     for d in list_srcs]).alias(f"_a{i}")
+             for i, src in enumerate(list_srcs)}
+    most = pl.max_horizontal([pl.col(f"_a{i}") for i in range(len(list_srcs))])
+    tie = pl.sum_horizontal([(pl.col(f"_a{i}") == most).cast(pl.Int32)
+                             for i in range(len(list_srcs))]) > most
     bad = (
-        lf.select(ragged.alias("_r"), key.alias("_k"))
-        .filter(pl.col("_r"))
-        .select(pl.len().alias("n"), pl.col("_k").head(_MAX_LISTED).implode().alias("keys"))
+        lf.filter(ragged)
+        .select(key.alias("_k"), *agree.values())
+        .select(pl.len().alias("n"), pl.col("_k").head(_MAX_LISTED).implode().alias("keys"),
+                *[((pl.col(f"_a{i}") > 0) & ((pl.col(f"_a{i}") < most) | tie)).sum()
+                  .alias(src) for i, src in enumerate(list_srcs)])
         .collect(engine="streaming")
     )
     n = int(bad["n"][0])
     if n:
         keys = ", ".join(str(k) for k in bad["keys"][0])
+        canon = {src: c for c, src in srcs.items()}
+        culprits = [(src, int(bad[src][0])) for src in list_srcs if bad[src][0]]
+        culprits.sort(key=lambda c: -c[1])
+        named = _or_list([f"'{src}'" + (f" ({canon[src]})" if canon.get(src, src) != src else "")
+                          + f" in {k:,} row{'s' if k > 1 else ''}" for src, k in culprits],
+                         "and")
         raise InputError(
-            f"{path}: {n} nested row(s) have list columns of different lengths, or a null "
-            f"list ({', '.join(list_srcs)}); seq_id(s): {keys}. Every per-token list of a "
-            "sequence must have one entry per token."
+            f"{path}: {n:,} nested row(s) have per-token lists of different lengths: "
+            f"{named} differ{'s' if len(culprits) == 1 else ''} from the row's other lists; "
+            f"seq_id(s): {keys}. Every per-token list of a sequence must have one entry per "
+            "token."
         )
 
 

@@ -7,7 +7,10 @@ names are recognised, which are refused as ambiguous, and how each framework spe
 Sources for the aliases: the rollout/trainer data structures of verl (``old_log_probs``,
 ``rollout_log_probs``, ``entropys`` (computed in the actor's forward pass, so it is the
 trainer-side entropy), ``response_mask``), slime (``log_probs`` is the
-trainer recomputation, ``rollout_log_probs``, ``loss_masks``), AReaL (``prox_logp``, bare
+trainer recomputation, ``rollout_log_probs``, ``loss_masks``; ``rollout_id`` is the index of
+the rollout, i.e. the training step (``for rollout_id in range(args.start_rollout_id,
+args.num_rollout)`` in its ``train.py``), and a sample's id is ``Sample.index``, written
+``sample_indices`` in its training data), AReaL (``prox_logp``, bare
 ``logprobs`` from the engine, per-token ``versions``), OpenRLHF (``action_log_probs``,
 ``rollout_log_probs``, ``action_mask``), TRL (``old_per_token_logps``,
 ``sampling_per_token_logps``, ``completion_mask``), NeMo-RL (``prev_logprobs``,
@@ -42,7 +45,8 @@ class Column:
 
 COLUMNS: tuple[Column, ...] = (
     Column("seq_id", ID, "trajectory (sample) id; resampling is by sequence", False,
-           ("sequence_id", "sample_id", "sample_idx", "traj_id", "trajectory_id", "rollout_id"),
+           ("sequence_id", "sample_id", "sample_idx", "sample_indices", "traj_id", "trajectory_id",
+            "rollout_id"),
            per_sequence=True),
     Column("position", INT, "0-based index of the token in the response (absent: row order)",
            False, ("pos", "token_position", "token_idx", "token_index")),
@@ -94,8 +98,9 @@ FRAMEWORKS: dict[str, dict[str, str]] = {
     "verl": {"train_logprob": "old_log_probs", "infer_logprob": "rollout_log_probs",
              "train_entropy": "entropys", "loss_mask": "response_mask", "token_id": "responses",
              "advantage": "advantages"},
-    "slime": {"train_logprob": "log_probs", "infer_logprob": "rollout_log_probs",
-              "loss_mask": "loss_masks", "advantage": "advantages"},
+    "slime": {"seq_id": "index", "step": "rollout_id", "train_logprob": "log_probs",
+              "infer_logprob": "rollout_log_probs", "loss_mask": "loss_masks",
+              "advantage": "advantages"},
     "areal": {"train_logprob": "prox_logp", "infer_logprob": "logprobs",
               "policy_version": "versions", "loss_mask": "loss_mask",
               "advantage": "advantages"},
@@ -122,10 +127,19 @@ def users_of(name: str, canon: str) -> tuple[str, ...]:
     return tuple(k for k, preset in FRAMEWORKS.items() if preset.get(canon) == name)
 
 
+def other_uses(name: str, canon: str) -> tuple[tuple[str, str], ...]:
+    """(framework, canonical column) for each preset that reads source ``name`` as a column
+    other than ``canon`` (slime reads ``rollout_id``, elsewhere a sequence id, as the step)."""
+    return tuple((k, c) for k, preset in FRAMEWORKS.items() for c, n in preset.items()
+                 if n == name and c != canon)
+
+
 def foreign_names(framework: str) -> dict[str, tuple[str, ...]]:
     """Source names that other frameworks' presets use and ``framework``'s does not (name ->
-    those frameworks). With ``--framework`` they are never auto-detected: a preset maps its
-    own names, the canonical names and the generic aliases, never another framework's."""
+    those frameworks). With ``--framework`` they are never auto-detected as the column those
+    presets read them as: a preset maps its own names, the canonical names and the generic
+    aliases, never another framework's (``rollout_id``, slime's step, stays a generic alias
+    of ``seq_id`` for the others)."""
     own = set(FRAMEWORKS[framework].values())
     out: dict[str, list[str]] = {}
     for key, preset in FRAMEWORKS.items():
