@@ -2196,8 +2196,9 @@ def _check_implausible(ctx: _Ctx) -> _Result:
     clamp, logprobs gathered at the wrong token id); on the trainer side, a token the
     trainer's vocabulary masks or a placeholder. The loader keeps them (its sentinel floor
     is -1000 nats), so they enter the fit, where a few carry most of sum delta^2. Reported
-    with their count, share, sequences and share of sum delta^2, and the law (k, alpha on
-    the forensic entropy bins) with and without them; the severity follows that share
+    with their count, share, sequences and share of sum delta^2, and the law's k (on the
+    forensic entropy bins, as the sequence outliers report it) with and without them (no
+    alpha: over every bin, a noise regime at low entropy would set it, not these tokens); the severity follows that share
     (IMPLAUSIBLE_SHARE_WARN, IMPLAUSIBLE_SHARE_CRITICAL).
     """
     from entr_diag.io.schema import SENTINEL_FLOOR
@@ -2219,8 +2220,8 @@ def _check_implausible(ctx: _Ctx) -> _Result:
     sd2_flag = float(seqs["sd2"].sum())
     share_d2 = sd2_flag / sd2_all if sd2_all > 0 else 0.0
     tok_share = n_flag / n_all if n_all else float("nan")
-    # the law on the forensic entropy bins, with and without the flagged tokens
-    k_with = k_without = a_with = a_without = float("nan")
+    # the law's k on the forensic entropy bins, with and without the flagged tokens
+    k_with = k_without = float("nan")
     if ctx.has("entropy"):
         b = (ctx.cells.group_by("bin").agg(pl.col("n", "sh", "sd2").sum())
              .filter(pl.col("bin").is_not_null()))
@@ -2230,14 +2231,11 @@ def _check_implausible(ctx: _Ctx) -> _Result:
             cols[i, idx] = b[c].to_numpy().astype(np.float64)
         for which, (n, sh, sd2) in (("with", cols), ("without", cols - acc.bins)):
             ok = n > 0
-            h, q = sh[ok] / n[ok], sd2[ok] / n[ok]
-            k = _k_fit(h, q, n[ok])
-            big = n[ok] >= MIN_BIN_TOKENS
-            a = _alpha_fit(h[big], q[big])
+            k = _k_fit(sh[ok] / n[ok], sd2[ok] / n[ok], n[ok])
             if which == "with":
-                k_with, a_with = k, a
+                k_with = k
             else:
-                k_without, a_without = k, a
+                k_without = k
     top = seqs.sort("n", "sd2", "seq_key", descending=[True, True, False]).head(OUTLIER_LIST)
     ranges = {side: [_r(acc.lowest[side]), _r(acc.highest_flagged[side])]
               for side in by_side if by_side[side]}
@@ -2252,8 +2250,6 @@ def _check_implausible(ctx: _Ctx) -> _Result:
         "example_seq_ids": [str(x) for x in top["seq_id"].to_list()],
         "sequences_flagged": seqs.height,
         "example_first_positions": [int(x) for x in top["first_pos"].to_list()],
-        "alpha_with_flagged": _r(a_with),
-        "alpha_without_flagged": _r(a_without),
         "infer_logprob_range_flagged": ranges.get("infer", []),
         "train_logprob_range_flagged": ranges.get("train", []),
         "threshold_logprob": t,
@@ -2268,10 +2264,8 @@ def _check_implausible(ctx: _Ctx) -> _Result:
                       if by_side[side])
     law = ""
     if math.isfinite(k_with) and math.isfinite(k_without):
-        law = (f" The law's k is {k_with:.3g} with them and {k_without:.3g} without"
-               + (f" (alpha {a_with:.2f} with, {a_without:.2f} without)"
-                  if math.isfinite(a_with) and math.isfinite(a_without) else "")
-               + " on the forensic entropy bins.")
+        law = (f" The law's k is {k_with:.3g} with them and {k_without:.3g} without on the "
+               "forensic entropy bins.")
     # (without entropy there is no law: the mismatch metrics are what they distort)
     enter, effects = (("fit", ("the fitted law describes these values, not the mismatch",
                                "they bias the fitted law", "the fit barely moves"))
