@@ -75,6 +75,25 @@ def interval_caveat(fit: Mapping) -> str | None:
     )
 
 
+def implausible_caveat(findings: Mapping | None) -> str | None:
+    """A one-line caveat when the forensics found impossible logprobs (below -50 nats) that
+    bias the fit (the ``implausible_logprobs`` finding at warning or critical severity:
+    they carry at least 1% of sum delta^2), else None.
+
+    Args:
+        findings: the forensics' ``to_dict()`` (``findings``: kind, severity, title), or
+            None when the command ran no forensics.
+    """
+    for f in (findings or {}).get("findings", ()):
+        if f.get("kind") == "implausible_logprobs" and f.get("severity") in ("warning",
+                                                                             "critical"):
+            effect = ("the law describes them, not the mismatch" if f["severity"] == "critical"
+                      else "they bias the law")
+            return (f"caveat: {f['title']}: {effect}; drop those rows and rerun (forensics: "
+                    "implausible_logprobs).")
+    return None
+
+
 #: what a reason excluding most loss-masked tokens usually means
 MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
     "positive_logprob": "{logprob_columns} may hold probabilities rather than "

@@ -763,12 +763,14 @@ def _alignment_numbers(f) -> str:
     )
 
 
-def _fit_dict(fit_res, ds) -> dict:
+def _fit_dict(fit_res, ds, findings=None) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
-    terminal, JSON and HTML: the small-sample, interval, mostly-excluded, integer-column
-    and unit-mistake caveats (None when none applies)."""
+    terminal, JSON and HTML: the small-sample, interval, mostly-excluded, integer-column,
+    unit-mistake and (with the forensics' ``findings``) impossible-logprob caveats (None
+    when none applies)."""
     from entr_diag.caveats import (
         exclusion_caveat,
+        implausible_caveat,
         integer_caveat,
         interval_caveat,
         small_sample_caveat,
@@ -779,7 +781,8 @@ def _fit_dict(fit_res, ds) -> dict:
     fd = fit_res.to_dict()
     parts = [small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
              exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping),
-             integer_caveat(ds.notes), units_caveat(fd.get("units"), ds.mapping)]
+             integer_caveat(ds.notes), units_caveat(fd.get("units"), ds.mapping),
+             implausible_caveat(None if findings is None else findings.to_dict())]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
     return fd
 
@@ -1134,7 +1137,7 @@ def fit(
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
-        fd = _fit_dict(fit_res, ds)
+        fd = _fit_dict(fit_res, ds, findings)
         caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
@@ -1476,7 +1479,7 @@ def report(
             "unavailable": no_law,
         }
         doc = envelope("report", desc, params,
-                       fit=None if fit_res is None else _fit_dict(fit_res, ds),
+                       fit=None if fit_res is None else _fit_dict(fit_res, ds, findings),
                        metrics=metrics.to_dict(),
                        compare=None if cmp_res is None else cmp_res.to_dict(), profiles=prof,
                        forensics=findings.to_dict(), **({"unavailable": no_law} if no_law else {}))

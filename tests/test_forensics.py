@@ -892,3 +892,27 @@ def test_dense_sums_equal_group_by_tables(tmp_path, monkeypatch):
                 ["bin", "_step", "_stale"], ["bin", "block", "_stale"],
                 ["seq_key", "bin", "_stale"], ["seq_key"]), strict=True):
             _frames_close(t, o.select(t.columns), keys)
+
+
+def test_fit_verdict_carries_a_caveat_when_impossible_logprobs_bias_the_law(tmp_path, base):
+    """fit's verdict (terminal and JSON) gets a caveat naming the implausible_logprobs
+    finding when it is a warning or critical; none for a clean run or an info finding."""
+    from typer.testing import CliRunner
+
+    from entr_diag.caveats import implausible_caveat
+    from entr_diag.cli import app
+
+    bad = pl.int_range(pl.len()) % 1000 == 7
+    df = base.with_columns(pl.when(bad).then(-500.0).otherwise(IL).alias("infer_logprob"))
+    path = tmp_path / "run.parquet"
+    df.write_parquet(path)
+    out = tmp_path / "fit.json"
+    r = CliRunner().invoke(app, ["fit", str(path), "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    caveat = json.loads(out.read_text())["verdict"]["caveat"]
+    assert "impossible logprob (below -50 nats)" in caveat and "the law describes them" in caveat
+    assert "forensics: implausible_logprobs" in r.output
+    info = {"findings": [{"kind": "implausible_logprobs", "severity": "info", "title": "t"}]}
+    assert implausible_caveat(info) is None and implausible_caveat(None) is None
+    warn = {"findings": [{"kind": "implausible_logprobs", "severity": "warning", "title": "t"}]}
+    assert implausible_caveat(warn).startswith("caveat: t: they bias the law")
