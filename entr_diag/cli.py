@@ -88,10 +88,13 @@ def _usage_message(e, args: list[str]) -> str:
 def _plain_flags(params: list) -> list:
     """``params`` with the boolean flags (``--quiet``, ``--help``, ``--dirty/--no-dirty``...)
     given an empty metavar: typer's help would show their type as ``<bool>``, though a flag
-    takes no value."""
+    takes no value; and the arguments named by a metavar (``PATH``) without their Python
+    type beside it (``<list[str]>``)."""
     for p in params:
         if getattr(p, "is_flag", False) and p.metavar is None:
             p.metavar = ""
+        elif getattr(p, "param_type_name", "") == "argument" and p.metavar:
+            p.display_type_rich = lambda ctx: None
     return params
 
 
@@ -171,10 +174,10 @@ stderr_tables = _Stdout(stderr=True, highlight=False, soft_wrap=False, emoji=Fal
 # ----------------------------------------------------------------- shared options
 
 Paths = Annotated[
-    list[Path] | None,
+    list[str] | None,
     typer.Argument(
         help="Parquet files, directories (recursive) or globs. Default: the bundled sample run.",
-        show_default=False,
+        show_default=False, metavar="PATH",
         parser=str,  # the strings as typed: Path("") would be ".", the current directory
     ),
 ]
