@@ -905,3 +905,29 @@ def test_library_entry_points_take_one_path_and_check_the_seed(tmp_path):
     assert "caveat" in v and v["caveat"] is None  # 150 sequences: no small-sample caveat
     g = _write(tmp_path, _long().rename({"step": "global_steps"}), "g.parquet")
     assert load_dataset([g]).mapping["step"] == "global_steps"
+
+
+def test_shards_spelling_columns_differently_are_named_in_the_refusal(tmp_path):
+    """Shards of one input whose columns are named differently (one canonical, one verl's:
+    no file holds both names) are refused naming the column, each file's name for it and the
+    others so affected, instead of only 'ambiguous column' advice that cannot help; shards
+    that share a name and add an alias do not mention it."""
+    d = tmp_path / "run"
+    d.mkdir()
+    _long().write_parquet(d / "a.parquet")
+    _long().rename({"step": "global_steps", "train_logprob": "old_log_probs"}).write_parquet(
+        d / "b.parquet")
+    with pytest.raises(SchemaError) as e:
+        load_dataset([d])
+    msg = str(e.value)
+    assert msg.startswith(f"the input's files name their columns differently: step is 'step' "
+                          f"in {d / 'a.parquet'} and 'global_steps' in {d / 'b.parquet'} "
+                          "(likewise train_logprob)"), msg
+    assert "(Stopped at: " in msg
+    both = tmp_path / "both"
+    both.mkdir()
+    _long().write_parquet(both / "a.parquet")
+    _long().with_columns(pl.col("step").alias("global_steps")).write_parquet(both / "b.parquet")
+    with pytest.raises(SchemaError) as e:
+        load_dataset([both])
+    assert "name their columns differently" not in str(e.value)

@@ -477,6 +477,36 @@ def _wrong_type(src: str, canon: str, typ: pa.DataType, origin: str | None, *,
     return SchemaError(f"{what} has type {_type_name(typ)}; {canon} needs {need} values.")
 
 
+def _names_split(files: Sequence[Path], schemas: Mapping[Path, pa.Schema]) -> str:
+    """``"the input's files name their columns differently: step is 'step' in a.parquet
+    and 'global_steps' in b.parquet (3 files) ..."``: for the canonical columns whose names
+    (canonical, aliases, framework presets' names) differ between files, no file holding
+    two of them (e.g. shards dumped by two versions of a trainer); ``""`` when none."""
+    splits = []
+    for col in S.COLUMNS:
+        names = {col.name, *col.aliases, *(p[col.name] for p in S.FRAMEWORKS.values()
+                                           if col.name in p)}
+        groups: dict[frozenset[str], list[Path]] = {}
+        for f in files:
+            held = frozenset(names.intersection(schemas[f].names))
+            if held:
+                groups.setdefault(held, []).append(f)
+        if len(groups) > 1 and all(len(g) == 1 for g in groups) and len(
+                set().union(*groups)) == len(groups):
+            splits.append((col.name, groups))
+    if not splits:
+        return ""
+    canon, groups = splits[0]
+    where = " and ".join(
+        f"'{next(iter(held))}' in {fs[0]}" + (f" ({len(fs):,} files)" if len(fs) > 1 else "")
+        for held, fs in groups.items())
+    more = (f" (likewise {_or_list([c for c, _ in splits[1:]], 'and')})"
+            if len(splits) > 1 else "")
+    return (f"the input's files name their columns differently: {canon} is {where}{more}; "
+            "the files of one input must share their column names: rename one set, or "
+            "analyse each set on its own.")
+
+
 def _hive_origin(key: str, files: Sequence[Path]) -> str:
     """``the partition folder /x/step=abc (1 file; 3 files in 2 folders in all) whose value
     'abc' is not an integer``: where the values of partition key ``key`` come from, for
@@ -752,6 +782,9 @@ def load_dataset(
     except SchemaError as e:
         if len(file_list) == 1 and not str(e).startswith(("--", "unknown framework")):
             raise SchemaError(f"{file_list[0]}: {e}") from None  # one file's columns: name it
+        split = _names_split(file_list, schemas)
+        if split:  # the real cause: shards spelling a column differently
+            raise SchemaError(f"{split} (Stopped at: {e})") from None
         raise
     copies = _copies(file_list, rows)
     if copies:
