@@ -657,3 +657,16 @@ def test_bundled_sample_report_has_no_shape_errors():
     notes = _unavailable(h)
     assert not [n for n in notes if "expected shape" in n], notes
     assert _figure_count(h) >= 9
+
+
+def test_power_law_legend_carries_the_robust_alpha():
+    """The scaling figure's power-law legend names the Theil-Sen alpha beside the
+    least-squares one, and says when they disagree; a fit without it shows only the latter."""
+    fit = _fit()
+    fit["laws"]["power"]["robust"] = {"alpha": 0.72, "k": 0.01, "disagrees": True}
+    html = build_report_html(summary=_summary(), fit=fit, metrics=_metrics(),
+                             compare=_compare(), profiles=_profiles(), findings=[])
+    assert _has(html, "Theil-Sen α = 0.72 (disagrees)")
+    plain = build_report_html(summary=_summary(), fit=_fit(), metrics=_metrics(),
+                              compare=_compare(), profiles=_profiles(), findings=[])
+    assert not _has(plain, "Theil-Sen")

@@ -618,6 +618,11 @@ def _law_label(name: str, law: Mapping[str, Any]) -> str:
         a_s = f"α = {_f(law.get('alpha'))}"
         if _is_num(a_lo) and _is_num(a_hi):
             a_s += f" [{_f(a_lo)}, {_f(a_hi)}]"
+        robust = law.get("robust")
+        if isinstance(robust, Mapping) and _is_num(robust.get("alpha")):
+            a_s += f"; Theil-Sen α = {_f(robust['alpha'])}"
+            if robust.get("disagrees"):
+                a_s += " (disagrees)"
         return f"k·H^α: {k_s}, {a_s}"
     if "affine" in n:
         return f"k·H + c: {k_s}, c = {_f(law.get('c'))}"
