@@ -366,7 +366,8 @@ def test_render_fit_terminal():
     out = console.file.getvalue()
     assert out.startswith("Verdict: law holds: alpha = ")
     for text in ("Entropy bins", "delta^2 = k H^alpha", "Breakpoint: H* =", "Noise regime",
-                 "p<1e-4", "staleness 0", "step ", "Mismatch metrics", "k3_kl", "all"):
+                 "p<1e-4", "staleness 0", "step ", "Mismatch metrics", "k3_kl", "all",
+                 "chi2 and ess clamp log-ratios to +/-20 before exp (verl), k3_kl does not"):
         assert text in out, text
 
 

@@ -143,6 +143,8 @@ def test_safety_bound_clamps_chi2_like_verl():
     assert m.chi2_token == pytest.approx(math.exp(2 * SAFETY_BOUND) - 1)
     assert m.chi2_seq == pytest.approx(math.exp(2 * SAFETY_BOUND) - 1)
     assert m.ess == pytest.approx(1.0)
+    # k3_kl is not clamped (a placeholder logprob shows as a huge k3), as the table says
+    assert m.k3_kl == pytest.approx(math.exp(50.0) - 1 - 50.0)
 
 
 def test_row_order_does_not_change_metrics():

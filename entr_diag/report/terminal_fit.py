@@ -170,7 +170,9 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
             mt.add_row(label, str(m.tokens), *[_g(getattr(m, n), 4) for n in METRIC_NAMES])
         console.print(mt)
         console.print("|d|>log2 = share_abs_delta_gt_log2; ess = 1/mean((w/mean w)^2), w = r "
-                      "per token; log-ratios clamped to +/-20 before exp (verl).", soft_wrap=True)
+                      "per token; chi2 and ess clamp log-ratios to +/-20 before exp (verl), "
+                      "k3_kl does not (a huge k3_kl: look for placeholder logprobs).",
+                      soft_wrap=True)
         if len(metrics.per_step) > _MAX_STEP_ROWS:
             console.print(f"(per-step rows subsampled: {len(metrics.per_step)} steps in total; "
                           "all of them are in the JSON)", soft_wrap=True)
