@@ -76,7 +76,7 @@ def interval_caveat(fit: Mapping) -> str | None:
 
 
 def implausible_caveat(findings: Mapping | None) -> str | None:
-    """A one-line caveat when the forensics found impossible logprobs (below -50 nats) that
+    """A one-line caveat when the forensics found impossible logprobs (at or below -50 nats) that
     bias the fit (the ``implausible_logprobs`` finding at warning or critical severity:
     they carry at least 1% of sum delta^2), else None.
 

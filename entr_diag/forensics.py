@@ -1996,7 +1996,7 @@ class _ZeroCounts:
 
 class _ImplausibleTokens:
     """Token-pass accumulator of the implausible-logprobs check: the valid tokens with a
-    logprob below :data:`IMPLAUSIBLE_LOGPROB` on either side. A batch without one costs a
+    logprob at or below :data:`IMPLAUSIBLE_LOGPROB` on either side. A batch without one costs a
     minimum per side; the flagged tokens (few) are reduced per sequence (seq_id, count per
     side, sum delta^2, first position) and per entropy bin (n, sum H, sum delta^2), with the
     range of the flagged values per side (a single value: a placeholder)."""
@@ -2006,7 +2006,7 @@ class _ImplausibleTokens:
 
     def __init__(self) -> None:
         t = IMPLAUSIBLE_LOGPROB
-        self._sides = {"infer": pl.col("infer_logprob") < t, "train": pl.col("train_logprob") < t}
+        self._sides = {"infer": pl.col("infer_logprob") <= t, "train": pl.col("train_logprob") <= t}
         #: the lowest value per side over all valid tokens, the highest flagged one
         self.lowest = {"infer": math.inf, "train": math.inf}
         self.highest_flagged = {"infer": -math.inf, "train": -math.inf}
@@ -2030,7 +2030,7 @@ class _ImplausibleTokens:
         lows = {side: float(column(batch, f"{side}_logprob").min()) for side in self.lowest}
         for side, lo in lows.items():
             self.lowest[side] = min(self.lowest[side], lo)
-        if all(lo >= IMPLAUSIBLE_LOGPROB for lo in lows.values()):
+        if all(lo > IMPLAUSIBLE_LOGPROB for lo in lows.values()):
             return
         f = batch.filter(self._sides["infer"] | self._sides["train"])
         if not f.height:  # (a NaN minimum)
@@ -2188,7 +2188,8 @@ def _mass(x: float) -> str:
 def _check_implausible(ctx: _Ctx) -> _Result:
     """Sampled tokens with an impossible logprob (placeholders the loader keeps).
 
-    Signature: valid tokens whose logprob is below IMPLAUSIBLE_LOGPROB (-50 nats, p < 2e-22)
+    Signature: valid tokens whose logprob is at or below IMPLAUSIBLE_LOGPROB (-50 nats, p <= 2e-22;
+    a clamp at exactly -50 is a placeholder too)
     on either side. The engine sampled the token, so its inference-side probability cannot
     be that small: the expected number of sampled tokens with p < e^x is at most N V e^x
     for N tokens and a vocabulary of V (2e-4 for N = 1e12, V = 1e6, x = -50). A value there
@@ -2211,7 +2212,7 @@ def _check_implausible(ctx: _Ctx) -> _Result:
     lowest = ", ".join(f"{side} {_lp(v)}" for side, v in acc.lowest.items()
                        if math.isfinite(v))
     if not seqs.height:
-        return _clear(name, f"no valid token has a logprob below {t:g} nats"
+        return _clear(name, f"no valid token has a logprob at or below {t:g} nats"
                             + (f" (lowest: {lowest})" if lowest else ""))
     tot = ctx.cells.select(pl.col("n").sum(), pl.col("sd2").sum()).row(0)
     n_all, sd2_all = int(tot[0] or 0), float(tot[1] or 0.0)
@@ -2291,7 +2292,7 @@ def _check_implausible(ctx: _Ctx) -> _Result:
     why_s = "; ".join(why)
     msg = (
         f"{n_flag:,} of {n_all:,} valid tokens ({_share(tok_share)}), in {seqs.height:,} "
-        f"sequence(s), have a logprob below {t:g} nats (p < {math.exp(t):.1e}): {sides}. "
+        f"sequence(s), have a logprob at or below {t:g} nats (p <= {math.exp(t):.1e}): {sides}. "
         + why_s[:1].upper() + why_s[1:]
         + f". The loader keeps them (its sentinel floor is {SENTINEL_FLOOR:g} nats) and they "
         f"enter the {enter}: they carry {_mass(share_d2)} of sum delta^2, so {effect}.{law} E.g. "
@@ -2300,7 +2301,7 @@ def _check_implausible(ctx: _Ctx) -> _Result:
     f = Finding(
         kind=name,
         severity=sev,
-        title=(f"{n_flag:,} token(s) with an impossible logprob (below {t:g} nats) carry "
+        title=(f"{n_flag:,} token(s) with an impossible logprob (at or below {t:g} nats) carry "
                f"{_mass(share_d2)} of sum delta^2"),
         message=msg,
         evidence=ev,
@@ -2312,7 +2313,7 @@ def _check_implausible(ctx: _Ctx) -> _Result:
             "a vocabulary or tokenizer mismatch between engine and trainer."
         ),
     )
-    return _found(f, f"{n_flag:,} tokens below {t:g} nats, {_mass(share_d2)} of delta^2")
+    return _found(f, f"{n_flag:,} tokens at or below {t:g} nats, {_mass(share_d2)} of delta^2")
 
 
 def _check_floor(ctx: _Ctx) -> _Result:
@@ -2524,7 +2525,7 @@ class ForensicsPlan:
       sequence outliers: the expected |delta| of each sequence, the robust z with its
       median / MAD over sequences and the law without the flagged sequences are computed
       after the pass from these tables; memory O(sequences x bins));
-    - the tokens with a logprob below IMPLAUSIBLE_LOGPROB, per sequence and entropy bin
+    - the tokens with a logprob at or below IMPLAUSIBLE_LOGPROB, per sequence and entropy bin
       (:class:`_ImplausibleTokens`; a batch without one costs a minimum per side).
 
     When the accounting lists the steps and staleness values (the loader's always does),

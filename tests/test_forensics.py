@@ -910,9 +910,19 @@ def test_fit_verdict_carries_a_caveat_when_impossible_logprobs_bias_the_law(tmp_
     r = CliRunner().invoke(app, ["fit", str(path), "--n-boot", "100", "-q", "--json", str(out)])
     assert r.exit_code == 0, r.output
     caveat = json.loads(out.read_text())["verdict"]["caveat"]
-    assert "impossible logprob (below -50 nats)" in caveat and "the law describes them" in caveat
+    assert "impossible logprob (at or below -50 nats)" in caveat and "the law describes them" in caveat
     assert "forensics: implausible_logprobs" in r.output
     info = {"findings": [{"kind": "implausible_logprobs", "severity": "info", "title": "t"}]}
     assert implausible_caveat(info) is None and implausible_caveat(None) is None
     warn = {"findings": [{"kind": "implausible_logprobs", "severity": "warning", "title": "t"}]}
     assert implausible_caveat(warn).startswith("caveat: t: they bias the law")
+
+
+def test_a_logprob_of_exactly_minus_50_is_flagged(tmp_path, base):
+    """A clamp at exactly -50 nats is as impossible a sampled-token logprob as one below."""
+    bad = pl.int_range(pl.len()) % 500 == 5
+    df = base.with_columns(pl.when(bad).then(-50.0).otherwise(IL).alias("infer_logprob"))
+    res = run_forensics(_load(tmp_path, df), checks=["implausible_logprobs"])
+    ev = res.by_kind("implausible_logprobs").evidence
+    assert ev["tokens_infer_side"] == df.filter(bad & pl.col("loss_mask")).height > 0
+    assert ev["infer_logprob_range_flagged"] == [-50.0, -50.0]
