@@ -40,6 +40,11 @@ def small_sample_caveat(fit: Mapping, sequences: int | None = None) -> str | Non
     )
 
 
+#: the CLI's default number of entropy bins (``--bins``): above it, the interval caveat
+#: advises fewer bins
+DEFAULT_BINS = 30
+
+
 def interval_caveat(fit: Mapping) -> str | None:
     """A one-line caveat when the power law's estimate (``alpha`` or ``k``) lies outside its
     own 95% bootstrap interval, else None.
@@ -49,7 +54,9 @@ def interval_caveat(fit: Mapping) -> str | None:
     (Jensen), more in some bins than others, so the replicate slopes shift away from the
     estimate. With many bins (``--bins 200``) the shift can exceed the interval's width:
     the interval then describes the replicates, not the estimate, and the estimate itself
-    moves with the number of bins.
+    moves with the number of bins (the caveat advises fewer bins). At the default bin count
+    or fewer it means a few extreme tokens dominate some bins (the caveat points to the
+    forensics).
 
     Args:
         fit: a fit result's ``to_dict()`` (``laws.power``: ``alpha``, ``alpha_ci``, ``k``,
@@ -66,12 +73,18 @@ def interval_caveat(fit: Mapping) -> str | None:
     if not outside:
         return None
     bins = (fit.get("parameters") or {}).get("bins")
+    if isinstance(bins, int) and bins > DEFAULT_BINS:
+        why = (f"with {bins} bins some bins hold too few tokens for the logarithm of their "
+               "mean delta^2 to be unbiased, and the law shifts with the number of bins; "
+               f"prefer fewer bins (--bins {DEFAULT_BINS})")
+    else:  # not a matter of bin count: a few extreme tokens dominate some bins
+        why = ("a few extreme tokens dominate the mean delta^2 of some bins (placeholder "
+               "logprobs, outlier sequences: see the forensics), so the interval describes "
+               "the resamples, not the estimate")
     return (
         f"caveat: the power law's {' and '.join(outside)} "
         f"{'lie outside their' if len(outside) > 1 else 'lies outside its'} own 95% bootstrap "
-        f"interval: with {bins if bins is not None else 'these'} bins some bins hold too "
-        "few tokens for the logarithm of their mean delta^2 to be unbiased, and the law "
-        "shifts with the number of bins; prefer fewer bins (--bins 30)."
+        f"interval: {why}."
     )
 
 
@@ -88,7 +101,7 @@ def implausible_caveat(findings: Mapping | None) -> str | None:
         if f.get("kind") == "implausible_logprobs" and f.get("severity") in ("warning",
                                                                              "critical"):
             effect = ("the law describes them, not the mismatch" if f["severity"] == "critical"
-                      else "they bias the law")
+                      else "the finding gives the law with and without them")
             return (f"caveat: {f['title']}: {effect}; drop those rows and rerun (forensics: "
                     "implausible_logprobs).")
     return None

@@ -564,4 +564,8 @@ def test_interval_caveat_names_an_estimate_outside_its_own_bootstrap_interval():
                            "k = 0.00033 [0.00031, 0.00032] lie outside their own 95%")
     assert "alpha = 1.132 [1.134, 1.185] lies outside its own" in interval_caveat(
         fit(1.132, (1.134, 1.185)))
-    assert "with 200 bins" in text and "fewer bins" in text
+    assert "with 200 bins" in text and "fewer bins (--bins 30)" in text
+    at30 = fit(1.132, (1.134, 1.185))
+    at30["parameters"]["bins"] = 30  # not a bin-count matter: no advice to use 30 bins
+    text = interval_caveat(at30)
+    assert "fewer bins" not in text and "a few extreme tokens dominate" in text

@@ -915,7 +915,8 @@ def test_fit_verdict_carries_a_caveat_when_impossible_logprobs_bias_the_law(tmp_
     info = {"findings": [{"kind": "implausible_logprobs", "severity": "info", "title": "t"}]}
     assert implausible_caveat(info) is None and implausible_caveat(None) is None
     warn = {"findings": [{"kind": "implausible_logprobs", "severity": "warning", "title": "t"}]}
-    assert implausible_caveat(warn).startswith("caveat: t: they bias the law")
+    assert implausible_caveat(warn).startswith("caveat: t: the finding gives the law with "
+                                               "and without them")
 
 
 def test_a_logprob_of_exactly_minus_50_is_flagged(tmp_path, base):
