@@ -199,32 +199,70 @@ def integer_caveat(notes: list[str] | tuple[str, ...]) -> str | None:
 
 
 #: mean(-infer_logprob) / mean(H) is ~1 over tokens sampled from the engine's distribution
-#: (E[-log mu(y)] = H(mu), :class:`entr_diag.fit.UnitsCheck`); a unit mistake scales it by
-#: a known factor. key -> (factor, its name, the wrong side, its unit, the conversion to nats)
-UNIT_SIGNATURES: dict[str, tuple[float, str, str, str, str]] = {
-    "entropy_bits": (math.log(2), "ln 2", "entropy", "bits (log base 2)", "ln 2"),
-    "logprob_log10": (1 / math.log(10), "1/ln 10", "logprob", "log10 values", "ln 10"),
-    "logprob_log2": (1 / math.log(2), "1/ln 2", "logprob", "log2 values", "ln 2"),
-    "entropy_log10": (math.log(10), "ln 10", "entropy", "log10 units", "ln 10"),
+#: (E[-log mu(y)] = H(mu), :class:`entr_diag.fit.UnitsCheck`), and sum(train_logprob) /
+#: sum(infer_logprob) is ~1 when both sides share a unit; a unit mistake scales one or both
+#: by a known factor. key -> (the wrong columns, their unit, the conversion to nats, the
+#: factor expected of surprisal / entropy (NaN: not read), the factor of train / infer)
+UNIT_SIGNATURES: dict[str, tuple[tuple[str, ...], str, str, float, float]] = {
+    "entropy_bits": (("entropy",), "bits (log base 2)", "ln 2", math.log(2), 1.0),
+    "entropy_log10": (("entropy",), "log10 units", "ln 10", math.log(10), 1.0),
+    "logprob_log10": (("train_logprob", "infer_logprob"), "log10 values", "ln 10",
+                      1 / math.log(10), 1.0),
+    "logprob_log2": (("train_logprob", "infer_logprob"), "log2 values", "ln 2",
+                     1 / math.log(2), 1.0),
+    "infer_logprob_log10": (("infer_logprob",), "log10 values", "ln 10", 1 / math.log(10),
+                            math.log(10)),
+    "infer_logprob_log2": (("infer_logprob",), "log2 values", "ln 2", 1 / math.log(2),
+                           math.log(2)),
+    # the trainer's column alone: the inference side (and the surprisal ratio) is in nats
+    "train_logprob_log10": (("train_logprob",), "log10 values", "ln 10", math.nan,
+                            1 / math.log(10)),
+    "train_logprob_log2": (("train_logprob",), "log2 values", "ln 2", math.nan,
+                           1 / math.log(2)),
 }
-#: a ratio within this relative distance of a signature's factor matches it (the four
-#: windows are disjoint, and all exclude [0.75, 1.34]: temperature or top-p sampling moves
-#: the ratio from 1, but a unit mistake by a whole factor)
+#: a ratio within this relative distance of a signature's factor matches it (the windows
+#: all exclude [0.75, 1.34] for the surprisal ratio: temperature or top-p sampling moves it
+#: from 1, but a unit mistake by a whole factor)
 UNIT_TOLERANCE = 0.07
+#: a unit mistake scales every entropy bin's ratio alike: the entropy-weighted quartiles of
+#: the bins' ratios lie within this factor of each other, while a temperature the logs
+#: leave out, an entropy from the top-k logprobs or a low-entropy noise regime bends the
+#: ratio with the entropy (0.13 to 0.92 across the bins at temperature 0.7)
+UNIT_MAX_SPREAD = 1.25
 #: fewer tokens than this and no signature is matched (on the bundled run, 500 tokens of 5
 #: sequences give ratios from 0.90 to 1.11)
 MIN_UNIT_TOKENS = 200
 
 
-def unit_mistake(ratio: float, tokens: int) -> str | None:
-    """The key of :data:`UNIT_SIGNATURES` whose factor ``ratio`` (the fit's entropy-weighted
-    median of per-bin mean(-infer_logprob) / mean(H), over ``tokens`` tokens) lies within
-    :data:`UNIT_TOLERANCE` of (``|ratio / factor - 1| <= 0.07``), else None; None too below
-    :data:`MIN_UNIT_TOKENS` tokens or for a ratio that is not a finite positive number."""
-    if tokens < MIN_UNIT_TOKENS or not (ratio > 0 and math.isfinite(ratio)):
+def unit_mistake(ratio: float, tokens: int, spread: float = 1.0,
+                 train_over_infer: float = 1.0) -> str | None:
+    """The key of :data:`UNIT_SIGNATURES` that the units check matches, else None.
+
+    Args:
+        ratio: the entropy-weighted median of the bins' mean(-infer_logprob) / mean(H)
+            (``UnitsCheck.ratio_binned``).
+        tokens: the tokens both sums run over; below :data:`MIN_UNIT_TOKENS`, None.
+        spread: the bins' ratio spread (``UnitsCheck.ratio_spread``: entropy-weighted third
+            over first quartile); above :data:`UNIT_MAX_SPREAD` the ratio is not a constant
+            factor and no signature that reads it matches.
+        train_over_infer: sum(train_logprob) / sum(infer_logprob) over the same tokens.
+
+    A signature matches when each factor it reads lies within :data:`UNIT_TOLERANCE` of
+    the value (``|value / factor - 1| <= 0.07``): ``logprob_log10`` needs ``ratio`` near
+    1/ln 10 and ``train_over_infer`` near 1 (both sides in log10); ``infer_logprob_log10``
+    ``ratio`` near 1/ln 10 and ``train_over_infer`` near ln 10 (the engine's side alone);
+    ``train_logprob_log10`` only ``train_over_infer`` near 1/ln 10.
+    """
+    def near(x: float, factor: float) -> bool:
+        return x > 0 and math.isfinite(x) and abs(x / factor - 1) <= UNIT_TOLERANCE
+
+    if tokens < MIN_UNIT_TOKENS:
         return None
-    for key, (factor, *_rest) in UNIT_SIGNATURES.items():
-        if abs(ratio / factor - 1) <= UNIT_TOLERANCE:
+    flat = math.isfinite(spread) and spread <= UNIT_MAX_SPREAD
+    for key, (*_cols, f_ratio, f_train) in UNIT_SIGNATURES.items():
+        if not near(train_over_infer, f_train):
+            continue
+        if math.isnan(f_ratio) or (flat and near(ratio, f_ratio)):
             return key
     return None
 
@@ -232,27 +270,41 @@ def unit_mistake(ratio: float, tokens: int) -> str | None:
 def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
                  ) -> str | None:
     """A one-line caveat naming the likely unit mistake (entropy in bits, logprobs in
-    log10...) and its columns when the fit's units check (a fit result's ``to_dict()
-    ["units"]``) matched one of :data:`UNIT_SIGNATURES`, else None.
+    log10...) and only the columns it concerns when the fit's units check (a fit result's
+    ``to_dict()["units"]``) matched one of :data:`UNIT_SIGNATURES`, else None.
 
     Args:
-        units: ``ratio_binned`` and ``likely_mistake`` of :class:`entr_diag.fit.UnitsCheck`.
+        units: ``ratio_binned``, ``train_over_infer`` and ``likely_mistake`` of
+            :class:`entr_diag.fit.UnitsCheck`.
         mapping: canonical column -> source column, to name the columns concerned.
     """
     key = (units or {}).get("likely_mistake")
     if key not in UNIT_SIGNATURES:
         return None
-    factor, name, side, unit, to_nats = UNIT_SIGNATURES[key]
+    canon, unit, to_nats, f_ratio, f_train = UNIT_SIGNATURES[key]
     m = mapping or {}
-    canon = ["entropy"] if side == "entropy" else ["train_logprob", "infer_logprob"]
     cols = " and ".join(f"{c} ('{m[c]}')" if c in m else c for c in canon)
     one = len(canon) == 1
+    if math.isnan(f_ratio):  # the trainer's column alone
+        seen = (f"train_logprob averages {units['train_over_infer']:.3f} times infer_logprob "
+                f"on the same tokens, near 1/{to_nats} = {f_train:.3f}, where both sides in "
+                "nats give about 1")
+    else:
+        seen = (f"the sampled tokens' surprisal (-infer_logprob) averages "
+                f"{units['ratio_binned']:.3f} times their entropy alike in every entropy bin, "
+                f"near {'1/' if 'logprob' in key else ''}{to_nats} = {f_ratio:.3f}, where it "
+                "is 1 in nats (E[-log mu(y)] = H(mu) for tokens sampled from mu)")
+        if key.startswith("infer_"):
+            seen += (f"; train_logprob averages {units['train_over_infer']:.3f} times "
+                     "infer_logprob, so train_logprob is in nats")
+    mixed = key.startswith(("infer_", "train_"))
     return (
-        f"caveat: {cols} probably {'holds' if one else 'hold'} {unit}, not nats: the "
-        "sampled tokens' surprisal (-infer_logprob) averages "
-        f"{units['ratio_binned']:.3f} times their entropy, near {name} = {factor:.3f}, "
-        "where it is 1 in nats (E[-log mu(y)] = H(mu) for tokens sampled from mu). The "
-        "fitted law and the ENTR gate's budget are then off by a constant factor: multiply "
-        f"the {'column' if one else 'columns'} by {to_nats} (unless the engine sampled "
-        "with a temperature or top-p that the logged values leave out)."
+        f"caveat: {cols} probably {'holds' if one else 'hold'} {unit}, not nats: {seen}. "
+        + ("Delta then mixes two units and means nothing"
+           if mixed else "The fitted law and the ENTR gate's budget are then off by a "
+           "constant factor")
+        + f": multiply the {'column' if one else 'columns'} by {to_nats}"
+        + ("." if mixed else " (unless the engine sampled with a temperature or top-p that "
+           "the logged values leave out).")
     )
+

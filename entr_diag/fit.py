@@ -433,8 +433,12 @@ class UnitsCheck:
     logprobs in log10 ``1/ln 10 = 0.434``, logprobs in log2 ``1/ln 2 = 1.443``, entropy in
     log10 ``ln 10 = 2.303`` (:data:`entr_diag.caveats.UNIT_SIGNATURES`; both sides in the
     same wrong base cancel out and go unseen). Sampling with a temperature or top-p that
-    the logged logprobs or entropy do not include moves the ratio away from 1 too, by an
-    amount of its own: only those four signatures are named.
+    the logged logprobs or entropy do not include moves the ratio away from 1 too, but
+    unevenly across entropies, where a unit mistake scales every bin alike: a signature is
+    named only when the bins agree (``ratio_spread``). ``train_over_infer`` =
+    sum(train_logprob) / sum(infer_logprob), about 1 when both sides share a unit, tells
+    which logprob column is off (ln 10 when only the engine's is in log10; 1/ln 10 when
+    only the trainer's is).
 
     The identity also holds given H (a function of the context, not of the sampled token),
     so it is read per entropy bin too. ``ratio_binned``, the one the signatures are matched
@@ -446,7 +450,9 @@ class UnitsCheck:
 
     Fields: ``tokens`` (the fit's tokens, over which both sums run: valid, loss-masked,
     finite entropy), ``mean_surprisal`` (mean -infer_logprob), ``mean_entropy``, ``ratio``
-    (their ratio), ``ratio_binned``, ``likely_mistake`` (a key of the signatures, or None:
+    (their ratio), ``ratio_binned``, ``ratio_spread`` (the entropy-weighted third over
+    first quartile of the bins' ratios: 1 for a constant factor), ``train_over_infer``,
+    ``likely_mistake`` (a key of the signatures, or None:
     :func:`entr_diag.caveats.unit_mistake`).
     """
 
@@ -455,31 +461,40 @@ class UnitsCheck:
     mean_entropy: float
     ratio: float
     ratio_binned: float
+    ratio_spread: float
+    train_over_infer: float
     likely_mistake: str | None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def _units_check(s_lp: np.ndarray, s_h: np.ndarray, n: np.ndarray) -> UnitsCheck:
-    """:class:`UnitsCheck` from per-bin sums of infer_logprob, of H and token counts."""
+def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarray
+                 ) -> UnitsCheck:
+    """:class:`UnitsCheck` from per-bin sums of infer_logprob, of delta, of H and token
+    counts (train_logprob = infer_logprob + delta)."""
     from entr_diag.caveats import unit_mistake
 
     tokens, surprisal, entropy = int(n.sum()), float(-s_lp.sum()), float(s_h.sum())
     ok = s_h > 0
-    binned = math.nan
+    q1 = binned = q3 = math.nan
     if ok.any():
         r, w = -s_lp[ok] / s_h[ok], s_h[ok]
         order = np.argsort(r)
         cum = np.cumsum(w[order])
-        binned = float(r[order][np.searchsorted(cum, cum[-1] / 2)])
+        q1, binned, q3 = (float(r[order][np.searchsorted(cum, cum[-1] * q)])
+                          for q in (0.25, 0.5, 0.75))
+    spread = q3 / q1 if q1 > 0 else math.nan
+    t_over_i = (surprisal - float(s_d.sum())) / surprisal if surprisal > 0 else math.nan
     return UnitsCheck(
         tokens=tokens,
         mean_surprisal=surprisal / tokens if tokens else math.nan,
         mean_entropy=entropy / tokens if tokens else math.nan,
         ratio=surprisal / entropy if entropy > 0 else math.nan,
         ratio_binned=binned,
-        likely_mistake=unit_mistake(binned, tokens),
+        ratio_spread=spread,
+        train_over_infer=t_over_i,
+        likely_mistake=unit_mistake(binned, tokens, spread, t_over_i),
     )
 
 
@@ -1610,6 +1625,6 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         regime=regime,
         strata=Strata(tuple(staleness_fits), tuple(step_fits), tuple(notices)),
         verdict=_make_verdict(power, bp, search, regime),
-        units=_units_check(per_bin(reg["s_lp"].sum(axis=(1, 2))), S["s_h"].sum(axis=1),
-                           S["n"].sum(axis=1)),
+        units=_units_check(per_bin(reg["s_lp"].sum(axis=(1, 2))), point["s_d"],
+                           S["s_h"].sum(axis=1), S["n"].sum(axis=1)),
     )

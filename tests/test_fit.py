@@ -498,6 +498,9 @@ def test_verdict_prints_enough_decimals_to_show_the_interval():
     ({"entropy": 1 / math.log(10)}, "entropy_log10"),
     ({"infer_logprob": 1 / math.log(10), "train_logprob": 1 / math.log(10)}, "logprob_log10"),
     ({"infer_logprob": 1 / math.log(2), "train_logprob": 1 / math.log(2)}, "logprob_log2"),
+    ({"infer_logprob": 1 / math.log(10)}, "infer_logprob_log10"),
+    ({"train_logprob": 1 / math.log(10)}, "train_logprob_log10"),
+    ({"train_logprob": 1 / math.log(2)}, "train_logprob_log2"),
 ])
 def test_units_check_names_the_unit_mistake(scale, mistake):
     """mean(-infer_logprob) / mean(H) is 1 for tokens sampled from the logged distribution
@@ -508,9 +511,14 @@ def test_units_check_names_the_unit_mistake(scale, mistake):
                           n_boot=100)
     u = fit.to_dict()["units"]
     factor = {None: 1.0, "entropy_bits": math.log(2), "entropy_log10": math.log(10),
-              "logprob_log10": 1 / math.log(10), "logprob_log2": 1 / math.log(2)}[mistake]
+              "logprob_log10": 1 / math.log(10), "logprob_log2": 1 / math.log(2),
+              "infer_logprob_log10": 1 / math.log(10)}.get(mistake, 1.0)
     assert u["ratio"] == pytest.approx(factor, rel=0.03)
     assert u["ratio_binned"] == pytest.approx(factor, rel=0.05)
+    assert u["ratio_spread"] < 1.1  # a unit mistake scales every bin alike
+    t_over_i = {"infer_logprob_log10": math.log(10), "train_logprob_log10": 1 / math.log(10),
+                "train_logprob_log2": 1 / math.log(2)}.get(mistake, 1.0)
+    assert u["train_over_infer"] == pytest.approx(t_over_i, rel=0.03)
     assert u["mean_surprisal"] / u["mean_entropy"] == pytest.approx(u["ratio"])
     assert u["likely_mistake"] == mistake and u["tokens"] == fit.parameters["tokens"]
 
@@ -539,11 +547,27 @@ def test_unit_mistake_rule():
     for r in (0.75, 0.85, 1.0, 1.2, 1.33, 1.8, 3.0, 0.3, math.nan, 0.0, -1.0):
         assert unit_mistake(r, 10_000) is None, r
     assert unit_mistake(math.log(2), 199) is None
+    # the bins disagree (a temperature the logs leave out, top-k entropy): no signature
+    assert unit_mistake(math.log(2), 10_000, spread=1.4) is None
+    assert unit_mistake(math.log(2), 10_000, spread=1.2) == "entropy_bits"
+    # which logprob column: train / infer tells them apart
+    assert unit_mistake(0.434, 10_000, train_over_infer=math.log(10)) == "infer_logprob_log10"
+    assert unit_mistake(1.0, 10_000, train_over_infer=0.434) == "train_logprob_log10"
+    assert unit_mistake(0.434, 10_000, train_over_infer=1.6) is None  # inconsistent
+    assert unit_mistake(math.log(2), 10_000, train_over_infer=0.6) is None  # (placeholders)
     assert units_caveat({"likely_mistake": None}) is None and units_caveat(None) is None
     text = units_caveat({"likely_mistake": "entropy_bits", "ratio_binned": 0.69},
                         {"entropy": "entropys"})
     assert text.startswith("caveat: entropy ('entropys') probably holds bits")
-    assert "0.690 times their entropy, near ln 2 = 0.693" in text
+    assert "0.690 times their entropy alike in every entropy bin, near ln 2 = 0.693" in text
+    only = units_caveat({"likely_mistake": "infer_logprob_log10", "ratio_binned": 0.435,
+                         "train_over_infer": 2.3}, {"infer_logprob": "lp"})
+    assert only.startswith("caveat: infer_logprob ('lp') probably holds log10 values")
+    assert "train_logprob is in nats" in only and "multiply the column by ln 10." in only
+    train = units_caveat({"likely_mistake": "train_logprob_log10", "ratio_binned": 1.0,
+                          "train_over_infer": 0.434})
+    assert train.startswith("caveat: train_logprob probably holds log10 values")
+    assert "train_logprob averages 0.434 times infer_logprob" in train
 
 
 def test_interval_caveat_names_an_estimate_outside_its_own_bootstrap_interval():
