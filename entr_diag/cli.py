@@ -652,7 +652,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             entropy=entropy,
         )
     if ds.bundled and not quiet:
-        _notes.add(f"no input given: using the bundled sample run ({ds.files[0].path})")
+        _notes.add("no input given: using the bundled sample run "
+                   f"({escape(str(ds.files[0].path))})")
     for note in ds.notes:  # warnings even with --quiet (it hides progress and notes)
         if note.startswith("warning: "):
             _notes.add("[yellow]warning:[/yellow] " + escape(note.removeprefix("warning: ")))
@@ -718,7 +719,7 @@ def _check_alignment(ds, finding, allow: bool) -> None:
     if f is None:
         return
     if allow:
-        _notes.add(f"[yellow]warning:[/yellow] {f.title} (--allow-misaligned: going on)")
+        _notes.add(f"[yellow]warning:[/yellow] {escape(f.title)} (--allow-misaligned: going on)")
         return
     raise InputError(
         f"{_where(ds)}: {f.title}. {_alignment_numbers(f)} Check: {f.check} Pass "
@@ -862,7 +863,7 @@ def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
 
     write_json(path, doc)
     if not quiet:  # said once it is in place (with the run's other outputs)
-        when_written(path, lambda: stderr.print(f"wrote {path}"))
+        when_written(path, lambda: stderr.print(f"wrote {path}", markup=False))
 
 
 def _version_callback(value: bool) -> None:
@@ -1199,14 +1200,15 @@ def flag(
             out.print("no low-entropy noise regime was found in this run, so no token is "
                       f"flagged; wrote an empty {output}"
                       + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.",
-                      soft_wrap=True)
+                      soft_wrap=True, markup=False)
             return
         if output_target(output)[1]:
             n = pl.scan_parquet(output, glob=False).select(pl.len()).collect().item()
         else:  # written to a device or a pipe: nothing to read back
             n = lf.select(pl.len()).collect().item()
         out.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "
-                  f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True)
+                  f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True,
+                  markup=False)
 
 
 # ----------------------------------------------------------------- compare
@@ -1389,12 +1391,12 @@ def compare(
                 write_with(export, lambda dest: lf.sink_parquet(
                     dest, compression="zstd", metadata=meta))
                 if not quiet:
-                    when_written(export, lambda: stderr.print(f"wrote {export}"))
+                    when_written(export, lambda: stderr.print(f"wrote {export}", markup=False))
         out = _tables(json_path, export)
         if no_entr:
-            out.print(f"ENTR unavailable: {no_entr}", soft_wrap=True)
+            out.print(f"ENTR unavailable: {no_entr}", soft_wrap=True, markup=False)
         if no_law:
-            out.print(f"No scaling law: {no_law}", soft_wrap=True)
+            out.print(f"No scaling law: {no_law}", soft_wrap=True, markup=False)
         render_compare(res, out)
         closed.done()
 
@@ -1497,15 +1499,15 @@ def report(
         with closed, together():  # the report and its JSON replace earlier ones together
             write_text(output, html)
             when_written(output, lambda: out.print(
-                f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)"))
+                f"wrote {output} ({len(html.encode()) / 1e6:.1f} MB)", markup=False))
             _write_json(json_path, doc, quiet)
         if no_law:
-            out.print(f"No scaling law: {no_law}", soft_wrap=True)
+            out.print(f"No scaling law: {no_law}", soft_wrap=True, markup=False)
         verdict = (doc["fit"] or {}).get("verdict") or {}
         if verdict.get("text"):
-            out.print(verdict["text"], soft_wrap=True)
+            out.print(verdict["text"], soft_wrap=True, markup=False)
         if verdict.get("caveat"):
-            out.print(verdict["caveat"], style="yellow", soft_wrap=True)
+            out.print(verdict["caveat"], style="yellow", soft_wrap=True, markup=False)
         closed.done()
 
 
@@ -1571,8 +1573,8 @@ def synth(
         from entr_diag.report.json_report import sanitize
 
         if not quiet:  # stdout holds the ground-truth JSON only (pipe it to jq)
-            stderr.print(f"wrote {output}")
-        stdout.print(json.dumps(sanitize(summary), indent=2))
+            stderr.print(f"wrote {output}", markup=False)
+        stdout.print(json.dumps(sanitize(summary), indent=2), markup=False)
 
 
 class _Terminated(BaseException):

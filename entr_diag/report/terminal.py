@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from entr_diag.io.schema import EXCLUSION_REASONS
 
@@ -12,27 +14,34 @@ def _fmt_int(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
 
+def literal(x: object) -> Text:
+    """A table cell or line printed as is: names from the input (paths, columns, seq_ids)
+    may hold brackets, such as ``[/i]``, that rich would otherwise read as markup."""
+    return Text("" if x is None else str(x))
+
+
 def render_inspect(desc: dict, console: Console) -> None:
     """Print a dataset description (:meth:`entr_diag.io.Dataset.describe`) as rich tables."""
     acc = desc["accounting"]
     files = desc["files"]
     console.print(
-        f"[bold]{len(files)} file(s)[/bold], layout [bold]{desc['layout']}[/bold]"
+        f"[bold]{len(files)} file(s)[/bold], layout [bold]{escape(str(desc['layout']))}[/bold]"
         + (" (bundled sample run)" if desc.get("bundled_sample") else "")
     )
     ft = Table("file", "layout", "rows", title=None, show_edge=False)
     for f in files[:20]:
-        ft.add_row(f["path"], f["layout"], _fmt_int(f["rows"]))
+        ft.add_row(literal(f["path"]), literal(f["layout"]), _fmt_int(f["rows"]))
     if len(files) > 20:
         ft.add_row(f"... {len(files) - 20} more", "", "")
     console.print(ft)
 
     mt = Table("canonical column", "source column", title="Column mapping", show_edge=False)
     for canon, src in desc["mapping"].items():
-        mt.add_row(canon, src)
+        mt.add_row(literal(canon), literal(src))
     console.print(mt)
     for note in desc.get("mapping_notes", []):
-        console.print(f"  {note}" if note.startswith("warning: ") else f"  note: {note}")
+        console.print(f"  {note}" if note.startswith("warning: ") else f"  note: {note}",
+                      markup=False)
     src = desc.get("entropy_source")
     console.print(
         "entropy used: "
@@ -82,5 +91,5 @@ def render_inspect(desc: dict, console: Console) -> None:
         console.print(line)
     ct = Table("analysis", "available", title="What this data allows", show_edge=False)
     for name, reason in desc["capabilities"].items():
-        ct.add_row(name, "yes" if reason is None else f"no: {reason}")
+        ct.add_row(literal(name), literal("yes" if reason is None else f"no: {reason}"))
     console.print(ct)

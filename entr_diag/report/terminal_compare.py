@@ -53,12 +53,12 @@ def _table(
     for j, h in enumerate(header):
         words = max([len(x) for x in h.split()] or [0])
         if j < text_cols:
-            t.add_column(h, justify="left", overflow="fold", min_width=min(12, words))
+            t.add_column(Text(h), justify="left", overflow="fold", min_width=min(12, words))
         else:
             w = max([len(r[j]) for r in rows] + [words])
-            t.add_column(h, justify="right", min_width=w)
-    for r in rows:
-        t.add_row(*r)
+            t.add_column(Text(h), justify="right", min_width=w)
+    for r in rows:  # Text: gate labels and bin keys are printed as is, never read as markup
+        t.add_row(*map(Text, r))
     return t
 
 

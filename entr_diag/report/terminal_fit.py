@@ -12,6 +12,7 @@ import math
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from entr_diag.fit import FitResult
 from entr_diag.metrics import METRIC_NAMES, MismatchMetrics
@@ -54,7 +55,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     """
     v = result.verdict
     style = {"holds": "bold green", "holds_approximately": "bold yellow"}.get(v.law, "bold red")
-    console.print(f"Verdict: {v.text}", style=style, soft_wrap=True)
+    console.print(f"Verdict: {v.text}", style=style, soft_wrap=True, markup=False)
     if caveat:
         console.print(caveat, style="yellow", soft_wrap=True, markup=False)
     console.print()
@@ -104,14 +105,14 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
                "", "")
     console.print(lt)
     console.print(f"Robust check: {r.note}.", style="yellow" if r.disagrees else None,
-                  soft_wrap=True)
+                  soft_wrap=True, markup=False)
     console.print(f"Robust k (median of bin ratios): {_g(p.k_robust)}", soft_wrap=True)
 
     # ---- breakpoint and regime
     bp = result.breakpoint
     s = result.breakpoint_search
     if bp is None:
-        console.print(f"Breakpoint: none ({s.reason}).", soft_wrap=True)
+        console.print(f"Breakpoint: none ({s.reason}).", soft_wrap=True, markup=False)
     else:
         console.print(
             f"Breakpoint: H* = {_g(bp.h_star)} nats {_ci(bp.h_star_ci)}; "
@@ -136,7 +137,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
                        _pct(pb.share_of_delta2_mass))
         console.print(pt)
     else:
-        console.print(f"Noise regime: {g.rule}.", soft_wrap=True)
+        console.print(f"Noise regime: {g.rule}.", soft_wrap=True, markup=False)
 
     # ---- strata
     st = result.strata
@@ -147,11 +148,12 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
                     "k (k H)", "note"):
             tt.add_column(col)
         for x in rows:
-            tt.add_row(f"{x.kind} {x.label}", str(x.tokens), str(x.n_bins), _g(x.alpha),
-                       _ci(x.alpha_ci), _g(x.k), _ci(x.k_ci), _g(x.k_proportional), x.note)
+            tt.add_row(Text(f"{x.kind} {x.label}"), str(x.tokens), str(x.n_bins), _g(x.alpha),
+                       _ci(x.alpha_ci), _g(x.k), _ci(x.k_ci), _g(x.k_proportional),
+                       Text(x.note or ""))
         console.print(tt)
     for n in st.notices:
-        console.print(f"Note: {n}.", soft_wrap=True)
+        console.print(f"Note: {n}.", soft_wrap=True, markup=False)
 
     # ---- metrics
     if metrics is not None:
