@@ -202,7 +202,15 @@ EntropyOpt = Annotated[
 ]
 _GATE_HELP = ("A gate to compare (repeatable), e.g. fixed:c=0.5, icepop:low=0.5,high=5, mis, "
               "tis:cap=2, seq-is, geo-rs, k3, veto, m2po, entr:tau=4. Default: the panel.")
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON to this file ('-': to stdout, the tables then go to stderr).")]
+
+
+def _output_path(value) -> Path | str:
+    """An output option's value as typed: a Path, or ``''`` kept apart (``Path('')`` would be
+    ``.``, the current directory) for :func:`_check_output` to refuse naming the option."""
+    return "" if str(value) == "" else Path(value)
+
+
+JsonOpt = Annotated[Path | None, typer.Option("--json", parser=_output_path, metavar="FILE", help="Also write the results as JSON to this file ('-': to stdout, the tables then go to stderr).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr (warnings still print).")]
 TauOpt = Annotated[float, typer.Option(help="ENTR budget tau: keep iff delta^2/(H+eps) <= tau.")]
 EpsOpt = Annotated[float, typer.Option(help="ENTR entropy offset eps (nats).")]
@@ -461,6 +469,8 @@ def _check_output(path: Path | None, what: str) -> None:
     """Refuse, before any work, an output path that cannot be written."""
     if path is None or (what == "--json" and _to_stdout(path)):
         return
+    if str(path) == "":  # typed as '' (see _output_path), never taken for the directory '.'
+        raise ParameterError(f"empty output path for {what}: give a file name.")
     from entr_diag.errors import InputError
 
     if _to_stdout(path):
@@ -1153,7 +1163,7 @@ def fit(
 @app.command(cls=_Command)
 def flag(
     paths: Paths = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Parquet file for the flagged tokens.")] = Path("noise.parquet"),
+    output: Annotated[Path, typer.Option("--output", "-o", parser=_output_path, metavar="FILE", help="Parquet file for the flagged tokens.")] = Path("noise.parquet"),
     bins: BinsOpt = 30,
     bin_edges: BinEdgesOpt = "quantile",
     eps: EpsOpt = 0.01,
@@ -1317,7 +1327,7 @@ def compare(
         typer.Option(metavar="tau|c=LO:HI[:N]",
                      help="Sweep a budget in one pass: tau=LO:HI[:N] or c=LO:HI[:N] (repeatable)."),
     ] = None,
-    export: Annotated[Path | None, typer.Option(help="Write per-token keep/drop of each gate to this Parquet file.")] = None,
+    export: Annotated[Path | None, typer.Option(parser=_output_path, metavar="FILE", help="Write per-token keep/drop of each gate to this Parquet file.")] = None,
     bins: BinsOpt = 30,
     bin_edges: BinEdgesOpt = "quantile",
     n_boot: BootOpt = 200,
@@ -1405,7 +1415,7 @@ def compare(
 @app.command(cls=_Command)
 def report(
     paths: Paths = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("entr-diag-report.html"),
+    output: Annotated[Path, typer.Option("--output", "-o", parser=_output_path, metavar="FILE", help="HTML file to write.")] = Path("entr-diag-report.html"),
     tau: TauOpt = 4.0,
     eps: EpsOpt = 0.01,
     gate: Annotated[list[str] | None, typer.Option("--gate", "-g", metavar="SPEC", help=_GATE_HELP)] = None,
@@ -1514,7 +1524,7 @@ def report(
 
 @app.command(cls=_Command)
 def synth(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Parquet file to write.")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=_output_path, metavar="FILE", help="Parquet file to write.")],
     tokens: Annotated[int, typer.Option(help="Number of tokens.")] = 200_000,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     k: Annotated[float, typer.Option(help="Planted law scale: E\\[delta^2|H] = k H^alpha.")] = 0.02,

@@ -159,6 +159,23 @@ def test_empty_input_path_is_refused_not_read_as_the_current_directory(tmp_path,
     assert resolve_paths(["."]) == [Path("a.parquet")]
 
 
+def test_empty_output_path_is_refused_naming_the_option_before_any_input_is_read(
+        tmp_path, monkeypatch):
+    """An empty output path ('') is refused naming its option (exit 2, one line), before
+    the input is read (here a missing file), instead of 'is a directory' for '.'."""
+    monkeypatch.chdir(tmp_path)
+    for cmd, opt in (("report", "-o"), ("report", "--json"), ("flag", "-o"), ("fit", "--json"),
+                     ("compare", "--export"), ("compare", "--json"), ("inspect", "--json")):
+        r = runner.invoke(app, [cmd, "missing.parquet", opt, ""])
+        name = "--output" if opt == "-o" else opt
+        assert r.exit_code == 2, r.output
+        assert r.stderr == f"error: empty output path for {name}: give a file name.\n", r.stderr
+    r = runner.invoke(app, ["synth", "-o", ""])
+    assert r.exit_code == 2 and r.stderr.startswith("error: empty output path for --output")
+    r = runner.invoke(app, ["fit", "missing.parquet", "--json", "."])
+    assert r.exit_code == 2 and "is a directory" in r.stderr, r.stderr
+
+
 def test_pipe_input_is_refused_as_a_pipe_not_as_missing(tmp_path):
     """A named pipe (like /dev/stdin under `cat f | entr-diag fit /dev/stdin`) is refused
     saying that Parquet cannot be read from a pipe and to save it to a file, not that the
