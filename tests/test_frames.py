@@ -195,3 +195,44 @@ def test_fit_refuses_a_parameter_that_is_not_a_number(fn, param):
     with pytest.raises(TypeError, match=rf"^{fn.__name__}: expected {param} as a real number, "
                                         r"got str \('4'\)\.$"):
         fn(_TOKENS, **{param: "4"})
+
+
+@pytest.mark.parametrize("fn", [fit_scaling_law, fit_plan], ids=["fit_scaling_law", "fit_plan"])
+@pytest.mark.parametrize("param", ["bins", "n_boot", "n_blocks", "seed"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 30.5])
+def test_fit_refuses_an_integer_parameter_given_a_non_integral_float(fn, param, bad):
+    """An integer parameter given NaN, +-inf or a fraction raises ParameterError naming
+    it (was a bare ValueError or OverflowError from int())."""
+    from entr_diag.errors import ParameterError
+
+    with pytest.raises(ParameterError, match=rf"^{fn.__name__}: {param} must be an integer, "
+                                             rf"got {bad!r}\.$"):
+        fn(_TOKENS, **{param: bad})
+
+
+def test_fit_too_many_bins_names_bins_not_n_boot():
+    """bins so large that no n_boot >= MIN_BOOT fits the bootstrap's memory says that bins
+    is too large and its maximum (was 'use at most n_boot = 0')."""
+    from entr_diag.errors import ParameterError
+    from entr_diag.fit import MAX_BOOT_CELLS, MIN_BOOT, check_fit_parameters
+
+    most = MAX_BOOT_CELLS // (2 * MIN_BOOT)
+    with pytest.raises(ParameterError, match=rf"^bins = 1000000000 is too "
+                                             rf"large: .*use at most bins = {most:,} \(with "
+                                             rf"the minimum n_boot = {MIN_BOOT}\), or "
+                                             rf"{MAX_BOOT_CELLS // 2000:,} with n_boot = 1000\.$"):
+        fit_scaling_law(_TOKENS, bins=10**9)
+    with pytest.raises(ParameterError, match=r"use at most n_boot = \d+ at 30 bins"):
+        check_fit_parameters(0.01, 4.0, 10**7, 30)
+    with pytest.raises(ParameterError, match="bins must be an integer, got inf"):
+        check_fit_parameters(0.01, 4.0, 1000, float("inf"))
+    with pytest.raises(ParameterError, match="n_boot must be an integer >= 100"):
+        check_fit_parameters(0.01, 4.0, float("nan"))
+
+
+@pytest.mark.parametrize("fn", [fit_scaling_law, fit_plan], ids=["fit_scaling_law", "fit_plan"])
+def test_fit_refuses_with_strata_that_is_not_a_bool(fn):
+    """with_strata='no' (truthy: strata computed) raises a TypeError naming it."""
+    with pytest.raises(TypeError, match=rf"^{fn.__name__}: expected with_strata as a bool "
+                                        r"\(True or False\), got str \('no'\)\.$"):
+        fn(_TOKENS, with_strata="no")
