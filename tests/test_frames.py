@@ -236,3 +236,23 @@ def test_fit_refuses_with_strata_that_is_not_a_bool(fn):
     with pytest.raises(TypeError, match=rf"^{fn.__name__}: expected with_strata as a bool "
                                         r"\(True or False\), got str \('no'\)\.$"):
         fn(_TOKENS, with_strata="no")
+
+
+@pytest.mark.parametrize("fn", [compare_gates, compare_plan], ids=["compare_gates", "compare_plan"])
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"panel": ["fixed"]}, r"expected panel entries as gate specs \(e\.g\. "
+                           r"parse_gate_spec\('fixed'\)\), got str \('fixed'\)"),
+    ({"panel": {FixedBand(): 1}}, r"expected panel as a sequence of gate specs .*got dict"),
+    ({"entr": "4"}, r"expected entr as an EntrGate .*got str \('4'\)"),
+    ({"no_fit": 1}, r"expected no_fit as a str \(why no law was fitted\) or None, got int"),
+    ({"sweep_c": [[1, 2]]}, r"expected sweep_c as a flat sequence of real numbers, got a "
+                            r"nested list \(shape \(1, 2\)\)"),
+    ({"sweep_tau": [[1.0], [2.0]]}, r"expected sweep_tau as a flat sequence of real numbers, "
+                                    r"got a nested list \(shape \(2, 1\)\)"),
+])
+def test_compare_gates_refuses_arguments_of_the_wrong_type(fn, kwargs, message):
+    """A panel holding a str, a dict panel, an entr gate given as a str, a non-str no_fit
+    or a nested sweep list raises a TypeError naming the parameter and the type given
+    (were a ParameterError, or accepted silently: the dict's keys, the list flattened)."""
+    with pytest.raises(TypeError, match=rf"^compare_gates: {message}\.$"):
+        fn(_TOKENS, **kwargs)
