@@ -176,6 +176,22 @@ def test_empty_output_path_is_refused_naming_the_option_before_any_input_is_read
     assert r.exit_code == 2 and "is a directory" in r.stderr, r.stderr
 
 
+def test_sequence_id_mapped_to_another_column_is_named_as_taken_not_missing(tmp_path):
+    """--column entropy=seq_id takes the only sequence id: the refusal says that seq_id is
+    mapped to entropy by --column and to map the sequence id explicitly (was 'none of
+    seq_id, ... exists' though it exists)."""
+    f = _shard(tmp_path / "a.parquet")
+    r = runner.invoke(app, ["fit", str(f), "--column", "entropy=seq_id"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (
+        f"error: {f}: the long layout (one row per token) needs a sequence id column; "
+        "'seq_id' is mapped to entropy by --column entropy=seq_id, so no sequence id is "
+        "left. Map the sequence id explicitly with --column seq_id=NAME (sequence-level "
+        "resampling and gates need it), and entropy to a column of its own.\n"), r.stderr
+    r = runner.invoke(app, ["fit", str(_shard(tmp_path / "b" / "b.parquet", seq_id=True))])
+    assert r.exit_code == 2 and "none of seq_id, sequence_id" in r.stderr, r.stderr
+
+
 def test_pipe_input_is_refused_as_a_pipe_not_as_missing(tmp_path):
     """A named pipe (like /dev/stdin under `cat f | entr-diag fit /dev/stdin`) is refused
     saying that Parquet cannot be read from a pipe and to save it to a file, not that the
