@@ -985,8 +985,16 @@ def _check_bin_edges(bin_edges: str) -> None:
 
 
 _NO_ENTROPY = "the scaling law and the ENTR gate are unavailable"
-_MAP_ENTROPY = ("map one with --column entropy=NAME (or --entropy train for a trainer-side "
-                "entropy)")
+_MAP_ENTROPY = "map one with --column entropy=NAME"
+
+
+def _map_entropy(ds) -> str:
+    """How to give the input an entropy: map a column; and ``--entropy train`` only when it
+    has a trainer-side entropy column that holds values (not dropped, not all null)."""
+    train = ds.mapping.get("train_entropy")
+    if train and not any(f"('{train}') holds only nulls" in n for n in ds.notes):
+        return _MAP_ENTROPY + f" (or --entropy train for the trainer-side entropy '{train}')"
+    return _MAP_ENTROPY
 
 
 def _fit_refusal(ds, e: FitError, optional: bool) -> str:
@@ -1067,7 +1075,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         except FitError as e:
             unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(ds, e)
     elif not entropy_optional or _dropped(ds, "entropy"):  # some files have it: to fix
-        raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _MAP_ENTROPY))
+        raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _map_entropy(ds)))
     if full:
         from entr_diag.metrics import metrics_plan
 
@@ -1361,7 +1369,7 @@ def compare(
         if not ds.has("entropy") and not panel:  # only ENTR asked for: it needs entropy
             raise ParameterError(_no_column(
                 ds, "entropy", _NO_ENTROPY + ", and the ENTR gate is the only gate asked for "
-                "(--gate)", _MAP_ENTROPY + ", or add gates that need no entropy (e.g. --gate "
+                "(--gate)", _map_entropy(ds) + ", or add gates that need no entropy (e.g. --gate "
                 "fixed:c=0.5)"))
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
                  allow_misaligned=allow_misaligned, entropy_optional=True, law_optional=True)
@@ -1373,7 +1381,7 @@ def compare(
                       "exploration discarded)")
         elif fit_res is None:
             no_entr = _no_column(ds, "entropy", _NO_ENTROPY + " (the gates that need no entropy "
-                                 "are compared)", _MAP_ENTROPY)
+                                 "are compared)", _map_entropy(ds))
         res = _compare(ds, fit_res, entr, panel, sweeps, quiet, no_fit=a["no_fit"])
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
@@ -1462,7 +1470,7 @@ def report(
         elif fit_res is None:
             no_law = _no_column(ds, "entropy", _NO_ENTROPY + " (the report holds the mismatch "
                                 "metrics, the gates that need no entropy, forensics and "
-                                "profiles)", _MAP_ENTROPY)
+                                "profiles)", _map_entropy(ds))
         # without the law (or entropy) the gates are still compared: no law-scale / noise
         # categories, and without entropy no ENTR
         cmp_res = (_compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]],

@@ -192,6 +192,26 @@ def test_sequence_id_mapped_to_another_column_is_named_as_taken_not_missing(tmp_
     assert r.exit_code == 2 and "none of seq_id, sequence_id" in r.stderr, r.stderr
 
 
+def test_entropy_train_is_suggested_only_when_a_trainer_entropy_exists(tmp_path):
+    """Without an entropy, the refusal (fit) and the 'ENTR unavailable' line (compare)
+    suggest --entropy train only when the input has a trainer-side entropy holding values
+    (was suggested for a dump without any entropy column)."""
+    f = _shard(tmp_path / "none" / "a.parquet", entropys=True)
+    for cmd in ("fit", "compare"):
+        r = runner.invoke(app, [cmd, str(f), "-q", "--n-boot", "100"])
+        out = r.stderr if cmd == "fit" else r.stdout
+        assert "map one with --column entropy=NAME" in out, (r.exit_code, out)
+        assert "--entropy train" not in r.output, r.output
+    g = tmp_path / "both" / "a.parquet"
+    g.parent.mkdir()
+    pl.read_parquet(f).with_columns(entropy=pl.lit(None, pl.Float32),
+                                    train_entropy=pl.lit(0.5)).write_parquet(g)
+    r = runner.invoke(app, ["fit", str(g), "--entropy", "infer", "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.endswith("map one with --column entropy=NAME (or --entropy train for the "
+                             "trainer-side entropy 'train_entropy').\n"), r.stderr
+
+
 def test_pipe_input_is_refused_as_a_pipe_not_as_missing(tmp_path):
     """A named pipe (like /dev/stdin under `cat f | entr-diag fit /dev/stdin`) is refused
     saying that Parquet cannot be read from a pipe and to save it to a file, not that the
