@@ -632,3 +632,28 @@ def test_every_reason_that_can_exclude_most_tokens_has_a_hint(reason):
 
     c = exclusion_caveat({reason: 60}, 100, 40)
     assert c is not None and f"Most are {reason}: " in c
+
+
+@pytest.mark.parametrize("empty", ["nan", "null without statistics"])
+def test_entropy_without_values_is_named_as_such_in_the_exclusion_hint(tmp_path, empty):
+    """An entropy column entirely NaN, or null without Parquet statistics (so not dropped
+    as all-null), excludes every token as invalid_entropy: the hint says the column holds
+    no value (null or NaN) and suggests --entropy train when a trainer-side entropy exists
+    (was 'may hold something else (e.g. bits, logits...)' only)."""
+    import pyarrow.parquet as pq
+
+    value = float("nan") if empty == "nan" else None
+    df = pl.read_parquet(_shard(tmp_path / "src.parquet")).with_columns(
+        entropy=pl.lit(value, pl.Float64))
+    for train, fix in ((True, "use the trainer-side entropy ('entropys') with --entropy "
+                              "train, or map another with --column entropy=NAME.\n"),
+                       (False, "; map another with --column entropy=NAME.\n")):
+        f = tmp_path / f"{train}" / "a.parquet"
+        f.parent.mkdir()
+        pq.write_table((df if train else df.drop("entropys")).to_arrow(), f,
+                       write_statistics=False)
+        r = runner.invoke(app, ["fit", str(f), "-q"])
+        assert r.exit_code == 2, r.output
+        assert "Most are invalid_entropy: the entropy column ('entropy') holds no value (null "\
+               "or NaN) for these tokens, or no entropy in nats" in r.stderr, r.stderr
+        assert r.stderr.endswith(fix), r.stderr
