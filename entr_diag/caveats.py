@@ -117,8 +117,9 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
                           "null), or the mask covers padding",
     "zero_placeholder": "one side holds 0.0 where it has no value (e.g. rollout logprobs "
                         "not requested from the engine)",
-    "invalid_entropy": "the entropy column may hold something else (e.g. bits, logits, an "
-                       "unnormalised value); map another with --column entropy=NAME",
+    "invalid_entropy": "{entropy_column} holds no value (null or NaN) for these tokens, or "
+                       "no entropy in nats (negative or above 20 nats: bits, logits, an "
+                       "unnormalised value?); {entropy_fix}",
     "invalid_loss_mask": "the mask column holds weights or labels, not 0/1; map the 0/1 mask "
                          "with --column loss_mask=NAME",
     "null_loss_mask": "the mask is null where the arrays were padded (a padded tensor with "
@@ -145,7 +146,13 @@ def exclusion_hint(excluded: Mapping[str, int], masked: int,
     named = [f"{c} ('{mapping[c]}')" for c in ("train_logprob", "infer_logprob")
              if mapping and c in mapping]
     cols = f"one or both of {' and '.join(named)}" if len(named) == 2 else "the logprob columns"
-    hint = MOSTLY_EXCLUDED_HINTS[reason].replace("{logprob_columns}", cols)
+    src, train = (mapping or {}).get("entropy"), (mapping or {}).get("train_entropy")
+    fix = "map another with --column entropy=NAME"
+    if train and train != src:  # a trainer-side entropy that is not the one excluded
+        fix = f"use the trainer-side entropy ('{train}') with --entropy train, or {fix}"
+    hint = (MOSTLY_EXCLUDED_HINTS[reason].replace("{logprob_columns}", cols)
+            .replace("{entropy_column}", f"the entropy column{f' ({src!r})' if src else ''}")
+            .replace("{entropy_fix}", fix))
     return f"Most are {reason}: {hint}."
 
 

@@ -202,7 +202,15 @@ EntropyOpt = Annotated[
 ]
 _GATE_HELP = ("A gate to compare (repeatable), e.g. fixed:c=0.5, icepop:low=0.5,high=5, mis, "
               "tis:cap=2, seq-is, geo-rs, k3, veto, m2po, entr:tau=4. Default: the panel.")
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON to this file ('-': to stdout, the tables then go to stderr).")]
+
+
+def _output_path(value) -> Path | str:
+    """An output option's value as typed: a Path, or ``''`` kept apart (``Path('')`` would be
+    ``.``, the current directory) for :func:`_check_output` to refuse naming the option."""
+    return "" if str(value) == "" else Path(value)
+
+
+JsonOpt = Annotated[Path | None, typer.Option("--json", parser=_output_path, metavar="FILE", help="Also write the results as JSON to this file ('-': to stdout, the tables then go to stderr).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr (warnings still print).")]
 TauOpt = Annotated[float, typer.Option(help="ENTR budget tau: keep iff delta^2/(H+eps) <= tau.")]
 EpsOpt = Annotated[float, typer.Option(help="ENTR entropy offset eps (nats).")]
@@ -461,6 +469,8 @@ def _check_output(path: Path | None, what: str) -> None:
     """Refuse, before any work, an output path that cannot be written."""
     if path is None or (what == "--json" and _to_stdout(path)):
         return
+    if str(path) == "":  # typed as '' (see _output_path), never taken for the directory '.'
+        raise ParameterError(f"empty output path for {what}: give a file name.")
     from entr_diag.errors import InputError
 
     if _to_stdout(path):
@@ -976,8 +986,16 @@ def _check_bin_edges(bin_edges: str) -> None:
 
 
 _NO_ENTROPY = "the scaling law and the ENTR gate are unavailable"
-_MAP_ENTROPY = ("map one with --column entropy=NAME (or --entropy train for a trainer-side "
-                "entropy)")
+_MAP_ENTROPY = "map one with --column entropy=NAME"
+
+
+def _map_entropy(ds) -> str:
+    """How to give the input an entropy: map a column; and ``--entropy train`` only when it
+    has a trainer-side entropy column that holds values (not dropped, not all null)."""
+    train = ds.mapping.get("train_entropy")
+    if train and not any(f"('{train}') holds only nulls" in n for n in ds.notes):
+        return _MAP_ENTROPY + f" (or --entropy train for the trainer-side entropy '{train}')"
+    return _MAP_ENTROPY
 
 
 def _fit_refusal(ds, e: FitError, optional: bool) -> str:
@@ -1058,7 +1076,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         except FitError as e:
             unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(ds, e)
     elif not entropy_optional or _dropped(ds, "entropy"):  # some files have it: to fix
-        raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _MAP_ENTROPY))
+        raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _map_entropy(ds)))
     if full:
         from entr_diag.metrics import metrics_plan
 
@@ -1154,7 +1172,7 @@ def fit(
 @app.command(cls=_Command)
 def flag(
     paths: Paths = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Parquet file for the flagged tokens.")] = Path("noise.parquet"),
+    output: Annotated[Path, typer.Option("--output", "-o", parser=_output_path, metavar="FILE", help="Parquet file for the flagged tokens.")] = Path("noise.parquet"),
     bins: BinsOpt = 30,
     bin_edges: BinEdgesOpt = "quantile",
     eps: EpsOpt = 0.01,
@@ -1319,7 +1337,7 @@ def compare(
         typer.Option(metavar="tau|c=LO:HI[:N]",
                      help="Sweep a budget in one pass: tau=LO:HI[:N] or c=LO:HI[:N] (repeatable)."),
     ] = None,
-    export: Annotated[Path | None, typer.Option(help="Write per-token keep/drop of each gate to this Parquet file.")] = None,
+    export: Annotated[Path | None, typer.Option(parser=_output_path, metavar="FILE", help="Write per-token keep/drop of each gate to this Parquet file.")] = None,
     bins: BinsOpt = 30,
     bin_edges: BinEdgesOpt = "quantile",
     n_boot: BootOpt = 200,
@@ -1353,7 +1371,7 @@ def compare(
         if not ds.has("entropy") and not panel:  # only ENTR asked for: it needs entropy
             raise ParameterError(_no_column(
                 ds, "entropy", _NO_ENTROPY + ", and the ENTR gate is the only gate asked for "
-                "(--gate)", _MAP_ENTROPY + ", or add gates that need no entropy (e.g. --gate "
+                "(--gate)", _map_entropy(ds) + ", or add gates that need no entropy (e.g. --gate "
                 "fixed:c=0.5)"))
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
                  allow_misaligned=allow_misaligned, entropy_optional=True, law_optional=True)
@@ -1365,7 +1383,7 @@ def compare(
                       "exploration discarded)")
         elif fit_res is None:
             no_entr = _no_column(ds, "entropy", _NO_ENTROPY + " (the gates that need no entropy "
-                                 "are compared)", _MAP_ENTROPY)
+                                 "are compared)", _map_entropy(ds))
         res = _compare(ds, fit_res, entr, panel, sweeps, quiet, no_fit=a["no_fit"])
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
@@ -1407,7 +1425,7 @@ def compare(
 @app.command(cls=_Command)
 def report(
     paths: Paths = None,
-    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("entr-diag-report.html"),
+    output: Annotated[Path, typer.Option("--output", "-o", parser=_output_path, metavar="FILE", help="HTML file to write.")] = Path("entr-diag-report.html"),
     tau: TauOpt = 4.0,
     eps: EpsOpt = 0.01,
     gate: Annotated[list[str] | None, typer.Option("--gate", "-g", metavar="SPEC", help=_GATE_HELP)] = None,
@@ -1454,7 +1472,7 @@ def report(
         elif fit_res is None:
             no_law = _no_column(ds, "entropy", _NO_ENTROPY + " (the report holds the mismatch "
                                 "metrics, the gates that need no entropy, forensics and "
-                                "profiles)", _MAP_ENTROPY)
+                                "profiles)", _map_entropy(ds))
         # without the law (or entropy) the gates are still compared: no law-scale / noise
         # categories, and without entropy no ENTR
         cmp_res = (_compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]],
@@ -1516,7 +1534,7 @@ def report(
 
 @app.command(cls=_Command)
 def synth(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Parquet file to write.")],
+    output: Annotated[Path, typer.Option("--output", "-o", parser=_output_path, metavar="FILE", help="Parquet file to write.")],
     tokens: Annotated[int, typer.Option(help="Number of tokens.")] = 200_000,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
     k: Annotated[float, typer.Option(help="Planted law scale: E\\[delta^2|H] = k H^alpha.")] = 0.02,

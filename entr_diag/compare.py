@@ -60,7 +60,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import InputError, ParameterError, SchemaError
-from entr_diag.frames import number, number_array, token_frame
+from entr_diag.frames import _given, number, number_array, token_frame
 from entr_diag.gates import (
     DEFAULT_PANEL,
     M2PO,
@@ -723,6 +723,11 @@ def _bin_labels(edges: Sequence[float]) -> tuple[str, ...]:
         else:
             out.append(f"[{a:.3g},{b:.3g})")
     return tuple(out)
+
+
+def _shown(value: Any) -> str:
+    """A wrong-typed argument as a TypeError names it: its type, and a str's value."""
+    return _given(value) + (f" ({value!r})" if isinstance(value, str | bytes) else "")
 
 
 def _check_edges(edges: Any, what: str) -> np.ndarray:
@@ -1436,10 +1441,13 @@ class ComparePlan:
     ) -> None:
         entr = entr if entr is not None else EntrGate()
         if not isinstance(entr, EntrGate):
-            raise ParameterError(
-                "compare_gates: `entr` must be an EntrGate (entr:tau=...,eps=...)."
-            )
-        if isinstance(panel, str | bytes | GateSpec) or not hasattr(panel, "__iter__"):
+            raise TypeError("compare_gates: expected entr as an EntrGate (e.g. EntrGate(tau=4) "
+                            f"or parse_gate_spec('entr:tau=4')), got {_shown(entr)}.")
+        if no_fit is not None and not isinstance(no_fit, str):
+            raise TypeError("compare_gates: expected no_fit as a str (why no law was fitted) "
+                            f"or None, got {_shown(no_fit)}.")
+        if (isinstance(panel, str | bytes | GateSpec | Mapping)
+                or not hasattr(panel, "__iter__")):
             # (a str would be iterated character by character)
             given = (f"one gate spec, {panel!r}; wrap it in a list: panel=[gate]"
                      if isinstance(panel, GateSpec) else type(panel).__qualname__
@@ -1449,7 +1457,8 @@ class ComparePlan:
         panel = tuple(panel)
         for g in panel:
             if not isinstance(g, GateSpec):
-                raise ParameterError(f"compare_gates: panel entry {g!r} is not a gate spec.")
+                raise TypeError(f"compare_gates: expected panel entries as gate specs (e.g. "
+                                f"parse_gate_spec('fixed')), got {_shown(g)}.")
         for param, value, optional in (("h_star", h_star, True), ("law_k", law_k, True),
                                        ("law_alpha", law_alpha, False),
                                        ("flag_tau", flag_tau, False),
@@ -2071,8 +2080,9 @@ def compare_gates(
     (bad edges, sweeps or law parameters; ``h_star``, ``law_k`` or ``entropy_edges``
     without an entropy column), TypeError (``h_star``, ``law_k``, ``law_alpha``,
     ``flag_tau`` or ``flag_eps`` not a real number; an entry of ``sweep_tau``, ``sweep_c``,
-    ``entropy_edges`` or ``p_edges`` not a real number, e.g. a str; ``panel`` a str, a
-    single gate spec or not a sequence). Two
+    ``entropy_edges`` or ``p_edges`` not a real number, e.g. a str or a nested list;
+    ``panel`` a str, a mapping, a single gate spec, not a sequence, or holding anything but
+    gate specs; ``entr`` not an EntrGate; ``no_fit`` not a str). Two
     streaming passes (:class:`ComparePlan`).
     """
     lf = token_frame(lf, "compare_gates")

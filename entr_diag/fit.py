@@ -78,6 +78,7 @@ Results do not depend on row order or sharding except through float summation or
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from dataclasses import dataclass
 
@@ -1075,13 +1076,15 @@ def fit_scaling_law(
     entropy, all tokens in one sequence block, delta = 0 everywhere, or fewer than 3 entropy
     bins with enough tokens (>= 10 tokens in >= 2 sequence blocks with H >= 1e-6);
     :class:`ParameterError` for invalid parameters (``n_boot < 100``, ``tau <= 0``,
-    ``eps < 0``, ``bins < 1``, ``bin_edges`` not "quantile"/"log", ``n_blocks < 2``);
+    ``eps < 0``, ``bins < 1``, ``bin_edges`` not "quantile"/"log", ``n_blocks < 2``; ``bins``,
+    ``n_boot``, ``n_blocks`` or ``seed`` given NaN, inf or a fraction);
     :class:`TypeError` (naming the parameter) when ``bins``, ``eps``, ``tau``, ``n_boot``,
-    ``n_blocks`` or ``seed`` is not a real number (e.g. ``tau="4"``).
+    ``n_blocks`` or ``seed`` is not a real number (e.g. ``tau="4"``), or ``with_strata`` not
+    a bool.
     """
     lf = token_frame(lf, "fit_scaling_law")
     _check_numbers("fit_scaling_law", bins=bins, eps=eps, tau=tau, n_boot=n_boot,
-                   n_blocks=n_blocks, seed=seed)
+                   n_blocks=n_blocks, seed=seed, with_strata=with_strata)
     plan = fit_plan(lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau, n_boot=n_boot,
                     n_blocks=n_blocks, seed=seed, with_strata=with_strata)
     run_pass(lf, plan.accumulators)
@@ -1313,7 +1316,7 @@ def fit_plan(
     ``step_range`` (lowest, highest step of ``lf``) skip pass 1 when they are known."""
     lf = token_frame(lf, "fit_plan")
     _check_numbers("fit_plan", bins=bins, eps=eps, tau=tau, n_boot=n_boot, n_blocks=n_blocks,
-                   seed=seed)
+                   seed=seed, with_strata=with_strata)
     check_fit_parameters(eps, tau, n_boot, bins)
     _check_blocks(n_blocks)
     if int(seed) != seed or seed < 0:
@@ -1381,11 +1384,35 @@ def fit_plan(
 MAX_BOOT_CELLS: int = 20_000_000
 
 
+#: the parameters of the fit that count something: integers (a float is accepted when it
+#: is integral, e.g. 1e3)
+_INTEGER_PARAMS = ("bins", "n_boot", "n_blocks", "seed")
+
+
+def _integer(name: str, value: object, who: str = "") -> None:
+    """ParameterError naming ``name`` when ``value`` (a real number) is not an integer: a
+    non-finite or fractional float (``bins=nan`` or ``inf`` would fail in ``int()``)."""
+    if isinstance(value, numbers.Integral):
+        return
+    if not (math.isfinite(value) and int(value) == value):
+        raise ParameterError(f"{who + ': ' if who else ''}{name} must be an integer, "
+                             f"got {value!r}.")
+
+
 def _check_numbers(who: str, **params: object) -> None:
     """TypeError (naming ``who`` and the parameter) for a parameter that is not a real
-    number, e.g. ``tau="4"``."""
+    number, e.g. ``tau="4"``, or for ``with_strata`` that is not a bool; ParameterError for
+    an integer parameter (bins, n_boot, n_blocks, seed) given a non-finite or fractional
+    float."""
     for name, value in params.items():
+        if name == "with_strata":
+            if not isinstance(value, bool | np.bool_):
+                raise TypeError(f"{who}: expected with_strata as a bool (True or False), "
+                                f"got {type(value).__name__} ({value!r}).")
+            continue
         number(value, who, name)
+        if name in _INTEGER_PARAMS:
+            _integer(name, value, who)
 
 
 def check_fit_parameters(eps: float, tau: float, n_boot: int, bins: int | None = None) -> None:
@@ -1397,13 +1424,25 @@ def check_fit_parameters(eps: float, tau: float, n_boot: int, bins: int | None =
         raise ParameterError(f"eps must be a finite number >= 0 (nats), got {eps!r}.")
     if not (tau > 0 and math.isfinite(tau)):
         raise ParameterError(f"tau must be a finite number > 0, got {tau!r}.")
-    if int(n_boot) != n_boot or n_boot < MIN_BOOT:
+    if not (isinstance(n_boot, numbers.Integral) or math.isfinite(n_boot)) or (
+            int(n_boot) != n_boot or n_boot < MIN_BOOT):
         raise ParameterError(
             f"n_boot must be an integer >= {MIN_BOOT} (intervals and the breakpoint test are "
             f"bootstrap percentiles), got {n_boot!r}."
         )
     if bins is not None:
+        _integer("bins", bins)
         fine = max(2 * int(bins), BREAK_BINS)
+        if n_boot * fine > MAX_BOOT_CELLS and MAX_BOOT_CELLS // fine < MIN_BOOT:
+            # no n_boot would do: the bins are too many (not the resamples)
+            most = MAX_BOOT_CELLS // (2 * MIN_BOOT)
+            at = MAX_BOOT_CELLS // (2 * int(n_boot))
+            raise ParameterError(
+                f"bins = {bins} is too large: the bootstrap would hold {fine} breakpoint bins "
+                f"x {n_boot} resamples per matrix (about {n_boot * fine * 8 / 1e9:.1f} GB "
+                f"each); use at most bins = {most:,} (with the minimum n_boot = {MIN_BOOT})"
+                + (f", or {at:,} with n_boot = {n_boot}" if n_boot > MIN_BOOT and at >= 3
+                   else "") + ".")
         if n_boot * fine > MAX_BOOT_CELLS:
             raise ParameterError(
                 f"n_boot = {n_boot} with bins = {bins} is too much: the bootstrap would hold "

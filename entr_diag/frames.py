@@ -95,12 +95,17 @@ def number_array(values: Any, who: str, param: str) -> np.ndarray:
     not checked here.
 
     Raises:
-        TypeError: an entry that is not a real number (a str, a bool, None), e.g.
-            ``compare_gates: expected sweep_tau as real numbers, got '1' (str).``
+        TypeError: an entry that is not a real number (a str, a bool, None, a list: a
+            nested list is refused whole), e.g. ``compare_gates: expected sweep_tau as real
+            numbers, got '1' (str).``
     """
     if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
         return values.astype(np.float64).ravel()
-    arr = np.asarray(values, dtype=object).ravel()
+    arr = np.asarray(values, dtype=object)
+    if arr.ndim > 1 and not isinstance(values, np.ndarray):  # [[1, 2]]: not flattened
+        raise TypeError(f"{who}: expected {param} as a flat sequence of real numbers, got a "
+                        f"nested {_given(values)} (shape {arr.shape}).")
+    arr = arr.ravel()
     for v in arr:
         if not isinstance(v, numbers.Real) or isinstance(v, bool | np.bool_):
             raise TypeError(f"{who}: expected {param} as real numbers, got {v!r} "

@@ -195,3 +195,64 @@ def test_fit_refuses_a_parameter_that_is_not_a_number(fn, param):
     with pytest.raises(TypeError, match=rf"^{fn.__name__}: expected {param} as a real number, "
                                         r"got str \('4'\)\.$"):
         fn(_TOKENS, **{param: "4"})
+
+
+@pytest.mark.parametrize("fn", [fit_scaling_law, fit_plan], ids=["fit_scaling_law", "fit_plan"])
+@pytest.mark.parametrize("param", ["bins", "n_boot", "n_blocks", "seed"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 30.5])
+def test_fit_refuses_an_integer_parameter_given_a_non_integral_float(fn, param, bad):
+    """An integer parameter given NaN, +-inf or a fraction raises ParameterError naming
+    it (was a bare ValueError or OverflowError from int())."""
+    from entr_diag.errors import ParameterError
+
+    with pytest.raises(ParameterError, match=rf"^{fn.__name__}: {param} must be an integer, "
+                                             rf"got {bad!r}\.$"):
+        fn(_TOKENS, **{param: bad})
+
+
+def test_fit_too_many_bins_names_bins_not_n_boot():
+    """bins so large that no n_boot >= MIN_BOOT fits the bootstrap's memory says that bins
+    is too large and its maximum (was 'use at most n_boot = 0')."""
+    from entr_diag.errors import ParameterError
+    from entr_diag.fit import MAX_BOOT_CELLS, MIN_BOOT, check_fit_parameters
+
+    most = MAX_BOOT_CELLS // (2 * MIN_BOOT)
+    with pytest.raises(ParameterError, match=rf"^bins = 1000000000 is too "
+                                             rf"large: .*use at most bins = {most:,} \(with "
+                                             rf"the minimum n_boot = {MIN_BOOT}\), or "
+                                             rf"{MAX_BOOT_CELLS // 2000:,} with n_boot = 1000\.$"):
+        fit_scaling_law(_TOKENS, bins=10**9)
+    with pytest.raises(ParameterError, match=r"use at most n_boot = \d+ at 30 bins"):
+        check_fit_parameters(0.01, 4.0, 10**7, 30)
+    with pytest.raises(ParameterError, match="bins must be an integer, got inf"):
+        check_fit_parameters(0.01, 4.0, 1000, float("inf"))
+    with pytest.raises(ParameterError, match="n_boot must be an integer >= 100"):
+        check_fit_parameters(0.01, 4.0, float("nan"))
+
+
+@pytest.mark.parametrize("fn", [fit_scaling_law, fit_plan], ids=["fit_scaling_law", "fit_plan"])
+def test_fit_refuses_with_strata_that_is_not_a_bool(fn):
+    """with_strata='no' (truthy: strata computed) raises a TypeError naming it."""
+    with pytest.raises(TypeError, match=rf"^{fn.__name__}: expected with_strata as a bool "
+                                        r"\(True or False\), got str \('no'\)\.$"):
+        fn(_TOKENS, with_strata="no")
+
+
+@pytest.mark.parametrize("fn", [compare_gates, compare_plan], ids=["compare_gates", "compare_plan"])
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"panel": ["fixed"]}, r"expected panel entries as gate specs \(e\.g\. "
+                           r"parse_gate_spec\('fixed'\)\), got str \('fixed'\)"),
+    ({"panel": {FixedBand(): 1}}, r"expected panel as a sequence of gate specs .*got dict"),
+    ({"entr": "4"}, r"expected entr as an EntrGate .*got str \('4'\)"),
+    ({"no_fit": 1}, r"expected no_fit as a str \(why no law was fitted\) or None, got int"),
+    ({"sweep_c": [[1, 2]]}, r"expected sweep_c as a flat sequence of real numbers, got a "
+                            r"nested list \(shape \(1, 2\)\)"),
+    ({"sweep_tau": [[1.0], [2.0]]}, r"expected sweep_tau as a flat sequence of real numbers, "
+                                    r"got a nested list \(shape \(2, 1\)\)"),
+])
+def test_compare_gates_refuses_arguments_of_the_wrong_type(fn, kwargs, message):
+    """A panel holding a str, a dict panel, an entr gate given as a str, a non-str no_fit
+    or a nested sweep list raises a TypeError naming the parameter and the type given
+    (were a ParameterError, or accepted silently: the dict's keys, the list flattened)."""
+    with pytest.raises(TypeError, match=rf"^compare_gates: {message}\.$"):
+        fn(_TOKENS, **kwargs)

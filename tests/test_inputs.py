@@ -159,6 +159,59 @@ def test_empty_input_path_is_refused_not_read_as_the_current_directory(tmp_path,
     assert resolve_paths(["."]) == [Path("a.parquet")]
 
 
+def test_empty_output_path_is_refused_naming_the_option_before_any_input_is_read(
+        tmp_path, monkeypatch):
+    """An empty output path ('') is refused naming its option (exit 2, one line), before
+    the input is read (here a missing file), instead of 'is a directory' for '.'."""
+    monkeypatch.chdir(tmp_path)
+    for cmd, opt in (("report", "-o"), ("report", "--json"), ("flag", "-o"), ("fit", "--json"),
+                     ("compare", "--export"), ("compare", "--json"), ("inspect", "--json")):
+        r = runner.invoke(app, [cmd, "missing.parquet", opt, ""])
+        name = "--output" if opt == "-o" else opt
+        assert r.exit_code == 2, r.output
+        assert r.stderr == f"error: empty output path for {name}: give a file name.\n", r.stderr
+    r = runner.invoke(app, ["synth", "-o", ""])
+    assert r.exit_code == 2 and r.stderr.startswith("error: empty output path for --output")
+    r = runner.invoke(app, ["fit", "missing.parquet", "--json", "."])
+    assert r.exit_code == 2 and "is a directory" in r.stderr, r.stderr
+
+
+def test_sequence_id_mapped_to_another_column_is_named_as_taken_not_missing(tmp_path):
+    """--column entropy=seq_id takes the only sequence id: the refusal says that seq_id is
+    mapped to entropy by --column and to map the sequence id explicitly (was 'none of
+    seq_id, ... exists' though it exists)."""
+    f = _shard(tmp_path / "a.parquet")
+    r = runner.invoke(app, ["fit", str(f), "--column", "entropy=seq_id"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (
+        f"error: {f}: the long layout (one row per token) needs a sequence id column; "
+        "'seq_id' is mapped to entropy by --column entropy=seq_id, so no sequence id is "
+        "left. Map the sequence id explicitly with --column seq_id=NAME (sequence-level "
+        "resampling and gates need it), and entropy to a column of its own.\n"), r.stderr
+    r = runner.invoke(app, ["fit", str(_shard(tmp_path / "b" / "b.parquet", seq_id=True))])
+    assert r.exit_code == 2 and "none of seq_id, sequence_id" in r.stderr, r.stderr
+
+
+def test_entropy_train_is_suggested_only_when_a_trainer_entropy_exists(tmp_path):
+    """Without an entropy, the refusal (fit) and the 'ENTR unavailable' line (compare)
+    suggest --entropy train only when the input has a trainer-side entropy holding values
+    (was suggested for a dump without any entropy column)."""
+    f = _shard(tmp_path / "none" / "a.parquet", entropys=True)
+    for cmd in ("fit", "compare"):
+        r = runner.invoke(app, [cmd, str(f), "-q", "--n-boot", "100"])
+        out = r.stderr if cmd == "fit" else r.stdout
+        assert "map one with --column entropy=NAME" in out, (r.exit_code, out)
+        assert "--entropy train" not in r.output, r.output
+    g = tmp_path / "both" / "a.parquet"
+    g.parent.mkdir()
+    pl.read_parquet(f).with_columns(entropy=pl.lit(None, pl.Float32),
+                                    train_entropy=pl.lit(0.5)).write_parquet(g)
+    r = runner.invoke(app, ["fit", str(g), "--entropy", "infer", "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.endswith("map one with --column entropy=NAME (or --entropy train for the "
+                             "trainer-side entropy 'train_entropy').\n"), r.stderr
+
+
 def test_pipe_input_is_refused_as_a_pipe_not_as_missing(tmp_path):
     """A named pipe (like /dev/stdin under `cat f | entr-diag fit /dev/stdin`) is refused
     saying that Parquet cannot be read from a pipe and to save it to a file, not that the
@@ -579,3 +632,28 @@ def test_every_reason_that_can_exclude_most_tokens_has_a_hint(reason):
 
     c = exclusion_caveat({reason: 60}, 100, 40)
     assert c is not None and f"Most are {reason}: " in c
+
+
+@pytest.mark.parametrize("empty", ["nan", "null without statistics"])
+def test_entropy_without_values_is_named_as_such_in_the_exclusion_hint(tmp_path, empty):
+    """An entropy column entirely NaN, or null without Parquet statistics (so not dropped
+    as all-null), excludes every token as invalid_entropy: the hint says the column holds
+    no value (null or NaN) and suggests --entropy train when a trainer-side entropy exists
+    (was 'may hold something else (e.g. bits, logits...)' only)."""
+    import pyarrow.parquet as pq
+
+    value = float("nan") if empty == "nan" else None
+    df = pl.read_parquet(_shard(tmp_path / "src.parquet")).with_columns(
+        entropy=pl.lit(value, pl.Float64))
+    for train, fix in ((True, "use the trainer-side entropy ('entropys') with --entropy "
+                              "train, or map another with --column entropy=NAME.\n"),
+                       (False, "; map another with --column entropy=NAME.\n")):
+        f = tmp_path / f"{train}" / "a.parquet"
+        f.parent.mkdir()
+        pq.write_table((df if train else df.drop("entropys")).to_arrow(), f,
+                       write_statistics=False)
+        r = runner.invoke(app, ["fit", str(f), "-q"])
+        assert r.exit_code == 2, r.output
+        assert "Most are invalid_entropy: the entropy column ('entropy') holds no value (null "\
+               "or NaN) for these tokens, or no entropy in nats" in r.stderr, r.stderr
+        assert r.stderr.endswith(fix), r.stderr

@@ -913,7 +913,7 @@ def load_dataset(
         # have in the chunks (and files) before it (unless seq_id is a partition value: then
         # one chunk per file)
         if file_layout == "long" and mapping.get("seq_id") not in set(types) | set(hive):
-            raise _needs_seq_id(f)
+            raise _needs_seq_id(f, mapping, columns)
         numbered = file_layout == "long" and "position" not in mapping
         ranges = _row_group_ranges(metas.pop(f), mapping["train_logprob"] if nested else None,
                                    split=not numbered or mapping.get("seq_id") in types)
@@ -1118,7 +1118,23 @@ def _canonical_cast(canon: str, expr: pl.Expr) -> pl.Expr:
     return expr.cast(_POLARS_DTYPE[kind])
 
 
-def _needs_seq_id(path: Path) -> SchemaError:
+def _needs_seq_id(path: Path, mapping: Mapping[str, str] | None = None,
+                  overrides: Mapping[str, str] | None = None) -> SchemaError:
+    """The refusal of a long file without a sequence id. A sequence id name the mapping
+    gives another column (``--column entropy=seq_id``) is named as taken, not as missing."""
+    names = ("seq_id", *S.BY_NAME["seq_id"].aliases)
+    taken = [(canon, src) for canon, src in (mapping or {}).items()
+             if canon != "seq_id" and src in names]
+    if taken:
+        by = "; ".join(
+            f"'{src}' is mapped to {canon}"
+            + (f" by --column {canon}={src}" if (overrides or {}).get(canon) == src else "")
+            for canon, src in taken)
+        return SchemaError(
+            f"{path}: the long layout (one row per token) needs a sequence id column; {by}, "
+            "so no sequence id is left. Map the sequence id explicitly with --column "
+            "seq_id=NAME (sequence-level resampling and gates need it), and "
+            f"{' and '.join(c for c, _ in taken)} to a column of its own.")
     return SchemaError(
         f"{path}: the long layout (one row per token) needs a sequence id column; none of "
         f"seq_id, {', '.join(S.BY_NAME['seq_id'].aliases)} exists. Map one with "
@@ -1230,7 +1246,7 @@ def _file_frame(
 
     # long layout
     if "seq_id" not in srcs:
-        raise _needs_seq_id(path)
+        raise _needs_seq_id(path, mapping)
     for canon, src in srcs.items():
         if src in types and _is_list(types[src]):
             raise SchemaError(
