@@ -133,16 +133,26 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
 }
 
 
+#: the share of the loss-masked tokens from which a reason's exclusions get their hint,
+#: for the reasons that are never legitimate (others: more than half)
+HINT_MIN_SHARE: dict[str, float] = {"positive_logprob": 0.01}
+
+
 def exclusion_hint(excluded: Mapping[str, int], masked: int,
                    mapping: Mapping[str, str] | None = None) -> str:
     """What the reason excluding more than half of the ``masked`` loss-masked tokens
-    usually means, as a sentence ('' when no reason does); ``mapping`` (canonical column ->
-    source column) names the logprob columns in it."""
+    usually means, as a sentence ('' when no reason does); a reason listed in
+    :data:`HINT_MIN_SHARE` from that share on (``positive_logprob``: a probability above 1
+    is never a rounding matter, so 1% of the tokens, e.g. one shard of two written as
+    probabilities, already says what it means). ``mapping`` (canonical column -> source
+    column) names the logprob columns in it."""
     if not excluded or not masked:
         return ""
-    reason, n = max(excluded.items(), key=lambda kv: kv[1])
-    if n <= masked / 2 or reason not in MOSTLY_EXCLUDED_HINTS:
+    hinted = [(r, n) for r, n in sorted(excluded.items(), key=lambda kv: -kv[1])
+              if r in MOSTLY_EXCLUDED_HINTS and n > masked * HINT_MIN_SHARE.get(r, 0.5)]
+    if not hinted:
         return ""
+    reason, n = hinted[0]
     named = [f"{c} ('{mapping[c]}')" for c in ("train_logprob", "infer_logprob")
              if mapping and c in mapping]
     cols = f"one or both of {' and '.join(named)}" if len(named) == 2 else "the logprob columns"
@@ -153,14 +163,16 @@ def exclusion_hint(excluded: Mapping[str, int], masked: int,
     hint = (MOSTLY_EXCLUDED_HINTS[reason].replace("{logprob_columns}", cols)
             .replace("{entropy_column}", f"the entropy column{f' ({src!r})' if src else ''}")
             .replace("{entropy_fix}", fix))
-    return f"Most are {reason}: {hint}."
+    many = "Most are" if n > masked / 2 else f"{n / masked:.1%} are"
+    return f"{many} {reason}: {hint}."
 
 
 def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int,
                      mapping: Mapping[str, str] | None = None) -> str | None:
     """A one-line caveat when one exclusion reason removes more than half of the loss-masked
     tokens (the results then rest on what is left, and the reason usually means the columns
-    are not what they were taken for), else None.
+    are not what they were taken for), or ``positive_logprob`` 1% of them
+    (:data:`HINT_MIN_SHARE`), else None.
 
     Args:
         excluded: tokens per exclusion reason (the token accounting's ``excluded``).
@@ -185,7 +197,7 @@ def exclusion_lead(excluded: Mapping[str, int], masked: int, valid: int,
     out = masked - valid
     top = sorted(excluded.items(), key=lambda kv: -kv[1])
     reasons = ", ".join(f"{r} {n:,}" for r, n in top[:3]) + (", ..." if len(top) > 3 else "")
-    hint = exclusion_hint(excluded, masked, mapping).removeprefix("Most are ")
+    hint = exclusion_hint(excluded, masked, mapping).split(" are ", 1)[-1]
     why = hint.split(": ", 1)[1] if hint else \
         "see `entr-diag inspect` for what each reason means and which columns they concern."
     return (f"{out:,} of the {masked:,} loss-masked tokens ({out / masked:.1%}) were "

@@ -663,14 +663,14 @@ def test_law_refused_after_most_tokens_were_excluded_leads_with_the_exclusions(t
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("No scaling law:"))
     assert "(positive_logprob 2,960): one or both" in line and "give more" not in line
     # no dominant reason: the counts, and where to look, without the advice
-    infer[:1500] = 0.5
+    infer[:1500] = -5000.0  # sentinel_logprob (probabilities get their hint from 1%)
     infer[1500:2960] = np.nan
     pl.DataFrame({"seq_id": np.arange(n) // 30, "infer_logprob": infer,
                   "train_logprob": infer, "entropy": rng.uniform(0.01, 2.0, n)}
                  ).write_parquet(p)
     r = runner.invoke(app, ["fit", str(p), "-q"])
     msg = " ".join(r.stderr.split())
-    assert r.exit_code == 2 and ("(98.7%) were excluded (positive_logprob 1,500, "
+    assert r.exit_code == 2 and ("(98.7%) were excluded (sentinel_logprob 1,500, "
                                  "non_finite_logprob 1,460): see `entr-diag inspect`") in msg, msg
     assert "give more tokens" not in msg
 

@@ -657,3 +657,17 @@ def test_entropy_without_values_is_named_as_such_in_the_exclusion_hint(tmp_path,
         assert "Most are invalid_entropy: the entropy column ('entropy') holds no value (null "\
                "or NaN) for these tokens, or no entropy in nats" in r.stderr, r.stderr
         assert r.stderr.endswith(fix), r.stderr
+
+
+def test_positive_logprobs_get_their_hint_from_one_percent_of_the_tokens():
+    """Probabilities in a logprob column are never a rounding matter: from 1% of the
+    loss-masked tokens (one shard of two written as probabilities excluded 49.7% and said
+    nothing) the caveat names them with their share; other reasons keep the majority rule."""
+    from entr_diag.caveats import exclusion_caveat
+
+    c = exclusion_caveat({"positive_logprob": 500, "invalid_entropy": 20}, 10_000, 9_480)
+    assert c is not None and "5.0% are positive_logprob: " in c and "probabilities" in c
+    assert exclusion_caveat({"positive_logprob": 50}, 10_000, 9_950) is None  # 0.5%
+    assert exclusion_caveat({"invalid_entropy": 4_000}, 10_000, 6_000) is None
+    assert "Most are invalid_entropy" in exclusion_caveat({"invalid_entropy": 6_000}, 10_000,
+                                                          4_000)
