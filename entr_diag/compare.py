@@ -60,7 +60,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.errors import InputError, ParameterError, SchemaError
-from entr_diag.frames import _given, number, number_array, token_frame
+from entr_diag.frames import given, number, number_array, token_frame
 from entr_diag.gates import (
     DEFAULT_PANEL,
     M2PO,
@@ -723,11 +723,6 @@ def _bin_labels(edges: Sequence[float]) -> tuple[str, ...]:
         else:
             out.append(f"[{a:.3g},{b:.3g})")
     return tuple(out)
-
-
-def _shown(value: Any) -> str:
-    """A wrong-typed argument as a TypeError names it: its type, and a str's value."""
-    return _given(value) + (f" ({value!r})" if isinstance(value, str | bytes) else "")
 
 
 def _check_edges(edges: Any, what: str) -> np.ndarray:
@@ -1442,23 +1437,22 @@ class ComparePlan:
         entr = entr if entr is not None else EntrGate()
         if not isinstance(entr, EntrGate):
             raise TypeError("compare_gates: expected entr as an EntrGate (e.g. EntrGate(tau=4) "
-                            f"or parse_gate_spec('entr:tau=4')), got {_shown(entr)}.")
+                            f"or parse_gate_spec('entr:tau=4')), got {given(entr)}.")
         if no_fit is not None and not isinstance(no_fit, str):
             raise TypeError("compare_gates: expected no_fit as a str (why no law was fitted) "
-                            f"or None, got {_shown(no_fit)}.")
+                            f"or None, got {given(no_fit)}.")
         if (isinstance(panel, str | bytes | GateSpec | Mapping)
                 or not hasattr(panel, "__iter__")):
             # (a str would be iterated character by character)
-            given = (f"one gate spec, {panel!r}; wrap it in a list: panel=[gate]"
-                     if isinstance(panel, GateSpec) else type(panel).__qualname__
-                     + (f" ({panel!r})" if isinstance(panel, str | bytes) else ""))
+            got = (f"one gate spec, {panel!r}; wrap it in a list: panel=[gate]"
+                   if isinstance(panel, GateSpec) else given(panel))
             raise TypeError("compare_gates: expected panel as a sequence of gate specs (e.g. "
-                            f"[parse_gate_spec('fixed')] or DEFAULT_PANEL), got {given}.")
+                            f"[parse_gate_spec('fixed')] or DEFAULT_PANEL), got {got}.")
         panel = tuple(panel)
         for g in panel:
             if not isinstance(g, GateSpec):
                 raise TypeError(f"compare_gates: expected panel entries as gate specs (e.g. "
-                                f"parse_gate_spec('fixed')), got {_shown(g)}.")
+                                f"parse_gate_spec('fixed')), got {given(g)}.")
         for param, value, optional in (("h_star", h_star, True), ("law_k", law_k, True),
                                        ("law_alpha", law_alpha, False),
                                        ("flag_tau", flag_tau, False),
@@ -1500,16 +1494,16 @@ class ComparePlan:
             )
         self.unavailable: tuple[UnavailableGate, ...] = ()
         if not self.has_entropy:
-            given = [n for n, v in (("h_star", h_star), ("law_k", law_k),
+            named = [n for n, v in (("h_star", h_star), ("law_k", law_k),
                                     ("entropy_edges", entropy_edges)) if v is not None]
             if not panel:
                 raise ParameterError(
                     "compare_gates: the token frame has no entropy column, so ENTR cannot be "
                     "simulated, and the panel is empty: no gate to compare."
                 )
-            if given:
+            if named:
                 raise ParameterError(
-                    f"compare_gates: {', '.join(given)} given, but the token frame has no "
+                    f"compare_gates: {', '.join(named)} given, but the token frame has no "
                     "entropy column: they are entropies or a law of the entropy."
                 )
             self.unavailable = (UnavailableGate(

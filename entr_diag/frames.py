@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-__all__ = ["dataset", "number", "number_array", "token_frame"]
+__all__ = ["dataset", "given", "number", "number_array", "token_frame"]
 
 
 def _given(obj: Any) -> str:
@@ -26,6 +26,12 @@ def _given(obj: Any) -> str:
     t = type(obj)
     root = t.__module__.split(".")[0]
     return t.__qualname__ if root == "builtins" else f"{root} {t.__qualname__}"
+
+
+def given(value: Any) -> str:
+    """A wrong-typed argument as a TypeError names it: its type, and a str's value
+    (``str ('4')``, ``list``, ``pandas DataFrame``)."""
+    return _given(value) + (f" ({value!r})" if isinstance(value, str | bytes) else "")
 
 
 def _is_dataset(obj: Any) -> bool:
@@ -84,9 +90,8 @@ def number(value: Any, who: str, param: str, *, optional: bool = False) -> Any:
         return value
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         return value
-    shown = f" ({value!r})" if isinstance(value, str) else ""
     raise TypeError(f"{who}: expected {param} as a real number{' or None' if optional else ''}, "
-                    f"got {_given(value)}{shown}.")
+                    f"got {given(value)}.")
 
 
 def number_array(values: Any, who: str, param: str) -> np.ndarray:
