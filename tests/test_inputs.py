@@ -349,7 +349,9 @@ def test_all_null_inference_entropy_falls_back_to_the_trainer_entropy(tmp_path):
     df.with_columns(pl.lit(None, dtype=pl.Float32).alias("entropys")).write_parquet(p)
     r = runner.invoke(app, ["fit", str(p), "--framework", "verl", "-q"])
     assert r.exit_code == 2, r.output
-    assert f"{p}: the entropy column ('entropys') holds only nulls" in r.stderr, r.stderr
+    # both sides null: the trainer's counts as absent, the inference side's is named
+    assert f"{p}: the entropy column ('rollout_entropy') holds only nulls" in r.stderr, r.stderr
+    assert "--entropy train" not in r.stderr
 
 
 def test_report_without_any_entropy_holds_the_rest_of_the_post_mortem(tmp_path):

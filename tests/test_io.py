@@ -931,3 +931,19 @@ def test_shards_spelling_columns_differently_are_named_in_the_refusal(tmp_path):
     with pytest.raises(SchemaError) as e:
         load_dataset([both])
     assert "name their columns differently" not in str(e.value)
+
+
+def test_a_trainer_entropy_holding_only_nulls_counts_as_absent(tmp_path):
+    """A train_entropy column whose Parquet statistics show only nulls is not mapped (a
+    note says so), so no hint offers --entropy train for it; beside an all-NaN entropy the
+    refusal then only suggests mapping another column."""
+    from entr_diag.caveats import exclusion_hint
+
+    p = _write(tmp_path, _long(entropy=[float("nan")] * 5).with_columns(
+        pl.lit(None, dtype=pl.Float64).alias("train_entropy")))
+    ds = load_dataset([p])
+    assert "train_entropy" not in ds.mapping
+    assert "train_entropy ('train_entropy') holds only nulls in every file: not used (as if " \
+           "absent)" in ds.notes
+    hint = exclusion_hint(ds.accounting.excluded, ds.accounting.tokens_masked, ds.mapping)
+    assert "invalid_entropy" in hint and "--entropy train" not in hint

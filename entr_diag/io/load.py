@@ -837,6 +837,13 @@ def load_dataset(
                 f"(e.g. {lacking[0]}): not used"
             )
             del mapping[canon]
+    train = mapping.get("train_entropy")
+    if train and train != mapping.get("entropy") \
+            and all(_only_nulls(metas[f], train) for f in file_list):
+        # nothing to fall back on, nor to offer (--entropy train)
+        notes.append(f"train_entropy ('{train}') holds only nulls in every file: not used "
+                     "(as if absent)")
+        del mapping["train_entropy"]
     src = mapping.get("entropy")  # an engine that writes the column but fills it with nulls
     train = mapping.get("train_entropy")
     if src and src != train and entropy == "auto" and train \
