@@ -962,7 +962,8 @@ def _dropped(ds, canon: str):
 
 def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
     """The message for a missing ``canon`` column: when the loader dropped it because some
-    files lack it, say so and how to proceed; else that the input has none."""
+    files lack it, or it holds no valid value or only nulls, say so and how to proceed;
+    else that the input has none."""
     m = _dropped(ds, canon)
     if m:
         return (
@@ -970,6 +971,12 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
             f"input files (e.g. {m['file']}), so it was not used, and without it "
             f"{consequence}. Pass only the files that have it, or {fix}."
         )
+    bad = next((n for n in ds.notes if n.startswith(f"warning: {canon} (")
+                and " holds no valid value " in n), None)
+    if bad:  # the column is there, without one usable value: dropped by the loader
+        src = bad.split("'")[1]
+        return (f"{_where(ds)}: the {canon} column ('{src}') holds no valid value for any "
+                f"loss-masked token, so {consequence}; {fix}.")
     nulls = next((n for n in ds.notes if n.startswith(f"{canon} (") and "holds only nulls" in n),
                  None)
     if nulls:  # the column is there, all null: dropped by the loader

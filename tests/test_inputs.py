@@ -654,7 +654,8 @@ def test_entropy_without_values_is_named_as_such_in_the_exclusion_hint(tmp_path,
         f.parent.mkdir()
         pq.write_table((df if train else df.drop("entropys")).to_arrow(), f,
                        write_statistics=False)
-        r = runner.invoke(app, ["fit", str(f), "-q"])
+        # (mapped explicitly: chosen automatically, it would count as absent)
+        r = runner.invoke(app, ["fit", str(f), "-q", "--column", "entropy=entropy"])
         assert r.exit_code == 2, r.output
         assert "Most are invalid_entropy: the entropy column ('entropy') holds no value (null "\
                "or NaN) for these tokens, or no entropy in nats" in r.stderr, r.stderr
@@ -673,3 +674,28 @@ def test_positive_logprobs_get_their_hint_from_one_percent_of_the_tokens():
     assert exclusion_caveat({"invalid_entropy": 4_000}, 10_000, 6_000) is None
     assert "Most are invalid_entropy" in exclusion_caveat({"invalid_entropy": 6_000}, 10_000,
                                                           4_000)
+
+
+def test_compare_runs_without_an_entropy_column_that_holds_no_valid_value(tmp_path):
+    """An all-NaN entropy column (no trainer-side one) no longer excludes every token and
+    stops compare: the entropy-free gates are compared over all tokens, ENTR is unavailable
+    with the column named, and fit refuses naming it (one error line, exit 2)."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    p = tmp_path / "nan.parquet"
+    pl.read_parquet(src).drop("train_entropy").with_columns(
+        pl.lit(float("nan")).alias("entropy")).write_parquet(p)
+    r = CliRunner().invoke(app, ["compare", str(p), "--n-boot", "100"])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert "warning: entropy ('entropy') holds no valid value" in err
+    assert "Gates on 155,478 tokens" in r.stdout
+    assert "the entropy column ('entropy') holds no valid value for any loss-masked token" \
+        in " ".join(r.stdout.split())
+    r = CliRunner().invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1
+    assert "holds no valid value for any loss-masked token" in r.stderr

@@ -935,15 +935,41 @@ def test_shards_spelling_columns_differently_are_named_in_the_refusal(tmp_path):
 
 def test_a_trainer_entropy_holding_only_nulls_counts_as_absent(tmp_path):
     """A train_entropy column whose Parquet statistics show only nulls is not mapped (a
-    note says so), so no hint offers --entropy train for it; beside an all-NaN entropy the
-    refusal then only suggests mapping another column."""
+    note says so), so no hint offers --entropy train for it; beside an all-NaN entropy,
+    neither is used (no fallback onto the null one) and the tokens stay valid; mapped
+    explicitly, the all-NaN entropy's hint only suggests mapping another column."""
     from entr_diag.caveats import exclusion_hint
 
     p = _write(tmp_path, _long(entropy=[float("nan")] * 5).with_columns(
         pl.lit(None, dtype=pl.Float64).alias("train_entropy")))
     ds = load_dataset([p])
-    assert "train_entropy" not in ds.mapping
+    assert "train_entropy" not in ds.mapping and "entropy" not in ds.mapping
     assert "train_entropy ('train_entropy') holds only nulls in every file: not used (as if " \
            "absent)" in ds.notes
+    assert ds.accounting.tokens_valid == 5
+    ds = load_dataset([p], columns={"entropy": "entropy"})
     hint = exclusion_hint(ds.accounting.excluded, ds.accounting.tokens_masked, ds.mapping)
     assert "invalid_entropy" in hint and "--entropy train" not in hint
+
+
+def test_an_entropy_column_without_a_valid_value_counts_as_absent(tmp_path):
+    """An entropy column NaN for every loss-masked token (an engine that does not compute
+    it) excluded every token; it is not used instead, as if absent (a warning note), and
+    the trainer-side entropy takes its place when there is one. Mapped explicitly
+    (--column / --entropy infer) it stays, and every token stays excluded."""
+    nan = [float("nan")] * 5
+    p = _write(tmp_path, _long(entropy=nan), "only.parquet")
+    ds = load_dataset([p])
+    assert "entropy" not in ds.mapping and ds.accounting.tokens_valid == 5
+    assert ds.notes[0] == ("warning: entropy ('entropy') holds no valid value (NaN, null, "
+                           "negative or above 20 nats) for any loss-masked token: not used, "
+                           "as if absent")
+    q = _write(tmp_path, _long(entropy=nan, train_entropy=[0.5, 0.4, 0.3, 1.0, 2.0]),
+               "train.parquet")
+    ds = load_dataset([q])
+    assert ds.mapping["entropy"] == "train_entropy" and ds.entropy_source == "trainer"
+    assert ds.notes[0].endswith("; using the trainer-side entropy ('train_entropy')")
+    assert ds.accounting.tokens_valid == 5
+    for kw in ({"columns": {"entropy": "entropy"}}, {"entropy": "infer"}):
+        ds = load_dataset([p], **kw)
+        assert ds.mapping["entropy"] == "entropy" and ds.accounting.tokens_valid == 0, kw

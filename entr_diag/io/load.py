@@ -15,6 +15,7 @@ wrongly typed columns.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -687,6 +688,7 @@ def load_dataset(
     framework: str | None = None,
     layout: str = "auto",
     entropy: str = "auto",
+    _unusable_entropy: tuple[str, ...] = (),
 ) -> Dataset:
     """Scan Parquet inputs lazily into a validated canonical token frame.
 
@@ -701,7 +703,11 @@ def load_dataset(
         entropy: ``auto``, ``infer`` or ``train`` (which entropy column to use).
 
     Returns:
-        A :class:`Dataset`; one accounting pass over the input has been made.
+        A :class:`Dataset`; one accounting pass over the input has been made (two when
+        the entropy column chosen automatically holds no valid value for any loss-masked
+        token: NaN, null, negative or above 20 nats, so that every token was excluded as
+        ``invalid_entropy``; it is then not used, as if absent, with a warning note: the
+        trainer-side entropy takes its place when it exists, else the input has none).
 
     Raises:
         InputError, SchemaError: see the module docstring.
@@ -786,6 +792,16 @@ def load_dataset(
         if split:  # the real cause: shards spelling a column differently
             raise SchemaError(f"{split} (Stopped at: {e})") from None
         raise
+    if mapping.get("entropy") in _unusable_entropy:  # a second load (see the end)
+        notes = [n for n in notes if n != f"entropy <- '{mapping['entropy']}'"]
+        train = mapping.get("train_entropy")
+        if train and train not in _unusable_entropy and not all(
+                _only_nulls(metas[f], train) for f in file_list):
+            mapping["entropy"] = train
+        else:
+            del mapping["entropy"]
+    if mapping.get("train_entropy") in _unusable_entropy:
+        del mapping["train_entropy"]
     copies = _copies(file_list, rows)
     if copies:
         a, b = copies[0]
@@ -997,6 +1013,20 @@ def load_dataset(
     register_chunks(raw, raw_chunks)
     register_chunks(lf, chunks)
     accounting, fine = _account(raw, mapping, infos)
+    src = mapping.get("entropy")
+    if (src and accounting.tokens_masked and not accounting.tokens_valid
+            and accounting.excluded.get("invalid_entropy")
+            and (columns or {}).get("entropy") != src and entropy == "auto"):
+        # an entropy column without a usable value (e.g. NaN-filled by an engine that does
+        # not compute it) excluded every token: as if absent (the gates that need no
+        # entropy can still be compared), or the trainer-side one instead
+        ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
+                          entropy=entropy, _unusable_entropy=(*_unusable_entropy, src))
+        instead = ds.mapping.get("entropy")
+        note = (f"warning: entropy ('{src}') holds no valid value (NaN, null, negative or "
+                "above 20 nats) for any loss-masked token: not used, as if absent"
+                + (f"; using the trainer-side entropy ('{instead}')" if instead else ""))
+        return dataclasses.replace(ds, notes=(note, *ds.notes), bundled=bundled)
     return Dataset(
         lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=tuple(notes),
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
