@@ -973,3 +973,18 @@ def test_an_entropy_column_without_a_valid_value_counts_as_absent(tmp_path):
     for kw in ({"columns": {"entropy": "entropy"}}, {"entropy": "infer"}):
         ds = load_dataset([p], **kw)
         assert ds.mapping["entropy"] == "entropy" and ds.accounting.tokens_valid == 0, kw
+
+
+def test_a_pattern_through_a_bracketed_folder_says_how_to_escape_it(tmp_path, monkeypatch):
+    """'dir[x]/*.parquet' matches nothing (the folder's name is a pattern too): the error
+    names the folder and its escaped form; the escaped pattern reads it."""
+    d = tmp_path / "dir[x]"
+    d.mkdir()
+    _long().write_parquet(d / "a.parquet")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=r"^the pattern dir\[x\]/\*\.parquet matches no file: "
+                                         r"the folder dir\[x\] exists, .* \(dir\[\[\]x\]\)"):
+        load_dataset(["dir[x]/*.parquet"])
+    assert load_dataset(["dir[[]x]/*.parquet"]).accounting.tokens_valid == 5
+    with pytest.raises(InputError, match=r"^the pattern nope/\*\.parquet matches no file\.$"):
+        load_dataset(["nope/*.parquet"])

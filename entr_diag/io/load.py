@@ -133,7 +133,14 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
             found = sorted((Path(m) for m in glob.glob(text, recursive=True)
                             if Path(m).is_file()), key=_natural)
             if not found:
-                raise InputError(f"the pattern {text} matches no file.")
+                # a folder on the way whose name holds [ ] ? * is itself read as a pattern
+                literal = next((str(d) for d in p.parents if d.exists() and d != Path(".")
+                                and any(ch in d.name for ch in "*?[")), None)
+                raise InputError(
+                    f"the pattern {text} matches no file"
+                    + (f": the folder {literal} exists, but in a pattern its name is a "
+                       f"pattern too; escape it with glob.escape ({glob.escape(literal)}) or "
+                       "pass the folder itself." if literal else "."))
             out.extend(found)
         else:
             raise InputError(f"input {text} does not exist.")
