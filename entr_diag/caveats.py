@@ -138,20 +138,16 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
 HINT_MIN_SHARE: dict[str, float] = {"positive_logprob": 0.01}
 
 
-def exclusion_hint(excluded: Mapping[str, int], masked: int,
-                   mapping: Mapping[str, str] | None = None) -> str:
-    """What the reason excluding more than half of the ``masked`` loss-masked tokens
-    usually means, as a sentence ('' when no reason does); a reason listed in
-    :data:`HINT_MIN_SHARE` from that share on (``positive_logprob``: a probability above 1
-    is never a rounding matter, so 1% of the tokens, e.g. one shard of two written as
-    probabilities, already says what it means). ``mapping`` (canonical column -> source
-    column) names the logprob columns in it."""
+def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None
+            ) -> tuple[str, int, str] | None:
+    """(reason, tokens, what it usually means) for the largest reason that gets a hint
+    (:func:`exclusion_hint`), else None."""
     if not excluded or not masked:
-        return ""
+        return None
     hinted = [(r, n) for r, n in sorted(excluded.items(), key=lambda kv: -kv[1])
               if r in MOSTLY_EXCLUDED_HINTS and n > masked * HINT_MIN_SHARE.get(r, 0.5)]
     if not hinted:
-        return ""
+        return None
     reason, n = hinted[0]
     named = [f"{c} ('{mapping[c]}')" for c in ("train_logprob", "infer_logprob")
              if mapping and c in mapping]
@@ -160,11 +156,26 @@ def exclusion_hint(excluded: Mapping[str, int], masked: int,
     fix = "map another with --column entropy=NAME"
     if train and train != src:  # a trainer-side entropy that is not the one excluded
         fix = f"use the trainer-side entropy ('{train}') with --entropy train, or {fix}"
-    hint = (MOSTLY_EXCLUDED_HINTS[reason].replace("{logprob_columns}", cols)
+    text = (MOSTLY_EXCLUDED_HINTS[reason].replace("{logprob_columns}", cols)
             .replace("{entropy_column}", f"the entropy column{f' ({src!r})' if src else ''}")
             .replace("{entropy_fix}", fix))
+    return reason, n, text
+
+
+def exclusion_hint(excluded: Mapping[str, int], masked: int,
+                   mapping: Mapping[str, str] | None = None) -> str:
+    """What the reason excluding more than half of the ``masked`` loss-masked tokens
+    usually means, as a sentence ('' when no reason does); a reason listed in
+    :data:`HINT_MIN_SHARE` from that share on (``positive_logprob``: a probability above 1
+    is never a rounding matter, so 1% of the tokens, e.g. one shard of two written as
+    probabilities, already says what it means). ``mapping`` (canonical column -> source
+    column) names the logprob columns in it."""
+    hinted = _hinted(excluded, masked, mapping)
+    if hinted is None:
+        return ""
+    reason, n, text = hinted
     many = "Most are" if n > masked / 2 else f"{n / masked:.1%} are"
-    return f"{many} {reason}: {hint}."
+    return f"{many} {reason}: {text}."
 
 
 def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int,
@@ -197,8 +208,8 @@ def exclusion_lead(excluded: Mapping[str, int], masked: int, valid: int,
     out = masked - valid
     top = sorted(excluded.items(), key=lambda kv: -kv[1])
     reasons = ", ".join(f"{r} {n:,}" for r, n in top[:3]) + (", ..." if len(top) > 3 else "")
-    hint = exclusion_hint(excluded, masked, mapping).split(" are ", 1)[-1]
-    why = hint.split(": ", 1)[1] if hint else \
+    hinted = _hinted(excluded, masked, mapping)
+    why = f"{hinted[2]}." if hinted else \
         "see `entr-diag inspect` for what each reason means and which columns they concern."
     return (f"{out:,} of the {masked:,} loss-masked tokens ({out / masked:.1%}) were "
             f"excluded ({reasons}): {why}")
