@@ -72,6 +72,8 @@ H_MIN: float = 1e-6
 H_MAX: float = 20.0
 #: Number of log-spaced fine bins (plus fine bin 0 for H < H_MIN).
 N_FINE: int = 4096
+#: Coarse entropy bins of the fit, the tables and the CLI (``--bins``) by default.
+DEFAULT_BINS: int = 30
 #: Threshold on the sampled-token probability p = exp(infer_logprob) counted per bin.
 P_LOW: float = 1e-3
 
@@ -289,7 +291,8 @@ class CoarseBinning:
         )
 
 
-def coarse_binning(counts: np.ndarray, bins: int = 30, edges: str = "quantile") -> CoarseBinning:
+def coarse_binning(counts: np.ndarray, bins: int = DEFAULT_BINS, edges: str = "quantile"
+                   ) -> CoarseBinning:
     """Choose coarse bins from the token counts per fine bin (no pass over tokens).
 
     ``edges="quantile"``: about ``bins`` bins of equal token count among tokens with

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from entr_diag.aggregate import DEFAULT_BINS
+
 #: Fewer independent resampling units than this (non-empty sequence blocks of the bootstrap;
 #: whole sequences hashed into blocks, so at most the number of sequences) and the verdict
 #: gets a caveat. A percentile bootstrap over m units has only C(2m-1, m) distinct resamples
@@ -38,11 +40,6 @@ def small_sample_caveat(fit: Mapping, sequences: int | None = None) -> str | Non
         "intervals are likely too narrow and the verdict is tentative; add sequences before "
         "relying on it."
     )
-
-
-#: the CLI's default number of entropy bins (``--bins``): above it, the interval caveat
-#: advises fewer bins
-DEFAULT_BINS = 30
 
 
 def interval_caveat(fit: Mapping) -> str | None:

@@ -32,6 +32,7 @@ from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
 
 from entr_diag import __version__
+from entr_diag.aggregate import DEFAULT_BINS
 from entr_diag.errors import EntrDiagError, FitError, ParameterError
 
 #: click's exception classes, found through typer's public BadParameter (typer vendors click
@@ -1130,7 +1131,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
 @app.command(cls=_Command)
 def fit(
     paths: Paths = None,
-    bins: BinsOpt = 30,
+    bins: BinsOpt = DEFAULT_BINS,
     bin_edges: BinEdgesOpt = "quantile",
     eps: EpsOpt = 0.01,
     tau: TauOpt = 4.0,
@@ -1180,7 +1181,7 @@ def fit(
 def flag(
     paths: Paths = None,
     output: Annotated[Path, typer.Option("--output", "-o", parser=_output_path, metavar="FILE", help="Parquet file for the flagged tokens.")] = Path("noise.parquet"),
-    bins: BinsOpt = 30,
+    bins: BinsOpt = DEFAULT_BINS,
     bin_edges: BinEdgesOpt = "quantile",
     eps: EpsOpt = 0.01,
     tau: TauOpt = 4.0,
@@ -1345,7 +1346,7 @@ def compare(
                      help="Sweep a budget in one pass: tau=LO:HI[:N] or c=LO:HI[:N] (repeatable)."),
     ] = None,
     export: Annotated[Path | None, typer.Option(parser=_output_path, metavar="FILE", help="Write per-token keep/drop of each gate to this Parquet file.")] = None,
-    bins: BinsOpt = 30,
+    bins: BinsOpt = DEFAULT_BINS,
     bin_edges: BinEdgesOpt = "quantile",
     n_boot: BootOpt = 200,
     seed: SeedOpt = 0,
@@ -1436,7 +1437,7 @@ def report(
     tau: TauOpt = 4.0,
     eps: EpsOpt = 0.01,
     gate: Annotated[list[str] | None, typer.Option("--gate", "-g", metavar="SPEC", help=_GATE_HELP)] = None,
-    bins: BinsOpt = 30,
+    bins: BinsOpt = DEFAULT_BINS,
     bin_edges: BinEdgesOpt = "quantile",
     n_boot: BootOpt = 1000,
     seed: SeedOpt = 0,

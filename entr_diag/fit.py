@@ -86,6 +86,7 @@ import numpy as np
 import polars as pl
 
 from entr_diag.aggregate import (
+    DEFAULT_BINS,
     H_MAX,
     H_MIN,
     N_FINE,
@@ -1049,7 +1050,7 @@ def _eligible(S: dict, tot: dict, boot: _Boot, binning: CoarseBinning) -> _BinDa
 def fit_scaling_law(
     lf: pl.LazyFrame,
     *,
-    bins: int = 30,
+    bins: int = DEFAULT_BINS,
     bin_edges: str = "quantile",
     eps: float = 0.01,
     tau: float = 4.0,
@@ -1295,7 +1296,7 @@ class FitPlan:
 def fit_plan(
     lf: pl.LazyFrame,
     *,
-    bins: int = 30,
+    bins: int = DEFAULT_BINS,
     bin_edges: str = "quantile",
     eps: float = 0.01,
     tau: float = 4.0,
