@@ -131,8 +131,10 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
 
 
 #: the share of the loss-masked tokens from which a reason's exclusions get their hint,
-#: for the reasons that are never legitimate (others: more than half)
-HINT_MIN_SHARE: dict[str, float] = {"positive_logprob": 0.01}
+#: for the reasons that are never legitimate (others: more than half): a probability above
+#: 1; an entropy that is NaN, null or out of range (e.g. one shard of two written without
+#: it, while a trainer-side entropy could be used)
+HINT_MIN_SHARE: dict[str, float] = {"positive_logprob": 0.01, "invalid_entropy": 0.05}
 
 
 def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None

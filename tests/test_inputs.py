@@ -671,7 +671,12 @@ def test_positive_logprobs_get_their_hint_from_one_percent_of_the_tokens():
     c = exclusion_caveat({"positive_logprob": 500, "invalid_entropy": 20}, 10_000, 9_480)
     assert c is not None and "5.0% are positive_logprob: " in c and "probabilities" in c
     assert exclusion_caveat({"positive_logprob": 50}, 10_000, 9_950) is None  # 0.5%
-    assert exclusion_caveat({"invalid_entropy": 4_000}, 10_000, 6_000) is None
+    assert exclusion_caveat({"non_finite_logprob": 4_000}, 10_000, 6_000) is None
+    # an entropy without value for 5% of the tokens (one shard of two without it) too
+    c = exclusion_caveat({"invalid_entropy": 4_000}, 10_000, 6_000,
+                         {"entropy": "entropy", "train_entropy": "entropys"})
+    assert "40.0% are invalid_entropy: " in c and "--entropy train" in c
+    assert exclusion_caveat({"invalid_entropy": 400}, 10_000, 9_600) is None
     assert "Most are invalid_entropy" in exclusion_caveat({"invalid_entropy": 6_000}, 10_000,
                                                           4_000)
 
