@@ -1051,10 +1051,12 @@ def _import_meanwhile(module: str) -> None:
 
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
          full: bool = True, forensics: bool = False, profiles: bool = False,
-         entropy_optional: bool = False, law_optional: bool = False):
+         entropy_optional: bool = False, law_optional: bool = False, gates=None):
     """The scaling-law fit (with ``full``: its strata and the mismatch metrics; with
-    ``forensics`` / ``profiles``: those too) and the off-by-one alignment check, all in ONE
-    pass over the tokens: every analysis contributes accumulators to
+    ``forensics`` / ``profiles``: those too), the off-by-one alignment check and, given
+    ``gates`` (a function returning a ComparePlan, :func:`_gate_plan`; called once the
+    entropy column is checked), the gate comparison's first pass, all in ONE pass over
+    the tokens: every analysis contributes accumulators to
     :func:`entr_diag.passes.run_pass`. A misaligned input stops the command after the pass
     (exit 2) unless ``allow_misaligned``.
 
@@ -1066,9 +1068,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     Returns a dict with keys ``fit`` (FitResult, or None: no entropy column, or the fit
     failed and ``law_optional``), ``unavailable`` (None, or why the fit failed, naming the
     input), ``no_fit`` (the same reason as a phrase, without the input), ``metrics``,
-    ``findings`` (None when not asked for) and ``profiles``: the unfinished ProfilesPlan
-    (its version-switch follow-up pass is shared with the gate comparison's first pass;
-    call ``finish()`` after).
+    ``findings`` (None when not asked for), ``profiles``: the unfinished ProfilesPlan
+    (its version-switch follow-up pass is shared with the gate comparison's second pass;
+    call ``finish()`` after) and ``gates``: the ComparePlan after its first pass (None
+    without ``gates``).
     """
     from entr_diag.fit import fit_plan
     from entr_diag.passes import run_pass
@@ -1102,9 +1105,12 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         from entr_diag.profiles import profiles_plan
 
         plans["profiles"] = profiles_plan(ds.lf, eps=eps)
-    what = ", ".join({"findings": "forensics"}.get(k, k) for k in plans if k != "alignment")
+    gate_plan = gates() if gates is not None else None
+    what = ", ".join([{"findings": "forensics"}.get(k, k) for k in plans if k != "alignment"]
+                     + (["gates"] if gate_plan is not None else []))
     with _status(f"one pass ({what})", quiet, rows=ds.accounting.tokens_valid):
-        run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators])
+        run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators]
+                 + (gate_plan.accumulators if gate_plan is not None else []))
     if "fit" in plans or forensics:  # their robust statistics; meanwhile the alignment check
         _import_meanwhile("scipy.stats")
     if align is not None:
@@ -1124,7 +1130,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         caveat = units_caveat(out["fit"].units.to_dict(), ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
-    return {"unavailable": unavailable, "no_fit": no_fit,
+    return {"unavailable": unavailable, "no_fit": no_fit, "gates": gate_plan,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}}
 
 
@@ -1294,15 +1300,29 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
     return entr, [g for g in unique if not isinstance(g, EntrGate)]
 
 
-def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=(), no_fit=None):
-    """The gate comparison: two passes over the tokens (:class:`~entr_diag.compare.ComparePlan`),
-    the first shared with the follow-up accumulators of ``with_plans`` (plans whose
-    ``finish`` the caller calls afterwards). ``fit_res`` None: no law and no noise regime,
-    because the fit failed (``no_fit`` says why) or the input has no entropy (and ENTR is
-    unavailable)."""
+def _gate_plan(ds, entr, panel, sweeps):
+    """The gate comparison's plan (:class:`~entr_diag.compare.ComparePlan`) before the fit:
+    its first pass needs no law, so it runs in the fit's pass (``_fit(..., gates=lambda:
+    _gate_plan(...))``); :func:`_compare` sets the law and runs the second."""
     import numpy as np
 
     from entr_diag.compare import compare_plan
+
+    return compare_plan(
+        ds.lf, entr=entr, panel=panel,
+        sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
+        sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
+    )
+
+
+def _compare(ds, fit_res, plan, quiet, *, with_plans=(), no_fit=None):
+    """The gate comparison after its first pass (run with the fit, :func:`_gate_plan`):
+    the fitted law set on ``plan``, then its second pass over the tokens, shared with the
+    follow-up accumulators of ``with_plans`` (plans whose ``finish`` the caller calls
+    afterwards). ``fit_res`` None: no law and no noise regime, because the fit failed
+    (``no_fit`` says why) or the input has no entropy (and ENTR is unavailable)."""
+    import numpy as np
+
     from entr_diag.passes import run_pass
 
     law: dict = {}
@@ -1315,17 +1335,10 @@ def _compare(ds, fit_res, entr, panel, sweeps, quiet, *, with_plans=(), no_fit=N
                "law_alpha": power.get("alpha", 1.0) or 1.0,
                "flag_tau": fd["parameters"].get("tau", 4.0),
                "flag_eps": fd["parameters"].get("eps", 0.01), "entropy_edges": edges}
-    plan = compare_plan(
-        ds.lf, entr=entr, panel=panel, **law, no_fit=no_fit,
-        sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
-        sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
-    )
+    plan.set_law(**law, no_fit=no_fit)
     rows = ds.accounting.tokens_valid
-    extra = [a for p in with_plans for a in p.followup()]
-    with _status("gates, pass 1 of 2", quiet, rows=rows):
-        run_pass(ds.lf, plan.accumulators + extra)
-    second = plan.followup()
-    with _status("gates, pass 2 of 2", quiet, rows=rows):
+    second = plan.followup() + [a for p in with_plans for a in p.followup()]
+    with _status("gates, second pass", quiet, rows=rows):
         run_pass(ds.lf, second)
     return plan.finish()
 
@@ -1382,7 +1395,8 @@ def compare(
                 "(--gate)", _map_entropy(ds) + ", or add gates that need no entropy (e.g. --gate "
                 "fixed:c=0.5)"))
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
-                 allow_misaligned=allow_misaligned, entropy_optional=True, law_optional=True)
+                 allow_misaligned=allow_misaligned, entropy_optional=True, law_optional=True,
+                 gates=lambda: _gate_plan(ds, entr, panel, sweeps))
         fit_res = a["fit"]
         no_entr = no_law = None  # no entropy column: the gates that need none are compared
         if a["unavailable"]:  # too little data for the law: the gates need none
@@ -1392,7 +1406,7 @@ def compare(
         elif fit_res is None:
             no_entr = _no_column(ds, "entropy", _NO_ENTROPY + " (the gates that need no entropy "
                                  "are compared)", _map_entropy(ds))
-        res = _compare(ds, fit_res, entr, panel, sweeps, quiet, no_fit=a["no_fit"])
+        res = _compare(ds, fit_res, a["gates"], quiet, no_fit=a["no_fit"])
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
@@ -1466,9 +1480,13 @@ def report(
 
         check_fit_parameters(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet)
+        # without the law (or entropy) the gates are still compared: no law-scale / noise
+        # categories, and without entropy no ENTR
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
                  allow_misaligned=allow_misaligned, forensics=True, profiles=True,
-                 entropy_optional=True, law_optional=True)
+                 entropy_optional=True, law_optional=True,
+                 gates=(lambda: _gate_plan(ds, entr, panel, {}))
+                 if ds.has("entropy") or panel else None)
         fit_res, metrics, findings = a["fit"], a["metrics"], a["findings"]
         no_law = None
         # no entropy column, or too little data for the law: the rest of the post-mortem
@@ -1481,11 +1499,9 @@ def report(
             no_law = _no_column(ds, "entropy", _NO_ENTROPY + " (the report holds the mismatch "
                                 "metrics, the gates that need no entropy, forensics and "
                                 "profiles)", _map_entropy(ds))
-        # without the law (or entropy) the gates are still compared: no law-scale / noise
-        # categories, and without entropy no ENTR
-        cmp_res = (_compare(ds, fit_res, entr, panel, {}, quiet, with_plans=[a["profiles"]],
+        cmp_res = (_compare(ds, fit_res, a["gates"], quiet, with_plans=[a["profiles"]],
                             no_fit=a["no_fit"])
-                   if ds.has("entropy") or panel else None)
+                   if a["gates"] is not None else None)
         prof = a["profiles"].finish().to_dict()
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,

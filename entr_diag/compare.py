@@ -981,19 +981,17 @@ _P2 = "__g2_"  # and of the second pass's
 
 
 class _FirstPass:
-    """Pass 1 of :class:`ComparePlan`: totals, entropy range, both sweeps, ``|delta|`` /
-    ``delta^2`` histograms and per-sequence partials (one row per ``seq_key``).
+    """Pass 1 of :class:`ComparePlan`: totals, entropy range, ENTR's kept count, ``|delta|``
+    / ``delta^2`` histograms and per-sequence partials (one row per ``seq_key``). Nothing in
+    it depends on the law (categories, entropy bins): it can share the fit's pass.
 
     The per-token values are :attr:`exprs`, computed by the streaming engine during the scan:
-    ENTR's score, ``|delta|``, ``category * 2 + ENTR keeps``, the histogram bin of ``|delta|``
-    (and ``delta^2`` with its bin), the token gates' keep bits packed in words and the
-    sequence gates' per-token partials. Per batch, numpy finds the sweep indices (lookup
-    tables, :class:`_Searcher`: far cheaper than one comparison per sweep value in the
-    engine), adds the int64 keys up with ``bincount`` (sweeps: ``(sweep index * 3 +
-    category) * 2 + ENTR keeps``) and collapses runs of one ``seq_key`` (``ufunc.reduceat``:
-    sums, minima, maxima, OR / AND of the words) before the per-sequence group-by; a batch
-    with a null ``seq_key`` or a null / NaN value to reduce goes through polars' group-by
-    instead (its null-skipping aggregations)."""
+    ENTR's keep bit, ``|delta|``, the histogram bin of ``|delta|`` (and ``delta^2`` with its
+    bin), the token gates' keep bits packed in words and the sequence gates' per-token
+    partials. Per batch, numpy adds the histogram bins up with ``bincount`` and collapses
+    runs of one ``seq_key`` (``ufunc.reduceat``: sums, minima, maxima, OR / AND of the
+    words) before the per-sequence group-by; a batch with a null ``seq_key`` or a null / NaN
+    value to reduce goes through polars' group-by instead (its null-skipping aggregations)."""
 
     def __init__(self, plan: ComparePlan) -> None:
         self.plan = plan
@@ -1004,18 +1002,13 @@ class _FirstPass:
         self.h_min_pos: float | None = None
         self.a_min: float | None = None
         self.a_max: float | None = None
-        self.tau_counts = np.zeros((plan.taus.size + 1) * 3, dtype=np.int64)
-        self.c_counts = np.zeros((plan.cs.size + 1) * 3, dtype=np.int64)
         self.hist_a = np.zeros(_HIST_SIZE, dtype=np.int64)
         self.with_d2 = any(isinstance(g, M2PO) for g in plan.gates)
         self.hist_q = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.int64)
         self.hist_qs = np.zeros(_HIST_SIZE if self.with_d2 else 0, dtype=np.float64)
         absd = pl.col("delta").abs()
-        cat = plan.cat.cast(pl.Int32)
-        k0 = plan.keep_expr(0).fill_null(False).cast(pl.Int32)
         ex: dict[str, pl.Expr] = {
-            "s": plan.entr_score,
-            "ck": (cat * 2 + k0).cast(pl.Int64),
+            "k0": plan.keep_expr(0).fill_null(False).cast(pl.Int64),
             "a": absd,
             "ab": _bit_bin_expr(absd),
         }
@@ -1051,8 +1044,6 @@ class _FirstPass:
         merge = [getattr(pl.col(out), agg["sum" if how == "count" else how])()
                  for out, _src, how in self.reduce]
         self.seq = _Pending(GroupAgg([], ["seq_key"], merge, merge))
-        self._ti = _Searcher(plan.taus, "left")
-        self._ci = _Searcher(plan.cs, "left")
         #: sequences holding tokens with a null / NaN |delta| (never kept by a threshold)
         self.invalid = GroupAgg([], ["seq_key"], [pl.len().alias("__bad")],
                                 [pl.col("__bad").sum()])
@@ -1064,22 +1055,7 @@ class _FirstPass:
             self.h_max = _opt(max, self.h_max, h.max())
             self.h_min_pos = _opt(min, self.h_min_pos, h.filter(h > 0).min())
         self.n += batch.height
-        # sweep keys: (sweep index * 3 + category) * 2 + ENTR keeps; the searches are
-        # lookup tables in numpy (cheaper than one comparison per value in the engine)
-        ck = column(batch, f"{_P1}ck")
-        tk = self._ti.series(batch.get_column(f"{_P1}s"))
-        tk *= 6
-        tk += ck
-        tk = np.bincount(tk, minlength=2 * self.tau_counts.size)
-        self.tau_counts += tk[0::2] + tk[1::2]
-        self.entr_kept += int(tk[1::2].sum())
-        a_s = batch.get_column(f"{_P1}a")
-        # the array shared with the reductions below when it is what series() would search
-        ci = (self._ci(column(batch, f"{_P1}a"))
-              if a_s.dtype == pl.Float64 and not a_s.null_count() else self._ci.series(a_s))
-        ci *= 3
-        ci += ck >> 1
-        self.c_counts += np.bincount(ci, minlength=self.c_counts.size)
+        self.entr_kept += int(column(batch, f"{_P1}k0").sum())
         a = column(batch, f"{_P1}a")
         ab = column(batch, f"{_P1}ab")
         ok = None
@@ -1136,7 +1112,8 @@ class _SecondPass:
     """Pass 2 of :class:`ComparePlan`: token counts by (cell, keep pattern) and by (step,
     keep pattern), a cell being (entropy bin, p bin, staleness bucket, category) and the
     pattern every gate's keep bit (then TIS's truncation bits) packed in words; TIS weight
-    sums per cell; the tokens of each bracketed threshold's bin by exact value.
+    sums per cell; the tokens of each bracketed threshold's bin by exact value; the sweeps'
+    token counts by (sweep index, category).
 
     The engine computes (:attr:`exprs`) entropy, p, and, when the pattern fits one word, one
     Int64 key ``step * 2^kb + (staleness bucket * 3 + category) * 2^bits + pattern`` (token
@@ -1220,6 +1197,18 @@ class _SecondPass:
             ex[f"rsum{i}"] = pl.col("delta").exp().fill_null(0.0)
         for j, c in enumerate(self.bracketed):
             ex[f"v{j}"] = _cut_value(c.kind)
+        # the sweeps: token counts by (sweep index, category); a token is kept at every
+        # value from its index on (ENTR's score; |delta| for the fixed band)
+        self.sweep_tau = plan.has_entropy and plan.taus.size > 0
+        self.sweep_c = plan.cs.size > 0
+        self.tau_counts = np.zeros((plan.taus.size + 1) * 3, dtype=np.int64)
+        self.c_counts = np.zeros((plan.cs.size + 1) * 3, dtype=np.int64)
+        self._ti = _Searcher(plan.taus, "left")
+        self._ci = _Searcher(plan.cs, "left")
+        if self.sweep_tau:
+            ex["s"] = plan.entr_score
+        if self.sweep_c:
+            ex["a"] = pl.col("delta").abs()
         self.exprs += [e.alias(_P2 + k) for k, e in ex.items()]
         self.tis_sums = np.zeros((len(self.tis), 2, self.n_cells))
         # the sequence gates' bits (packed at their gates' positions), by sorted seq_key
@@ -1272,10 +1261,11 @@ class _SecondPass:
         key += batch.get_column(f"{_P2}K").to_numpy()
         if dec is not None:
             key += dec[:, 0].view(np.int64)
-        if self.tis or self.bracketed:
+        if self.tis or self.bracketed or self.sweep_tau or self.sweep_c:
             code = key >> nb
             code &= (1 << (kb - nb)) - 1
             self._tis_and_bound(batch, code, key, step)
+            self._sweeps(batch, code)
         in_key = step is not None and self.step_in_key and not step.null_count() and (
             0 <= step.min() and step.max() < self.step_limit)  # type: ignore[operator]
         if step is not None and not in_key:  # steps not (all) in the key: polars counts
@@ -1319,6 +1309,27 @@ class _SecondPass:
         if step is not None:
             self.steps.add(_count_patterns(step, words, self.n_bits))
         self._tis_and_bound(batch, code, words[:, 0], step)
+        self._sweeps(batch, code)
+
+    def _sweeps(self, batch: pl.DataFrame, code: np.ndarray) -> None:
+        """The sweeps' counts by (sweep index, category); ``code``: each token's cell (its
+        category is the cell modulo 3). The searches are lookup tables in numpy (cheaper
+        than one comparison per sweep value in the engine)."""
+        if not (self.sweep_tau or self.sweep_c):
+            return
+        cat = code % 3
+        if self.sweep_tau:
+            tk = self._ti.series(batch.get_column(f"{_P2}s"))
+            tk *= 3
+            tk += cat
+            self.tau_counts += np.bincount(tk, minlength=self.tau_counts.size)
+        if self.sweep_c:
+            a_s = batch.get_column(f"{_P2}a")
+            ci = (self._ci(a_s.to_numpy()) if a_s.dtype == pl.Float64 and not a_s.null_count()
+                  else self._ci.series(a_s))
+            ci *= 3
+            ci += cat
+            self.c_counts += np.bincount(ci, minlength=self.c_counts.size)
 
     def _tis_and_bound(self, batch: pl.DataFrame, code: np.ndarray, bits: np.ndarray,
                        step: pl.Series | None) -> None:
@@ -1391,17 +1402,47 @@ class _SecondPass:
         return cols, out, steps
 
 
+def _check_law(*, h_star: Any, law_k: Any, law_alpha: Any, flag_tau: Any, flag_eps: Any,
+               no_fit: Any) -> None:
+    """TypeError / ParameterError for the law parameters of :func:`compare_gates`."""
+    if no_fit is not None and not isinstance(no_fit, str):
+        raise TypeError("compare_gates: expected no_fit as a str (why no law was fitted) "
+                        f"or None, got {given(no_fit)}.")
+    for param, value, optional in (("h_star", h_star, True), ("law_k", law_k, True),
+                                   ("law_alpha", law_alpha, False),
+                                   ("flag_tau", flag_tau, False),
+                                   ("flag_eps", flag_eps, False)):
+        number(value, "compare_gates", param, optional=optional)
+    if h_star is not None and not (math.isfinite(h_star) and h_star > 0):
+        raise ParameterError(
+            f"h_star must be a positive entropy in nats or None (got {h_star})."
+        )
+    if law_k is not None and not (math.isfinite(law_k) and law_k > 0):
+        raise ParameterError(f"law_k must be positive or None (got {law_k}).")
+    if no_fit is not None and (h_star is not None or law_k is not None):
+        raise ParameterError(
+            "compare_gates: no_fit (why no law was fitted) given with h_star or law_k."
+        )
+    if not math.isfinite(law_alpha):
+        raise ParameterError(f"law_alpha must be finite (got {law_alpha}).")
+    if not (math.isfinite(flag_tau) and flag_tau > 0 and math.isfinite(flag_eps)
+            and flag_eps >= 0):
+        raise ParameterError("flag_tau must be > 0 and flag_eps >= 0.")
+
+
 class ComparePlan:
     """:func:`compare_gates` as accumulators: two streaming passes over the token frame.
 
     Pass 1 (:attr:`accumulators`, reads ``seq_key``, ``delta``, ``entropy``):
-    token count, entropy range and null count, ENTR's kept count, both sweeps (token counts
-    by sweep index and category), histograms of ``|delta|`` and ``delta^2`` on bins of
-    0.2% relative width, and one row of mergeable partials per sequence (which token gates
-    keep some / every token, the sequence gates' partial statistics, min / max
-    ``|delta|``; memory O(sequences)).
+    token count, entropy range and null count, ENTR's kept count, histograms of ``|delta|``
+    and ``delta^2`` on bins of 0.2% relative width, and one row of mergeable partials per
+    sequence (which token gates keep some / every token, the sequence gates' partial
+    statistics, min / max ``|delta|``; memory O(sequences)). It does not depend on the
+    law, the noise flag or the entropy bins (:meth:`set_law`): the CLI runs it in the fit's
+    pass and sets the fitted law after.
 
-    Pass 2 (:meth:`followup`; :meth:`finish` runs it when the caller has not): keep counts
+    Pass 2 (:meth:`followup`; :meth:`finish` runs it when the caller has not): both sweeps
+    (token counts by sweep index and category), keep counts
     of every gate by (entropy bin, p bin, staleness bucket, category) and by step, with the
     sequence gates' decisions (from the merged per-sequence table) joined on ``seq_key``,
     and, for the matched band and each M2PO gate, the tokens of the one histogram bin
@@ -1438,9 +1479,6 @@ class ComparePlan:
         if not isinstance(entr, EntrGate):
             raise TypeError("compare_gates: expected entr as an EntrGate (e.g. EntrGate(tau=4) "
                             f"or parse_gate_spec('entr:tau=4')), got {given(entr)}.")
-        if no_fit is not None and not isinstance(no_fit, str):
-            raise TypeError("compare_gates: expected no_fit as a str (why no law was fitted) "
-                            f"or None, got {given(no_fit)}.")
         if (isinstance(panel, str | bytes | GateSpec | Mapping)
                 or not hasattr(panel, "__iter__")):
             # (a str would be iterated character by character)
@@ -1453,34 +1491,14 @@ class ComparePlan:
             if not isinstance(g, GateSpec):
                 raise TypeError(f"compare_gates: expected panel entries as gate specs (e.g. "
                                 f"parse_gate_spec('fixed')), got {given(g)}.")
-        for param, value, optional in (("h_star", h_star, True), ("law_k", law_k, True),
-                                       ("law_alpha", law_alpha, False),
-                                       ("flag_tau", flag_tau, False),
-                                       ("flag_eps", flag_eps, False)):
-            number(value, "compare_gates", param, optional=optional)
-        if h_star is not None and not (math.isfinite(h_star) and h_star > 0):
-            raise ParameterError(
-                f"h_star must be a positive entropy in nats or None (got {h_star})."
-            )
-        if law_k is not None and not (math.isfinite(law_k) and law_k > 0):
-            raise ParameterError(f"law_k must be positive or None (got {law_k}).")
-        if no_fit is not None and (h_star is not None or law_k is not None):
-            raise ParameterError(
-                "compare_gates: no_fit (why no law was fitted) given with h_star or law_k."
-            )
-        if not math.isfinite(law_alpha):
-            raise ParameterError(f"law_alpha must be finite (got {law_alpha}).")
-        if not (math.isfinite(flag_tau) and flag_tau > 0 and math.isfinite(flag_eps)
-                and flag_eps >= 0):
-            raise ParameterError("flag_tau must be > 0 and flag_eps >= 0.")
+        law = {"h_star": h_star, "law_k": law_k, "law_alpha": law_alpha, "flag_tau": flag_tau,
+               "flag_eps": flag_eps, "no_fit": no_fit}
+        _check_law(**law)
         self.taus = _check_sweep(
             DEFAULT_SWEEP_TAU if sweep_tau is None else sweep_tau, "sweep_tau", True
         )
         self.cs = _check_sweep(DEFAULT_SWEEP_C if sweep_c is None else sweep_c, "sweep_c", False)
         self.p_e = _check_edges(p_edges, "p_edges")
-        self.e_edges = None if entropy_edges is None else _check_edges(
-            entropy_edges, "entropy_edges"
-        )
         self.entr, self.panel = entr, panel
         self.gates: tuple[GateSpec, ...] = (entr, *panel)
         schema = lf.collect_schema()
@@ -1494,17 +1512,10 @@ class ComparePlan:
             )
         self.unavailable: tuple[UnavailableGate, ...] = ()
         if not self.has_entropy:
-            named = [n for n, v in (("h_star", h_star), ("law_k", law_k),
-                                    ("entropy_edges", entropy_edges)) if v is not None]
             if not panel:
                 raise ParameterError(
                     "compare_gates: the token frame has no entropy column, so ENTR cannot be "
                     "simulated, and the panel is empty: no gate to compare."
-                )
-            if named:
-                raise ParameterError(
-                    f"compare_gates: {', '.join(named)} given, but the token frame has no "
-                    "entropy column: they are entropies or a law of the entropy."
                 )
             self.unavailable = (UnavailableGate(
                 name=entr.name, spec=entr.spec(), label=entr.label,
@@ -1522,10 +1533,62 @@ class ComparePlan:
         self.has_stale = "staleness" in schema
         self.step_expr = (pl.col("step") if self.has_step
                           else pl.lit(0, dtype=pl.Int64)).alias("step")
+        # gates: the compared ones, then the matched band (its c is known after pass 1)
+        self.all_gates: tuple[GateSpec, ...] = (*self.gates, FixedBand())
+        self.matched_idx = len(self.gates)
+        #: token gates whose per-sequence kept counts pass 1 sums (ENTR always first)
+        self.seq_count_idx = [
+            i for i, g in enumerate(self.gates)
+            if not isinstance(g, (SequenceGate, M2PO, TIS))
+        ]
+        self.partials: dict[str, tuple[pl.Expr, str]] = {}
+        for g in self.gates:
+            if isinstance(g, SequenceGate):
+                self.partials.update(g.seq_partials())
+        self._first = _FirstPass(self)
+        self.accumulators: list[Any] = [self._first]
+        self._second: _SecondPass | None = None
+        self._cuts: list[_Cut] = []
+        self._per_seq: pl.DataFrame | None = None
+        self.set_law(**law, entropy_edges=entropy_edges)
+
+    def set_law(
+        self,
+        *,
+        h_star: float | None = None,
+        law_k: float | None = None,
+        law_alpha: float = 1.0,
+        flag_tau: float = 4.0,
+        flag_eps: float = 0.01,
+        entropy_edges: np.ndarray | Sequence[float] | None = None,
+        no_fit: str | None = None,
+    ) -> None:
+        """Set (replace) the scaling law, the noise-token flag and the entropy bin edges:
+        the parameters of :func:`compare_gates` that only the second pass uses. The first
+        pass (:attr:`accumulators`) depends on none of them, so it can run before the law
+        is fitted, e.g. in the same pass as the fit; call this between the passes, before
+        :meth:`followup` (ParameterError after it). Same checks and errors as the
+        constructor's."""
+        if self._second is not None:
+            raise ParameterError("compare_gates: set_law after the second pass was built "
+                                 "(followup): its token categories are fixed.")
+        _check_law(h_star=h_star, law_k=law_k, law_alpha=law_alpha, flag_tau=flag_tau,
+                   flag_eps=flag_eps, no_fit=no_fit)
+        e_edges = None if entropy_edges is None else _check_edges(entropy_edges,
+                                                                  "entropy_edges")
+        if not self.has_entropy:
+            named = [n for n, v in (("h_star", h_star), ("law_k", law_k),
+                                    ("entropy_edges", entropy_edges)) if v is not None]
+            if named:
+                raise ParameterError(
+                    f"compare_gates: {', '.join(named)} given, but the token frame has no "
+                    "entropy column: they are entropies or a law of the entropy."
+                )
+        self.e_edges = e_edges
         self.h_star, self.law_k, self.law_alpha = h_star, law_k, law_alpha
         self.flag_tau, self.flag_eps = flag_tau, flag_eps
 
-        # token categories (noise / law-scale / other), known before any pass
+        # token categories (noise / law-scale / other), used by the second pass
         H = pl.col("entropy")
         d2 = pl.col("delta") ** 2
         self.null_reasons: dict[str, str] = {}
@@ -1563,24 +1626,6 @@ class ComparePlan:
             .then(pl.lit(_CAT_LAW, dtype=pl.Int8))
             .otherwise(pl.lit(_CAT_OTHER, dtype=pl.Int8))
         )
-
-        # gates: the compared ones, then the matched band (its c is known after pass 1)
-        self.all_gates: tuple[GateSpec, ...] = (*self.gates, FixedBand())
-        self.matched_idx = len(self.gates)
-        #: token gates whose per-sequence kept counts pass 1 sums (ENTR always first)
-        self.seq_count_idx = [
-            i for i, g in enumerate(self.gates)
-            if not isinstance(g, (SequenceGate, M2PO, TIS))
-        ]
-        self.partials: dict[str, tuple[pl.Expr, str]] = {}
-        for g in self.gates:
-            if isinstance(g, SequenceGate):
-                self.partials.update(g.seq_partials())
-        self._first = _FirstPass(self)
-        self.accumulators: list[Any] = [self._first]
-        self._second: _SecondPass | None = None
-        self._cuts: list[_Cut] = []
-        self._per_seq: pl.DataFrame | None = None
 
     def keep_expr(self, i: int) -> pl.Expr:
         """The keep decision of token gate ``all_gates[i]`` (ENTR's stand-in without
@@ -1941,9 +1986,9 @@ class ComparePlan:
         entr = self.entr
         sweeps: dict[str, SweepResult] = {}
         if self.taus.size and self.has_entropy:
-            sweeps["tau"] = sweep(f.tau_counts, self.taus, "tau", f"entr:eps={entr.eps:g}")
+            sweeps["tau"] = sweep(sp.tau_counts, self.taus, "tau", f"entr:eps={entr.eps:g}")
         if self.cs.size:
-            sweeps["c"] = sweep(f.c_counts, self.cs, "c", "fixed")
+            sweeps["c"] = sweep(sp.c_counts, self.cs, "c", "fixed")
 
         definitions = {
             "noise_token": (

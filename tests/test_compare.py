@@ -750,3 +750,51 @@ def test_chi2_constant_is_scipys_quantile():
     from scipy import stats
 
     assert CHI2_1_99 == float(stats.chi2.ppf(0.99, 1))
+
+
+def test_first_pass_before_the_law_equals_the_law_given_up_front():
+    """The CLI runs the first pass with the fit (no law yet) and sets the fitted law after:
+    the result equals compare_gates with the law given up front, for the sweeps and the
+    categories too (they are counted in the second pass)."""
+    from entr_diag.compare import compare_plan
+    from entr_diag.passes import run_pass
+
+    df = _frame(7, 40)
+    law = {"h_star": 0.5, "law_k": 0.02, "law_alpha": 1.0, "flag_tau": 0.2,
+           "entropy_edges": [0, 0.05, 0.2, 1, 10]}
+    gates = {"entr": EntrGate(tau=2.0), "panel": DEFAULT_PANEL}
+    plan = compare_plan(df.lazy(), **gates)
+    run_pass(df.lazy(), plan.accumulators)
+    plan.set_law(**law)
+    late = plan.finish().to_dict()
+    _assert_same(compare_gates(df.lazy(), **gates, **law).to_dict(), late)
+    assert late["n_noise"] > 0 and late["n_exploration"] > 0
+    tau = late["sweep"]["tau"]
+    assert any(0 < v < 1 for v in tau["noise_admitted"] + tau["exploration_discarded"])
+    # a different law after the same first pass changes the categories and the sweeps
+    plan2 = compare_plan(df.lazy(), **gates)
+    run_pass(df.lazy(), plan2.accumulators)
+    plan2.set_law(**{**law, "h_star": 0.05})
+    other = plan2.finish().to_dict()
+    assert other["n_noise"] != late["n_noise"]
+    assert other["sweep"]["tau"]["noise_admitted"] != tau["noise_admitted"]
+
+
+def test_set_law_checks_and_refuses_after_the_second_pass():
+    from entr_diag.compare import compare_plan
+    from entr_diag.passes import run_pass
+
+    plan = compare_plan(TINY.lazy(), panel=PANEL)
+    with pytest.raises(ParameterError, match="law_k must be positive"):
+        plan.set_law(law_k=-1.0)
+    with pytest.raises(TypeError, match="h_star"):
+        plan.set_law(h_star="0.2")
+    with pytest.raises(ParameterError, match="no_fit"):
+        plan.set_law(law_k=0.1, no_fit="too few tokens")
+    run_pass(TINY.lazy(), plan.accumulators)
+    plan.finish()
+    with pytest.raises(ParameterError, match="after the second pass"):
+        plan.set_law(h_star=0.2)
+    no_h = compare_plan(TINY.drop("entropy").lazy(), panel=(FixedBand(c=0.5),))
+    with pytest.raises(ParameterError, match="h_star given, but the token frame has no entropy"):
+        no_h.set_law(h_star=0.2)
