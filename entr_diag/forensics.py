@@ -431,13 +431,15 @@ class _SeqTables:
 
     _KEYS = ("seq_key", "bin", "_stale")
     columns = ("seq_key", "seq_id", "entropy", "staleness", "delta", "position")
+    #: seq_id may come as read (an integer): kept as String (passes.NATIVE_SEQ_ID)
+    native_seq_id = True
 
     def __init__(self, compact_rows: int = 32_000_000) -> None:
         self._bins = PartialRows(list(self._KEYS), [pl.col("n", "sh", "sd2").sum()],
                                  compact_rows)
         d = pl.col("delta")
         self._aggs = [
-            pl.col("seq_id").first(),
+            pl.col("seq_id").first().cast(pl.String),
             pl.len().cast(pl.Int32).alias("n"),
             pl.col("_h").count().cast(pl.Int32).alias("nh"),
             pl.col("_h").sum().alias("sh"),
@@ -453,7 +455,8 @@ class _SeqTables:
         """A batch with the :class:`_Derived` columns, by a polars group-by."""
         p = batch.group_by(self._KEYS).agg(self._aggs)
         self.seqs.add(p.group_by("seq_key").agg(
-            pl.col("seq_id").first(), *[pl.col(c).cast(pl.Int64).sum() for c in ("n", "nh")],
+            pl.col("seq_id").first().cast(pl.String),
+            *[pl.col(c).cast(pl.Int64).sum() for c in ("n", "nh")],
             *_sums(("sh", "sd2", "sad")), pl.col("pos_max").max()))
         self.add_bins(p.select(*self._KEYS, "n", "sh", "sd2"))
 
@@ -492,6 +495,8 @@ class _Derived:
         self.inner = list(inner)
         self.columns = list(dict.fromkeys(c for a in self.inner for c in a.columns))
         self.derive = _derive(names)
+        self.native_seq_id = all(getattr(a, "native_seq_id", False) for a in self.inner
+                                 if "seq_id" in a.columns)
 
     def update(self, batch: pl.DataFrame) -> None:
         b = batch.with_columns(self.derive)
@@ -529,6 +534,8 @@ class _TokenTables:
             self.columns.append("train_logprob_recompute")
         if seq is not None:
             self.columns += ["seq_id", "position"]
+        #: seq_id may come as read (an integer): kept as String (passes.NATIVE_SEQ_ID)
+        self.native_seq_id = seq is None or seq.native_seq_id
         self._nulls = [c for c in self.columns if c != "train_logprob_recompute"]
         self.derive = _derive(names)
         self.exprs = [slots.sub(names).alias(_FX + "sub")]
@@ -651,7 +658,7 @@ class _TokenTables:
         first = np.flatnonzero(np.diff(run, prepend=-1))  # first slot of each run
         length = np.diff(np.append(starts, batch.height)).astype(np.int64)
         self.seq.seqs.add(pl.DataFrame({
-            "seq_key": sk, "seq_id": batch["seq_id"].gather(pl.Series(starts)),
+            "seq_key": sk, "seq_id": batch["seq_id"].gather(pl.Series(starts)).cast(pl.String),
             "n": length, "nh": length,
             **{c: np.add.reduceat(sums[c], first) for c in ("sh", "sd2", "sad")},
             "pos_max": np.maximum.reduceat(column(batch, "position"), starts)}))
@@ -2003,6 +2010,8 @@ class _ImplausibleTokens:
 
     columns = ("seq_key", "seq_id", "position", "entropy", "train_logprob", "infer_logprob",
                "delta")
+    #: seq_id may come as read (an integer): kept as String (passes.NATIVE_SEQ_ID)
+    native_seq_id = True
 
     def __init__(self) -> None:
         t = IMPLAUSIBLE_LOGPROB
@@ -2012,7 +2021,7 @@ class _ImplausibleTokens:
         self.highest_flagged = {"infer": -math.inf, "train": -math.inf}
         d = pl.col("delta")
         self._aggs = [
-            pl.col("seq_id").first(),
+            pl.col("seq_id").first().cast(pl.String),
             pl.len().cast(pl.Int64).alias("n"),
             *[c.sum().cast(pl.Int64).alias(f"n_{side}") for side, c in self._sides.items()],
             (d * d).sum().alias("sd2"),

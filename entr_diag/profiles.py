@@ -393,6 +393,8 @@ class _SeqVersions:
         self.keys = [c for c in ("seq_key", "policy_version") if c in cols]
         self.columns = [c for c in ("seq_key", "policy_version", "position", "seq_id", "step",
                                     "delta") if c in cols]
+        #: seq_id may come as read (an integer): kept as String (passes.NATIVE_SEQ_ID)
+        self.native_seq_id = True
         #: columns the frame lacks, added as nulls
         self._add = [pl.lit(None, dtype=pl.Int64).alias(c) for c in ("policy_version", "step")
                      if c not in cols]
@@ -401,7 +403,7 @@ class _SeqVersions:
         self._aggs = [
             pl.col("position").min().alias("first"),
             pl.col("position").max().alias("last"),
-            pl.col("seq_id").first(),
+            pl.col("seq_id").first().cast(pl.String),
             pl.col("step").first(),
             fin.sum().alias("n_fin"),
             pl.when(fin).then(d.abs()).sum().alias("s_abs"),
@@ -444,7 +446,7 @@ class _SeqVersions:
             "policy_version": first("policy_version"),
             "first": np.minimum.reduceat(pos, starts),
             "last": np.maximum.reduceat(pos, starts),
-            "seq_id": first("seq_id"),
+            "seq_id": pl.Series(first("seq_id")).cast(pl.String),
             "step": first("step"),
             "n_fin": np.add.reduceat(fin, starts),  # (bool sums are int64)
             "s_abs": np.add.reduceat(ad, starts),
@@ -783,11 +785,13 @@ class _TopTokens:
         def opt(c: str, dt: pl.DataType) -> pl.Expr:
             return pl.col(c) if c in cols else pl.lit(None, dtype=dt).alias(c)
 
-        self.row = [pl.col("seq_id"), pl.col("position"), opt("step", pl.Int64),
+        self.row = [pl.col("seq_id").cast(pl.String), pl.col("position"), opt("step", pl.Int64),
                     opt("token_id", pl.Int64), opt("entropy", pl.Float64),
                     pl.col("infer_logprob").exp().alias("p"), pl.col("delta")]
         self.columns = [c for c in ("seq_id", "position", "step", "token_id", "entropy",
                                     "infer_logprob", "delta") if c in cols]
+        #: seq_id may come as read (an integer): kept as String (passes.NATIVE_SEQ_ID)
+        self.native_seq_id = True
         self._kept: pl.DataFrame | None = None
         #: the lowest number among the kept scores once ``top`` rows are kept (+inf when
         #: they are all NaN): a row scoring below it cannot enter

@@ -1,5 +1,7 @@
 """The one-pass engine: accumulators fed batch by batch equal one in-memory computation."""
 
+import dataclasses
+
 import numpy as np
 import polars as pl
 import pytest
@@ -122,3 +124,65 @@ def test_batches_follow_memory_chunks_and_cover_the_frame_in_order():
     assert all(b.height <= size for b in _batches(frame.rechunk(), 1000))
     assert sum(b.height for b in _batches(frame.rechunk(), 1000)) == frame.height
     assert list(_batches(frame.head(0), size)) == []
+
+
+class _Reads:
+    """A batch accumulator keeping the dtype of seq_id it was given."""
+
+    def __init__(self, native: bool) -> None:
+        self.columns = ["seq_id"]
+        self.native_seq_id = native
+        self.dtypes: set = set()
+
+    def update(self, batch: pl.DataFrame) -> None:
+        self.dtypes.add(batch["seq_id"].dtype)
+
+
+def test_native_seq_id_only_when_every_reader_opts_in():
+    from entr_diag.passes import NATIVE_SEQ_ID
+
+    lf = pl.LazyFrame({"seq_id": ["9", "10"], NATIVE_SEQ_ID: [9, 10],
+                       "seq_key": pl.Series([1, 2], dtype=pl.UInt64)})
+    a, b = _Reads(True), _Reads(True)
+    run_pass(lf, [a, b])
+    assert a.dtypes == b.dtypes == {pl.Int64}  # no per-token cast to String
+    a, c = _Reads(True), _Reads(False)
+    run_pass(lf, [a, c])
+    assert a.dtypes == c.dtypes == {pl.String}
+    a = _Reads(True)  # a String seq_id as read: nothing to substitute
+    run_pass(lf.with_columns(pl.col("seq_id").alias(NATIVE_SEQ_ID)), [a])
+    assert a.dtypes == {pl.String}
+
+
+def test_native_seq_id_gives_the_same_findings_and_offenders(tmp_path):
+    """Integer seq_ids read as integers by the opted-in accumulators: every seq_id they
+    report is the String of the canonical frame, in the same order (ties broken by the
+    String, where "10" < "9")."""
+    from entr_diag.forensics import run_forensics
+    from entr_diag.io import load_dataset
+    from entr_diag.passes import NATIVE_SEQ_ID
+    from entr_diag.profiles import offenders
+
+    rng = np.random.default_rng(3)
+    n_seq, n_tok = 40, 30
+    sid = np.repeat(np.arange(n_seq) + 5, n_tok)
+    # three kinds of sequence, equal within a kind: ties across seq_ids
+    h = np.tile(rng.exponential(0.5, n_tok), n_seq)
+    d = np.tile(rng.normal(0, 0.3, n_tok), n_seq) * (1 + sid % 3)
+    il = -np.tile(rng.exponential(1.0, n_tok), n_seq)
+    il[sid % 7 == 0] = -80.0  # implausible logprobs: a finding naming sequences
+    path = tmp_path / "ints.parquet"
+    pl.DataFrame({"seq_id": sid, "position": np.tile(np.arange(n_tok), n_seq),
+                  "step": sid % 2, "infer_logprob": il, "train_logprob": il + d,
+                  "entropy": h}).write_parquet(path)
+    ds = load_dataset([str(path)])
+    assert ds.lf.collect_schema()[NATIVE_SEQ_ID] == pl.Int64
+    got = offenders(ds.lf, top=15).to_dict()
+    # the String column for every accumulator
+    assert offenders(ds.lf.drop(NATIVE_SEQ_ID), top=15).to_dict() == got
+    assert all(isinstance(r["seq_id"], str) for r in got["tokens"])
+    f_native = run_forensics(load_dataset([str(path)])).to_dict()
+    ds3 = load_dataset([str(path)])
+    f_string = run_forensics(dataclasses.replace(ds3, lf=ds3.lf.drop(NATIVE_SEQ_ID))).to_dict()
+    assert f_string == f_native
+    assert "'top_seq_ids': ['" in str(f_native) or "seq_ids': ['" in str(f_native)

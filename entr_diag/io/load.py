@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from entr_diag.errors import InputError, SchemaError
 from entr_diag.io import schema as S
 from entr_diag.passes import (
+    NATIVE_SEQ_ID,
     Chunk,
     PartialRows,
     column,
@@ -1585,7 +1586,8 @@ def _valid_expr(mapping: Mapping[str, str]) -> pl.Expr:
 
 
 def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
-    cols = [pl.col("seq_id").cast(pl.String), pl.col("seq_key"), pl.col("position")]
+    cols = [pl.col("seq_id").cast(pl.String), pl.col("seq_id").alias(NATIVE_SEQ_ID),
+            pl.col("seq_key"), pl.col("position")]
     for canon in ("step", "train_logprob", "infer_logprob"):
         if canon in mapping:
             cols.append(pl.col(canon))
