@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from entr_diag.aggregate import DEFAULT_BINS
 
@@ -137,20 +138,55 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
 HINT_MIN_SHARE: dict[str, float] = {"positive_logprob": 0.01, "invalid_entropy": 0.05}
 
 
-def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None
-            ) -> tuple[str, int, str] | None:
-    """(reason, tokens, what it usually means) for the largest reason that gets a hint
-    (:func:`exclusion_hint`), else None."""
+#: input files named at most in where the excluded rows are
+_MAX_FILES_NAMED = 3
+
+
+def hinted_reason(excluded: Mapping[str, int], masked: int,
+                  mapping: Mapping[str, str] | None = None) -> str | None:
+    """The exclusion reason the warnings explain (:func:`exclusion_hint`): the largest one
+    above its share of the ``masked`` loss-masked tokens (:data:`HINT_MIN_SHARE`, else more
+    than half) that has a hint; None when none has."""
     if not excluded or not masked:
         return None
-    hinted = [(r, n) for r, n in sorted(excluded.items(), key=lambda kv: -kv[1])
+    hinted = [r for r, n in sorted(excluded.items(), key=lambda kv: -kv[1])
               if r in MOSTLY_EXCLUDED_HINTS and n > masked * HINT_MIN_SHARE.get(r, 0.5)]
-    if not hinted:
+    return hinted[0] if hinted else None
+
+
+def _where_files(files: Mapping[str, int], input_files: int) -> str:
+    """Where the excluded rows are among ``input_files`` input files ('' for one input
+    file), e.g. "all in a.parquet" or "in 2 of 8 files: a.parquet (2,000), b.parquet
+    (10)"."""
+    if not files or input_files <= 1:
+        return ""
+    top = sorted(files.items(), key=lambda kv: (-kv[1], kv[0]))
+    if len(top) == 1:
+        return f"all in {top[0][0]}, 1 of the {input_files:,} input files"
+    listed = ", ".join(f"{f} ({n:,})" for f, n in top[:_MAX_FILES_NAMED])
+    more = f" and {len(top) - _MAX_FILES_NAMED:,} more" if len(top) > _MAX_FILES_NAMED else ""
+    return f"in {len(top):,} of the {input_files:,} input files: {listed}{more}"
+
+
+def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None,
+            where: Mapping[str, Mapping[str, Any]] | None = None
+            ) -> tuple[str, int, str] | None:
+    """(reason, tokens, what it usually means) for the largest reason that gets a hint
+    (:func:`exclusion_hint`), else None. ``where`` (the accounting's ``excluded_where``)
+    names the logprob column(s) the reason concerns and the input files holding its rows
+    (when there are several input files)."""
+    reason = hinted_reason(excluded, masked, mapping)
+    if reason is None:
         return None
-    reason, n = hinted[0]
-    named = [f"{c} ('{mapping[c]}')" for c in ("train_logprob", "infer_logprob")
+    n = excluded[reason]
+    at = (where or {}).get(reason) or {}
+    sides = [c for c in ("train_logprob", "infer_logprob") if (at.get("columns") or {}).get(c)]
+    named = [f"{c} ('{mapping[c]}')" for c in (sides or ("train_logprob", "infer_logprob"))
              if mapping and c in mapping]
-    cols = f"one or both of {' and '.join(named)}" if len(named) == 2 else "the logprob columns"
+    cols = (named[0] if sides and len(named) == 1
+            else f"both {' and '.join(named)}" if sides and len(named) == 2
+            else f"one or both of {' and '.join(named)}" if len(named) == 2
+            else "the logprob columns")
     src, train = (mapping or {}).get("entropy"), (mapping or {}).get("train_entropy")
     fix = "map another with --column entropy=NAME"
     if train and train != src:  # a trainer-side entropy that is not the one excluded
@@ -158,18 +194,29 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
     text = (MOSTLY_EXCLUDED_HINTS[reason].replace("{logprob_columns}", cols)
             .replace("{entropy_column}", f"the entropy column{f' ({src!r})' if src else ''}")
             .replace("{entropy_fix}", fix))
+    details = []
+    if sides and "{logprob_columns}" not in MOSTLY_EXCLUDED_HINTS[reason]:
+        details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 else ""))
+    files = _where_files(at.get("files") or {}, int(at.get("input_files") or 1))
+    if files:
+        details.append(f"these rows are {files}")
+    if details:
+        text += f" ({'; '.join(details)})"
     return reason, n, text
 
 
 def exclusion_hint(excluded: Mapping[str, int], masked: int,
-                   mapping: Mapping[str, str] | None = None) -> str:
+                   mapping: Mapping[str, str] | None = None,
+                   where: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """What the reason excluding more than half of the ``masked`` loss-masked tokens
     usually means, as a sentence ('' when no reason does); a reason listed in
     :data:`HINT_MIN_SHARE` from that share on (``positive_logprob``: a probability above 1
     is never a rounding matter, so 1% of the tokens, e.g. one shard of two written as
     probabilities, already says what it means). ``mapping`` (canonical column -> source
-    column) names the logprob columns in it."""
-    hinted = _hinted(excluded, masked, mapping)
+    column) names the logprob columns in it; ``where`` (the accounting's
+    ``excluded_where``) which of them the reason concerns and which input files hold the
+    rows."""
+    hinted = _hinted(excluded, masked, mapping, where)
     if hinted is None:
         return ""
     reason, n, text = hinted
@@ -178,7 +225,8 @@ def exclusion_hint(excluded: Mapping[str, int], masked: int,
 
 
 def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int,
-                     mapping: Mapping[str, str] | None = None) -> str | None:
+                     mapping: Mapping[str, str] | None = None,
+                     where: Mapping[str, Mapping[str, Any]] | None = None) -> str | None:
     """A one-line caveat when one exclusion reason removes more than half of the loss-masked
     tokens (the results then rest on what is left, and the reason usually means the columns
     are not what they were taken for), or ``positive_logprob`` 1% of them
@@ -188,8 +236,9 @@ def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int,
         excluded: tokens per exclusion reason (the token accounting's ``excluded``).
         masked: loss-masked tokens; valid: those left after the exclusions.
         mapping: canonical column -> source column, to name the columns concerned.
+        where: the accounting's ``excluded_where`` (which column, which files).
     """
-    hint = exclusion_hint(excluded, masked, mapping)
+    hint = exclusion_hint(excluded, masked, mapping, where)
     if not hint or not valid:
         return None
     return (f"caveat: {(masked - valid) / masked:.1%} of the loss-masked tokens are excluded, "
@@ -197,7 +246,8 @@ def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int,
 
 
 def exclusion_lead(excluded: Mapping[str, int], masked: int, valid: int,
-                   mapping: Mapping[str, str] | None = None) -> str:
+                   mapping: Mapping[str, str] | None = None,
+                   where: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """When more than half of the ``masked`` loss-masked tokens were excluded: a sentence
     saying how many and why (the largest reasons with their counts, and what the dominant
     one usually means, :func:`exclusion_hint`), to lead a refusal of the fit with: the
@@ -207,7 +257,7 @@ def exclusion_lead(excluded: Mapping[str, int], masked: int, valid: int,
     out = masked - valid
     top = sorted(excluded.items(), key=lambda kv: -kv[1])
     reasons = ", ".join(f"{r} {n:,}" for r, n in top[:3]) + (", ..." if len(top) > 3 else "")
-    hinted = _hinted(excluded, masked, mapping)
+    hinted = _hinted(excluded, masked, mapping, where)
     why = f"{hinted[2]}." if hinted else \
         "see `entr-diag inspect` for what each reason means and which columns they concern."
     return (f"{out:,} of the {masked:,} loss-masked tokens ({out / masked:.1%}) were "

@@ -633,7 +633,7 @@ def _require_tokens(ds) -> None:
     reasons = "; ".join(f"{r}: {n:,} ({EXCLUSION_REASONS.get(r, '')})" for r, n in acc.excluded.items())
     from entr_diag.caveats import exclusion_hint
 
-    hint = exclusion_hint(acc.excluded, acc.tokens_masked, ds.mapping)
+    hint = exclusion_hint(acc.excluded, acc.tokens_masked, ds.mapping, acc.excluded_where)
     raise InputError(
         f"{where}: 0 valid loss-masked tokens: all {acc.tokens_masked:,} loss-masked tokens "
         f"were excluded. {reasons}.{' ' + hint if hint else ''}"
@@ -714,7 +714,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         )
     from entr_diag.caveats import exclusion_caveat
 
-    caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping)
+    caveat = exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
+                              acc.excluded_where)
     if caveat:
         _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     return ds
@@ -780,9 +781,9 @@ def _alignment_numbers(f) -> str:
 
 def _fit_dict(fit_res, ds, findings=None) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
-    terminal, JSON and HTML: the small-sample, interval, mostly-excluded, integer-column,
-    unit-mistake and (with the forensics' ``findings``) impossible-logprob caveats (None
-    when none applies)."""
+    terminal, JSON and HTML: the mostly-excluded, integer-column, unit-mistake and (with
+    the forensics' ``findings``) impossible-logprob caveats, then the small-sample and
+    interval caveats (None when none applies)."""
     from entr_diag.caveats import (
         exclusion_caveat,
         implausible_caveat,
@@ -794,10 +795,12 @@ def _fit_dict(fit_res, ds, findings=None) -> dict:
 
     acc = ds.accounting
     fd = fit_res.to_dict()
-    parts = [small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
-             exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping),
+    # what is wrong with the data first (it explains the statistical caveats after it)
+    parts = [exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
+                              acc.excluded_where),
              integer_caveat(ds.notes), units_caveat(fd.get("units"), ds.mapping),
-             implausible_caveat(None if findings is None else findings.to_dict())]
+             implausible_caveat(None if findings is None else findings.to_dict()),
+             small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
     return fd
 
@@ -1026,7 +1029,8 @@ def _why_no_fit(ds, e: FitError | str) -> str:
     msg = str(e).rstrip(".")
     why = f"{msg[:1].lower()}{msg[1:]}"
     acc = ds.accounting
-    lead = exclusion_lead(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping)
+    lead = exclusion_lead(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
+                          acc.excluded_where)
     if not lead:
         return why
     return (f"{lead} The law cannot be fitted on the {acc.tokens_valid:,} tokens left: "

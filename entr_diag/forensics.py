@@ -2158,7 +2158,8 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     if acc is not None:  # most tokens invalid: the columns, not a few rows, are the problem
         from entr_diag.caveats import exclusion_hint
 
-        hint = exclusion_hint(acc.excluded, acc.tokens_masked, getattr(ctx.ds, "mapping", None))
+        hint = exclusion_hint(acc.excluded, acc.tokens_masked, getattr(ctx.ds, "mapping", None),
+                              getattr(acc, "excluded_where", None))
         if hint:
             reason = max(acc.excluded.items(), key=lambda kv: kv[1])[0]
             title = f"Most loss-masked tokens are invalid ({reason}), not a few corrupt rows"

@@ -328,8 +328,60 @@ def test_probabilities_instead_of_logprobs(tmp_path):
     assert r.exit_code == 2
     msg = re.sub(r"\s+", " ", r.stderr)
     assert "positive_logprob: 3" in msg and "probabilities" in msg
-    assert ("one or both of train_logprob ('old_log_probs') and infer_logprob "
+    assert ("both train_logprob ('old_log_probs') and infer_logprob "
             "('rollout_log_probs') may hold probabilities") in msg
+    assert "input files" not in msg  # one input file: no file to name
+
+
+def _shards(tmp_path: Path, n: int, bad: dict[int, dict], tokens: int = 400) -> Path:
+    """``n`` shards of the bundled sample's first rows, shard i changed by ``bad[i]``
+    (column -> expression)."""
+    from entr_diag.io.load import bundled_sample_path
+
+    df = pl.read_parquet(bundled_sample_path()).head(n * tokens)
+    d = tmp_path / "shards"
+    d.mkdir()
+    for i in range(n):
+        part = df[i * tokens:(i + 1) * tokens]
+        if i in bad:
+            part = part.with_columns(**bad[i])
+        part.write_parquet(d / f"part-{i}.parquet")
+    return d
+
+
+def test_probabilities_in_one_shard_name_the_column_and_the_shard(tmp_path):
+    """One shard of four with the trainer's column in probabilities: the warning names that
+    column alone and that shard, and the JSON accounting says the same."""
+    d = _shards(tmp_path, 4, {2: {"train_logprob": pl.col("train_logprob").exp()}})
+    j = tmp_path / "fit.json"
+    r = runner.invoke(app, ["fit", str(d), "--json", str(j)])
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert ("positive_logprob: train_logprob ('train_logprob') may hold probabilities"
+            in msg), msg
+    assert "infer_logprob ('infer_logprob') may" not in msg and "both" not in msg
+    assert f"these rows are all in {d / 'part-2.parquet'}, 1 of the 4 input files" in msg
+    where = json.loads(j.read_text())["inputs"]["accounting"]["exclusions_where"]
+    n = where["positive_logprob"]["columns"]["train_logprob"]
+    assert where["positive_logprob"] == {"columns": {"train_logprob": n},
+                                         "files": {str(d / "part-2.parquet"): n},
+                                         "input_files": 4}
+    assert n == json.loads(j.read_text())["inputs"]["accounting"]["exclusions"][
+        "positive_logprob"]
+
+
+def test_exclusions_in_several_shards_list_the_largest(tmp_path):
+    """Sentinel values on the inference side of four shards of five: the three with most
+    rows are named with their counts, and how many more."""
+    bad = {i: {"infer_logprob": pl.when(pl.int_range(pl.len()) < 80 * (i + 1))
+               .then(-1e4).otherwise(pl.col("infer_logprob"))} for i in range(1, 5)}
+    d = _shards(tmp_path, 5, bad)
+    r = runner.invoke(app, ["inspect", str(d)])
+    msg = re.sub(r"\s+", " ", r.stderr + r.stdout)
+    assert "(the values are in infer_logprob ('infer_logprob') only; these rows are in" in msg
+    names = [str(d / f"part-{i}.parquet") for i in (4, 3, 2)]
+    assert re.search(r"in 4 of the 5 input files: " + re.escape(names[0]) + r" \([\d,]+\), "
+                     + re.escape(names[1]) + r" \([\d,]+\), " + re.escape(names[2])
+                     + r" \([\d,]+\) and 1 more", msg), msg
 
 
 def test_loss_mask_missing_in_one_shard(tmp_path):
@@ -653,7 +705,7 @@ def test_law_refused_after_most_tokens_were_excluded_leads_with_the_exclusions(t
     assert r.exit_code == 2, r.output
     msg = " ".join(r.stderr.split())
     assert msg.startswith(f"error: {p}: 2,960 of the 3,000 loss-masked tokens (98.7%) were "
-                          "excluded (positive_logprob 2,960): one or both of train_logprob "
+                          "excluded (positive_logprob 2,960): both train_logprob "
                           "('train_logprob') and infer_logprob ('infer_logprob') may hold "
                           "probabilities rather than log-probabilities"), msg
     assert "The law cannot be fitted on the 40 tokens left: no entropy bin holds" in msg
@@ -661,7 +713,7 @@ def test_law_refused_after_most_tokens_were_excluded_leads_with_the_exclusions(t
     r = runner.invoke(app, ["compare", str(p), "-q"])
     assert r.exit_code == 0, r.output
     line = next(ln for ln in r.stdout.splitlines() if ln.startswith("No scaling law:"))
-    assert "(positive_logprob 2,960): one or both" in line and "give more" not in line
+    assert "(positive_logprob 2,960): both" in line and "give more" not in line
     # no dominant reason: the counts, and where to look, without the advice
     infer[:1500] = -5000.0  # sentinel_logprob (probabilities get their hint from 1%)
     infer[1500:2960] = np.nan
@@ -986,3 +1038,14 @@ def test_integer_logprob_columns_put_a_caveat_beside_the_verdict(synth_file, tmp
     assert "train_logprob ('train_logprob') and infer_logprob ('infer_logprob') hold integers" \
         in cav and "meaningless" in cav
     assert "hold integers" in re.sub(r"\s+", " ", r.stdout)
+
+
+def test_entropy_missing_in_one_shard_names_the_shard(tmp_path):
+    """A shard written without entropy values (NaN): invalid_entropy names it, and no
+    logprob column."""
+    d = _shards(tmp_path, 2, {1: {"entropy": pl.lit(float("nan"))}})
+    r = runner.invoke(app, ["fit", str(d)])
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert "invalid_entropy" in msg and "--entropy train" in msg
+    assert f"(these rows are all in {d / 'part-1.parquet'}, 1 of the 2 input files)" in msg
+    assert "the values are in" not in msg

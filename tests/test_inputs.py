@@ -545,7 +545,7 @@ def test_mostly_excluded_tokens_are_warned_about_with_what_it_means(tmp_path):
     r = runner.invoke(app, ["inspect", str(p)])
     assert "warning: 90.0% of the loss-masked tokens are excluded" in r.stderr
     err = " ".join(r.stderr.split())
-    assert ("one or both of train_logprob ('old_log_probs') and infer_logprob "
+    assert ("both train_logprob ('old_log_probs') and infer_logprob "
             "('rollout_log_probs') may hold probabilities rather than log-probabilities") in err
     ok = runner.invoke(app, ["inspect", str(_shard(tmp_path / "ok.parquet"))])
     assert ok.exit_code == 0 and "are excluded" not in ok.stderr
@@ -569,7 +569,7 @@ def test_mostly_excluded_caveat_reaches_the_verdict_even_quiet(tmp_path):
     doc = json.loads(js.read_text())
     caveat = doc["verdict"]["caveat"]
     assert "of the loss-masked tokens are excluded" in caveat and "probabilities" in caveat
-    named = ("one or both of train_logprob ('train_logprob') and infer_logprob "
+    named = ("both train_logprob ('train_logprob') and infer_logprob "
              "('infer_logprob') may hold probabilities")
     assert named in caveat and "probabilities rather" in " ".join(r.stdout.split())
     found = [f for f in doc["forensics"]["findings"] if f["kind"] == "corrupt_rows"]

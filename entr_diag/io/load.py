@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import as_file, files
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -585,6 +586,11 @@ class Accounting:
     #: trailing rows whose logprobs and entropy are exactly 0.0), counted in
     #: ``tokens_unmasked``
     tokens_padding: int = 0
+    #: for the exclusion reason the warnings explain (:func:`entr_diag.caveats.hinted_reason`):
+    #: reason -> ``{"columns": {canonical logprob column: rows}, "files": {path: rows}}``,
+    #: which logprob column(s) meet the reason's condition (the logprob reasons only) and
+    #: in which input files the excluded rows are (:func:`_excluded_where`)
+    excluded_where: Mapping[str, Mapping[str, Any]] | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -608,6 +614,10 @@ class Accounting:
             "sequences_with_duplicate_positions": self.sequences_with_duplicate_positions,
             "tokens_without_step": self.tokens_without_step,
             "tokens_padding": self.tokens_padding,
+            **({"exclusions_where": {r: {k: dict(v) if isinstance(v, Mapping) else v
+                                         for k, v in w.items()}
+                                     for r, w in self.excluded_where.items()}}
+               if self.excluded_where else {}),
         }
 
 
@@ -907,6 +917,7 @@ def load_dataset(
                      else pl.String)
     frames: list[pl.LazyFrame] = []
     pieces: list[tuple[pl.LazyFrame, int, bool, str]] = []  # (frame, tokens, streamed, source)
+    piece_files: list[Path] = []  # the file of each piece
     for f in file_list:
         sch = schemas[f]
         hive = _hive_values(f)
@@ -967,6 +978,7 @@ def load_dataset(
         if len(ranges) == 1:
             off, n, tokens = ranges[0]
             pieces.append((frames[-1], tokens, tokens > _STREAM_TOKENS, str(f)))
+            piece_files.append(f)
             continue
         for j, (off, n, tokens) in enumerate(ranges):
             pieces.append((_file_frame(f, types, hive, mapping, file_layout, sid_dtype,
@@ -974,6 +986,7 @@ def load_dataset(
                                        scan=scan, label=labels[f]),
                            tokens, tokens > _STREAM_TOKENS,
                            f"{f} (rows {off:,} to {off + n - 1:,})"))
+            piece_files.append(f)
 
     if conflicts:
         notes.append(conflicts[0] + (f" ({len(conflicts) - 1:,} more file(s) like this; the path "
@@ -1021,6 +1034,13 @@ def load_dataset(
     register_chunks(raw, raw_chunks)
     register_chunks(lf, chunks)
     accounting, fine = _account(raw, mapping, infos)
+    from entr_diag.caveats import hinted_reason
+
+    hinted = hinted_reason(accounting.excluded, accounting.tokens_masked, mapping)
+    if hinted is not None:  # what it concerns: which column(s), which file(s)
+        accounting = dataclasses.replace(accounting, excluded_where={hinted: _excluded_where(
+            [canonical_raw(fr.select(order)) for fr, *_ in pieces], piece_files, hinted,
+            mapping)})
     src = mapping.get("entropy")
     if (src and accounting.tokens_masked and not accounting.tokens_valid
             and accounting.excluded.get("invalid_entropy")
@@ -1798,6 +1818,45 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_without_step=n_nullstep,
         tokens_padding=count["padding"],
     ), fine
+
+
+#: per logprob exclusion reason, its condition on each side (the reason's condition is
+#: their disjunction, :func:`_reason_conditions`)
+def _side_conditions(reason: str) -> dict[str, pl.Expr]:
+    tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
+    if reason == "zero_placeholder":
+        return {"train_logprob": (tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX),
+                "infer_logprob": (il == 0) & (tl < S.ZERO_PLACEHOLDER_OTHER_MAX)}
+    cond = {"positive_logprob": lambda c: c > S.POSITIVE_LOGPROB_TOL,
+            "sentinel_logprob": lambda c: c <= S.SENTINEL_FLOOR,
+            "non_finite_logprob": lambda c: c.is_null() | ~c.is_finite()}.get(reason)
+    return {} if cond is None else {"train_logprob": cond(tl), "infer_logprob": cond(il)}
+
+
+def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path], reason: str,
+                    mapping: Mapping[str, str]) -> dict[str, Any]:
+    """Where the rows excluded for ``reason`` are: ``{"columns": {canonical logprob column:
+    excluded rows whose value on that side meets the reason's condition}, "files": {path:
+    excluded rows}, "input_files": number of input files}`` (files without one left out;
+    ``columns`` empty for a reason that is not about the logprobs). ``frames``: the raw canonical frame of each piece (a file or a
+    row range of one), ``files`` their files. One more read of the input, only when a
+    warning explains an exclusion reason (e.g. one shard of two in probabilities: that
+    shard and that column are named)."""
+    sides = _side_conditions(reason)
+    rows: dict[str, int] = {}
+    cols = dict.fromkeys(sides, 0)
+    queries = [fr.filter(pl.col("reason") == reason).select(
+        pl.len().alias("n"), *[c.sum().alias(k) for k, c in sides.items()]) for fr in frames]
+    for i in range(0, len(queries), _MAX_FILES_PER_CHUNK):
+        outs = pl.collect_all(queries[i:i + _MAX_FILES_PER_CHUNK], engine="streaming")
+        for f, out in zip(files[i:i + _MAX_FILES_PER_CHUNK], outs, strict=True):
+            r = out.row(0, named=True)
+            if r["n"]:
+                rows[str(f)] = rows.get(str(f), 0) + int(r["n"])
+            for k in cols:
+                cols[k] += int(r[k] or 0)
+    return {"columns": {k: n for k, n in cols.items() if n and k in mapping}, "files": rows,
+            "input_files": len(set(files))}
 
 
 def _pair(lo, hi) -> tuple[int, int] | None:
