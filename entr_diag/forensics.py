@@ -2144,8 +2144,9 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         )
     if n_run:
         parts.append(
-            f"{n_run} sequence(s) hold runs of >= {CORRUPT_MIN_RUN} placeholder values "
-            f"(0.0 / +1.0 / -9999) inside the loss mask ({int(s['tok_run'])} tokens), e.g. "
+            f"{n_run} sequence(s) hold runs of >= {CORRUPT_MIN_RUN} values no sampler logs "
+            "(0.0 on one side only, <= -1000, or above 0: placeholders, or probabilities) "
+            f"inside the loss mask ({int(s['tok_run'])} tokens), e.g. "
             f"seq_id {', '.join(ev['placeholder_run_examples_seq_id'][:3])}"
             + (
                 f" ({int(s['tok_run_zero'])} of them exact 0.0 engine logprobs, which a "
@@ -2156,13 +2157,17 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     title = "Corrupt rows: whole runs of invalid logprobs inside the loss mask"
     lead = ""
     if acc is not None:  # most tokens invalid: the columns, not a few rows, are the problem
-        from entr_diag.caveats import exclusion_hint
+        from entr_diag.caveats import exclusion_hint, hinted_reason
 
-        hint = exclusion_hint(acc.excluded, acc.tokens_masked, getattr(ctx.ds, "mapping", None),
+        mapping = getattr(ctx.ds, "mapping", None)
+        hint = exclusion_hint(acc.excluded, acc.tokens_masked, mapping,
                               getattr(acc, "excluded_where", None))
-        if hint:
-            reason = max(acc.excluded.items(), key=lambda kv: kv[1])[0]
-            title = f"Most loss-masked tokens are invalid ({reason}), not a few corrupt rows"
+        reason = hinted_reason(acc.excluded, acc.tokens_masked, mapping)
+        if hint and reason:
+            n = acc.excluded[reason]
+            many = ("Most loss-masked tokens are" if n > acc.tokens_masked / 2
+                    else f"{n / acc.tokens_masked:.1%} of the loss-masked tokens are")
+            title = f"{many} invalid ({reason}), not a few corrupt rows"
             lead = f"{hint} "
     f = Finding(
         kind=name,

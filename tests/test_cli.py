@@ -365,8 +365,13 @@ def test_probabilities_in_one_shard_name_the_column_and_the_shard(tmp_path):
     assert where["positive_logprob"] == {"columns": {"train_logprob": n},
                                          "files": {str(d / "part-2.parquet"): n},
                                          "input_files": 4}
-    assert n == json.loads(j.read_text())["inputs"]["accounting"]["exclusions"][
-        "positive_logprob"]
+    doc = json.loads(j.read_text())
+    assert n == doc["inputs"]["accounting"]["exclusions"]["positive_logprob"]
+    # the corrupt-rows finding: a quarter of the tokens is not "most", nor placeholders
+    corrupt = next(f for f in doc["forensics"]["findings"] if f["kind"] == "corrupt_rows")
+    assert re.match(r"2\d\.\d% of the loss-masked tokens are invalid \(positive_logprob\)",
+                    corrupt["title"]), corrupt["title"]
+    assert "or probabilities" in corrupt["message"]
 
 
 def test_exclusions_in_several_shards_list_the_largest(tmp_path):
