@@ -587,9 +587,10 @@ class Accounting:
     #: ``tokens_unmasked``
     tokens_padding: int = 0
     #: for the exclusion reason the warnings explain (:func:`entr_diag.caveats.hinted_reason`):
-    #: reason -> ``{"columns": {canonical logprob column: rows}, "files": {path: rows}}``,
-    #: which logprob column(s) meet the reason's condition (the logprob reasons only) and
-    #: in which input files the excluded rows are (:func:`_excluded_where`)
+    #: reason -> ``{"columns": {canonical logprob column: rows}, "files": {path: rows},
+    #: "input_files": n}``: which logprob column(s) meet the reason's condition (the
+    #: logprob reasons only) and in which input files the excluded rows are
+    #: (:func:`_excluded_where`)
     excluded_where: Mapping[str, Mapping[str, Any]] | None = None
 
     def to_dict(self) -> dict:
@@ -1551,10 +1552,19 @@ def _seq_key_expr(mapping: Mapping[str, str]) -> pl.Expr:
     return pl.col("seq_id").hash(seed=0).alias("seq_key")
 
 
+#: the exclusion reasons about the logprob values, in order of precedence: each is a
+#: condition on either side (:func:`_side_conditions`)
+_LOGPROB_REASONS = ("non_finite_logprob", "sentinel_logprob", "positive_logprob",
+                    "zero_placeholder")
+
+
+def _either(sides: Mapping[str, pl.Expr]) -> pl.Expr:
+    return sides["train_logprob"] | sides["infer_logprob"]
+
+
 def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
     """(reason, condition) in order of precedence: a row's reason is the first whose
     condition is true (a null condition counts as false); no reason: a valid token."""
-    tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
     mask = pl.col("loss_mask") if "loss_mask" in mapping else pl.lit(True)
     out = [
         ("empty_row", pl.col("_empty")),
@@ -1565,11 +1575,7 @@ def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
         ("missing_seq_id", pl.col("seq_id").is_null()),
         *([("invalid_position", pl.col("position").is_null() | (pl.col("position") < 0))]
           if "position" in mapping else []),
-        ("non_finite_logprob", tl.is_null() | il.is_null() | ~tl.is_finite() | ~il.is_finite()),
-        ("sentinel_logprob", (tl <= S.SENTINEL_FLOOR) | (il <= S.SENTINEL_FLOOR)),
-        ("positive_logprob", (tl > S.POSITIVE_LOGPROB_TOL) | (il > S.POSITIVE_LOGPROB_TOL)),
-        ("zero_placeholder", ((tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX))
-         | ((il == 0) & (tl < S.ZERO_PLACEHOLDER_OTHER_MAX))),
+        *[(r, _either(_side_conditions(r))) for r in _LOGPROB_REASONS],
     ]
     if "entropy" in mapping:
         h = pl.col("entropy")
@@ -1820,9 +1826,10 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     ), fine
 
 
-#: per logprob exclusion reason, its condition on each side (the reason's condition is
-#: their disjunction, :func:`_reason_conditions`)
 def _side_conditions(reason: str) -> dict[str, pl.Expr]:
+    """A logprob exclusion reason's condition on each side (canonical column -> condition;
+    the reason's condition in :func:`_reason_conditions` is their disjunction); {} for any
+    other reason."""
     tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
     if reason == "zero_placeholder":
         return {"train_logprob": (tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX),
@@ -1838,10 +1845,10 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path], reaso
     """Where the rows excluded for ``reason`` are: ``{"columns": {canonical logprob column:
     excluded rows whose value on that side meets the reason's condition}, "files": {path:
     excluded rows}, "input_files": number of input files}`` (files without one left out;
-    ``columns`` empty for a reason that is not about the logprobs). ``frames``: the raw canonical frame of each piece (a file or a
-    row range of one), ``files`` their files. One more read of the input, only when a
-    warning explains an exclusion reason (e.g. one shard of two in probabilities: that
-    shard and that column are named)."""
+    ``columns`` empty for a reason that is not about the logprobs). ``frames``: the raw
+    canonical frame of each piece (a file or a row range of one), ``files`` their files.
+    One more read of the input, only when a warning explains an exclusion reason (e.g. one
+    shard of two in probabilities: that shard and that column are named)."""
     sides = _side_conditions(reason)
     rows: dict[str, int] = {}
     cols = dict.fromkeys(sides, 0)
