@@ -1442,8 +1442,8 @@ class ComparePlan:
     pass and sets the fitted law after.
 
     Pass 2 (:meth:`followup`; :meth:`finish` runs it when the caller has not): both sweeps
-    (token counts by sweep index and category), keep counts
-    of every gate by (entropy bin, p bin, staleness bucket, category) and by step, with the
+    (token counts by sweep index and category), keep counts of every gate by (entropy
+    bin, p bin, staleness bucket, category) and by step, with the
     sequence gates' decisions (from the merged per-sequence table) joined on ``seq_key``,
     and, for the matched band and each M2PO gate, the tokens of the one histogram bin
     holding the threshold, grouped by exact value (at most ``_BOUNDARY_ROWS`` rows).
