@@ -490,6 +490,41 @@ def test_not_parquet_refused(tmp_path):
     p.write_text("seq_id,train_logprob\n1,-0.1\n")
     with pytest.raises(InputError, match=r"x\.parquet.*Parquet"):
         load_dataset([p])
+    with pytest.raises(InputError, match="reads Parquet files only"):
+        load_dataset([p])
+
+
+def test_truncated_parquet_is_called_damaged(tmp_path):
+    """A Parquet file cut short is refused as damaged, not as another format."""
+    good = _write(tmp_path, _long())
+    p = tmp_path / "cut.parquet"
+    data = good.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match=r"cut\.parquet.*starts like a Parquet file but "
+                       "cannot be read: truncated, or damaged"):
+        load_dataset([p])
+
+
+def test_duplicate_column_names_refused_naming_file_and_column(tmp_path):
+    """Parquet allows two columns of one name; polars cannot read them (even unused): a
+    one-line refusal naming the file, the column and how many, from the CLI with exit 2."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    good = _write(tmp_path, _long(), name="good.parquet")
+    t = pq.read_table(good)
+    bad = tmp_path / "dup.parquet"
+    pq.write_table(pa.table(t.columns + [t.column("train_logprob")] * 3,
+                            names=t.column_names + ["train_logprob", "foo", "foo"]), bad)
+    with pytest.raises(InputError, match=r"dup\.parquet: it holds several columns of one name "
+                       r"\(2 named 'foo', 2 named 'train_logprob'\)"):
+        load_dataset([tmp_path])
+    r = CliRunner().invoke(app, ["fit", str(bad)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.stderr.startswith(f"error: cannot read {bad}: it holds several columns")
 
 
 def test_nonexistent_and_empty_dir_refused(tmp_path):

@@ -176,12 +176,31 @@ def _scan(path: Path) -> pl.LazyFrame:
 
 
 def _read_schema(path: Path) -> pa.Schema:
+    """The Arrow schema of ``path``. InputError naming the file when it cannot be read as
+    Parquet (a damaged one, starting with Parquet's magic bytes, told apart from another
+    format) or when it holds several columns of one name (Parquet allows it; polars cannot
+    read such a file, even when that column is not used)."""
     try:
-        return pq.read_schema(path)
+        schema = pq.read_schema(path)
     except (pa.ArrowInvalid, OSError, ValueError) as e:
+        try:
+            with open(path, "rb") as f:
+                parquet = f.read(4) == b"PAR1"
+        except OSError:
+            parquet = False
+        what = ("it starts like a Parquet file but cannot be read: truncated, or damaged"
+                if parquet else "entr-diag reads Parquet files only")
+        raise InputError(f"cannot read {path} as Parquet ({_short(e)}); {what}.") from None
+    names = schema.names
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        listed = ", ".join(f"{names.count(n)} named '{n}'" for n in dups[:3])
+        more = ", ..." if len(dups) > 3 else ""
         raise InputError(
-            f"cannot read {path} as Parquet ({_short(e)}); entr-diag reads Parquet files only."
-        ) from None
+            f"cannot read {path}: it holds several columns of one name ({listed}{more}); "
+            "Parquet allows it, but polars cannot read such a file: rewrite it with unique "
+            "column names.")
+    return schema
 
 
 def _short(e: BaseException) -> str:
