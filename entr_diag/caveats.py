@@ -202,6 +202,18 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
         details.append(f"these rows are {files}")
     if details:
         text += f" ({'; '.join(details)})"
+    left_in = at.get("valid_left") or {}
+    left = sum(left_in.values())
+    if left and reason == "positive_logprob":  # a probability below 1e-4 passes as ~0 nats
+        if int(at.get("input_files") or 1) == 1:
+            where_left, fix = "", "convert the column (the log of each probability)"
+        elif len(left_in) == 1:
+            where_left, fix = f" in {next(iter(left_in))}", "leave that file out"
+        else:
+            where_left, fix = f" in those {len(left_in):,} files", "leave those files out"
+        text += (f"; the {left:,} valid token{'' if left == 1 else 's'} left{where_left} "
+                 f"{'is' if left == 1 else 'are'} probably probabilities too (at most 1e-4, "
+                 f"which pass as log-probabilities near 0 nats) and distort the results: {fix}")
     return reason, n, text
 
 

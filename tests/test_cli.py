@@ -352,7 +352,10 @@ def _shards(tmp_path: Path, n: int, bad: dict[int, dict], tokens: int = 400) -> 
 def test_probabilities_in_one_shard_name_the_column_and_the_shard(tmp_path):
     """One shard of four with the trainer's column in probabilities: the warning names that
     column alone and that shard, and the JSON accounting says the same."""
-    d = _shards(tmp_path, 4, {2: {"train_logprob": pl.col("train_logprob").exp()}})
+    # five loss-masked probabilities below 1e-4: they pass as log-probabilities near 0
+    tiny = pl.col("loss_mask") & (pl.col("loss_mask").cast(pl.Int64).cum_sum() <= 5)
+    d = _shards(tmp_path, 4, {2: {"train_logprob": pl.when(tiny).then(1e-6)
+                                  .otherwise(pl.col("train_logprob").exp())}})
     j = tmp_path / "fit.json"
     r = runner.invoke(app, ["fit", str(d), "--json", str(j)])
     msg = re.sub(r"\s+", " ", r.stderr)
@@ -364,7 +367,10 @@ def test_probabilities_in_one_shard_name_the_column_and_the_shard(tmp_path):
     n = where["positive_logprob"]["columns"]["train_logprob"]
     assert where["positive_logprob"] == {"columns": {"train_logprob": n},
                                          "files": {str(d / "part-2.parquet"): n},
+                                         "valid_left": {str(d / "part-2.parquet"): 5},
                                          "input_files": 4}
+    assert (f"the 5 valid tokens left in {d / 'part-2.parquet'} are probably probabilities "
+            "too") in msg and "leave that file out" in msg
     doc = json.loads(j.read_text())
     assert n == doc["inputs"]["accounting"]["exclusions"]["positive_logprob"]
     # the corrupt-rows finding: a quarter of the tokens is not "most", nor placeholders
@@ -1054,3 +1060,19 @@ def test_entropy_missing_in_one_shard_names_the_shard(tmp_path):
     assert "invalid_entropy" in msg and "--entropy train" in msg
     assert f"(these rows are all in {d / 'part-1.parquet'}, 1 of the 2 input files)" in msg
     assert "the values are in" not in msg
+
+
+def test_plus_one_sentinels_are_not_called_probabilities_left(tmp_path):
+    """A shard whose loss-masked trainer logprobs are mostly +1.0 sentinels: excluded as
+    positive_logprob and located, but its other tokens are not claimed to be probabilities
+    (a constant +1.0 is a placeholder, not a probability)."""
+    mostly = pl.int_range(pl.len()) % 10 != 0
+    d = _shards(tmp_path, 2, {1: {"train_logprob": pl.when(mostly).then(1.0)
+                                  .otherwise(pl.col("train_logprob"))}})
+    j = tmp_path / "fit.json"
+    r = runner.invoke(app, ["fit", str(d), "--json", str(j), "-q"])
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert f"these rows are all in {d / 'part-1.parquet'}" in msg, msg
+    assert "probably probabilities too" not in msg
+    where = json.loads(j.read_text())["inputs"]["accounting"]["exclusions_where"]
+    assert where["positive_logprob"]["valid_left"] == {}

@@ -607,8 +607,9 @@ class Accounting:
     tokens_padding: int = 0
     #: for the exclusion reason the warnings explain (:func:`entr_diag.caveats.hinted_reason`):
     #: reason -> ``{"columns": {canonical logprob column: rows}, "files": {path: rows},
-    #: "input_files": n}``: which logprob column(s) meet the reason's condition (the
-    #: logprob reasons only) and in which input files the excluded rows are
+    #: "valid_left": {path: tokens}, "input_files": n}``: which logprob column(s) meet the
+    #: reason's condition (the logprob reasons only), in which input files the excluded
+    #: rows are, and the valid tokens left in files the reason mostly excludes
     #: (:func:`_excluded_where`)
     excluded_where: Mapping[str, Mapping[str, Any]] | None = None
 
@@ -1863,26 +1864,44 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path], reaso
                     mapping: Mapping[str, str]) -> dict[str, Any]:
     """Where the rows excluded for ``reason`` are: ``{"columns": {canonical logprob column:
     excluded rows whose value on that side meets the reason's condition}, "files": {path:
-    excluded rows}, "input_files": number of input files}`` (files without one left out;
-    ``columns`` empty for a reason that is not about the logprobs). ``frames``: the raw
+    excluded rows}, "valid_left": {path: valid tokens}, "input_files": number of input
+    files}`` (files without one left out; ``columns`` empty for a reason that is not about
+    the logprobs; ``valid_left``: the valid tokens of the files where the reason excludes
+    most loss-masked rows, e.g. probabilities below 1e-4 that pass as log-probabilities
+    near 0 in a file of probabilities; not when most of those rows are exactly +1.0, a
+    sentinel). ``frames``: the raw
     canonical frame of each piece (a file or a row range of one), ``files`` their files.
     One more read of the input, only when a warning explains an exclusion reason (e.g. one
     shard of two in probabilities: that shard and that column are named)."""
     sides = _side_conditions(reason)
-    rows: dict[str, int] = {}
     cols = dict.fromkeys(sides, 0)
-    queries = [fr.filter(pl.col("reason") == reason).select(
-        pl.len().alias("n"), *[c.sum().alias(k) for k, c in sides.items()]) for fr in frames]
+    rsn = pl.col("reason")
+    hit = rsn == reason
+    # per file: the reason's rows, the loss-masked rows, the valid tokens
+    per: dict[str, list[int]] = {}
+    # (rows at exactly +1.0: a sentinel value, not probabilities)
+    one = (pl.col("train_logprob") == 1.0) | (pl.col("infer_logprob") == 1.0)
+    queries = [fr.select(
+        hit.sum().alias("n"),
+        (rsn.is_null() | ~rsn.is_in(["unmasked", "padding", "empty_row"])).sum().alias("m"),
+        rsn.is_null().sum().alias("v"), (hit & one).sum().alias("ones"),
+        *[(hit & c).sum().alias(k) for k, c in sides.items()]) for fr in frames]
     for i in range(0, len(queries), _MAX_FILES_PER_CHUNK):
         outs = pl.collect_all(queries[i:i + _MAX_FILES_PER_CHUNK], engine="streaming")
         for f, out in zip(files[i:i + _MAX_FILES_PER_CHUNK], outs, strict=True):
             r = out.row(0, named=True)
-            if r["n"]:
-                rows[str(f)] = rows.get(str(f), 0) + int(r["n"])
+            acc = per.setdefault(str(f), [0, 0, 0, 0])
+            for j, k in enumerate(("n", "m", "v", "ones")):
+                acc[j] += int(r[k] or 0)
             for k in cols:
                 cols[k] += int(r[k] or 0)
-    return {"columns": {k: n for k, n in cols.items() if n and k in mapping}, "files": rows,
-            "input_files": len(set(files))}
+    return {"columns": {k: n for k, n in cols.items() if n and k in mapping},
+            "files": {f: n for f, (n, _m, _v, _o) in per.items() if n},
+            # files where the reason excludes most loss-masked rows (not as +1.0 sentinels):
+            # the valid tokens left
+            "valid_left": {f: v for f, (n, m, v, o) in per.items()
+                           if v and n > m / 2 and o <= n / 2},
+            "input_files": len(per)}
 
 
 def _pair(lo, hi) -> tuple[int, int] | None:
