@@ -940,6 +940,13 @@ class _LagSums:
             step = batch.get_column("step")  # numpy: a polars gather here waits for the engine
             out["step"] = (step.gather(pl.Series(starts)) if step.null_count()
                            else pl.Series("step", column(batch, "step")[starts]))
+        # a token with an impossible logprob (a placeholder; implausible_logprobs reports
+        # them) is left out, with its pairs: a placeholder at every k-th token would
+        # otherwise favour the lag that misses it near a sequence's start
+        ok = None
+        if min(float(tl.min()), float(il.min())) <= IMPLAUSIBLE_LOGPROB:
+            ok = (tl > IMPLAUSIBLE_LOGPROB) & (il > IMPLAUSIBLE_LOGPROB)
+            pair[:-1] &= ok[:-1] & ok[1:]
         n_pairs = np.add.reduceat(pair.astype(np.int64), starts)
         w = np.zeros(n)
         # lag -1 at token t = i + 1: |train[t] - infer[t - 1]|; lag +1 at t = i: |train[t] -
@@ -950,8 +957,13 @@ class _LagSums:
             w *= pair
             out[f"_a{lag}"] = np.add.reduceat(w, starts)
             out[f"_n{lag}"] = n_pairs
-        out["_z"] = np.add.reduceat(np.abs(column(batch, "delta")), starts)
-        out["_n0"] = np.diff(np.append(starts, n)).astype(np.int64)
+        ad = np.abs(column(batch, "delta"))
+        if ok is None:
+            out["_z"] = np.add.reduceat(ad, starts)
+            out["_n0"] = np.diff(np.append(starts, n)).astype(np.int64)
+        else:
+            out["_z"] = np.add.reduceat(np.where(ok, ad, 0.0), starts)
+            out["_n0"] = np.add.reduceat(ok.astype(np.int64), starts)
         self.rows.add(pl.DataFrame(out))
 
     def table(self) -> pl.DataFrame | None:
@@ -1016,11 +1028,17 @@ def _misalignment(sample: pl.DataFrame, keep: int,
     sequences and steps concerned; from a hash-sampled subset of sequences (``sample``:
     their rows, gathered by :class:`_LagSample` during the pass; sorted by (seq_key,
     position) in memory, so the order of the rows does not matter; a partner must be the
-    token at position t + L of the same sequence).
+    token at position t + L of the same sequence). Tokens with a logprob at or below
+    IMPLAUSIBLE_LOGPROB (placeholders: implausible_logprobs reports them) are left out, with
+    the pairs they are in, here and in :class:`_LagSums`.
     """
     name = "misalignment"
     has_step = "step" in sample.columns
     tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
+    # tokens with an impossible logprob (placeholders, reported by implausible_logprobs)
+    # are left out with their pairs: at every k-th token they favour the lag that misses
+    # them at the start of short sequences
+    sample = sample.filter((tl > IMPLAUSIBLE_LOGPROB) & (il > IMPLAUSIBLE_LOGPROB))
     pos, sk = pl.col("position"), pl.col("seq_key")
     lags = [L for a in MISALIGN_LAGS for L in (-a, a)]
     d0 = (tl - il).abs()

@@ -129,6 +129,23 @@ def test_misalignment_detected_with_likely_shift(tmp_path, base, shift):
     assert res.status("one_sided_temperature").status == "cannot_tell"
 
 
+@pytest.mark.parametrize("every", [7, 50])
+def test_periodic_placeholders_are_no_shift(tmp_path, base, every):
+    """A placeholder (-300) on one side at every k-th row: implausible logprobs, not a
+    shift (the lag that misses them at the start of short sequences looked better)."""
+    df = base.with_columns(pl.when(pl.int_range(pl.len()) % every == 0).then(-300.0)
+                           .otherwise(IL).alias("infer_logprob"))
+    ds = _load(tmp_path, df)
+    assert detect_misalignment(ds) is None
+    res = run_forensics(ds)
+    assert res.status("misalignment").status == "clear"
+    assert any(f.kind == "implausible_logprobs" for f in res.findings)
+    # a real shift among such placeholders is still found
+    shifted = df.with_columns(IL.shift(1).over("seq_id", order_by="position"))
+    f = detect_misalignment(_load(tmp_path, shifted, name="shifted.parquet"))
+    assert f is not None and f.evidence["likely_shift"] == 1
+
+
 @pytest.mark.parametrize("shift", [-2, 2, 3])
 def test_shift_by_more_than_one_token_is_detected(tmp_path, base, shift):
     """A shift by 2 or 3 tokens (a doubled offset) is critical too, naming the lag; lag +-1
