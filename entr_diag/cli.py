@@ -539,18 +539,28 @@ def _glob_matches(pattern: str, path: str) -> bool:
     return match(0, 0)
 
 
-def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
+def _defaulted(ctx: typer.Context, name: str) -> tuple[str, ...]:
+    """``("--NAME",)`` when the option ``name`` was not given (its default is used), else
+    ``()``: for :func:`_refuse_overwriting_inputs` to say "the default --output" (``report
+    .`` writes entr-diag-report.html into the current directory unless told otherwise)."""
+    source = ctx.get_parameter_source(name)
+    return (f"--{name}",) if source is not None and source.name == "DEFAULT" else ()
+
+
+def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None],
+                               defaults: tuple[str, ...] = ()) -> None:
     """Input files are never modified, nor added to: an output naming an input file (also
     through a symlink or hard link), lying inside an input directory or matching an input
     glob is refused (a later run over the same input would read it); so are two outputs
     naming the same file (except a character device such as /dev/null) and two outputs
     into stdout (two naming stdout itself, ``-`` or ``/dev/stdout``, even when stdout is
-    /dev/null or a terminal). Checked before any data is read."""
+    /dev/null or a terminal). Checked before any data is read. ``defaults``: the outputs
+    the user did not name (their default paths), which a refusal calls "the default"."""
     import os
     import stat
 
     from entr_diag.errors import InputError
-    from entr_diag.io.load import bundled_sample_path, resolve_paths
+    from entr_diag.io.load import PARQUET_SUFFIXES, bundled_sample_path, resolve_paths
 
     to_stdout = [what for what, path in outputs.items() if path is not None and _is_stdout(path)]
     try:
@@ -590,10 +600,14 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None]) -> None:
             if Path(raw).is_dir():
                 dirs = {os.path.abspath(raw), os.path.realpath(raw)}
                 if any(Path(f).is_relative_to(d) for f in forms for d in dirs):
+                    read = (f"a later run over {raw} would read it as input, and "
+                            if Path(path).suffix.lower() in PARQUET_SUFFIXES else "")
+                    default = what in defaults
                     raise InputError(
-                        f"{what} {path} lies inside the input directory {raw}: a later run "
-                        f"over {raw} would read it as input, and entr-diag writes nothing "
-                        "into its input. Choose a path outside it."
+                        f"{'the default ' if default else ''}{what} {path} lies inside the "
+                        f"input directory {raw}: {read}entr-diag writes nothing into its "
+                        f"input. Choose a path outside it"
+                        f"{f' (give {what} PATH)' if default else ''}."
                     )
             elif not Path(raw).exists() and any(ch in raw for ch in "*?["):
                 if any(_glob_matches(raw, f) for f in forms):
@@ -1189,6 +1203,7 @@ def fit(
 
 @app.command(cls=_Command)
 def flag(
+    ctx: typer.Context,
     paths: Paths = None,
     output: Annotated[Path, typer.Option("--output", "-o", parser=_output_path, metavar="FILE", help="Parquet file for the flagged tokens.")] = Path("noise.parquet"),
     bins: BinsOpt = DEFAULT_BINS,
@@ -1217,7 +1232,7 @@ def flag(
         check_fit_parameters(eps, tau, n_boot, bins)
         _check_bin_edges(bin_edges)
         _check_output(output, "--output")
-        _refuse_overwriting_inputs(paths, {"--output": output})
+        _refuse_overwriting_inputs(paths, {"--output": output}, _defaulted(ctx, "output"))
         ds = _load(paths, column, framework, layout, entropy, quiet)
         res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
                    allow_misaligned=allow_misaligned)["fit"]
@@ -1450,6 +1465,7 @@ def compare(
 
 @app.command(cls=_Command)
 def report(
+    ctx: typer.Context,
     paths: Paths = None,
     output: Annotated[Path, typer.Option("--output", "-o", parser=_output_path, metavar="FILE", help="HTML file to write.")] = Path("entr-diag-report.html"),
     tau: TauOpt = 4.0,
@@ -1479,7 +1495,8 @@ def report(
         _check_bin_edges(bin_edges)
         _check_output(output, "--output")
         _check_output(json_path, "--json")
-        _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path})
+        _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path},
+                                   _defaulted(ctx, "output"))
         from entr_diag.fit import check_fit_parameters
 
         check_fit_parameters(eps, tau, n_boot, bins)

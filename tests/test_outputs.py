@@ -310,6 +310,25 @@ def test_output_inside_input_directory_or_glob_refused(run_file, tmp_path, monke
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize("cmd,default", [("report", "entr-diag-report.html"),
+                                         ("flag", "noise.parquet")])
+def test_default_output_inside_the_input_directory_says_it_is_the_default(
+        run_file, tmp_path, monkeypatch, cmd, default):
+    """`report .` / `flag .` without -o: the refusal says the path is the default one and
+    how to give another; only a Parquet output is said to be read by a later run."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.parquet").write_bytes(run_file.read_bytes())
+    r = runner.invoke(app, [cmd, ".", "-q"])
+    err = " ".join(r.stderr.split())
+    assert r.exit_code == 2
+    assert err.startswith(f"error: the default --output {default} lies inside the input "
+                          "directory .:"), err
+    assert "(give --output PATH)" in err
+    assert ("would read it as input" in err) == default.endswith(".parquet")
+    r = runner.invoke(app, [cmd, ".", "-q", "-o", default])  # named: not "the default"
+    assert r.exit_code == 2 and "the default" not in r.stderr
+
+
 def test_output_beside_an_input_glob_it_does_not_match_is_allowed(run_file, tmp_path,
                                                                   monkeypatch):
     """An output next to the inputs that the input glob does not match (another suffix,
