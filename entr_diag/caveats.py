@@ -197,6 +197,8 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
     details = []
     if sides and "{logprob_columns}" not in MOSTLY_EXCLUDED_HINTS[reason]:
         details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 else ""))
+    if at.get("kinds"):  # what the invalid entropies are
+        details.append("the values: " + ", ".join(f"{n:,} {k}" for k, n in at["kinds"].items()))
     files = _where_files(at.get("files") or {}, int(at.get("input_files") or 1))
     if files:
         details.append(f"these rows are {files}")

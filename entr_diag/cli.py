@@ -993,8 +993,9 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
                 and " holds no valid value " in n), None)
     if bad:  # the column is there, without one usable value: dropped by the loader
         src = bad.split("'")[1]
+        what = bad.split(" token (", 1)[1].split("): ", 1)[0] if " token (" in bad else ""
         return (f"{_where(ds)}: the {canon} column ('{src}') holds no valid value for any "
-                f"loss-masked token, so {consequence}; {fix}.")
+                f"loss-masked token{f' ({what})' if what else ''}, so {consequence}; {fix}.")
     nulls = next((n for n in ds.notes if n.startswith(f"{canon} (") and "holds only nulls" in n),
                  None)
     if nulls:  # the column is there, all null: dropped by the loader

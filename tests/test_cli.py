@@ -1058,7 +1058,8 @@ def test_entropy_missing_in_one_shard_names_the_shard(tmp_path):
     r = runner.invoke(app, ["fit", str(d)])
     msg = re.sub(r"\s+", " ", r.stderr)
     assert "invalid_entropy" in msg and "--entropy train" in msg
-    assert f"(these rows are all in {d / 'part-1.parquet'}, 1 of the 2 input files)" in msg
+    assert (f"(the values: 400 null or NaN; these rows are all in {d / 'part-1.parquet'}, "
+            "1 of the 2 input files)") in msg, msg
     assert "the values are in" not in msg
 
 

@@ -996,9 +996,14 @@ def test_an_entropy_column_without_a_valid_value_counts_as_absent(tmp_path):
     p = _write(tmp_path, _long(entropy=nan), "only.parquet")
     ds = load_dataset([p])
     assert "entropy" not in ds.mapping and ds.accounting.tokens_valid == 5
-    assert ds.notes[0] == ("warning: entropy ('entropy') holds no valid value (NaN, null, "
-                           "negative or above 20 nats) for any loss-masked token: not used, "
-                           "as if absent")
+    assert ds.notes[0] == ("warning: entropy ('entropy') holds no valid value for any "
+                           "loss-masked token (5 null or NaN): not used, as if absent")
+    # what the values are, by kind
+    mixed = _write(tmp_path, _long(entropy=[-1.0, -2.0, float("inf"), 25.0, float("nan")]),
+                   "mixed.parquet")
+    assert load_dataset([mixed]).notes[0] == (
+        "warning: entropy ('entropy') holds no valid value for any loss-masked token (1 null "
+        "or NaN, 1 infinite, 2 negative, 1 above 20 nats): not used, as if absent")
     q = _write(tmp_path, _long(entropy=nan, train_entropy=[0.5, 0.4, 0.3, 1.0, 2.0]),
                "train.parquet")
     ds = load_dataset([q])

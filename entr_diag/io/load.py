@@ -1072,8 +1072,11 @@ def load_dataset(
         ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
                           entropy=entropy, _unusable_entropy=(*_unusable_entropy, src))
         instead = ds.mapping.get("entropy")
-        note = (f"warning: entropy ('{src}') holds no valid value (NaN, null, negative or "
-                "above 20 nats) for any loss-masked token: not used, as if absent"
+        kinds = ((accounting.excluded_where or {}).get("invalid_entropy") or {}).get("kinds")
+        what = (", ".join(f"{n:,} {k}" for k, n in kinds.items()) if kinds
+                else f"NaN, null, negative or above {S.ENTROPY_MAX:g} nats")
+        note = (f"warning: entropy ('{src}') holds no valid value for any loss-masked token "
+                f"({what}): not used, as if absent"
                 + (f"; using the trainer-side entropy ('{instead}')" if instead else ""))
         return dataclasses.replace(ds, notes=(note, *ds.notes), bundled=bundled)
     return Dataset(
@@ -1860,13 +1863,23 @@ def _side_conditions(reason: str) -> dict[str, pl.Expr]:
     return {} if cond is None else {"train_logprob": cond(tl), "infer_logprob": cond(il)}
 
 
+def _entropy_kinds() -> dict[str, pl.Expr]:
+    """What makes an entropy invalid, one condition per kind (their disjunction is the
+    ``invalid_entropy`` condition of :func:`_reason_conditions`)."""
+    h = pl.col("entropy")
+    fin = h.is_finite()
+    return {"null or NaN": h.is_null() | h.is_nan(), "infinite": h.is_infinite(),
+            "negative": fin & (h < 0), f"above {S.ENTROPY_MAX:g} nats": fin & (h > S.ENTROPY_MAX)}
+
+
 def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path], reason: str,
                     mapping: Mapping[str, str]) -> dict[str, Any]:
     """Where the rows excluded for ``reason`` are: ``{"columns": {canonical logprob column:
     excluded rows whose value on that side meets the reason's condition}, "files": {path:
     excluded rows}, "valid_left": {path: valid tokens}, "input_files": number of input
     files}`` (files without one left out; ``columns`` empty for a reason that is not about
-    the logprobs; ``valid_left``: the valid tokens of the files where the reason excludes
+    the logprobs; for ``invalid_entropy``, ``"kinds"``: rows per kind of invalid value,
+    :func:`_entropy_kinds`; ``valid_left``: the valid tokens of the files where the reason excludes
     most loss-masked rows, e.g. probabilities below 1e-4 that pass as log-probabilities
     near 0 in a file of probabilities; not when most of those rows are exactly +1.0, a
     sentinel). ``frames``: the raw
@@ -1875,6 +1888,8 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path], reaso
     shard of two in probabilities: that shard and that column are named)."""
     sides = _side_conditions(reason)
     cols = dict.fromkeys(sides, 0)
+    kinds = _entropy_kinds() if reason == "invalid_entropy" else {}
+    kind_n = dict.fromkeys(kinds, 0)
     rsn = pl.col("reason")
     hit = rsn == reason
     # per file: the reason's rows, the loss-masked rows, the valid tokens
@@ -1885,7 +1900,9 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path], reaso
         hit.sum().alias("n"),
         (rsn.is_null() | ~rsn.is_in(["unmasked", "padding", "empty_row"])).sum().alias("m"),
         rsn.is_null().sum().alias("v"), (hit & one).sum().alias("ones"),
-        *[(hit & c).sum().alias(k) for k, c in sides.items()]) for fr in frames]
+        *[(hit & c).sum().alias(k) for k, c in sides.items()],
+        *[(hit & c).sum().alias(f"kind{i}") for i, c in enumerate(kinds.values())])
+        for fr in frames]
     for i in range(0, len(queries), _MAX_FILES_PER_CHUNK):
         outs = pl.collect_all(queries[i:i + _MAX_FILES_PER_CHUNK], engine="streaming")
         for f, out in zip(files[i:i + _MAX_FILES_PER_CHUNK], outs, strict=True):
@@ -1895,7 +1912,10 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path], reaso
                 acc[j] += int(r[k] or 0)
             for k in cols:
                 cols[k] += int(r[k] or 0)
+            for i, k in enumerate(kinds):
+                kind_n[k] += int(r[f"kind{i}"] or 0)
     return {"columns": {k: n for k, n in cols.items() if n and k in mapping},
+            **({"kinds": {k: n for k, n in kind_n.items() if n}} if kinds else {}),
             "files": {f: n for f, (n, _m, _v, _o) in per.items() if n},
             # files where the reason excludes most loss-masked rows (not as +1.0 sentinels):
             # the valid tokens left
