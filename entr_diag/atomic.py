@@ -247,16 +247,20 @@ _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO
 _WRITE_MESSAGES = tuple(os.strerror(e) for e in _WRITE_ERRNOS)
 
 
-def _write_failure(target: str | Path, e: BaseException) -> InputError | None:
-    """An InputError naming ``target`` when ``e`` is a failure to write it, else None (a
-    polars error from a sink may also be a failure to READ the input)."""
+def _write_why(e: BaseException) -> str | None:
+    """Why writing failed (e.g. 'No space left on device') when ``e`` is a failure to
+    write, else None (a polars error from a sink may also be a failure to READ the
+    input)."""
     if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
-        return InputError(f"cannot write {target}: {e.strerror or e}.")
+        return str(e.strerror or e)
     text = str(e)
-    for m in _WRITE_MESSAGES:
-        if m in text:
-            return InputError(f"cannot write {target}: {m}.")
-    return None
+    return next((m for m in _WRITE_MESSAGES if m in text), None)
+
+
+def _write_failure(target: str | Path, e: BaseException) -> InputError | None:
+    """An InputError naming ``target`` when ``e`` is a failure to write it, else None."""
+    why = _write_why(e)
+    return None if why is None else InputError(f"cannot write {target}: {why}.")
 
 
 def _reader_gone(e: BaseException) -> bool:
@@ -313,9 +317,12 @@ def _streamed(target: Path, shown: Path) -> Iterator[BinaryIO]:
         with f:
             yield f
     except Exception as e:
+        why = _write_why(e)
         if _reader_gone(e):
             reader_left(shown)
-        elif isinstance(e, OSError):  # closing it flushed the end into a full device, say
+        elif why is not None:  # a full device (/dev/full): as a full stdout, exit 1 after
+            reader_left(shown, why=why)  # the other outputs
+        elif isinstance(e, OSError):
             raise InputError(f"cannot write {shown}: {e.strerror or e}.") from None
         else:
             raise
@@ -342,14 +349,12 @@ def write_text(target: str | Path, text: str) -> Path:
             :func:`together`; within it, at the block's end).
     """
     def write(dest: Path | BinaryIO) -> None:
+        if not isinstance(dest, Path):  # a device or FIFO: its failures are _streamed's
+            dest.write(text.encode("utf-8"))
+            return
         try:
-            if isinstance(dest, Path):
-                dest.write_text(text, encoding="utf-8")
-            else:
-                dest.write(text.encode("utf-8"))
+            dest.write_text(text, encoding="utf-8")
         except OSError as e:  # only writing happens here
-            if _reader_gone(e):
-                raise
             raise InputError(f"cannot write {target}: {e.strerror or e}.") from None
 
     return write_with(target, write)
@@ -370,9 +375,9 @@ def write_with(target: str | Path, writer: Callable[[Path | BinaryIO], object]) 
     """
     shown = Path(target)
     path, atomic = output_target(target)
-    if not atomic:
+    if not atomic:  # (a failure to write goes to _streamed: a device fills like stdout)
         with _streamed(path, shown) as f:
-            _run_writer(shown, writer, f)
+            writer(f)
         return shown
     with atomic_path(target) as tmp:
         _run_writer(shown, writer, tmp)

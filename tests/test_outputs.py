@@ -788,3 +788,20 @@ def test_flag_into_a_fifo_with_a_reader_delivers_the_whole_parquet(run_file, tmp
     r = runner.invoke(app, ["flag", str(run_file), "-o", str(out), "--n-boot", "100", "-q"])
     assert r.exit_code == 0, r.output
     assert got.height > 0 and got.equals(pl.read_parquet(out))
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_device_named_as_an_output_is_like_a_full_stdout(run_file, tmp_path):
+    """`-o /dev/full` (a device that is full) does not stop the other outputs: they are
+    written, the verdict printed, then one error line naming it and exit 1, as for a full
+    stdout (was exit 2 with nothing written)."""
+    j = tmp_path / "r.json"
+    r = runner.invoke(app, ["report", str(run_file), "-o", "/dev/full", "--json", str(j),
+                            "-q", "--n-boot", "100"])
+    assert r.exit_code == 1, r.output
+    assert json.loads(j.read_text())["command"] == "report"
+    assert r.stderr.strip() == ("error: cannot write /dev/full: No space left on device; "
+                                "every other output was written.")
+    assert "Traceback" not in r.output and "law" in r.stdout
+    r = runner.invoke(app, ["flag", str(run_file), "-o", "/dev/full", "-q"])
+    assert r.exit_code == 1 and "cannot write /dev/full: No space left on device" in r.stderr
