@@ -278,6 +278,20 @@ def exclusion_lead(excluded: Mapping[str, int], masked: int, valid: int,
             f"excluded ({reasons}): {why}")
 
 
+def rounding_caveat(rounded: Mapping[str, float] | None,
+                    mapping: Mapping[str, str] | None = None) -> str | None:
+    """A one-line caveat when logprob columns hold values rounded to a decimal step
+    (``rounded``: :func:`entr_diag.forensics.rounded_logprobs`, column -> step in nats),
+    else None: every log-ratio below the step is lost, the low-entropy regime with it."""
+    if not rounded:
+        return None
+    cols = [f"{c} ('{(mapping or {}).get(c, c)}') to {step:g} nats"
+            for c, step in rounded.items()]
+    return (f"caveat: the logprobs are stored rounded ({', '.join(cols)}): log-ratios "
+            "below that step are lost (they read as 0 or the step), and the low-entropy "
+            "regime with them; re-dump them at full precision.")
+
+
 def integer_caveat(notes: list[str] | tuple[str, ...]) -> str | None:
     """A one-line caveat when the loader read an integer-typed logprob or entropy column
     (its ``warning: CANON ('SRC') holds integers ...`` note), else None: a verdict on

@@ -793,16 +793,18 @@ def _alignment_numbers(f) -> str:
     )
 
 
-def _fit_dict(fit_res, ds, findings=None) -> dict:
+def _fit_dict(fit_res, ds, findings=None, rounded=None) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
     terminal, JSON and HTML: the mostly-excluded, integer-column, unit-mistake and (with
-    the forensics' ``findings``) impossible-logprob caveats, then the small-sample and
-    interval caveats (None when none applies)."""
+    the forensics' ``findings``) impossible-logprob caveats, the rounded-logprob caveat
+    (``rounded``: ``_fit``'s, column -> step, also kept as ``rounded_logprobs``), then the
+    small-sample and interval caveats (None when none applies)."""
     from entr_diag.caveats import (
         exclusion_caveat,
         implausible_caveat,
         integer_caveat,
         interval_caveat,
+        rounding_caveat,
         small_sample_caveat,
         units_caveat,
     )
@@ -812,10 +814,12 @@ def _fit_dict(fit_res, ds, findings=None) -> dict:
     # what is wrong with the data first (it explains the statistical caveats after it)
     parts = [exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                               acc.excluded_where),
-             integer_caveat(ds.notes), units_caveat(fd.get("units"), ds.mapping),
+             integer_caveat(ds.notes), rounding_caveat(rounded, ds.mapping),
+             units_caveat(fd.get("units"), ds.mapping),
              implausible_caveat(None if findings is None else findings.to_dict()),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
+    fd["rounded_logprobs"] = dict(rounded) if rounded else None
     return fd
 
 
@@ -1132,8 +1136,19 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                  + (gate_plan.accumulators if gate_plan is not None else []))
     if "fit" in plans or forensics:  # their robust statistics; meanwhile the alignment check
         _import_meanwhile("scipy.stats")
+    rounded = None
     if align is not None:
         _check_alignment(ds, align.finish(), allow_misaligned)
+        rounded = align.rounding()  # logprobs stored rounded (the sample tells)
+    if rounded:  # an integer-typed column has its own warning (integer_caveat)
+        rounded = {c: step for c, step in rounded.items()
+                   if not any(n.startswith(f"warning: {c} (") and " holds integers " in n
+                              for n in ds.notes)} or None
+    if rounded:
+        from entr_diag.caveats import rounding_caveat
+
+        _notes.add("[yellow]warning:[/yellow] "
+                   + escape(rounding_caveat(rounded, ds.mapping).removeprefix("caveat: ")))
     with _status("fitting...", quiet):
         out = {}
         for k, p in plans.items():
@@ -1149,7 +1164,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         caveat = units_caveat(out["fit"].units.to_dict(), ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
-    return {"unavailable": unavailable, "no_fit": no_fit, "gates": gate_plan,
+    return {"unavailable": unavailable, "no_fit": no_fit, "gates": gate_plan, "rounded": rounded,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}}
 
 
@@ -1192,7 +1207,7 @@ def fit(
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
-        fd = _fit_dict(fit_res, ds, findings)
+        fd = _fit_dict(fit_res, ds, findings, a["rounded"])
         caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
@@ -1438,7 +1453,7 @@ def compare(
         with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
-                fit=None if fit_res is None else _fit_dict(fit_res, ds),
+                fit=None if fit_res is None else _fit_dict(fit_res, ds, rounded=a["rounded"]),
                 **({"unavailable": no_entr or no_law} if no_entr or no_law else {})), quiet)
             if export is not None:
                 from entr_diag.atomic import when_written, write_with
@@ -1548,7 +1563,8 @@ def report(
             "unavailable": no_law,
         }
         doc = envelope("report", desc, params,
-                       fit=None if fit_res is None else _fit_dict(fit_res, ds, findings),
+                       fit=None if fit_res is None else _fit_dict(fit_res, ds, findings,
+                                                                  a["rounded"]),
                        metrics=metrics.to_dict(),
                        compare=None if cmp_res is None else cmp_res.to_dict(), profiles=prof,
                        forensics=findings.to_dict(), **({"unavailable": no_law} if no_law else {}))

@@ -2534,6 +2534,48 @@ class MisalignmentPlan:
     def finish(self) -> Finding | None:
         return self.result()[1]
 
+    def rounding(self) -> dict[str, float] | None:
+        """:func:`rounded_logprobs` of the sampled tokens (after the pass; None when no
+        sample was taken, the result being cached)."""
+        if self._sample is None:
+            return None
+        return rounded_logprobs(self._sample.frame(self.ds.lf.collect_schema()))
+
+
+#: decimal steps a logprob column may have been rounded to, coarsest first (nats)
+ROUNDING_STEPS: tuple[float, ...] = (1.0, 0.1, 0.01, 0.001)
+#: a column counts as rounded to a step when this share of its non-zero values lies on it
+ROUNDED_SHARE = 0.9
+#: ... of at least this many non-zero values
+ROUNDED_MIN_VALUES = 200
+
+
+def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:
+    """Logprob columns stored rounded to a decimal step: ``{column: step}`` for each of
+    ``train_logprob`` / ``infer_logprob`` whose non-zero finite values lie on a grid of
+    ROUNDING_STEPS (the coarsest that holds ROUNDED_SHARE of them, of at least
+    ROUNDED_MIN_VALUES values), else None. Input: tokens of the canonical frame (the
+    misalignment check's sample). A value lies on the grid of step s when x / s is within
+    1e-3 plus float32's rounding error of an integer: an unrounded column has a few tenths
+    of a percent of its values there. Rounded logprobs (floats written with round(x, 2),
+    or a text dump) lose every log-ratio below the step: the low-entropy regime's
+    |delta| of 1e-3 becomes 0 or the step, whatever the fit says."""
+    out: dict[str, float] = {}
+    for col in ("train_logprob", "infer_logprob"):
+        if col not in sample.columns:
+            continue
+        x = sample.get_column(col).cast(pl.Float64)
+        x = x.filter(x.is_finite() & (x != 0)).to_numpy()
+        if x.size < ROUNDED_MIN_VALUES:
+            continue
+        for step in ROUNDING_STEPS:
+            y = x / step
+            tol = 1e-3 + np.abs(y) * 2.5e-7  # float32 keeps 24 bits: ~1.2e-7 relative
+            if np.mean(np.abs(y - np.round(y)) <= tol) >= ROUNDED_SHARE:
+                out[col] = step
+                break
+    return out or None
+
 
 def misalignment_plan(ds: Any) -> MisalignmentPlan:
     """The plan of :func:`detect_misalignment`: run ``plan.accumulators`` in a pass over

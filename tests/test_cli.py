@@ -1049,6 +1049,32 @@ def test_integer_logprob_columns_put_a_caveat_beside_the_verdict(synth_file, tmp
     assert "train_logprob ('train_logprob') and infer_logprob ('infer_logprob') hold integers" \
         in cav and "meaningless" in cav
     assert "hold integers" in re.sub(r"\s+", " ", r.stdout)
+    # one caveat for them: not also "stored rounded" (to 1 nat)
+    assert "stored rounded" not in cav and "stored rounded" not in r.stderr
+
+
+def test_rounded_float_logprobs_put_a_caveat_beside_the_verdict(synth_file, tmp_path):
+    """Logprobs stored as floats rounded to 0.01 nats: a warning, a verdict caveat naming
+    the columns and the step, and rounded_logprobs in the JSON of fit, compare and report;
+    none on the full-precision file."""
+    p = tmp_path / "r2.parquet"
+    pl.read_parquet(synth_file).with_columns(
+        pl.col("infer_logprob").round(2)).write_parquet(p)
+    for cmd in ("fit", "compare", "report"):
+        js = tmp_path / f"{cmd}.json"
+        extra = ["-o", str(tmp_path / "r.html")] if cmd == "report" else []
+        r = runner.invoke(app, [cmd, str(p), "--n-boot", "100", "--json", str(js), *extra])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(js.read_text())
+        fd = doc if cmd == "fit" else doc["fit"]
+        assert fd["rounded_logprobs"] == {"infer_logprob": 0.01}, cmd
+        assert ("the logprobs are stored rounded (infer_logprob ('infer_logprob') to 0.01 "
+                "nats)") in fd["verdict"]["caveat"]
+        assert "warning: the logprobs are stored rounded" in re.sub(r"\s+", " ", r.stderr)
+    js = tmp_path / "clean.json"
+    r = runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "--json", str(js)])
+    doc = json.loads(js.read_text())
+    assert doc["rounded_logprobs"] is None and "stored rounded" not in r.output
 
 
 def test_entropy_missing_in_one_shard_names_the_shard(tmp_path):

@@ -944,3 +944,18 @@ def test_a_logprob_of_exactly_minus_50_is_flagged(tmp_path, base):
     ev = res.by_kind("implausible_logprobs").evidence
     assert ev["tokens_infer_side"] == df.filter(bad & pl.col("loss_mask")).height > 0
     assert ev["infer_logprob_range_flagged"] == [-50.0, -50.0]
+
+
+def test_rounded_logprobs_are_found_by_their_step(base):
+    """Logprobs written rounded to a decimal step are named with the step (the coarsest
+    grid holding 90% of the values), float32 storage included; full-precision ones, and
+    too few values, are not."""
+    from entr_diag.forensics import rounded_logprobs
+
+    assert rounded_logprobs(base) is None
+    r2 = base.with_columns(TL.round(2), IL.round(2))
+    assert rounded_logprobs(r2) == {"train_logprob": 0.01, "infer_logprob": 0.01}
+    one = base.with_columns(IL.round(3).cast(pl.Float32))
+    assert rounded_logprobs(one) == {"infer_logprob": 0.001}
+    assert rounded_logprobs(base.with_columns(TL.round(0))) == {"train_logprob": 1.0}
+    assert rounded_logprobs(r2.head(100)) is None
