@@ -1028,3 +1028,49 @@ def test_a_pattern_through_a_bracketed_folder_says_how_to_escape_it(tmp_path, mo
     assert load_dataset(["dir[[]x]/*.parquet"]).accounting.tokens_valid == 5
     with pytest.raises(InputError, match=r"^the pattern nope/\*\.parquet matches no file\.$"):
         load_dataset(["nope/*.parquet"])
+
+
+def test_the_validity_predicate_is_no_exclusion_condition_holding():
+    """_valid_expr (what the token frame keeps) is true exactly when no exclusion condition
+    holds, a null condition counting as false, on every mix of null, NaN, infinite,
+    boundary and ordinary values of every column."""
+    import itertools
+
+    import numpy as np
+
+    from entr_diag.io import schema as S
+    from entr_diag.io.load import _reason_conditions, _valid_expr
+
+    lp = [None, float("nan"), float("inf"), -float("inf"), 0.0, -0.01, -0.2,
+          S.SENTINEL_FLOOR, S.SENTINEL_FLOOR + 1e-9, S.POSITIVE_LOGPROB_TOL,
+          S.POSITIVE_LOGPROB_TOL * 1.5, 1.0]
+    h = [None, float("nan"), float("inf"), -1e-9, 0.0, 1.0, S.ENTROPY_MAX, S.ENTROPY_MAX + 1]
+    rows = list(itertools.product(lp, lp, h))
+    n = len(rows)
+    rng = np.random.default_rng(0)
+
+    def pick(values):
+        return [values[i] for i in rng.integers(0, len(values), n)]
+
+    df = pl.DataFrame({
+        "train_logprob": [r[0] for r in rows], "infer_logprob": [r[1] for r in rows],
+        "entropy": [r[2] for r in rows],
+        "loss_mask": pick([True, False, None, True, True]),
+        "_mask_bad": pick([False, False, True, None]),
+        "_empty": pick([False, False, True, None]), "_pad": pick([False, False, True, None]),
+        "seq_id": pick(["a", "b", None]), "position": pick([0, 3, -1, None]),
+        "policy_version": pick([0, 2, -1, None]), "train_version": pick([1, 3, -2, None]),
+    }, schema_overrides={"position": pl.Int64, "policy_version": pl.Int64,
+                         "train_version": pl.Int64})
+    full = {c: c for c in ("loss_mask", "position", "entropy", "policy_version",
+                           "train_version", "train_logprob", "infer_logprob", "seq_id")}
+    for drop in ((), ("loss_mask",), ("position",), ("entropy",),
+                 ("policy_version", "train_version")):
+        mapping = {k: v for k, v in full.items() if k not in drop}
+        slow = pl.lit(True)
+        for _, cond in _reason_conditions(mapping):
+            slow = slow & ~cond.fill_null(False)
+        got = df.select(fast=_valid_expr(mapping), slow=slow)
+        assert got["fast"].null_count() == 0
+        assert got["fast"].to_list() == got["slow"].to_list(), drop
+        assert 0 < got["fast"].sum() < n  # both kinds of row are there

@@ -1626,12 +1626,31 @@ def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False) -> pl.Expr:
 
 
 def _valid_expr(mapping: Mapping[str, str]) -> pl.Expr:
-    """True for a valid loss-masked token (``reason`` is null): no condition holds. A
-    conjunction of booleans, much cheaper per row than computing the reason."""
-    out = pl.lit(True)
-    for _, cond in _reason_conditions(mapping):
-        out = out & ~cond.fill_null(False)
-    return out
+    """True for a valid loss-masked token (``reason`` is null): no condition of
+    :func:`_reason_conditions` holds (a null condition counting as false). Written as one
+    term per column saying what a valid value is (a logprob in (SENTINEL_FLOOR,
+    POSITIVE_LOGPROB_TOL], NaN and infinities failing the comparisons; an entropy in [0,
+    ENTROPY_MAX]; ...), a null value making its term null and the row invalid: about half
+    the per-row operations of negating each condition (a validation costs as much as
+    decoding the columns). ``tests/test_io.py`` checks it against the conditions."""
+    tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
+    terms = [~pl.col("_empty").fill_null(False), pl.col("loss_mask").fill_null(False)
+             if "loss_mask" in mapping else pl.lit(True), ~pl.col("_pad").fill_null(False),
+             pl.col("seq_id").is_not_null()]
+    if "loss_mask" in mapping:
+        terms.append(~pl.col("_mask_bad").fill_null(False))
+    if "position" in mapping:
+        terms.append(pl.col("position") >= 0)
+    for x in (tl, il):
+        terms += [x > S.SENTINEL_FLOOR, x <= S.POSITIVE_LOGPROB_TOL]
+    terms.append(~_either(_side_conditions("zero_placeholder")))
+    if "entropy" in mapping:
+        h = pl.col("entropy")
+        terms += [h >= 0, h <= S.ENTROPY_MAX]
+    reasons = dict(_reason_conditions(mapping))
+    if "negative_version" in reasons:
+        terms.append(~reasons["negative_version"])  # (never null)
+    return pl.all_horizontal(terms).fill_null(False)
 
 
 def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
