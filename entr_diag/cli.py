@@ -1093,8 +1093,11 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     input), ``no_fit`` (the same reason as a phrase, without the input), ``metrics``,
     ``findings`` (None when not asked for), ``profiles``: the unfinished ProfilesPlan
     (its version-switch follow-up pass is shared with the gate comparison's second pass;
-    call ``finish()`` after) and ``gates``: the ComparePlan after its first pass (None
-    without ``gates``).
+    call ``finish()`` after), ``gates``: the ComparePlan after its first pass (None
+    without ``gates``) and ``rounded``: the logprob columns stored rounded, column ->
+    step in nats (:func:`~entr_diag.forensics.rounded_logprobs` on the shift test's
+    sample; None when none is, and for an integer-typed column, which has its own
+    warning).
     """
     from entr_diag.fit import fit_plan
     from entr_diag.passes import run_pass
