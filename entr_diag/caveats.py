@@ -134,8 +134,10 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
 #: the share of the loss-masked tokens from which a reason's exclusions get their hint,
 #: for the reasons that are never legitimate (others: more than half): a probability above
 #: 1; an entropy that is NaN, null or out of range (e.g. one shard of two written without
-#: it, while a trainer-side entropy could be used)
-HINT_MIN_SHARE: dict[str, float] = {"positive_logprob": 0.01, "invalid_entropy": 0.05}
+#: it, while a trainer-side entropy could be used); a mask value other than 0 or 1 (a loss
+#: weight column mapped as the mask, e.g. in one shard of four)
+HINT_MIN_SHARE: dict[str, float] = {"positive_logprob": 0.01, "invalid_entropy": 0.05,
+                                    "invalid_loss_mask": 0.05}
 
 
 #: input files named at most in where the excluded rows are

@@ -83,7 +83,8 @@ def _usage_message(e, args: list[str]) -> str:
         shown = f" {value}" if value is not None else ""
         return f"{opt}{shown}: {why}.{see}"
     msg = e.format_message().strip().rstrip(".")
-    return f"{msg[:1].lower() + msg[1:]}.{see}"
+    end = "" if msg.endswith(("?", "!")) else "."  # ("Did you mean 'fit'?")
+    return f"{msg[:1].lower() + msg[1:]}{end}{see}"
 
 
 def _plain_flags(params: list) -> list:

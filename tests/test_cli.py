@@ -1103,3 +1103,22 @@ def test_plus_one_sentinels_are_not_called_probabilities_left(tmp_path):
     assert "probably probabilities too" not in msg
     where = json.loads(j.read_text())["inputs"]["accounting"]["exclusions_where"]
     assert where["positive_logprob"]["valid_left"] == {}
+
+
+def test_a_weight_column_as_the_mask_in_one_shard_gets_its_hint(tmp_path):
+    """A loss weight (0.5) as the mask in one shard of four excludes a quarter of the
+    tokens as invalid_loss_mask: the warning says what it means and names the shard (was
+    the accounting line only: the hint needed more than half)."""
+    d = _shards(tmp_path, 4, {1: {"loss_mask": pl.lit(0.5)}})
+    for i in (0, 2, 3):  # the same column type in every shard
+        f = d / f"part-{i}.parquet"
+        pl.read_parquet(f).with_columns(pl.col("loss_mask").cast(pl.Float64)).write_parquet(f)
+    r = runner.invoke(app, ["fit", str(d), "-q"])
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert "are invalid_loss_mask: the mask column holds weights or labels" in msg, msg
+    assert f"these rows are all in {d / 'part-1.parquet'}, 1 of the 4 input files" in msg
+
+
+def test_a_mistyped_command_ends_its_suggestion_once():
+    r = runner.invoke(app, ["fitt"])
+    assert r.exit_code == 2 and "Did you mean 'fit'? See" in r.stderr
