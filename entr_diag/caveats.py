@@ -280,6 +280,27 @@ def exclusion_lead(excluded: Mapping[str, int], masked: int, valid: int,
             f"excluded ({reasons}): {why}")
 
 
+def file_units_caveat(flagged: Any, n_files: int,
+                      mapping: Mapping[str, str] | None = None) -> str | None:
+    """A one-line caveat when some input files (not all) match a unit mistake of their
+    own: ``flagged``, ``[(file, UnitsCheck)]`` of :class:`entr_diag.fit.FileUnitsPlan`,
+    ``n_files`` the input files; None when empty. Each file's sentence is
+    :func:`units_caveat`'s, after the file."""
+    if not flagged:
+        return None
+    parts = []
+    for f, check in flagged[:_MAX_FILES_NAMED]:
+        text = units_caveat(check.to_dict(), mapping) or ""
+        parts.append(f"in {f} ({check.tokens:,} tokens), "
+                     + text.removeprefix("caveat: ").replace(" (unless the engine", " (unless "
+                                                             "its engine"))
+    more = (f" ({len(flagged) - _MAX_FILES_NAMED:,} more file(s) like this)"
+            if len(flagged) > _MAX_FILES_NAMED else "")
+    verb = "looks" if len(flagged) == 1 else "look"
+    return (f"caveat: {len(flagged):,} of the {n_files:,} input files {verb} written in "
+            f"another unit than the others: " + " ".join(parts) + more)
+
+
 def rounding_caveat(rounded: Mapping[str, float] | None,
                     mapping: Mapping[str, str] | None = None) -> str | None:
     """A one-line caveat when logprob columns hold values rounded to a decimal step

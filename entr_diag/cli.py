@@ -794,14 +794,17 @@ def _alignment_numbers(f) -> str:
     )
 
 
-def _fit_dict(fit_res, ds, findings=None, rounded=None) -> dict:
+def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
     terminal, JSON and HTML: the mostly-excluded, integer-column, unit-mistake and (with
     the forensics' ``findings``) impossible-logprob caveats, the rounded-logprob caveat
-    (``rounded``: ``_fit``'s, column -> step, also kept as ``rounded_logprobs``), then the
-    small-sample and interval caveats (None when none applies)."""
+    (``rounded``: ``_fit``'s, column -> step, also kept as ``rounded_logprobs``), the
+    unit-mistake-in-some-files caveat (``file_units``: ``_fit``'s, also kept as
+    ``units_by_file``), then the small-sample and interval caveats (None when none
+    applies)."""
     from entr_diag.caveats import (
         exclusion_caveat,
+        file_units_caveat,
         implausible_caveat,
         integer_caveat,
         interval_caveat,
@@ -817,10 +820,13 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None) -> dict:
                               acc.excluded_where),
              integer_caveat(ds.notes), rounding_caveat(rounded, ds.mapping),
              units_caveat(fd.get("units"), ds.mapping),
+             file_units_caveat(file_units, len(ds.files), ds.mapping),
              implausible_caveat(None if findings is None else findings.to_dict()),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
     fd["rounded_logprobs"] = dict(rounded) if rounded else None
+    fd["units_by_file"] = ([{"file": f, **c.to_dict()} for f, c in file_units]
+                           if file_units else None)
     return fd
 
 
@@ -1095,7 +1101,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     ``findings`` (None when not asked for), ``profiles``: the unfinished ProfilesPlan
     (its version-switch follow-up pass is shared with the gate comparison's second pass;
     call ``finish()`` after), ``gates``: the ComparePlan after its first pass (None
-    without ``gates``) and ``rounded``: the logprob columns stored rounded, column ->
+    without ``gates``), ``file_units``: the input files whose own units check names a
+    mistake the pooled one does not, ``[(file, UnitsCheck)]`` or None
+    (:class:`~entr_diag.fit.FileUnitsPlan`), and ``rounded``: the logprob columns stored
+    rounded, column ->
     step in nats (:func:`~entr_diag.forensics.rounded_logprobs` on the shift test's
     sample; None when none is, and for an integer-typed column, which has its own
     warning).
@@ -1115,6 +1124,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(ds, e)
     elif not entropy_optional or _dropped(ds, "entropy"):  # some files have it: to fix
         raise ParameterError(_no_column(ds, "entropy", _NO_ENTROPY, _map_entropy(ds)))
+    if "fit" in plans and len(ds.files) > 1:  # a unit mistake in some files only
+        from entr_diag.fit import FileUnitsPlan
+
+        plans["file_units"] = FileUnitsPlan(plans["fit"], [str(f.path) for f in ds.files])
     if full:
         from entr_diag.metrics import metrics_plan
 
@@ -1133,7 +1146,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
 
         plans["profiles"] = profiles_plan(ds.lf, eps=eps)
     gate_plan = gates() if gates is not None else None
-    what = ", ".join([{"findings": "forensics"}.get(k, k) for k in plans if k != "alignment"]
+    what = ", ".join([{"findings": "forensics"}.get(k, k) for k in plans
+                      if k not in ("alignment", "file_units")]
                      + (["gates"] if gate_plan is not None else []))
     with _status(f"one pass ({what})", quiet, rows=ds.accounting.tokens_valid):
         run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators]
@@ -1168,7 +1182,14 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         caveat = units_caveat(out["fit"].units.to_dict(), ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
+    file_units = out.get("file_units") if out.get("fit") is not None else None
+    if file_units:  # ... in some input files only
+        from entr_diag.caveats import file_units_caveat
+
+        _notes.add("[yellow]warning:[/yellow] " + escape(file_units_caveat(
+            file_units, len(ds.files), ds.mapping).removeprefix("caveat: ")))
     return {"unavailable": unavailable, "no_fit": no_fit, "gates": gate_plan, "rounded": rounded,
+            "file_units": file_units or None,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}}
 
 
@@ -1211,7 +1232,7 @@ def fit(
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
-        fd = _fit_dict(fit_res, ds, findings, a["rounded"])
+        fd = _fit_dict(fit_res, ds, findings, a["rounded"], a["file_units"])
         caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
@@ -1457,7 +1478,8 @@ def compare(
         with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
-                fit=None if fit_res is None else _fit_dict(fit_res, ds, rounded=a["rounded"]),
+                fit=None if fit_res is None else _fit_dict(
+                    fit_res, ds, rounded=a["rounded"], file_units=a["file_units"]),
                 **({"unavailable": no_entr or no_law} if no_entr or no_law else {})), quiet)
             if export is not None:
                 from entr_diag.atomic import when_written, write_with
@@ -1567,8 +1589,8 @@ def report(
             "unavailable": no_law,
         }
         doc = envelope("report", desc, params,
-                       fit=None if fit_res is None else _fit_dict(fit_res, ds, findings,
-                                                                  a["rounded"]),
+                       fit=None if fit_res is None else _fit_dict(
+                           fit_res, ds, findings, a["rounded"], a["file_units"]),
                        metrics=metrics.to_dict(),
                        compare=None if cmp_res is None else cmp_res.to_dict(), profiles=prof,
                        forensics=findings.to_dict(), **({"unavailable": no_law} if no_law else {}))

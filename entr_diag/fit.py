@@ -80,6 +80,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,6 +140,7 @@ __all__ = [
     "UnitsCheck",
     "Verdict",
     "FitPlan",
+    "FileUnitsPlan",
     "check_fit_parameters",
     "fit_plan",
     "fit_scaling_law",
@@ -1269,6 +1271,60 @@ class _FitSums:
             for j in range(64 * w, min(64 * (w + 1), self.nb)):
                 out[j] = int(((m >> np.uint64(j - 64 * w)) & np.uint64(1)).sum())
         return out
+
+
+class _FileUnits:
+    """Accumulator of the units check per input file: sums of infer_logprob, delta,
+    entropy and the token count per (input file, coarse entropy bin) over the fit's tokens,
+    in the fit's pass (it reads the fit's per-token keys ``_fit_joint`` and
+    ``_fit_coarse``, and the loader's file index, ``entr_diag.io.load.FILE_INDEX``)."""
+
+    columns = ("entropy", "delta", "infer_logprob", "_file")
+
+    def __init__(self, nb: int, n_files: int) -> None:
+        self.nb, self.n_files = nb, n_files
+        #: (4, n_files * nb): n, s_lp, s_d, s_h
+        self.sums = np.zeros((4, n_files * nb))
+
+    def update(self, batch: pl.DataFrame) -> None:
+        ok = batch["_fit_joint"].to_numpy() >= 0
+        if not ok.any():
+            return
+        full = bool(ok.all())
+
+        def col(name: str) -> np.ndarray:
+            v = column(batch, name) if name in self.columns else batch[name].to_numpy()
+            return v if full else v[ok]
+
+        k = col("_file").astype(np.int64) * self.nb + col("_fit_coarse")
+        size = self.sums.shape[1]
+        self.sums[0] += np.bincount(k, minlength=size)
+        for i, name in enumerate(("infer_logprob", "delta", "entropy"), start=1):
+            self.sums[i] += np.bincount(k, weights=col(name), minlength=size)
+
+
+class FileUnitsPlan:
+    """The units check (:class:`UnitsCheck`) per input file, as an accumulator of the fit's
+    pass over a loaded dataset's frame: a unit mistake in one shard of several (entropy in
+    bits, one logprob column in log10 in the files of one writer) leaves the pooled check
+    near 1 but scales that file's ratios by a unit's factor. ``files``: the input files
+    (``Dataset.files`` paths, in order). :meth:`finish` returns the files whose own check
+    names a mistake, ``[(file, UnitsCheck)]``, unless every file with tokens does (the
+    pooled check then says it for the input), or [] with fewer than two such files."""
+
+    def __init__(self, fit: FitPlan, files: Sequence[str]) -> None:
+        self.files = list(files)
+        self.acc = _FileUnits(fit.binning.n_bins, len(self.files))
+        self.accumulators = [self.acc]
+
+    def finish(self) -> list[tuple[str, UnitsCheck]]:
+        t = self.acc.sums.reshape(4, len(self.files), self.acc.nb)
+        checks = [(f, _units_check(t[1, i], t[2, i], t[3, i], t[0, i]))
+                  for i, f in enumerate(self.files) if t[0, i].sum() > 0]
+        if len(checks) < 2:
+            return []
+        flagged = [(f, c) for f, c in checks if c.likely_mistake is not None]
+        return [] if len(flagged) == len(checks) else flagged
 
 
 class FitPlan:

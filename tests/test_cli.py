@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -1122,3 +1123,54 @@ def test_a_weight_column_as_the_mask_in_one_shard_gets_its_hint(tmp_path):
 def test_a_mistyped_command_ends_its_suggestion_once():
     r = runner.invoke(app, ["fitt"])
     assert r.exit_code == 2 and "Did you mean 'fit'? See" in r.stderr
+
+
+def _split(src: Path, d: Path, n: int, change: dict[int, dict]) -> Path:
+    """``src`` cut into ``n`` shards by step (whole sequences), shard i changed by
+    ``change[i]`` (column -> expression)."""
+    df = pl.read_parquet(src)
+    steps = sorted(df["step"].unique().to_list())
+    d.mkdir()
+    for i in range(n):
+        part = df.filter(pl.col("step").is_in(steps[i::n]))
+        if i in change:
+            part = part.with_columns(**change[i])
+        part.write_parquet(d / f"part-{i}.parquet")
+    return d
+
+
+@pytest.mark.parametrize("col,expr,unit", [
+    ("entropy", pl.col("entropy") / math.log(2), "bits (log base 2)"),
+    ("infer_logprob", pl.col("infer_logprob") / math.log(10), "log10 values"),
+])
+def test_a_unit_mistake_in_one_shard_names_the_shard(synth_file, tmp_path, col, expr, unit):
+    """One shard of four in another unit (entropy in bits, the engine's logprobs in log10):
+    the pooled units check stays near 1, the per-file one names the shard, the column and
+    the unit (warning, verdict caveat, JSON units_by_file); every shard in it: the pooled
+    check says it, the per-file one nothing more."""
+    d = _split(synth_file, tmp_path / "one", 4, {1: {col: expr}})
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert (f"warning: 1 of the 4 input files looks written in another unit than the others: "
+            f"in {d / 'part-1.parquet'} (") in msg, msg
+    assert f"{col} ('{col}') probably holds {unit}, not nats" in msg
+    doc = json.loads(js.read_text())
+    (only,) = doc["units_by_file"]
+    assert only["file"] == str(d / "part-1.parquet") and only["likely_mistake"]
+    assert doc["units"]["likely_mistake"] is None
+    assert "looks written in another unit" in doc["verdict"]["caveat"]
+    every = _split(synth_file, tmp_path / "all", 4, {i: {col: expr} for i in range(4)})
+    r = runner.invoke(app, ["fit", str(every), "--n-boot", "100", "--json", str(js), "-q"])
+    doc = json.loads(js.read_text())
+    assert doc["units"]["likely_mistake"] and doc["units_by_file"] is None
+    assert "another unit than the others" not in r.stderr
+
+
+def test_shards_in_one_unit_get_no_per_file_warning(synth_file, tmp_path):
+    d = _split(synth_file, tmp_path / "ok", 4, {})
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0 and "another unit" not in r.output
+    assert json.loads(js.read_text())["units_by_file"] is None

@@ -43,6 +43,8 @@ from entr_diag.passes import (
 )
 
 LAYOUTS = ("auto", "long", "nested")
+#: a column of the loader's frames: each row's input file, its index in ``Dataset.files``
+FILE_INDEX = "_file"
 ENTROPY_CHOICES = ("auto", "infer", "train")
 _HIVE_SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.+)$")
 _POLARS_DTYPE = {S.FLOAT: pl.Float64, S.INT: pl.Int64, S.BOOL: pl.Boolean, S.ID: pl.String}
@@ -994,8 +996,11 @@ def load_dataset(
             "duplicates)" + unkeyed)
     labels = _file_labels([p[0] for p in plans])
     for i, (f, types, hive, file_layout, scan, ranges, _numbered) in enumerate(plans):
+        # (each row's input file: its index in Dataset.files, a constant per file)
+        index = pl.lit(i, pl.UInt32).alias(FILE_INDEX)
         frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype, scan=scan,
-                                  position_offsets=file_offsets.get(i), label=labels[f]))
+                                  position_offsets=file_offsets.get(i), label=labels[f])
+                      .with_columns(index))
         if len(ranges) == 1:
             off, n, tokens = ranges[0]
             pieces.append((frames[-1], tokens, tokens > _STREAM_TOKENS, str(f)))
@@ -1004,7 +1009,7 @@ def load_dataset(
         for j, (off, n, tokens) in enumerate(ranges):
             pieces.append((_file_frame(f, types, hive, mapping, file_layout, sid_dtype,
                                        rows=(off, n), position_offsets=offsets.get((i, j)),
-                                       scan=scan, label=labels[f]),
+                                       scan=scan, label=labels[f]).with_columns(index),
                            tokens, tokens > _STREAM_TOKENS,
                            f"{f} (rows {off:,} to {off + n - 1:,})"))
             piece_files.append(f)
@@ -1655,7 +1660,7 @@ def _valid_expr(mapping: Mapping[str, str]) -> pl.Expr:
 
 def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
     cols = [pl.col("seq_id").cast(pl.String), pl.col("seq_id").alias(NATIVE_SEQ_ID),
-            pl.col("seq_key"), pl.col("position")]
+            pl.col(FILE_INDEX), pl.col("seq_key"), pl.col("position")]
     for canon in ("step", "train_logprob", "infer_logprob"):
         if canon in mapping:
             cols.append(pl.col(canon))
