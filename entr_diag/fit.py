@@ -80,7 +80,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -1177,17 +1177,10 @@ class _FitSums:
 
     def update(self, batch: pl.DataFrame) -> None:
         kj = batch["_fit_joint"].to_numpy()
-        ok = kj >= 0
-        if not ok.any():
+        col = _fit_tokens(batch, kj >= 0, self.columns)
+        if col is None:
             return
-        full = bool(ok.all())
-
-        def col(name: str) -> np.ndarray:
-            v = column(batch, name) if name in self.columns else batch[name].to_numpy()
-            return v if full else v[ok]
-
-        if not full:
-            kj = kj[ok]
+        kj = col("_fit_joint")
         n = kj.size
         if self._buf.shape[1] < n:
             self._buf = np.empty((3, n))
@@ -1273,6 +1266,22 @@ class _FitSums:
         return out
 
 
+def _fit_tokens(batch: pl.DataFrame, ok: np.ndarray, columns: Sequence[str]
+                ) -> Callable[[str], np.ndarray] | None:
+    """A reader of a batch's columns restricted to the fit's tokens (``ok``: ``_fit_joint
+    >= 0``) as numpy arrays (``columns`` through :func:`column`, shared with the pass's
+    other accumulators); None when the batch holds none."""
+    if not ok.any():
+        return None
+    full = bool(ok.all())
+
+    def col(name: str) -> np.ndarray:
+        v = column(batch, name) if name in columns else batch[name].to_numpy()
+        return v if full else v[ok]
+
+    return col
+
+
 class _FileUnits:
     """Accumulator of the units check per input file: sums of infer_logprob, delta,
     entropy and the token count per (input file, coarse entropy bin) over the fit's tokens,
@@ -1287,15 +1296,9 @@ class _FileUnits:
         self.sums = np.zeros((4, n_files * nb))
 
     def update(self, batch: pl.DataFrame) -> None:
-        ok = batch["_fit_joint"].to_numpy() >= 0
-        if not ok.any():
+        col = _fit_tokens(batch, batch["_fit_joint"].to_numpy() >= 0, self.columns)
+        if col is None:
             return
-        full = bool(ok.all())
-
-        def col(name: str) -> np.ndarray:
-            v = column(batch, name) if name in self.columns else batch[name].to_numpy()
-            return v if full else v[ok]
-
         k = col("_file").astype(np.int64) * self.nb + col("_fit_coarse")
         size = self.sums.shape[1]
         self.sums[0] += np.bincount(k, minlength=size)
