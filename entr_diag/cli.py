@@ -1016,6 +1016,22 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
     return f"{_where(ds)}: the input has no {canon} column, so {consequence}; {fix}."
 
 
+def _check_fit_options(eps, tau, n_boot, bins) -> None:
+    """:func:`entr_diag.fit.check_fit_parameters`, its refusal naming the option (``--tau
+    0: tau must be ...``), as a bad value of any other option is named."""
+    from entr_diag.fit import check_fit_parameters
+
+    try:
+        check_fit_parameters(eps, tau, n_boot, bins)
+    except ParameterError as e:
+        msg = str(e)
+        name = msg.split(" ", 1)[0]
+        given = {"eps": eps, "tau": tau, "n_boot": n_boot, "bins": bins}
+        if name in given:
+            raise ParameterError(f"--{name.replace('_', '-')} {given[name]:g}: {msg}") from None
+        raise
+
+
 def _check_bin_edges(bin_edges: str) -> None:
     """Refuse an unknown --bin-edges before any data is read."""
     if bin_edges not in ("quantile", "log"):
@@ -1219,9 +1235,7 @@ def fit(
     from entr_diag.report.terminal_fit import render_fit
 
     with _errors(quiet):
-        from entr_diag.fit import check_fit_parameters
-
-        check_fit_parameters(eps, tau, n_boot, bins)
+        _check_fit_options(eps, tau, n_boot, bins)
         _check_bin_edges(bin_edges)
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
@@ -1268,9 +1282,7 @@ def flag(
     from entr_diag.regime import flagged_tokens
 
     with _errors(quiet):
-        from entr_diag.fit import check_fit_parameters
-
-        check_fit_parameters(eps, tau, n_boot, bins)
+        _check_fit_options(eps, tau, n_boot, bins)
         _check_bin_edges(bin_edges)
         _check_output(output, "--output")
         _refuse_overwriting_inputs(paths, {"--output": output}, _defaulted(ctx, "output"))
@@ -1445,9 +1457,7 @@ def compare(
         _check_output(json_path, "--json")
         _check_output(export, "--export")
         _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
-        from entr_diag.fit import check_fit_parameters
-
-        check_fit_parameters(eps, tau, n_boot, bins)
+        _check_fit_options(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet)
         if not ds.has("entropy") and not panel:  # only ENTR asked for: it needs entropy
             raise ParameterError(_no_column(
@@ -1539,9 +1549,7 @@ def report(
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path},
                                    _defaulted(ctx, "output"))
-        from entr_diag.fit import check_fit_parameters
-
-        check_fit_parameters(eps, tau, n_boot, bins)
+        _check_fit_options(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet)
         # without the law (or entropy) the gates are still compared: no law-scale / noise
         # categories, and without entropy no ENTR

@@ -1174,3 +1174,16 @@ def test_shards_in_one_unit_get_no_per_file_warning(synth_file, tmp_path):
     r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
     assert r.exit_code == 0 and "another unit" not in r.output
     assert json.loads(js.read_text())["units_by_file"] is None
+
+
+@pytest.mark.parametrize("args,start", [
+    (["--tau", "0"], "error: --tau 0: tau must be a finite number > 0"),
+    (["--eps", "-1"], "error: --eps -1: eps must be a finite number >= 0"),
+    (["--tau", "nan"], "error: --tau nan: tau must be a finite number > 0"),
+])
+def test_a_bad_fit_parameter_names_its_option(args, start):
+    """The fit parameters checked after parsing name their option in the refusal, as any
+    other bad option value does (was 'tau must be ...' alone)."""
+    for cmd in ("fit", "compare"):
+        r = runner.invoke(app, [cmd, *args])
+        assert r.exit_code == 2 and r.stderr.startswith(start), r.stderr
