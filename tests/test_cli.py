@@ -1184,6 +1184,8 @@ def test_shards_in_one_unit_get_no_per_file_warning(synth_file, tmp_path):
 def test_a_bad_fit_parameter_names_its_option(args, start):
     """The fit parameters checked after parsing name their option in the refusal, as any
     other bad option value does (was 'tau must be ...' alone)."""
-    for cmd in ("fit", "compare"):
+    for cmd in ("fit", "flag"):
         r = runner.invoke(app, [cmd, *args])
         assert r.exit_code == 2 and r.stderr.startswith(start), r.stderr
+    r = runner.invoke(app, ["compare", *args])  # (refused by the ENTR gate's own check)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {args[0]} "), r.stderr
