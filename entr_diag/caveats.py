@@ -301,18 +301,33 @@ def file_units_caveat(flagged: Any, n_files: int,
             f"another unit than the others: " + " ".join(parts) + more)
 
 
-def rounding_caveat(rounded: Mapping[str, float] | None,
+def rounding_caveat(rounded: Mapping[str, Any] | None,
                     mapping: Mapping[str, str] | None = None) -> str | None:
     """A one-line caveat when logprob columns hold values rounded to a decimal step
-    (``rounded``: :func:`entr_diag.forensics.rounded_logprobs`, column -> step in nats),
-    else None: every log-ratio below the step is lost, the low-entropy regime with it."""
+    (``rounded``: :func:`entr_diag.forensics.rounded_logprobs`, column -> step in nats; or
+    ``{"by_file": {file: {column: step}}, "input_files": n}`` when some input files only
+    are), else None:
+    every log-ratio below the step is lost, the low-entropy regime with it."""
     if not rounded:
         return None
-    cols = [f"{c} ('{(mapping or {}).get(c, c)}') to {step:g} nats"
-            for c, step in rounded.items()]
-    return (f"caveat: the logprobs are stored rounded ({', '.join(cols)}): log-ratios "
-            "below that step are lost (they read as 0 or the step), and the low-entropy "
-            "regime with them; re-dump them at full precision.")
+
+    def cols(r: Mapping[str, float]) -> str:
+        return ", ".join(f"{c} ('{(mapping or {}).get(c, c)}') to {step:g} nats"
+                         for c, step in r.items())
+
+    by_file = rounded.get("by_file")
+    if by_file:  # some input files only: {file: {column: step}}
+        listed = list(by_file.items())
+        where = "; ".join(f"in {f}: {cols(r)}" for f, r in listed[:_MAX_FILES_NAMED])
+        more = (f"; {len(listed) - _MAX_FILES_NAMED:,} more file(s) like this"
+                if len(listed) > _MAX_FILES_NAMED else "")
+        n = int(rounded.get("input_files") or 0)
+        of = f" of the {n:,}" if n else ""
+        head = f"the logprobs of {len(listed):,}{of} input files are stored rounded ({where}{more})"
+    else:
+        head = f"the logprobs are stored rounded ({cols(rounded)})"
+    return (f"caveat: {head}: log-ratios below that step are lost (they read as 0 or the "
+            "step), and the low-entropy regime with them; re-dump them at full precision.")
 
 
 def integer_caveat(notes: list[str] | tuple[str, ...]) -> str | None:

@@ -824,7 +824,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None) -> dict
              implausible_caveat(None if findings is None else findings.to_dict()),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
-    fd["rounded_logprobs"] = dict(rounded) if rounded else None
+    fd["rounded_logprobs"] = dict(rounded) if rounded else None  # (or {"by_file": ...})
     fd["units_by_file"] = ([{"file": f, **c.to_dict()} for f, c in file_units]
                            if file_units else None)
     return fd
@@ -1174,8 +1174,12 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if align is not None:
         _check_alignment(ds, align.finish(), allow_misaligned)
         rounded = align.rounding()  # logprobs stored rounded (the sample tells)
-    if rounded:  # an integer-typed column has its own warning (integer_caveat)
-        rounded = {c: step for c, step in rounded.items()
+        if not rounded:  # ... in some files only
+            by_file = align.rounding_by_file()
+            rounded = ({"by_file": by_file, "input_files": len(ds.files)} if by_file
+                       else None)
+    if rounded and "by_file" not in rounded:  # an integer-typed column has its own
+        rounded = {c: step for c, step in rounded.items()  # warning (integer_caveat)
                    if not any(n.startswith(f"warning: {c} (") and " holds integers " in n
                               for n in ds.notes)} or None
     if rounded:

@@ -879,9 +879,10 @@ class _LagSample:
     sequences: ``seq_key % 1000 < keep``), at most ~MISALIGN_MAX_TOKENS rows of 32 bytes;
     the lags are taken after the pass, on the sequences put back together."""
 
-    def __init__(self, keep: int, with_step: bool = False) -> None:
+    def __init__(self, keep: int, with_step: bool = False, with_file: bool = False) -> None:
         self.keep = keep
-        self.cols = (*_SAMPLE_COLS, "step") if with_step else _SAMPLE_COLS
+        self.cols = (*_SAMPLE_COLS, *(("step",) if with_step else ()),
+                     *(("_file",) if with_file else ()))  # (the loader's file index)
         self.columns = list(self.cols)
         self.parts: list[pl.DataFrame] = []
 
@@ -2514,9 +2515,10 @@ class MisalignmentPlan:
     def __init__(self, ds: Any) -> None:
         self.ds = ds
         self._res = _misalign_cached(ds)
-        with_step = "step" in ds.lf.collect_schema().names()
+        names = ds.lf.collect_schema().names()
+        with_step = "step" in names
         self._sample = None if self._res is not None else _LagSample(
-            _misalign_keep(ds), with_step=with_step)
+            _misalign_keep(ds), with_step=with_step, with_file="_file" in names)
         self._sums = None if self._res is not None else _LagSums(with_step)
         self.accumulators: list[Accumulator] = (
             [] if self._sample is None else [self._sample, self._sums])  # type: ignore[list-item]
@@ -2541,6 +2543,26 @@ class MisalignmentPlan:
             return None
         return rounded_logprobs(self._sample.frame(self.ds.lf.collect_schema()))
 
+    def rounding_by_file(self) -> dict[str, dict[str, float]] | None:
+        """The input files whose sampled tokens hold rounded logprobs when the others'
+        do not, ``{file: {column: step}}`` (:func:`rounded_logprobs` per file, at least
+        ROUNDED_MIN_VALUES values each), else None (one file, every file rounded alike,
+        none, or no sample)."""
+        files = getattr(self.ds, "files", ())
+        if self._sample is None or len(files) < 2:
+            return None
+        sample = self._sample.frame(self.ds.lf.collect_schema())
+        if "_file" not in sample.columns:
+            return None
+        found, checked = {}, 0
+        for (i,), part in sample.partition_by("_file", as_dict=True).items():
+            checked += any(_nonzero_logprobs(part, c).size >= ROUNDED_MIN_VALUES
+                           for c in ("train_logprob", "infer_logprob"))
+            r = rounded_logprobs(part)
+            if r:
+                found[str(files[int(i)].path)] = r
+        return found if found and len(found) < checked else None
+
 
 #: decimal steps a logprob column may have been rounded to, coarsest first (nats)
 ROUNDING_STEPS: tuple[float, ...] = (1.0, 0.1, 0.01, 0.001)
@@ -2548,6 +2570,14 @@ ROUNDING_STEPS: tuple[float, ...] = (1.0, 0.1, 0.01, 0.001)
 ROUNDED_SHARE = 0.9
 #: ... of at least this many non-zero values
 ROUNDED_MIN_VALUES = 200
+
+
+def _nonzero_logprobs(sample: pl.DataFrame, col: str) -> np.ndarray:
+    """The finite non-zero values of a logprob column of ``sample`` (none without it)."""
+    if col not in sample.columns:
+        return np.zeros(0)
+    x = sample.get_column(col).cast(pl.Float64)
+    return x.filter(x.is_finite() & (x != 0)).to_numpy()
 
 
 def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:
@@ -2562,10 +2592,7 @@ def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:
     |delta| of 1e-3 becomes 0 or the step, whatever the fit says."""
     out: dict[str, float] = {}
     for col in ("train_logprob", "infer_logprob"):
-        if col not in sample.columns:
-            continue
-        x = sample.get_column(col).cast(pl.Float64)
-        x = x.filter(x.is_finite() & (x != 0)).to_numpy()
+        x = _nonzero_logprobs(sample, col)
         if x.size < ROUNDED_MIN_VALUES:
             continue
         for step in ROUNDING_STEPS:

@@ -1189,3 +1189,28 @@ def test_a_bad_fit_parameter_names_its_option(args, start):
         assert r.exit_code == 2 and r.stderr.startswith(start), r.stderr
     r = runner.invoke(app, ["compare", *args])  # (refused by the ENTR gate's own check)
     assert r.exit_code == 2 and r.stderr.startswith("error: --tau ") and args[0] in r.stderr
+
+
+def test_rounded_logprobs_in_one_shard_name_the_shard(synth_file, tmp_path):
+    """Logprobs rounded to 0.01 in one shard of four: the pooled sample is not 90% on the
+    grid, the shard's own is: the warning, the caveat and rounded_logprobs name it; every
+    shard rounded: the pooled check, not the per-file one."""
+    two = {c: pl.col(c).round(2) for c in ("train_logprob", "infer_logprob")}
+    d = _split(synth_file, tmp_path / "one", 4, {2: two})
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    shard = str(d / "part-2.parquet")
+    assert (f"warning: the logprobs of 1 of the 4 input files are stored rounded (in {shard}: "
+            "train_logprob ('train_logprob') to 0.01 nats") in re.sub(r"\s+", " ", r.stderr)
+    doc = json.loads(js.read_text())
+    assert doc["rounded_logprobs"] == {"by_file": {shard: {"train_logprob": 0.01,
+                                                           "infer_logprob": 0.01}},
+                                       "input_files": 4}
+    every = _split(synth_file, tmp_path / "all", 4, {i: two for i in range(4)})
+    r = runner.invoke(app, ["fit", str(every), "--n-boot", "100", "--json", str(js), "-q"])
+    assert json.loads(js.read_text())["rounded_logprobs"] == {"train_logprob": 0.01,
+                                                              "infer_logprob": 0.01}
+    ok = _split(synth_file, tmp_path / "ok", 4, {})
+    r = runner.invoke(app, ["fit", str(ok), "--n-boot", "100", "--json", str(js), "-q"])
+    assert json.loads(js.read_text())["rounded_logprobs"] is None
