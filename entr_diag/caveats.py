@@ -156,10 +156,11 @@ def hinted_reason(excluded: Mapping[str, int], masked: int,
     return hinted[0] if hinted else None
 
 
-def _where_files(files: Mapping[str, int], input_files: int) -> str:
-    """Where the excluded rows are among ``input_files`` input files ('' for one input
-    file), e.g. "all in a.parquet" or "in 2 of 8 files: a.parquet (2,000), b.parquet
-    (10)"."""
+def files_listed(files: Mapping[str, int], input_files: int) -> str:
+    """Where some rows are among ``input_files`` input files ('' for one input file or
+    none listed): ``files``, path -> rows, e.g. "all in a.parquet, 1 of the 8 input
+    files" or "in 2 of the 8 input files: a.parquet (2,000), b.parquet (10)" (the three
+    with most rows, and how many more)."""
     if not files or input_files <= 1:
         return ""
     top = sorted(files.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -201,7 +202,7 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
         details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 else ""))
     if at.get("kinds"):  # what the invalid entropies are
         details.append("the values: " + ", ".join(f"{n:,} {k}" for k, n in at["kinds"].items()))
-    files = _where_files(at.get("files") or {}, int(at.get("input_files") or 1))
+    files = files_listed(at.get("files") or {}, int(at.get("input_files") or 1))
     if files:
         details.append(f"these rows are {files}")
     if details:

@@ -708,9 +708,14 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         )
     ahead = sum(n for s, n in (ds.accounting.staleness or {}).items() if s < 0)
     if ahead:
+        from entr_diag.caveats import files_listed
+
+        where = files_listed(ds.accounting.negative_staleness_files, len(ds.files))
         _notes.add(
             f"[yellow]warning:[/yellow] {ahead:,} valid token(s) have policy_version > "
-            "train_version (negative staleness): a rollout cannot come from a policy newer "
+            "train_version (negative staleness)"
+            + (f", {escape(where)}" if where else "")
+            + ": a rollout cannot come from a policy newer "
             "than the one trained on it, so the two version columns are probably swapped or "
             "mis-mapped (check --column policy_version=... / train_version=...); staleness "
             "results treat them as their own buckets."

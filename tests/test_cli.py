@@ -1214,3 +1214,19 @@ def test_rounded_logprobs_in_one_shard_name_the_shard(synth_file, tmp_path):
     ok = _split(synth_file, tmp_path / "ok", 4, {})
     r = runner.invoke(app, ["fit", str(ok), "--n-boot", "100", "--json", str(js), "-q"])
     assert json.loads(js.read_text())["rounded_logprobs"] is None
+
+
+def test_versions_swapped_in_one_shard_name_the_shard(synth_file, tmp_path):
+    """policy_version and train_version swapped in one shard of four: the negative-staleness
+    warning names the shard; the JSON accounting counts its tokens by file."""
+    swap = {"policy_version": pl.col("train_version"), "train_version": pl.col("policy_version")}
+    d = _split(synth_file, tmp_path / "sw", 4, {3: swap})
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js)])
+    msg = re.sub(r"\s+", " ", r.stderr)
+    shard = str(d / "part-3.parquet")
+    assert (f"have policy_version > train_version (negative staleness), all in {shard}, 1 of "
+            "the 4 input files:") in msg, msg
+    acc = json.loads(js.read_text())["inputs"]["accounting"]
+    ahead = sum(n for s, n in acc["staleness_tokens"].items() if int(s) < 0)
+    assert acc["negative_staleness_files"] == {shard: ahead} and ahead > 0

@@ -614,6 +614,9 @@ class Accounting:
     #: rows are, and the valid tokens left in files the reason mostly excludes
     #: (:func:`_excluded_where`)
     excluded_where: Mapping[str, Mapping[str, Any]] | None = None
+    #: valid tokens with policy_version > train_version per input file (path -> tokens;
+    #: versions swapped in some shards?)
+    negative_staleness_files: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -637,6 +640,8 @@ class Accounting:
             "sequences_with_duplicate_positions": self.sequences_with_duplicate_positions,
             "tokens_without_step": self.tokens_without_step,
             "tokens_padding": self.tokens_padding,
+            **({"negative_staleness_files": dict(self.negative_staleness_files)}
+               if self.negative_staleness_files else {}),
             **({"exclusions_where": {r: {k: dict(v) if isinstance(v, Mapping) else v
                                          for k, v in w.items()}
                                      for r, w in self.excluded_where.items()}}
@@ -1736,7 +1741,9 @@ class _AccountingScan:
             exprs.append(pl.when(valid).then(fine_bin_expr().cast(i64) + 1).otherwise(0)
                          .alias("_ac_fine"))
         self.exprs = exprs
-        self.columns = ["seq_key"]
+        self.columns = ["seq_key", FILE_INDEX]
+        #: valid tokens with a negative staleness per input file (by FILE_INDEX)
+        self.ahead: dict[int, int] = {}
         cols = [f"c{i}" for i in range(self.n_codes)]
         merge = [pl.col(c).sum() for c in cols]
         for r in self.ranges:
@@ -1768,6 +1775,11 @@ class _AccountingScan:
             self.counts += np.bincount(column(batch, "_ac_fine"), minlength=self.counts.size)
         if self.has_pv and self.has_tv:
             st = column(batch, "_ac_stale")
+            ahead = (st < 0) & (st != _I64_MIN)
+            if ahead.any() and FILE_INDEX in batch.columns:  # where: versions swapped?
+                for i, n in enumerate(np.bincount(column(batch, FILE_INDEX)[ahead])):
+                    if n:
+                        self.ahead[i] = self.ahead.get(i, 0) + int(n)
             st = st[st != _I64_MIN]
             if st.size:
                 lo = int(st.min())
@@ -1870,6 +1882,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         sequences_with_duplicate_positions=n_dup,
         tokens_without_step=n_nullstep,
         tokens_padding=count["padding"],
+        negative_staleness_files={str(infos[i].path): n for i, n in sorted(scan.ahead.items())},
     ), fine
 
 
