@@ -501,6 +501,25 @@ def _check_output(path: Path | None, what: str) -> None:
         raise InputError(f"cannot write {what} {path}: {e.strerror or e}.") from None
 
 
+def _note_parquet_suffix(path: Path | None, what: str, quiet: bool) -> None:
+    """A note when a Parquet output's file name (not a device or FIFO) ends in another
+    suffix than .parquet / .pq / .parq (``-o noise.csv``): it is written as Parquet all
+    the same, and a later directory scan would not read it as input."""
+    from entr_diag.atomic import output_target
+    from entr_diag.io.load import PARQUET_SUFFIXES
+
+    if quiet or path is None or str(path) == "" or path.suffix.lower() in PARQUET_SUFFIXES:
+        return
+    try:
+        if not output_target(path)[1]:  # a device or FIFO: its name says nothing
+            return
+    except OSError:
+        return
+    _notes.add(f"note: {what} {escape(str(path))} is written as Parquet, whatever its "
+               "suffix says (name it .parquet for other tools, and for entr-diag to read "
+               "it from a folder).")
+
+
 def _file_identity(path: Path) -> tuple:
     """What a path names: the (device, inode) of an existing file (through symlinks and hard
     links), else the path with symlinks resolved."""
@@ -1295,6 +1314,7 @@ def flag(
         _check_bin_edges(bin_edges)
         _check_output(output, "--output")
         _refuse_overwriting_inputs(paths, {"--output": output}, _defaulted(ctx, "output"))
+        _note_parquet_suffix(output, "--output", quiet)
         ds = _load(paths, column, framework, layout, entropy, quiet)
         res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
                    allow_misaligned=allow_misaligned)["fit"]
@@ -1465,6 +1485,7 @@ def compare(
         _check_bin_edges(bin_edges)
         _check_output(json_path, "--json")
         _check_output(export, "--export")
+        _note_parquet_suffix(export, "--export", quiet)
         _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
         _check_fit_options(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet)

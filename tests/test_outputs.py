@@ -805,3 +805,19 @@ def test_a_full_device_named_as_an_output_is_like_a_full_stdout(run_file, tmp_pa
     assert "Traceback" not in r.output and "law" in r.stdout
     r = runner.invoke(app, ["flag", str(run_file), "-o", "/dev/full", "-q"])
     assert r.exit_code == 1 and "cannot write /dev/full: No space left on device" in r.stderr
+
+
+def test_a_parquet_output_named_otherwise_gets_a_note(run_file, tmp_path):
+    """flag -o x.csv / compare --export x.txt write Parquet whatever the suffix: a note says
+    so (not with --quiet, nor for .parquet or a device)."""
+    for args in (["flag", "--output", str(tmp_path / "n.csv")],
+                 ["compare", "--export", str(tmp_path / "d.txt")]):
+        r = runner.invoke(app, [args[0], str(run_file), *args[1:], "--n-boot", "100"])
+        assert r.exit_code == 0, r.output
+        assert f"note: {args[1]} {args[2]} is written as Parquet" in " ".join(r.stderr.split())
+        assert Path(args[2]).read_bytes()[:4] == b"PAR1"
+        r = runner.invoke(app, [args[0], str(run_file), *args[1:], "--n-boot", "100", "-q"])
+        assert "written as Parquet" not in r.stderr
+    r = runner.invoke(app, ["flag", str(run_file), "-o", str(tmp_path / "n.parquet"),
+                            "--n-boot", "100"])
+    assert r.exit_code == 0 and "written as Parquet" not in r.stderr
