@@ -1214,6 +1214,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     with _status("fitting...", quiet):
         out = {}
         for k, p in plans.items():
+            if k == "file_units":  # after the fit: the pooled units check
+                continue
             try:
                 out[k] = p if k == "profiles" else p.finish()
             except FitError as e:
@@ -1226,7 +1228,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         caveat = units_caveat(out["fit"].units.to_dict(), ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
-    file_units = out.get("file_units") if out.get("fit") is not None else None
+    file_units = None
+    if out.get("fit") is not None and "file_units" in plans:
+        units = out["fit"].units
+        file_units = plans["file_units"].finish(None if units is None else units.likely_mistake)
     if file_units:  # ... in some input files only
         from entr_diag.caveats import file_units_caveat
 

@@ -1306,25 +1306,32 @@ class _FileUnits:
             self.sums[i] += np.bincount(k, weights=col(name), minlength=size)
 
 
+#: tokens a file needs for its own units check (:class:`FileUnitsPlan`): on a few thousand
+#: tokens the bins' ratios scatter by 10%, beyond the signatures' 7% window
+MIN_FILE_UNIT_TOKENS = 20_000
+
+
 class FileUnitsPlan:
     """The units check (:class:`UnitsCheck`) per input file, as an accumulator of the fit's
     pass over a loaded dataset's frame: a unit mistake in one shard of several (entropy in
     bits, one logprob column in log10 in the files of one writer) leaves the pooled check
     near 1 but scales that file's ratios by a unit's factor. ``files``: the input files
-    (``Dataset.files`` paths, in order). :meth:`finish` returns the files whose own check
-    names a mistake, ``[(file, UnitsCheck)]``, unless every file with tokens does (the
-    pooled check then says it for the input), or [] with fewer than two such files."""
+    (``Dataset.files`` paths, in order). :meth:`finish` (``pooled``: the input's own
+    check's ``likely_mistake``) returns the files of at least MIN_FILE_UNIT_TOKENS tokens
+    whose own check names a mistake, ``[(file, UnitsCheck)]``; [] when the pooled check
+    names one (it says it for the input), when every such file does, or with fewer than
+    two such files."""
 
     def __init__(self, fit: FitPlan, files: Sequence[str]) -> None:
         self.files = list(files)
         self.acc = _FileUnits(fit.binning.n_bins, len(self.files))
         self.accumulators = [self.acc]
 
-    def finish(self) -> list[tuple[str, UnitsCheck]]:
+    def finish(self, pooled: str | None = None) -> list[tuple[str, UnitsCheck]]:
         t = self.acc.sums.reshape(4, len(self.files), self.acc.nb)
         checks = [(f, _units_check(t[1, i], t[2, i], t[3, i], t[0, i]))
-                  for i, f in enumerate(self.files) if t[0, i].sum() > 0]
-        if len(checks) < 2:
+                  for i, f in enumerate(self.files) if t[0, i].sum() >= MIN_FILE_UNIT_TOKENS]
+        if pooled is not None or len(checks) < 2:
             return []
         flagged = [(f, c) for f, c in checks if c.likely_mistake is not None]
         return [] if len(flagged) == len(checks) else flagged

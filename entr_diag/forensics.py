@@ -2556,8 +2556,8 @@ class MisalignmentPlan:
             return None
         found, checked = {}, 0
         for (i,), part in sample.partition_by("_file", as_dict=True).items():
-            checked += any(_nonzero_logprobs(part, c).size >= ROUNDED_MIN_VALUES
-                           for c in ("train_logprob", "infer_logprob"))
+            checked += any(np.sum(np.abs(_nonzero_logprobs(part, c)) >= 0.5)
+                           >= ROUNDED_MIN_VALUES for c in ("train_logprob", "infer_logprob"))
             r = rounded_logprobs(part)
             if r:
                 found[str(files[int(i)].path)] = r
@@ -2593,10 +2593,14 @@ def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:
     out: dict[str, float] = {}
     for col in ("train_logprob", "infer_logprob"):
         x = _nonzero_logprobs(sample, col)
-        if x.size < ROUNDED_MIN_VALUES:
-            continue
         for step in ROUNDING_STEPS:
+            # a value rounded to the step and not 0 is at least the step away from 0: the
+            # values closer than half a step (e.g. probabilities below 1e-4 taken for
+            # logprobs) say nothing of the grid
             y = x / step
+            y = y[np.abs(y) >= 0.5]
+            if y.size < ROUNDED_MIN_VALUES:
+                continue
             tol = 1e-3 + np.abs(y) * 2.5e-7  # float32 keeps 24 bits: ~1.2e-7 relative
             if np.mean(np.abs(y - np.round(y)) <= tol) >= ROUNDED_SHARE:
                 out[col] = step

@@ -1139,16 +1139,26 @@ def _split(src: Path, d: Path, n: int, change: dict[int, dict]) -> Path:
     return d
 
 
+@pytest.fixture(scope="module")
+def synth_big(tmp_path_factory) -> Path:
+    """A run of 100k tokens: four shards of 25k, above the per-file units check's minimum."""
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path_factory.mktemp("synth_big") / "run.parquet"
+    write_synth(p, SynthSpec(n_tokens=100_000, seed=3, noise_share=0.1))
+    return p
+
+
 @pytest.mark.parametrize("col,expr,unit", [
     ("entropy", pl.col("entropy") / math.log(2), "bits (log base 2)"),
     ("infer_logprob", pl.col("infer_logprob") / math.log(10), "log10 values"),
 ])
-def test_a_unit_mistake_in_one_shard_names_the_shard(synth_file, tmp_path, col, expr, unit):
+def test_a_unit_mistake_in_one_shard_names_the_shard(synth_big, tmp_path, col, expr, unit):
     """One shard of four in another unit (entropy in bits, the engine's logprobs in log10):
     the pooled units check stays near 1, the per-file one names the shard, the column and
     the unit (warning, verdict caveat, JSON units_by_file); every shard in it: the pooled
     check says it, the per-file one nothing more."""
-    d = _split(synth_file, tmp_path / "one", 4, {1: {col: expr}})
+    d = _split(synth_big, tmp_path / "one", 4, {1: {col: expr}})
     js = tmp_path / "f.json"
     r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
     assert r.exit_code == 0, r.output
@@ -1161,19 +1171,25 @@ def test_a_unit_mistake_in_one_shard_names_the_shard(synth_file, tmp_path, col, 
     assert only["file"] == str(d / "part-1.parquet") and only["likely_mistake"]
     assert doc["units"]["likely_mistake"] is None
     assert "looks written in another unit" in doc["verdict"]["caveat"]
-    every = _split(synth_file, tmp_path / "all", 4, {i: {col: expr} for i in range(4)})
+    every = _split(synth_big, tmp_path / "all", 4, {i: {col: expr} for i in range(4)})
     r = runner.invoke(app, ["fit", str(every), "--n-boot", "100", "--json", str(js), "-q"])
     doc = json.loads(js.read_text())
     assert doc["units"]["likely_mistake"] and doc["units_by_file"] is None
     assert "another unit than the others" not in r.stderr
 
 
-def test_shards_in_one_unit_get_no_per_file_warning(synth_file, tmp_path):
-    d = _split(synth_file, tmp_path / "ok", 4, {})
+def test_shards_in_one_unit_get_no_per_file_warning(synth_big, synth_file, tmp_path):
+    """No per-file warning on shards in one unit; none on shards below the per-file
+    minimum of tokens (their ratios scatter), even with one in bits."""
+    d = _split(synth_big, tmp_path / "ok", 4, {})
     js = tmp_path / "f.json"
     r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
     assert r.exit_code == 0 and "another unit" not in r.output
     assert json.loads(js.read_text())["units_by_file"] is None
+    small = _split(synth_file, tmp_path / "small", 4,
+                   {1: {"entropy": pl.col("entropy") / math.log(2)}})  # 10k tokens each
+    r = runner.invoke(app, ["fit", str(small), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0 and "another unit" not in r.output
 
 
 @pytest.mark.parametrize("args,start", [

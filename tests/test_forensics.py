@@ -959,3 +959,12 @@ def test_rounded_logprobs_are_found_by_their_step(base):
     assert rounded_logprobs(one) == {"infer_logprob": 0.001}
     assert rounded_logprobs(base.with_columns(TL.round(0))) == {"train_logprob": 1.0}
     assert rounded_logprobs(r2.head(100)) is None
+
+
+def test_tiny_values_say_nothing_of_a_rounding_grid(base):
+    """Probabilities below 1e-4 read as logprobs sit within the tolerance of 0 on every
+    grid: they are not taken for logprobs rounded to 1 nat."""
+    from entr_diag.forensics import rounded_logprobs
+
+    tiny = base.with_columns(IL.abs().clip(1e-9, 1.0) * -1e-5)
+    assert rounded_logprobs(tiny) is None
