@@ -339,6 +339,19 @@ class _Notes:
     def drop(self) -> None:
         self.held = None
 
+    def warnings(self) -> list[str]:
+        """The ``warning:`` lines held so far, as plain text without the prefix: for the
+        JSON (``warnings``) and the HTML report, where a reader who never saw stderr
+        looks (copied shards, duplicated sequences, swapped versions, ...)."""
+        from rich.text import Text
+
+        out = []
+        for text, _kw in self.held or []:
+            plain = Text.from_markup(text).plain
+            if plain.startswith("warning: "):
+                out.append(plain.removeprefix("warning: "))
+        return out
+
 
 _notes = _Notes()
 
@@ -1284,7 +1297,8 @@ def fit(
         params.update(fd.pop("parameters", {}))
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
                                         metrics=metrics.to_dict(),
-                                        forensics=findings.to_dict()), quiet)
+                                        forensics=findings.to_dict(),
+                                        warnings=_notes.warnings()), quiet)
         render_fit(fit_res, metrics, _tables(json_path), caveat=caveat)
         render_findings(findings, _tables(json_path), show_checks=False)
 
@@ -1518,11 +1532,13 @@ def compare(
                   "entropy": entropy, "framework": framework}
         from entr_diag.atomic import together
 
+        warnings = _notes.warnings()
         _notes.flush()  # the outputs begin: the notes held so far come first
         closed = _ClosedLater()  # a FIFO's reader left: the tables still follow
         with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
+                warnings=warnings,
                 fit=None if fit_res is None else _fit_dict(
                     fit_res, ds, rounded=a["rounded"], file_units=a["file_units"]),
                 **({"unavailable": no_entr or no_law} if no_entr or no_law else {})), quiet)
@@ -1630,13 +1646,15 @@ def report(
             "entropy_source": desc["entropy_source"],
             "parameters": params,
             "unavailable": no_law,
+            "warnings": _notes.warnings(),
         }
         doc = envelope("report", desc, params,
                        fit=None if fit_res is None else _fit_dict(
                            fit_res, ds, findings, a["rounded"], a["file_units"]),
                        metrics=metrics.to_dict(),
                        compare=None if cmp_res is None else cmp_res.to_dict(), profiles=prof,
-                       forensics=findings.to_dict(), **({"unavailable": no_law} if no_law else {}))
+                       forensics=findings.to_dict(), warnings=summary["warnings"],
+                       **({"unavailable": no_law} if no_law else {}))
         html = build_report_html(summary=sanitize(summary), fit=doc["fit"], metrics=doc["metrics"],
                                  compare=doc["compare"], profiles=doc["profiles"],
                                  findings=doc["forensics"])

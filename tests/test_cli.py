@@ -1246,3 +1246,23 @@ def test_versions_swapped_in_one_shard_name_the_shard(synth_file, tmp_path):
     acc = json.loads(js.read_text())["inputs"]["accounting"]
     ahead = sum(n for s, n in acc["staleness_tokens"].items() if int(s) < 0)
     assert acc["negative_staleness_files"] == {shard: ahead} and ahead > 0
+
+
+def test_warnings_reach_the_json_and_the_html(synth_file, tmp_path):
+    """The stderr warnings about the data (here: versions swapped in one shard) are in the
+    JSON of fit, compare and report (``warnings``) and in the HTML report, for a reader
+    who never saw stderr; a clean run has an empty list."""
+    swap = {"policy_version": pl.col("train_version"), "train_version": pl.col("policy_version")}
+    d = _split(synth_file, tmp_path / "sw", 4, {3: swap})
+    for cmd in ("fit", "compare", "report"):
+        js = tmp_path / f"{cmd}.json"
+        extra = ["-o", str(tmp_path / "r.html")] if cmd == "report" else []
+        r = runner.invoke(app, [cmd, str(d), "--n-boot", "100", "--json", str(js), "-q",
+                                *extra])
+        assert r.exit_code == 0, r.output
+        (w,) = [w for w in json.loads(js.read_text())["warnings"] if "negative staleness" in w]
+        assert w in " ".join(r.stderr.split())
+    assert "negative staleness" in (tmp_path / "r.html").read_text()
+    js = tmp_path / "clean.json"
+    runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "--json", str(js), "-q"])
+    assert json.loads(js.read_text())["warnings"] == []
