@@ -100,8 +100,10 @@ def implausible_caveat(findings: Mapping | None) -> str | None:
                                                                              "critical"):
             effect = ("the law describes them, not the mismatch" if f["severity"] == "critical"
                       else "the finding gives the law with and without them")
-            return (f"caveat: {f['title']}: {effect}; drop those rows and rerun (forensics: "
-                    "implausible_logprobs).")
+            ev = f.get("evidence") or {}
+            where = files_listed(ev.get("files") or {}, int(ev.get("input_files") or 1))
+            return (f"caveat: {f['title']}{f' ({where})' if where else ''}: {effect}; drop "
+                    "those rows and rerun (forensics: implausible_logprobs).")
     return None
 
 

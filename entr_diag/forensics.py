@@ -2028,7 +2028,7 @@ class _ImplausibleTokens:
     range of the flagged values per side (a single value: a placeholder)."""
 
     columns = ("seq_key", "seq_id", "position", "entropy", "train_logprob", "infer_logprob",
-               "delta")
+               "delta", "_file")  # (_file: the loader's file index, when there is one)
     #: seq_id may come as read (an integer): kept as String (passes.NATIVE_SEQ_ID)
     native_seq_id = True
 
@@ -2051,6 +2051,8 @@ class _ImplausibleTokens:
             pl.col("first_pos").min()])
         #: per entropy bin: n, sum H, sum delta^2 of the flagged tokens
         self.bins = np.zeros((3, N_BINS))
+        #: flagged tokens per input file (its index in Dataset.files)
+        self.files: dict[int, int] = {}
 
     def update(self, batch: pl.DataFrame) -> None:
         if not batch.height:
@@ -2068,6 +2070,10 @@ class _ImplausibleTokens:
             if hi is not None:
                 self.highest_flagged[side] = max(self.highest_flagged[side], float(hi))
         self.seqs.add(f.group_by("seq_key").agg(self._aggs))
+        if "_file" in f.columns:
+            for i, n in enumerate(np.bincount(f["_file"].to_numpy().astype(np.int64))):
+                if n:
+                    self.files[i] = self.files.get(i, 0) + int(n)
         # (the filtered rows' arrays directly: column() caches the batch being processed)
         d2 = f["delta"].cast(pl.Float64).to_numpy() ** 2
         if "entropy" in f.columns:
@@ -2289,6 +2295,10 @@ def _check_implausible(ctx: _Ctx) -> _Result:
         "train_logprob_range_flagged": ranges.get("train", []),
         "threshold_logprob": t,
     }
+    files = getattr(ctx.ds, "files", ())
+    if acc.files and len(files) > 1:  # which input files hold them
+        ev["files"] = {str(files[i].path): n for i, n in sorted(acc.files.items())}
+        ev["input_files"] = len(files)
 
     def values(side: str) -> str:
         lo, hi = acc.lowest[side], acc.highest_flagged[side]
@@ -2332,6 +2342,10 @@ def _check_implausible(ctx: _Ctx) -> _Result:
         f"enter the {enter}: they carry {_mass(share_d2)} of sum delta^2, so {effect}.{law} E.g. "
         f"seq_id {', '.join(ev['example_seq_ids'][:5])}."
     )
+    if "files" in ev:
+        from entr_diag.caveats import files_listed
+
+        msg += f" They are {files_listed(ev['files'], ev['input_files'])}."
     f = Finding(
         kind=name,
         severity=sev,

@@ -1266,3 +1266,20 @@ def test_warnings_reach_the_json_and_the_html(synth_file, tmp_path):
     js = tmp_path / "clean.json"
     runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "--json", str(js), "-q"])
     assert json.loads(js.read_text())["warnings"] == []
+
+
+def test_impossible_logprobs_in_one_shard_name_the_shard(synth_file, tmp_path):
+    """-300 placeholders in one shard of four: the implausible-logprob finding and the
+    verdict caveat name that shard (evidence files / input_files)."""
+    ph = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 50 == 0).then(-300.0)
+          .otherwise(pl.col("infer_logprob"))}
+    d = _split(synth_file, tmp_path / "ph", 4, {2: ph})
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    (f,) = [x for x in doc["forensics"]["findings"] if x["kind"] == "implausible_logprobs"]
+    shard = str(d / "part-2.parquet")
+    assert f["evidence"]["files"] == {shard: f["evidence"]["tokens_flagged"]}
+    assert f"They are all in {shard}, 1 of the 4 input files." in f["message"]
+    assert f"(all in {shard}, 1 of the 4 input files)" in doc["verdict"]["caveat"]
