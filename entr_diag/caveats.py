@@ -333,12 +333,18 @@ def rounding_caveat(rounded: Mapping[str, Any] | None,
             "step), and the low-entropy regime with them; re-dump them at full precision.")
 
 
+def integer_columns(notes: list[str] | tuple[str, ...]) -> list[str]:
+    """The integer-typed logprob or entropy columns the loader read, as its ``warning:
+    CANON ('SRC') holds integers ...`` notes name them (``CANON ('SRC')``)."""
+    return [n.removeprefix("warning: ").split(" holds integers")[0] for n in notes
+            if n.startswith("warning: ") and " holds integers " in n]
+
+
 def integer_caveat(notes: list[str] | tuple[str, ...]) -> str | None:
     """A one-line caveat when the loader read an integer-typed logprob or entropy column
     (its ``warning: CANON ('SRC') holds integers ...`` note), else None: a verdict on
     rounded or scaled log-probabilities means nothing, whatever its intervals say."""
-    cols = [n.removeprefix("warning: ").split(" holds integers")[0] for n in notes
-            if n.startswith("warning: ") and " holds integers " in n]
+    cols = integer_columns(notes)
     if not cols:
         return None
     return (f"caveat: {' and '.join(cols)} {'holds' if len(cols) == 1 else 'hold'} integers "

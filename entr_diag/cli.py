@@ -1216,9 +1216,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             rounded = ({"by_file": by_file, "input_files": len(ds.files)} if by_file
                        else None)
     if rounded and "by_file" not in rounded:  # an integer-typed column has its own
-        rounded = {c: step for c, step in rounded.items()  # warning (integer_caveat)
-                   if not any(n.startswith(f"warning: {c} (") and " holds integers " in n
-                              for n in ds.notes)} or None
+        from entr_diag.caveats import integer_columns  # warning (integer_caveat)
+
+        ints = {c.split(" ", 1)[0] for c in integer_columns(ds.notes)}
+        rounded = {c: step for c, step in rounded.items() if c not in ints} or None
     if rounded:
         from entr_diag.caveats import rounding_caveat
 

@@ -105,7 +105,7 @@ from entr_diag.aggregate import (
 )
 from entr_diag.errors import FitError, ParameterError
 from entr_diag.frames import number, token_frame
-from entr_diag.passes import PartialRows, column, run_pass
+from entr_diag.passes import FILE_INDEX, PartialRows, column, run_pass
 from entr_diag.regime import (
     P_BINS,
     RegimeResult,
@@ -1286,9 +1286,9 @@ class _FileUnits:
     """Accumulator of the units check per input file: sums of infer_logprob, delta,
     entropy and the token count per (input file, coarse entropy bin) over the fit's tokens,
     in the fit's pass (it reads the fit's per-token keys ``_fit_joint`` and
-    ``_fit_coarse``, and the loader's file index, ``entr_diag.io.load.FILE_INDEX``)."""
+    ``_fit_coarse``, and the loader's file index, :data:`~entr_diag.passes.FILE_INDEX`)."""
 
-    columns = ("entropy", "delta", "infer_logprob", "_file")
+    columns = ("entropy", "delta", "infer_logprob", FILE_INDEX)
 
     def __init__(self, nb: int, n_files: int) -> None:
         self.nb, self.n_files = nb, n_files
@@ -1299,7 +1299,7 @@ class _FileUnits:
         col = _fit_tokens(batch, batch["_fit_joint"].to_numpy() >= 0, self.columns)
         if col is None:
             return
-        k = col("_file").astype(np.int64) * self.nb + col("_fit_coarse")
+        k = col(FILE_INDEX).astype(np.int64) * self.nb + col("_fit_coarse")
         size = self.sums.shape[1]
         self.sums[0] += np.bincount(k, minlength=size)
         for i, name in enumerate(("infer_logprob", "delta", "entropy"), start=1):

@@ -48,9 +48,11 @@ import polars as pl
 from entr_diag.errors import ParameterError
 from entr_diag.frames import dataset
 from entr_diag.passes import (
+    FILE_INDEX,
     Accumulator,
     GroupAgg,
     PartialRows,
+    add_counts,
     column,
     has_nulls,
     run_pass,
@@ -882,7 +884,7 @@ class _LagSample:
     def __init__(self, keep: int, with_step: bool = False, with_file: bool = False) -> None:
         self.keep = keep
         self.cols = (*_SAMPLE_COLS, *(("step",) if with_step else ()),
-                     *(("_file",) if with_file else ()))  # (the loader's file index)
+                     *((FILE_INDEX,) if with_file else ()))
         self.columns = list(self.cols)
         self.parts: list[pl.DataFrame] = []
 
@@ -2028,7 +2030,7 @@ class _ImplausibleTokens:
     range of the flagged values per side (a single value: a placeholder)."""
 
     columns = ("seq_key", "seq_id", "position", "entropy", "train_logprob", "infer_logprob",
-               "delta", "_file")  # (_file: the loader's file index, when there is one)
+               "delta", FILE_INDEX)  # (the loader's file index, when there is one)
     #: seq_id may come as read (an integer): kept as String (passes.NATIVE_SEQ_ID)
     native_seq_id = True
 
@@ -2070,10 +2072,8 @@ class _ImplausibleTokens:
             if hi is not None:
                 self.highest_flagged[side] = max(self.highest_flagged[side], float(hi))
         self.seqs.add(f.group_by("seq_key").agg(self._aggs))
-        if "_file" in f.columns:
-            for i, n in enumerate(np.bincount(f["_file"].to_numpy().astype(np.int64))):
-                if n:
-                    self.files[i] = self.files.get(i, 0) + int(n)
+        if FILE_INDEX in f.columns:
+            add_counts(self.files, f[FILE_INDEX].to_numpy())
         # (the filtered rows' arrays directly: column() caches the batch being processed)
         d2 = f["delta"].cast(pl.Float64).to_numpy() ** 2
         if "entropy" in f.columns:
@@ -2532,7 +2532,7 @@ class MisalignmentPlan:
         names = ds.lf.collect_schema().names()
         with_step = "step" in names
         self._sample = None if self._res is not None else _LagSample(
-            _misalign_keep(ds), with_step=with_step, with_file="_file" in names)
+            _misalign_keep(ds), with_step=with_step, with_file=FILE_INDEX in names)
         self._sums = None if self._res is not None else _LagSums(with_step)
         self.accumulators: list[Accumulator] = (
             [] if self._sample is None else [self._sample, self._sums])  # type: ignore[list-item]
@@ -2566,10 +2566,10 @@ class MisalignmentPlan:
         if self._sample is None or len(files) < 2:
             return None
         sample = self._sample.frame(self.ds.lf.collect_schema())
-        if "_file" not in sample.columns:
+        if FILE_INDEX not in sample.columns:
             return None
         found, checked = {}, 0
-        for (i,), part in sample.partition_by("_file", as_dict=True).items():
+        for (i,), part in sample.partition_by(FILE_INDEX, as_dict=True).items():
             checked += any(np.sum(np.abs(_nonzero_logprobs(part, c)) >= 0.5)
                            >= ROUNDED_MIN_VALUES for c in ("train_logprob", "infer_logprob"))
             r = rounded_logprobs(part)

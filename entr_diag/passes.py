@@ -69,10 +69,12 @@ from entr_diag.frames import token_frame
 __all__ = [
     "CHUNK_BATCH_ROWS",
     "CHUNK_ROWS",
+    "FILE_INDEX",
     "NATIVE_SEQ_ID",
     "Accumulator",
     "Chunk",
     "QueryAccumulator",
+    "add_counts",
     "DenseSums",
     "GroupAgg",
     "PartialRows",
@@ -332,6 +334,17 @@ def _absorb(query_accs: Sequence[Accumulator], results: list[pl.DataFrame]) -> N
 #: the loader's canonical frame holds ``seq_id`` as read (before its cast to String) under
 #: this name; see :func:`_project`
 NATIVE_SEQ_ID: str = "_seq_id_native"
+#: the loader's frames hold each row's input file (its index in ``Dataset.files``, a
+#: constant per file) under this name
+FILE_INDEX: str = "_file"
+
+
+def add_counts(counts: dict[int, int], keys: np.ndarray) -> None:
+    """Add the occurrences of each value of ``keys`` (non-negative integers, e.g.
+    :data:`FILE_INDEX` values of some rows) to ``counts``."""
+    for i, n in enumerate(np.bincount(keys.astype(np.int64))):
+        if n:
+            counts[i] = counts.get(i, 0) + int(n)
 
 
 def _project(lf: pl.LazyFrame, accumulators: Sequence[Accumulator]) -> pl.LazyFrame:

@@ -33,9 +33,11 @@ import pyarrow.parquet as pq
 from entr_diag.errors import InputError, SchemaError
 from entr_diag.io import schema as S
 from entr_diag.passes import (
+    FILE_INDEX,
     NATIVE_SEQ_ID,
     Chunk,
     PartialRows,
+    add_counts,
     column,
     register_chunks,
     run_pass,
@@ -43,8 +45,6 @@ from entr_diag.passes import (
 )
 
 LAYOUTS = ("auto", "long", "nested")
-#: a column of the loader's frames: each row's input file, its index in ``Dataset.files``
-FILE_INDEX = "_file"
 ENTROPY_CHOICES = ("auto", "infer", "train")
 _HIVE_SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.+)$")
 _POLARS_DTYPE = {S.FLOAT: pl.Float64, S.INT: pl.Int64, S.BOOL: pl.Boolean, S.ID: pl.String}
@@ -1777,9 +1777,7 @@ class _AccountingScan:
             st = column(batch, "_ac_stale")
             ahead = (st < 0) & (st != _I64_MIN)
             if ahead.any() and FILE_INDEX in batch.columns:  # where: versions swapped?
-                for i, n in enumerate(np.bincount(column(batch, FILE_INDEX)[ahead])):
-                    if n:
-                        self.ahead[i] = self.ahead.get(i, 0) + int(n)
+                add_counts(self.ahead, column(batch, FILE_INDEX)[ahead])
             st = st[st != _I64_MIN]
             if st.size:
                 lo = int(st.min())
