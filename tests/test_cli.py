@@ -1283,3 +1283,21 @@ def test_impossible_logprobs_in_one_shard_name_the_shard(synth_file, tmp_path):
     assert f["evidence"]["files"] == {shard: f["evidence"]["tokens_flagged"]}
     assert f"They are all in {shard}, 1 of the 4 input files." in f["message"]
     assert f"(all in {shard}, 1 of the 4 input files)" in doc["verdict"]["caveat"]
+
+
+def test_malloc_tuning_only_on_glibc_and_never_over_the_users_setting(monkeypatch):
+    """The entry point pads glibc's heap (M_TOP_PAD) unless MALLOC_TOP_PAD_ is set (the
+    user's tuning wins) or the C library is not glibc."""
+    import platform
+
+    from entr_diag import cli
+
+    monkeypatch.setenv("MALLOC_TOP_PAD_", "131072")
+    assert cli._tune_malloc() is False
+    monkeypatch.delenv("MALLOC_TOP_PAD_")
+    monkeypatch.setattr(platform, "libc_ver", lambda *a, **k: ("musl", "1.2"))
+    assert cli._tune_malloc() is False
+    monkeypatch.undo()
+    if platform.libc_ver()[0] == "glibc":
+        monkeypatch.delenv("MALLOC_TOP_PAD_", raising=False)
+        assert cli._tune_malloc() is True
