@@ -71,7 +71,7 @@ from entr_diag.gates import (
     SequenceGate,
     entr_score_expr,
 )
-from entr_diag.passes import GroupAgg, column, run_pass
+from entr_diag.passes import GroupAgg, column, frame_of, run_pass
 
 __all__ = [
     "CHI2_1_99",
@@ -953,15 +953,21 @@ class _Pending:
         self._parts: list[pl.DataFrame] = []
         self._n = 0
 
-    def add(self, part: pl.DataFrame) -> None:
+    def add(self, part: pl.DataFrame | dict[str, np.ndarray | pl.Series]) -> None:
+        """``part``: a frame, or its columns (see :func:`entr_diag.passes.frame_of`)."""
         self._parts.append(part)
-        self._n += part.height
+        self._n += (part.height if isinstance(part, pl.DataFrame)
+                    else len(next(iter(part.values()))))
         if self._n >= self.rows:
             self.flush()
 
     def flush(self) -> None:
         if self._parts:
-            self.acc.update(pl.concat(self._parts, how="vertical_relaxed"))
+            frames = [p for p in self._parts if isinstance(p, pl.DataFrame)]
+            cols = [p for p in self._parts if not isinstance(p, pl.DataFrame)]
+            if cols:
+                frames.append(frame_of(cols))
+            self.acc.update(pl.concat(frames, how="vertical_relaxed"))
             self._parts, self._n = [], 0
 
     def result(self, empty_schema: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -1275,17 +1281,17 @@ class _SecondPass:
         key.sort()
         u, n = _sorted_counts(key)
         if not in_key:
-            self.cells.add(pl.DataFrame({"__K": u, "n": n}))
+            self.cells.add({"__K": u, "n": n})
             return
         assert step is not None
         ku, kn = (u, n) if u[0] >> kb == u[-1] >> kb else _sum_by(u & ((1 << kb) - 1), n)
-        self.cells.add(pl.DataFrame({"__K": ku & ((1 << kb) - 1), "n": kn}))
+        self.cells.add({"__K": ku & ((1 << kb) - 1), "n": kn})
         su, sn = _sum_by(((u >> kb) << nb) | (u & ((1 << nb) - 1)), n)
-        self.steps.add(pl.DataFrame({
+        self.steps.add({
             "step": pl.Series(su >> nb).cast(step.dtype),
             "__w0": (su & ((1 << nb) - 1)).view(np.uint64),
             "n": sn,
-        }))
+        })
 
     def _cell_hi(self, batch: pl.DataFrame) -> np.ndarray:
         """Per token, ``(entropy bin * n_pb + p bin) * (_N_SB * 3)`` (a new int64 array)."""

@@ -1216,7 +1216,7 @@ class _FitSums:
         for w in range(self.words):
             bits = bit if word is None else np.where(word == w, bit, np.uint64(0))
             cols[f"m{w}"] = np.bitwise_or.reduceat(bits, starts)
-        self.masks.add(pl.DataFrame(cols))
+        self.masks.add(cols)
 
     def _joint(self, name: str) -> np.ndarray:
         """Sums per (cell, staleness, step range, block), ``(nc, S1, R1, B)`` C-contiguous

@@ -462,7 +462,7 @@ class _SeqTables:
             *_sums(("sh", "sd2", "sad")), pl.col("pos_max").max()))
         self.add_bins(p.select(*self._KEYS, "n", "sh", "sd2"))
 
-    def add_bins(self, p: pl.DataFrame) -> None:
+    def add_bins(self, p: pl.DataFrame | dict) -> None:
         """Partial (seq_key, bin, _stale) rows n, sh, sd2."""
         self._bins.add(p)
 
@@ -653,17 +653,17 @@ class _TokenTables:
                  run: np.ndarray, bin_: np.ndarray, ti: np.ndarray,
                  sums: dict[str, np.ndarray]) -> None:
         assert self.seq is not None
-        self.seq.add_bins(pl.DataFrame({
+        self.seq.add_bins({
             "seq_key": sk[run], "bin": bin_.astype(np.int8),
             "_stale": self._stale_of[ti], "n": sums["n"].astype(np.int32),
-            "sh": sums["sh"], "sd2": sums["sd2"]}))
+            "sh": sums["sh"], "sd2": sums["sd2"]})
         first = np.flatnonzero(np.diff(run, prepend=-1))  # first slot of each run
         length = np.diff(np.append(starts, batch.height)).astype(np.int64)
-        self.seq.seqs.add(pl.DataFrame({
+        self.seq.seqs.add({
             "seq_key": sk, "seq_id": batch["seq_id"].gather(pl.Series(starts)).cast(pl.String),
             "n": length, "nh": length,
             **{c: np.add.reduceat(sums[c], first) for c in ("sh", "sd2", "sad")},
-            "pos_max": np.maximum.reduceat(column(batch, "position"), starts)}))
+            "pos_max": np.maximum.reduceat(column(batch, "position"), starts)})
 
     def _table(self, sums: dict[str, np.ndarray], keys: dict[str, Callable[[np.ndarray], Any]],
                ints: Sequence[str], fb: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
@@ -967,7 +967,7 @@ class _LagSums:
         else:
             out["_z"] = np.add.reduceat(np.where(ok, ad, 0.0), starts)
             out["_n0"] = np.add.reduceat(ok.astype(np.int64), starts)
-        self.rows.add(pl.DataFrame(out))
+        self.rows.add(out)
 
     def table(self) -> pl.DataFrame | None:
         """One row per sequence (None when no token was seen)."""

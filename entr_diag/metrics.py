@@ -235,7 +235,7 @@ class _SeqSums:
         def red(v: np.ndarray) -> np.ndarray:
             return np.add.reduceat(v, starts)
 
-        self.table.add(pl.DataFrame({
+        self.table.add({
             **{k: column(batch, k)[starts] for k in self.keys},
             "n": n,
             "s_k1": -s_d,
@@ -248,7 +248,7 @@ class _SeqSums:
             "n_train": n,
             "s_infer": red(column(batch, "infer_logprob")),
             "n_infer": n,
-        }))
+        })
 
 
 class MetricsPlan:

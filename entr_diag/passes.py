@@ -79,6 +79,7 @@ __all__ = [
     "GroupAgg",
     "PartialRows",
     "column",
+    "frame_of",
     "has_nulls",
     "chunks_of",
     "progress_hook",
@@ -553,24 +554,64 @@ def has_nulls(batch: pl.DataFrame, cols: list[str]) -> bool:
     return any(batch[c].null_count() for c in cols if c in batch.columns)
 
 
+def frame_of(parts: Sequence[dict[str, np.ndarray | pl.Series]]) -> pl.DataFrame:
+    """One frame of ``parts`` (non-empty; each a dict name -> 1-d numpy array or polars
+    Series, of one length within a part, the same names in every part), end to end: the
+    arrays of a column concatenated by numpy (by polars, with its type rules, when one is
+    a Series). Lets a pass accumulator keep its per-batch rows as numpy and build one
+    polars frame for many batches (see :class:`PartialRows`)."""
+
+    def cat(values: list) -> np.ndarray | pl.Series:
+        if all(isinstance(v, np.ndarray) for v in values):
+            return np.concatenate(values)
+        return pl.concat([pl.DataFrame({"v": v}) for v in values],
+                         how="vertical_relaxed")["v"]
+
+    return pl.DataFrame({c: cat([p[c] for p in parts]) for c in parts[0]})
+
+
+#: rows of numpy parts a :class:`PartialRows` buffers before it makes them a frame
+PENDING_ROWS: int = 262_144
+
+
 class PartialRows:
     """Rows of partial sums (minima, ...) keyed by ``keys``, added per batch already reduced
     (e.g. one row per run of a sequence) and merged by ``group_by(keys).agg(merge)`` only
     when they exceed ``compact_rows`` and twice the rows of the last merged table: no
     per-batch group-by, memory within about twice the number of distinct keys, linear
-    merging work. :class:`GroupAgg` feeds it its per-batch group-by results."""
+    merging work. :class:`GroupAgg` feeds it its per-batch group-by results.
+
+    A part may be given as columns (a dict name -> 1-d numpy array or polars Series, all
+    of one length, the same names in every part):
+    they are buffered and made into one frame per :data:`PENDING_ROWS` rows. Building a
+    polars frame on the main thread of a pass waits for the thread pool the engine reads
+    the next chunk with (about 1 ms a batch, where the frame itself takes 0.2 ms)."""
 
     def __init__(self, keys: list[str], merge: list[pl.Expr],
                  compact_rows: int = 250_000) -> None:
         self.keys, self.merge, self.compact_rows = keys, merge, compact_rows
         self._parts: list[pl.DataFrame] = []
         self._rows = self._merged_rows = 0
+        self._pending: list[dict[str, np.ndarray | pl.Series]] = []
+        self._pending_rows = 0
 
-    def add(self, part: pl.DataFrame) -> None:
+    def add(self, part: pl.DataFrame | dict[str, np.ndarray | pl.Series]) -> None:
+        if isinstance(part, dict):
+            self._pending.append(part)
+            self._pending_rows += len(next(iter(part.values()))) if part else 0
+            if self._pending_rows >= PENDING_ROWS:
+                self._flush()
+            return
         self._parts.append(part)
         self._rows += part.height
         if self._rows > max(self.compact_rows, 2 * self._merged_rows) and len(self._parts) > 1:
             self._compact()
+
+    def _flush(self) -> None:
+        """The buffered numpy parts as one frame, added."""
+        pending, self._pending, self._pending_rows = self._pending, [], 0
+        if pending:
+            self.add(frame_of(pending))
 
     def _compact(self) -> None:
         merged = pl.concat(self._parts, how="vertical_relaxed").group_by(self.keys).agg(
@@ -581,6 +622,7 @@ class PartialRows:
     def rows(self) -> pl.DataFrame | None:
         """The partial rows as chunks of one frame, not merged (a key may repeat: for
         readers that only sum them over coarser keys); None when nothing was added."""
+        self._flush()
         if not self._parts:
             return None
         self._parts = [pl.concat(self._parts, how="vertical_relaxed", rechunk=False)]
@@ -589,6 +631,7 @@ class PartialRows:
     def result(self, empty: pl.DataFrame | None = None) -> pl.DataFrame:
         """The merged table (one row per key, unsorted); ``empty`` (else an empty frame)
         when nothing was added."""
+        self._flush()
         if not self._parts:
             return empty if empty is not None else pl.DataFrame()
         if len(self._parts) > 1 or not self._merged_rows:

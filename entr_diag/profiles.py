@@ -441,7 +441,7 @@ class _SeqVersions:
                 return column(batch, c)[starts]
             return batch[c].gather(idx)
 
-        self.table.add(pl.DataFrame({
+        self.table.add({
             "seq_key": first("seq_key"),
             "policy_version": first("policy_version"),
             "first": np.minimum.reduceat(pos, starts),
@@ -452,7 +452,7 @@ class _SeqVersions:
             "s_abs": np.add.reduceat(ad, starts),
             # -1 for a run without a finite delta (null after the merge, as max of nothing)
             "m_abs": np.maximum.reduceat(ad if all_fin else np.where(fin, ad, -1.0), starts),
-        }))
+        })
 
     def result(self) -> pl.DataFrame:
         """The merged table (schema :data:`_SEQ_TABLE_SCHEMA`, one row per key)."""

@@ -1770,7 +1770,7 @@ class _AccountingScan:
             cols[f"{r}hi"] = np.maximum.reduceat(column(batch, f"_ac_{r}hi"), starts)
         if self.has_step:
             cols["step"] = column(batch, "_ac_step")[starts]
-        self.parts.add(pl.DataFrame(cols))
+        self.parts.add(cols)
         if self.fine:
             self.counts += np.bincount(column(batch, "_ac_fine"), minlength=self.counts.size)
         if self.has_pv and self.has_tv:
