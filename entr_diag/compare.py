@@ -948,7 +948,7 @@ class _Pending:
     """Pre-aggregated partial tables handed to a :class:`GroupAgg` some batches at a time:
     one group-by per about ``rows`` rows instead of one per batch."""
 
-    def __init__(self, acc: GroupAgg, rows: int = 65_536) -> None:
+    def __init__(self, acc: GroupAgg, rows: int = 524_288) -> None:
         self.acc, self.rows = acc, rows
         self._parts: list[pl.DataFrame] = []
         self._n = 0
@@ -1056,10 +1056,22 @@ class _FirstPass:
 
     def update(self, batch: pl.DataFrame) -> None:
         if self.plan.has_entropy:
-            h = batch.get_column("entropy").cast(pl.Float64)
-            self.h_null += h.null_count() + int(h.is_nan().sum() or 0)
-            self.h_max = _opt(max, self.h_max, h.max())
-            self.h_min_pos = _opt(min, self.h_min_pos, h.filter(h > 0).min())
+            if batch.get_column("entropy").null_count():  # polars: null-skipping
+                h = batch.get_column("entropy").cast(pl.Float64)
+                self.h_null += h.null_count() + int(h.is_nan().sum() or 0)
+                self.h_max = _opt(max, self.h_max, h.max())
+                self.h_min_pos = _opt(min, self.h_min_pos, h.filter(h > 0).min())
+            else:  # numpy (a polars operation here waits for the engine's thread pool)
+                hn = column(batch, "entropy")
+                nan = np.isnan(hn)
+                n_nan = int(nan.sum())
+                self.h_null += n_nan
+                if n_nan < hn.size:  # NaN ignored, as by _opt
+                    fin = hn[~nan] if n_nan else hn
+                    self.h_max = _opt(max, self.h_max, float(fin.max()))
+                    pos = fin[fin > 0]
+                    if pos.size:
+                        self.h_min_pos = _opt(min, self.h_min_pos, float(pos.min()))
         self.n += batch.height
         self.entr_kept += int(column(batch, f"{_P1}k0").sum())
         a = column(batch, f"{_P1}a")
@@ -1076,8 +1088,8 @@ class _FirstPass:
                 self.a_min = _opt(min, self.a_min, float(sel.min()))
                 self.a_max = _opt(max, self.a_max, float(sel.max()))
         else:
-            self.a_min = _opt(min, self.a_min, float(runs.get_column("__amin").min()))
-            self.a_max = _opt(max, self.a_max, float(runs.get_column("__amax").max()))
+            self.a_min = _opt(min, self.a_min, float(runs["__amin"].min()))
+            self.a_max = _opt(max, self.a_max, float(runs["__amax"].max()))
         self.seq.add(runs)
         if ok is not None:
             ab = ab[ok]
@@ -1091,15 +1103,15 @@ class _FirstPass:
                 qb, q = qb[ok], q[ok]
             _hist_add(self.hist_q, qb, self.hist_qs, q)
 
-    def _runs(self, batch: pl.DataFrame) -> pl.DataFrame | None:
+    def _runs(self, batch: pl.DataFrame) -> dict[str, np.ndarray] | None:
         """The batch's rows collapsed per run of one ``seq_key`` (the per-sequence partials
-        of each run), or None when a value to reduce is null or NaN."""
+        of each run, as numpy columns), or None when a value to reduce is null or NaN."""
         sk = batch.get_column("seq_key")
         if sk.null_count() or any(batch.get_column(src).null_count()
                                   for _o, src, _h in self.reduce):
             return None
         starts = _run_starts(column(batch, "seq_key"))
-        out: dict[str, Any] = {"seq_key": sk.gather(starts)}
+        out: dict[str, Any] = {"seq_key": column(batch, "seq_key")[starts]}
         lengths = None
         for col, src, how in self.reduce:
             if how == "count":  # no null: the run's length
@@ -1111,7 +1123,7 @@ class _FirstPass:
             if v.dtype.kind == "f" and np.isnan(v).any():
                 return None
             out[col] = v
-        return pl.DataFrame(out)
+        return out
 
 
 class _SecondPass:

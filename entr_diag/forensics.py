@@ -451,7 +451,7 @@ class _SeqTables:
         ]
         self.seqs = PartialRows(
             ["seq_key"], [pl.col("seq_id").first(), *_sums(("n", "nh", "sh", "sd2", "sad")),
-                          pl.col("pos_max").max()])
+                          pl.col("pos_max").max()], cast={"seq_id": pl.String})
 
     def update(self, batch: pl.DataFrame) -> None:
         """A batch with the :class:`_Derived` columns, by a polars group-by."""
@@ -659,8 +659,13 @@ class _TokenTables:
             "sh": sums["sh"], "sd2": sums["sd2"]})
         first = np.flatnonzero(np.diff(run, prepend=-1))  # first slot of each run
         length = np.diff(np.append(starts, batch.height)).astype(np.int64)
+        sid = batch.get_column("seq_id")
         self.seq.seqs.add({
-            "seq_key": sk, "seq_id": batch["seq_id"].gather(pl.Series(starts)).cast(pl.String),
+            "seq_key": sk,
+            # an integer seq_id as numpy (made a String per frame of many batches)
+            "seq_id": (column(batch, "seq_id")[starts]
+                       if sid.dtype.is_integer() and not sid.null_count()
+                       else sid.gather(pl.Series(starts)).cast(pl.String)),
             "n": length, "nh": length,
             **{c: np.add.reduceat(sums[c], first) for c in ("sh", "sd2", "sad")},
             "pos_max": np.maximum.reduceat(column(batch, "position"), starts)})
