@@ -1400,9 +1400,7 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
     --tau / --eps is noted (those still define the noise tokens)."""
     from entr_diag.gates import DEFAULT_PANEL, EntrGate, parse_gate_spec
 
-    if not (tau > 0 and math.isfinite(tau)) or not (eps >= 0 and math.isfinite(eps)):
-        raise ParameterError(f"--tau {tau} --eps {eps}: --tau must be a finite number > 0 and "
-                             "--eps a finite number >= 0 (nats).")
+    _check_fit_options(eps, tau, 1000, None)  # --tau / --eps named as fit names them
     panel = [parse_gate_spec(g) for g in gate] if gate else list(DEFAULT_PANEL)
     unique = list(dict.fromkeys(panel))  # gate specs are frozen dataclasses: equal = same
     if len(unique) < len(panel) and not quiet:

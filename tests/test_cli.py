@@ -1199,12 +1199,12 @@ def test_shards_in_one_unit_get_no_per_file_warning(synth_big, synth_file, tmp_p
 ])
 def test_a_bad_fit_parameter_names_its_option(args, start):
     """The fit parameters checked after parsing name their option in the refusal, as any
-    other bad option value does (was 'tau must be ...' alone)."""
-    for cmd in ("fit", "flag"):
+    other bad option value does (was 'tau must be ...' alone; compare and report said
+    '--tau 0.0 --eps 0.01: ...', naming both)."""
+    for cmd in ("fit", "flag", "compare", "report"):
         r = runner.invoke(app, [cmd, *args])
-        assert r.exit_code == 2 and r.stderr.startswith(start), r.stderr
-    r = runner.invoke(app, ["compare", *args])  # (refused by the ENTR gate's own check)
-    assert r.exit_code == 2 and r.stderr.startswith("error: --tau ") and args[0] in r.stderr
+        assert r.exit_code == 2 and r.stderr.startswith(start), (cmd, r.stderr)
+        assert r.stderr.count("\n") == 1, r.stderr  # one line
 
 
 def test_rounded_logprobs_in_one_shard_name_the_shard(synth_file, tmp_path):
