@@ -928,10 +928,17 @@ class _LagSums:
 
     COLS = ("_a-1", "_n-1", "_a1", "_n1", "_z", "_n0")
 
-    def __init__(self, with_step: bool) -> None:
+    def __init__(self, with_step: bool, with_file: bool = False) -> None:
         self.keys = ["seq_key", "step"] if with_step else ["seq_key"]
         self.columns = [*self.keys, "position", "train_logprob", "infer_logprob", "delta"]
-        self.rows = PartialRows(self.keys, [pl.col(c).sum() for c in self.COLS], 2_000_000)
+        #: each sequence's input file (FILE_INDEX, the lowest if it spans several): the
+        #: files holding shifted sequences are named
+        self.with_file = with_file
+        if with_file:
+            self.columns.append(FILE_INDEX)
+        self.rows = PartialRows(self.keys, [pl.col(c).sum() for c in self.COLS]
+                                + ([pl.col(FILE_INDEX).min()] if with_file else []),
+                                2_000_000)
 
     def update(self, batch: pl.DataFrame) -> None:
         sk, pos = column(batch, "seq_key"), column(batch, "position")
@@ -972,6 +979,8 @@ class _LagSums:
         else:
             out["_z"] = np.add.reduceat(np.where(ok, ad, 0.0), starts)
             out["_n0"] = np.add.reduceat(ok.astype(np.int64), starts)
+        if self.with_file:
+            out[FILE_INDEX] = column(batch, FILE_INDEX)[starts]
         self.rows.add(out)
 
     def table(self) -> pl.DataFrame | None:
@@ -1001,7 +1010,7 @@ def _lag_name(lag: int) -> str:
 
 
 def _misalignment(sample: pl.DataFrame, keep: int,
-                  every: pl.DataFrame | None = None) -> _Result:
+                  every: pl.DataFrame | None = None, files: Sequence[str] = ()) -> _Result:
     """Shifted alignment between the two logprob columns (by 1 to 3 tokens, in every
     sequence or in some).
 
@@ -1039,6 +1048,10 @@ def _misalignment(sample: pl.DataFrame, keep: int,
     token at position t + L of the same sequence). Tokens with a logprob at or below
     IMPLAUSIBLE_LOGPROB (placeholders: implausible_logprobs reports them) are left out, with
     the pairs they are in, here and in :class:`_LagSums`.
+
+    ``files``: the input files (by FILE_INDEX): with several, a partial shift names those
+    holding the shifted sequences (evidence ``files``, ``input_files``; the tables need
+    a FILE_INDEX column).
     """
     name = "misalignment"
     has_step = "step" in sample.columns
@@ -1060,7 +1073,8 @@ def _misalignment(sample: pl.DataFrame, keep: int,
     interior = s.filter(pl.col("_a-1").is_not_null() & pl.col("_a1").is_not_null())
     sums = [e for L in lags for e in (pl.col(f"_a{L}").sum(), pl.col(f"_z{L}").sum(),
                                       pl.col(f"_a{L}").count().alias(f"_n{L}"))]
-    per_seq_q = s.group_by(["seq_key", "step"] if has_step else ["seq_key"]).agg(sums)
+    per_seq_q = s.group_by(["seq_key", "step"] if has_step else ["seq_key"]).agg(
+        *sums, *([pl.col(FILE_INDEX).min()] if FILE_INDEX in sample.columns else []))
     res_q = interior.select(
         pl.len().alias("n"),
         pl.col("_a-1").mean().alias("mad_m1"), d0.mean().alias("mad_0"),
@@ -1169,6 +1183,16 @@ def _misalignment(sample: pl.DataFrame, keep: int,
                                   for r in by.head(20).iter_rows(named=True)}
             top = ", ".join(f"{st} ({v})" for st, v in list(ev["shifted_steps"].items())[:6])
             steps = f"; by step (shifted/tested): {top}" + (" ..." if by.height > 6 else "")
+        where = ""
+        if len(files) > 1 and FILE_INDEX in hit.columns:  # which input files hold them
+            from entr_diag.caveats import files_listed
+
+            by_file = hit.group_by(FILE_INDEX).len()
+            ev["files"] = {files[int(i)]: int(n) for i, n in by_file.iter_rows()
+                           if i is not None and 0 <= int(i) < len(files)}
+            ev["input_files"] = len(files)
+            if ev["files"]:
+                where = f" They are {files_listed(ev['files'], len(files))}."
         f = Finding(
             kind=name,
             severity="critical",
@@ -1180,8 +1204,8 @@ def _misalignment(sample: pl.DataFrame, keep: int,
                 f"match train_logprob[t] with "
                 f"infer_logprob[t{lag:+d}]: their mean |difference| at lag {lag:+d} is "
                 f"{ev['ratio_in_shifted_sequences']:.2g} times that at lag 0 (aligned sequences "
-                f"stay above 1.4 times){steps}. Over all tokens lag 0 still fits best, which hides "
-                "it: those sequences' ratios are wrong and pollute every statistic."
+                f"stay above 1.4 times){steps}.{where} Over all tokens lag 0 still fits best, "
+                "which hides it: those sequences' ratios are wrong and pollute every statistic."
             ),
             evidence=ev,
             check=check + " A shift in some steps only points at a change between them "
@@ -2538,7 +2562,8 @@ class MisalignmentPlan:
         with_step = "step" in names
         self._sample = None if self._res is not None else _LagSample(
             _misalign_keep(ds), with_step=with_step, with_file=FILE_INDEX in names)
-        self._sums = None if self._res is not None else _LagSums(with_step)
+        self._sums = None if self._res is not None else _LagSums(
+            with_step, with_file=FILE_INDEX in names)
         self.accumulators: list[Accumulator] = (
             [] if self._sample is None else [self._sample, self._sums])  # type: ignore[list-item]
 
@@ -2547,8 +2572,9 @@ class MisalignmentPlan:
         if self._res is None:
             assert self._sample is not None
             sample = self._sample.frame(self.ds.lf.collect_schema())
-            self._res = _misalignment(sample, self._sample.keep,
-                                      None if self._sums is None else self._sums.table())
+            self._res = _misalignment(
+                sample, self._sample.keep, None if self._sums is None else self._sums.table(),
+                [str(f.path) for f in getattr(self.ds, "files", ())])
             _misalign_store(self.ds, self._res)
         return self._res
 

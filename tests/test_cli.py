@@ -1301,3 +1301,23 @@ def test_malloc_tuning_only_on_glibc_and_never_over_the_users_setting(monkeypatc
     if platform.libc_ver()[0] == "glibc":
         monkeypatch.delenv("MALLOC_TOP_PAD_", raising=False)
         assert cli._tune_malloc() is True
+
+
+def test_a_shift_in_one_shard_names_the_shard(synth_file, tmp_path):
+    """Logprobs shifted by one token in one shard of four: the refusal (and, with
+    --allow-misaligned, the finding's evidence) names that shard."""
+    shift = {"infer_logprob": pl.col("infer_logprob").shift(1).over("seq_id", order_by="position")
+             .fill_null(-0.5)}
+    d = _split(synth_file, tmp_path / "sh", 4, {2: shift})
+    shard = str(d / "part-2.parquet")
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "-q"])
+    assert r.exit_code == 2 and "shifted by +1 token" in r.stderr, r.stderr
+    assert f"They are all in {shard}, 1 of the 4 input files." in r.stderr
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--allow-misaligned",
+                            "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    (f,) = [x for x in json.loads(js.read_text())["forensics"]["findings"]
+            if x["kind"] == "misalignment"]
+    assert set(f["evidence"]["files"]) == {shard} and f["evidence"]["input_files"] == 4
+    assert f["evidence"]["files"][shard] == f["evidence"]["shifted_sequences"]
