@@ -722,10 +722,13 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             _notes.add(f"note: {escape(note)}")
     dup = ds.accounting.sequences_with_duplicate_positions
     if dup:
+        from entr_diag.caveats import files_listed
         from entr_diag.io.load import unkeyed_partitions
 
+        where = files_listed(ds.accounting.duplicate_position_files, len(ds.files))
         _notes.add(
-            f"[yellow]warning:[/yellow] {dup:,} sequence(s) hold more tokens than positions: the "
+            f"[yellow]warning:[/yellow] {dup:,} sequence(s) hold more tokens than positions"
+            + (f" ({escape(where)})" if where else "") + ": the "
             "same (step, seq_id, position) appears more than once (e.g. one dump copied into two "
             "shards, whose tokens then count twice; or a seq_id shared by several sequences, "
             "such as a prompt or group id like verl's uid, which merges them into one)"

@@ -1321,3 +1321,36 @@ def test_a_shift_in_one_shard_names_the_shard(synth_file, tmp_path):
             if x["kind"] == "misalignment"]
     assert set(f["evidence"]["files"]) == {shard} and f["evidence"]["input_files"] == 4
     assert f["evidence"]["files"][shard] == f["evidence"]["shifted_sequences"]
+
+
+def test_duplicated_positions_name_the_files_holding_them(synth_file, tmp_path):
+    """A shard written twice (another row-group size: not byte-identical, so the copy
+    check does not fire) among three: the duplicate-position warning and the accounting
+    name both files with their sequences; a sequence written twice within one shard names
+    that shard alone."""
+    d = _split(synth_file, tmp_path / "dup", 3, {})
+    pl.read_parquet(d / "part-1.parquet").write_parquet(d / "part-1-copy.parquet",
+                                                        row_group_size=5000)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    acc = json.loads(js.read_text())["inputs"]["accounting"]
+    n = acc["sequences_with_duplicate_positions"]
+    a, b = str(d / "part-1-copy.parquet"), str(d / "part-1.parquet")
+    assert n > 0 and acc["duplicate_position_files"] == {a: n, b: n}
+    assert f"hold more tokens than positions (in 2 of the 4 input files: {a} ({n:,}), {b} " \
+           f"({n:,}))" in r.stderr.replace("\n", " "), r.stderr
+    (d / "part-1-copy.parquet").unlink()
+    part = pl.read_parquet(d / "part-2.parquet")
+    pl.concat([part, part.head(50)]).write_parquet(d / "part-2.parquet")
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    acc = json.loads(js.read_text())["inputs"]["accounting"]
+    c = str(d / "part-2.parquet")
+    assert acc["duplicate_position_files"] == {c: acc["sequences_with_duplicate_positions"]}
+    assert f"(all in {c}, 1 of the 3 input files)" in r.stderr.replace("\n", " ")
+    single = tmp_path / "one.parquet"
+    pl.concat([part, part.head(50)]).write_parquet(single)
+    r = runner.invoke(app, ["fit", str(single), "--n-boot", "100", "--json", str(js), "-q"])
+    acc = json.loads(js.read_text())["inputs"]["accounting"]
+    assert acc["sequences_with_duplicate_positions"] > 0
+    assert "duplicate_position_files" not in acc and "input files" not in r.stderr

@@ -617,6 +617,10 @@ class Accounting:
     #: valid tokens with policy_version > train_version per input file (path -> tokens;
     #: versions swapped in some shards?)
     negative_staleness_files: Mapping[str, int] = field(default_factory=dict)
+    #: the sequences of ``sequences_with_duplicate_positions`` per input file holding
+    #: their rows (path -> sequences; a sequence copied into two files counts in both;
+    #: empty for one input file)
+    duplicate_position_files: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -642,6 +646,8 @@ class Accounting:
             "tokens_padding": self.tokens_padding,
             **({"negative_staleness_files": dict(self.negative_staleness_files)}
                if self.negative_staleness_files else {}),
+            **({"duplicate_position_files": dict(self.duplicate_position_files)}
+               if self.duplicate_position_files else {}),
             **({"exclusions_where": {r: {k: dict(v) if isinstance(v, Mapping) else v
                                          for k, v in w.items()}
                                      for r, w in self.excluded_where.items()}}
@@ -1750,6 +1756,9 @@ class _AccountingScan:
             merge += [pl.col(f"{r}lo").min(), pl.col(f"{r}hi").max()]
         if self.has_step:
             merge.append(pl.col("step").min())
+        # the input files of each sequence (lowest, highest FILE_INDEX; a run's first and
+        # last rows: a run spans files only within a chunk of several small files)
+        merge += [pl.col("flo").min(), pl.col("fhi").max()]
         self.parts = PartialRows(["seq_key"], merge, 4_000_000)
         self.counts = np.zeros(N_FINE + 2, dtype=np.int64)
         self.stale: dict[int, int] = {}
@@ -1770,6 +1779,12 @@ class _AccountingScan:
             cols[f"{r}hi"] = np.maximum.reduceat(column(batch, f"_ac_{r}hi"), starts)
         if self.has_step:
             cols["step"] = column(batch, "_ac_step")[starts]
+        if FILE_INDEX in batch.columns:
+            f = column(batch, FILE_INDEX)
+            first, last = f[starts], f[np.append(starts[1:], batch.height) - 1]
+            cols["flo"], cols["fhi"] = np.minimum(first, last), np.maximum(first, last)
+        else:
+            cols["flo"] = cols["fhi"] = np.zeros(starts.size, dtype=np.uint32)
         self.parts.add(cols)
         if self.fine:
             self.counts += np.bincount(column(batch, "_ac_fine"), minlength=self.counts.size)
@@ -1814,6 +1829,7 @@ class _AccountingScan:
         if self.has_step:
             st = pl.col("step")
             out.append(pl.when((valid > 0) & (st != _I64_MIN)).then(st).alias("_step"))
+        out += [pl.col("flo").alias("_file_lo"), pl.col("fhi").alias("_file_hi")]
         return t.select(out)
 
 
@@ -1837,10 +1853,17 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     masked = valid + sum((get(r) for r in S.EXCLUSION_REASONS if r in per.columns),
                          start=pl.Series([0] * len(valid), dtype=pl.Int64))
     n_dup = 0
+    dup_files: dict[str, int] = {}
     if per.height:
-        n_dup = int(per.select(
-            (pl.col("_valid") > pl.col("_pos_hi") - pl.col("_pos_lo") + 1).fill_null(False)
-            .sum()).item())
+        dup = per.filter((pl.col("_valid") > pl.col("_pos_hi") - pl.col("_pos_lo") + 1)
+                         .fill_null(False))
+        n_dup = dup.height
+        if n_dup and len(infos) > 1:  # which input files hold them (sequences per file)
+            lo, hi = dup["_file_lo"].to_numpy(), dup["_file_hi"].to_numpy()
+            both = np.concatenate([lo, hi[hi != lo]])
+            dup_files = {str(infos[i].path): n for i, n in
+                         enumerate(np.bincount(both.astype(np.int64)).tolist())
+                         if n and i < len(infos)}
     steps: tuple[int, ...] | None = None
     n_nullstep = 0
     if scan.has_step:
@@ -1881,6 +1904,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_without_step=n_nullstep,
         tokens_padding=count["padding"],
         negative_staleness_files={str(infos[i].path): n for i, n in sorted(scan.ahead.items())},
+        duplicate_position_files=dup_files,
     ), fine
 
 
