@@ -2618,11 +2618,13 @@ ROUNDED_MIN_VALUES = 200
 
 
 def _nonzero_logprobs(sample: pl.DataFrame, col: str) -> np.ndarray:
-    """The finite non-zero values of a logprob column of ``sample`` (none without it)."""
+    """The finite non-zero values of a logprob column of ``sample`` (none without it),
+    without impossible ones (at or below IMPLAUSIBLE_LOGPROB: placeholders such as -300.0,
+    which implausible_logprobs reports, are whole numbers but say nothing of rounding)."""
     if col not in sample.columns:
         return np.zeros(0)
     x = sample.get_column(col).cast(pl.Float64)
-    return x.filter(x.is_finite() & (x != 0)).to_numpy()
+    return x.filter(x.is_finite() & (x != 0) & (x > IMPLAUSIBLE_LOGPROB)).to_numpy()
 
 
 def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:

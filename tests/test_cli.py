@@ -1354,3 +1354,18 @@ def test_duplicated_positions_name_the_files_holding_them(synth_file, tmp_path):
     acc = json.loads(js.read_text())["inputs"]["accounting"]
     assert acc["sequences_with_duplicate_positions"] > 0
     assert "duplicate_position_files" not in acc and "input files" not in r.stderr
+
+
+def test_placeholders_are_not_taken_for_rounded_logprobs(synth_file, tmp_path):
+    """A shard whose infer_logprob is mostly -300.0 placeholders (whole numbers): the
+    implausible-logprob caveat names it; the rounding check, which ignores impossible
+    values, does not call it rounded (it did: 95% of its values on the 1-nat grid)."""
+    ph = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 20 != 0).then(-300.0)
+          .otherwise(pl.col("infer_logprob"))}
+    d = _split(synth_file, tmp_path / "ph", 4, {2: ph})
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    assert doc["rounded_logprobs"] is None and "stored rounded" not in r.stderr
+    assert "impossible logprob" in doc["verdict"]["caveat"]
