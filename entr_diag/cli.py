@@ -841,7 +841,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None) -> dict
     (``rounded``: ``_fit``'s, column -> step, also kept as ``rounded_logprobs``), the
     unit-mistake-in-some-files caveat (``file_units``: ``_fit``'s, also kept as
     ``units_by_file``), then the small-sample and interval caveats (None when none
-    applies)."""
+    applies). ``findings``: a Findings, or its ``to_dict()`` shape (``{"findings":
+    [...]}``, e.g. ``compare``'s implausible-logprob finding alone)."""
     from entr_diag.caveats import (
         exclusion_caveat,
         file_units_caveat,
@@ -861,13 +862,30 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None) -> dict
              integer_caveat(ds.notes), rounding_caveat(rounded, ds.mapping),
              units_caveat(fd.get("units"), ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
-             implausible_caveat(None if findings is None else findings.to_dict()),
+             implausible_caveat(None if findings is None else
+                                findings if isinstance(findings, dict) else findings.to_dict()),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
     fd["rounded_logprobs"] = dict(rounded) if rounded else None  # (or {"by_file": ...})
     fd["units_by_file"] = ([{"file": f, **c.to_dict()} for f, c in file_units]
                            if file_units else None)
     return fd
+
+
+def _implausible_note(finding) -> dict | None:
+    """For a command that runs no forensics (``compare``): the implausible-logprob finding
+    (:class:`~entr_diag.forensics.ImplausiblePlan`) as a dict, None when no token was
+    flagged; at warning or critical severity (they carry 1% or more of sum delta^2) also a
+    ``warning:`` line, worded as the verdict's caveat."""
+    if finding is None:
+        return None
+    from entr_diag.caveats import implausible_caveat
+
+    f = finding.to_dict()
+    caveat = implausible_caveat({"findings": [f]})
+    if caveat:
+        _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
+    return f
 
 
 def _forensics(ds, quiet: bool):
@@ -1137,7 +1155,8 @@ def _import_meanwhile(module: str) -> None:
 
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
          full: bool = True, forensics: bool = False, profiles: bool = False,
-         entropy_optional: bool = False, law_optional: bool = False, gates=None):
+         entropy_optional: bool = False, law_optional: bool = False, gates=None,
+         implausible: bool = False):
     """The scaling-law fit (with ``full``: its strata and the mismatch metrics; with
     ``forensics`` / ``profiles``: those too), the off-by-one alignment check and, given
     ``gates`` (a function returning a ComparePlan, :func:`_gate_plan`; called once the
@@ -1157,7 +1176,9 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     ``findings`` (None when not asked for), ``profiles``: the unfinished ProfilesPlan
     (its version-switch follow-up pass is shared with the gate comparison's second pass;
     call ``finish()`` after), ``gates``: the ComparePlan after its first pass (None
-    without ``gates``), ``file_units``: the input files whose own units check names a
+    without ``gates``), ``implausible``: with ``implausible`` and without ``forensics``, the
+    unfinished :class:`~entr_diag.forensics.ImplausiblePlan` (its follow-up joins a later
+    pass; call ``finish()`` after), else None, ``file_units``: the input files whose own units check names a
     mistake the pooled one does not, ``[(file, UnitsCheck)]`` or None
     (:class:`~entr_diag.fit.FileUnitsPlan`), and ``rounded``: the logprob columns stored
     rounded, column ->
@@ -1201,9 +1222,13 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         from entr_diag.profiles import profiles_plan
 
         plans["profiles"] = profiles_plan(ds.lf, eps=eps)
+    if implausible and not forensics:
+        from entr_diag.forensics import ImplausiblePlan
+
+        plans["implausible"] = ImplausiblePlan(ds)
     gate_plan = gates() if gates is not None else None
     what = ", ".join([{"findings": "forensics"}.get(k, k) for k in plans
-                      if k not in ("alignment", "file_units")]
+                      if k not in ("alignment", "file_units", "implausible")]
                      + (["gates"] if gate_plan is not None else []))
     with _status(f"one pass ({what})", quiet, rows=ds.accounting.tokens_valid):
         run_pass(ds.lf, [a for p in plans.values() for a in p.accumulators]
@@ -1234,7 +1259,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             if k == "file_units":  # after the fit: the pooled units check
                 continue
             try:
-                out[k] = p if k == "profiles" else p.finish()
+                out[k] = p if k in ("profiles", "implausible") else p.finish()
             except FitError as e:
                 if k != "fit":
                     raise
@@ -1256,7 +1281,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             file_units, len(ds.files), ds.mapping).removeprefix("caveat: ")))
     return {"unavailable": unavailable, "no_fit": no_fit, "gates": gate_plan, "rounded": rounded,
             "file_units": file_units or None,
-            **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles")}}
+            **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles",
+                                       "implausible")}}
 
 
 @app.command(cls=_Command)
@@ -1517,7 +1543,7 @@ def compare(
                 "fixed:c=0.5)"))
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
                  allow_misaligned=allow_misaligned, entropy_optional=True, law_optional=True,
-                 gates=lambda: _gate_plan(ds, entr, panel, sweeps))
+                 gates=lambda: _gate_plan(ds, entr, panel, sweeps), implausible=True)
         fit_res = a["fit"]
         no_entr = no_law = None  # no entropy column: the gates that need none are compared
         if a["unavailable"]:  # too little data for the law: the gates need none
@@ -1527,7 +1553,9 @@ def compare(
         elif fit_res is None:
             no_entr = _no_column(ds, "entropy", _NO_ENTROPY + " (the gates that need no entropy "
                                  "are compared)", _map_entropy(ds))
-        res = _compare(ds, fit_res, a["gates"], quiet, no_fit=a["no_fit"])
+        res = _compare(ds, fit_res, a["gates"], quiet, no_fit=a["no_fit"],
+                       with_plans=[a["implausible"]])
+        implausible = _implausible_note(a["implausible"].finish())
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
@@ -1540,9 +1568,10 @@ def compare(
         with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
-                warnings=warnings,
+                warnings=warnings, implausible_logprobs=implausible,
                 fit=None if fit_res is None else _fit_dict(
-                    fit_res, ds, rounded=a["rounded"], file_units=a["file_units"]),
+                    fit_res, ds, None if implausible is None else {"findings": [implausible]},
+                    rounded=a["rounded"], file_units=a["file_units"]),
                 **({"unavailable": no_entr or no_law} if no_entr or no_law else {})), quiet)
             if export is not None:
                 from entr_diag.atomic import when_written, write_with

@@ -67,6 +67,7 @@ __all__ = [
     "Finding",
     "Findings",
     "ForensicsPlan",
+    "ImplausiblePlan",
     "MisalignmentPlan",
     "detect_misalignment",
     "forensics_plan",
@@ -2271,11 +2272,19 @@ def _check_implausible(ctx: _Ctx) -> _Result:
     alpha: over every bin, a noise regime at low entropy would set it, not these tokens); the severity follows that share
     (IMPLAUSIBLE_SHARE_WARN, IMPLAUSIBLE_SHARE_CRITICAL).
     """
+    assert ctx.implausible is not None
+    return _implausible(ctx.implausible, ctx.cells, ctx.has("entropy"),
+                        [str(f.path) for f in getattr(ctx.ds, "files", ())])
+
+
+def _implausible(acc: _ImplausibleTokens, cells: pl.DataFrame, has_entropy: bool,
+                 files: Sequence[str]) -> _Result:
+    """:func:`_check_implausible` on its tables: ``acc`` (the flagged tokens), ``cells``
+    (every valid token's count ``n`` and sums ``sh`` / ``sd2`` by forensic entropy ``bin``,
+    rows may repeat a bin), ``files`` the input files (by FILE_INDEX)."""
     from entr_diag.io.schema import SENTINEL_FLOOR
 
     name = "implausible_logprobs"
-    acc = ctx.implausible
-    assert acc is not None
     t = IMPLAUSIBLE_LOGPROB
     seqs = acc.seqs.result()
     lowest = ", ".join(f"{side} {_lp(v)}" for side, v in acc.lowest.items()
@@ -2283,7 +2292,7 @@ def _check_implausible(ctx: _Ctx) -> _Result:
     if not seqs.height:
         return _clear(name, f"no valid token has a logprob at or below {t:g} nats"
                             + (f" (lowest: {lowest})" if lowest else ""))
-    tot = ctx.cells.select(pl.col("n").sum(), pl.col("sd2").sum()).row(0)
+    tot = cells.select(pl.col("n").sum(), pl.col("sd2").sum()).row(0)
     n_all, sd2_all = int(tot[0] or 0), float(tot[1] or 0.0)
     n_flag = int(seqs["n"].sum())
     by_side = {side: int(seqs[f"n_{side}"].sum()) for side in ("infer", "train")}
@@ -2292,8 +2301,8 @@ def _check_implausible(ctx: _Ctx) -> _Result:
     tok_share = n_flag / n_all if n_all else float("nan")
     # the law's k on the forensic entropy bins, with and without the flagged tokens
     k_with = k_without = float("nan")
-    if ctx.has("entropy"):
-        b = (ctx.cells.group_by("bin").agg(pl.col("n", "sh", "sd2").sum())
+    if has_entropy:
+        b = (cells.group_by("bin").agg(pl.col("n", "sh", "sd2").sum())
              .filter(pl.col("bin").is_not_null()))
         cols = np.zeros((3, N_BINS))
         idx = b["bin"].to_numpy().astype(np.int64)
@@ -2324,9 +2333,8 @@ def _check_implausible(ctx: _Ctx) -> _Result:
         "train_logprob_range_flagged": ranges.get("train", []),
         "threshold_logprob": t,
     }
-    files = getattr(ctx.ds, "files", ())
     if acc.files and len(files) > 1:  # which input files hold them
-        ev["files"] = {str(files[i].path): n for i, n in sorted(acc.files.items())}
+        ev["files"] = {files[i]: n for i, n in sorted(acc.files.items())}
         ev["input_files"] = len(files)
 
     def values(side: str) -> str:
@@ -2343,7 +2351,7 @@ def _check_implausible(ctx: _Ctx) -> _Result:
     # (without entropy there is no law: the mismatch metrics are what they distort)
     enter, effects = (("fit", ("the fitted law describes these values, not the mismatch",
                                "they bias the fitted law", "the fit barely moves"))
-                      if ctx.has("entropy") else
+                      if has_entropy else
                       ("mismatch metrics", ("the metrics describe these values, not the "
                                             "mismatch", "they bias the metrics",
                                             "the metrics barely move")))
@@ -2653,6 +2661,82 @@ def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:
                 out[col] = step
                 break
     return out or None
+
+
+class _BinTotals:
+    """Every valid token's count and sums of H and delta^2 by forensic entropy bin
+    (:func:`_bin_expr`, computed by the engine), by ``bincount``: the ``cells`` of
+    :func:`_implausible` for a command that runs no forensics."""
+
+    columns = ("entropy", "delta")
+
+    def __init__(self, has_entropy: bool) -> None:
+        self.has_entropy = has_entropy
+        self.exprs = ([_bin_expr().fill_null(-1).alias(_FX + "itot_bin")] if has_entropy
+                      else [])
+        self.sums = np.zeros((3, N_BINS))
+        self.no_bin = np.zeros(2)  # n, sum delta^2 of tokens without an entropy bin
+
+    def update(self, batch: pl.DataFrame) -> None:
+        d = column(batch, "delta").astype(np.float64)
+        d2 = d * d
+        if not self.has_entropy:
+            self.no_bin += (d.size, d2.sum())
+            return
+        b = column(batch, _FX + "itot_bin").astype(np.int64)
+        ok = b >= 0
+        if not ok.all():
+            self.no_bin += (int((~ok).sum()), d2[~ok].sum())
+            b, d2 = b[ok], d2[ok]
+            h = column(batch, "entropy")[ok]
+        else:
+            h = column(batch, "entropy")
+        for i, w in enumerate((None, h.astype(np.float64), d2)):
+            self.sums[i] += np.bincount(b, weights=w, minlength=N_BINS)
+
+    def table(self) -> pl.DataFrame:
+        bins = np.flatnonzero(self.sums[0])
+        t = pl.DataFrame({"bin": bins.astype(np.int32), "n": self.sums[0, bins],
+                          "sh": self.sums[1, bins], "sd2": self.sums[2, bins]})
+        if self.no_bin[0]:
+            t = pl.concat([t, pl.DataFrame({"bin": [None], "n": [self.no_bin[0]],
+                                            "sh": [0.0], "sd2": [self.no_bin[1]]},
+                                           schema=t.schema)])
+        return t
+
+
+class ImplausiblePlan:
+    """The implausible-logprobs check alone, for a command that runs no forensics
+    (``compare``): ``accumulators`` join the fit's pass (they look for tokens at or below
+    IMPLAUSIBLE_LOGPROB: a minimum per side per batch); only when some were found,
+    :meth:`followup` returns the per-bin totals the finding compares them with, for a
+    later pass (the gate comparison's second); then :meth:`finish` returns the
+    ``implausible_logprobs`` finding (None when no token was flagged), as the forensics
+    report it (:func:`_check_implausible`)."""
+
+    def __init__(self, ds: Any) -> None:
+        names = ds.lf.collect_schema().names()
+        self.has_entropy = "entropy" in names
+        self.files = [str(f.path) for f in getattr(ds, "files", ())]
+        self.tokens = _ImplausibleTokens()
+        self.accumulators: list[Accumulator] = [self.tokens]  # type: ignore[list-item]
+        self._totals: _BinTotals | None = None
+
+    def flagged(self) -> bool:
+        """Whether the pass found a token at or below IMPLAUSIBLE_LOGPROB."""
+        return bool(self.tokens.seqs.result().height)
+
+    def followup(self) -> list[Accumulator]:
+        if self._totals is None and self.flagged():
+            self._totals = _BinTotals(self.has_entropy)
+            return [self._totals]  # type: ignore[list-item]
+        return []
+
+    def finish(self) -> Finding | None:
+        if self._totals is None:
+            return None
+        return _implausible(self.tokens, self._totals.table(), self.has_entropy,
+                            self.files)[1]
 
 
 def misalignment_plan(ds: Any) -> MisalignmentPlan:

@@ -1369,3 +1369,44 @@ def test_placeholders_are_not_taken_for_rounded_logprobs(synth_file, tmp_path):
     doc = json.loads(js.read_text())
     assert doc["rounded_logprobs"] is None and "stored rounded" not in r.stderr
     assert "impossible logprob" in doc["verdict"]["caveat"]
+
+
+def test_compare_reports_impossible_logprobs_as_fit_does(synth_file, tmp_path):
+    """compare runs no forensics, but -300 placeholders in one shard still reach its
+    verdict caveat, a warning line and the JSON (implausible_logprobs), with the numbers
+    fit's forensics give; a clean input gets none (and no per-bin totals pass)."""
+    ph = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 50 == 0).then(-300.0)
+          .otherwise(pl.col("infer_logprob"))}
+    d = _split(synth_file, tmp_path / "ph", 4, {2: ph})
+    fj, cj = tmp_path / "f.json", tmp_path / "c.json"
+    runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(fj), "-q"])
+    r = runner.invoke(app, ["compare", str(d), "--n-boot", "100", "--json", str(cj), "-q"])
+    assert r.exit_code == 0, r.output
+    (ff,) = [x for x in json.loads(fj.read_text())["forensics"]["findings"]
+             if x["kind"] == "implausible_logprobs"]
+    doc = json.loads(cj.read_text())
+    cf = doc["implausible_logprobs"]
+    assert cf["severity"] == ff["severity"] == "critical" and cf["title"] == ff["title"]
+    for k in ("tokens_flagged", "files", "k_without_flagged", "delta2_share_flagged"):
+        assert cf["evidence"][k] == pytest.approx(ff["evidence"][k], rel=1e-6), k
+    shard = str(d / "part-2.parquet")
+    assert f"(all in {shard}, 1 of the 4 input files)" in doc["fit"]["verdict"]["caveat"]
+    assert any("impossible logprob" in w for w in doc["warnings"])
+    assert "warning: " in r.stderr and "impossible logprob" in r.stderr
+    r = runner.invoke(app, ["compare", str(synth_file), "--n-boot", "100", "--json", str(cj),
+                            "-q"])
+    doc = json.loads(cj.read_text())
+    assert doc["implausible_logprobs"] is None and "impossible" not in str(doc["fit"]["verdict"])
+
+
+def test_implausible_plan_adds_no_pass_work_on_a_clean_input(synth_file):
+    """ImplausiblePlan's follow-up (the per-bin totals) is asked for only when the pass
+    found a token at or below -50 nats."""
+    from entr_diag.forensics import ImplausiblePlan
+    from entr_diag.io.load import load_dataset
+    from entr_diag.passes import run_pass
+
+    ds = load_dataset([str(synth_file)])
+    plan = ImplausiblePlan(ds)
+    run_pass(ds.lf, plan.accumulators)
+    assert not plan.flagged() and plan.followup() == [] and plan.finish() is None
