@@ -186,3 +186,37 @@ def test_native_seq_id_gives_the_same_findings_and_offenders(tmp_path):
     f_string = run_forensics(dataclasses.replace(ds3, lf=ds3.lf.drop(NATIVE_SEQ_ID))).to_dict()
     assert f_string == f_native
     assert "'top_seq_ids': ['" in str(f_native) or "seq_ids': ['" in str(f_native)
+
+
+def test_partial_rows_from_numpy_columns_equal_frames(monkeypatch):
+    """Parts given as numpy columns (buffered, made one frame per PENDING_ROWS rows, cast
+    as asked) merge to the table the same parts give as frames, also mixed with frames and
+    with a Series column."""
+    import entr_diag.passes as P
+
+    monkeypatch.setattr(P, "PENDING_ROWS", 700)  # several flushes
+    rng = np.random.default_rng(0)
+    parts = []
+    for _ in range(12):
+        n = int(rng.integers(50, 300))
+        parts.append({"k": rng.integers(0, 40, n).astype(np.uint64),
+                      "sid": rng.integers(0, 9, n),
+                      "x": rng.normal(size=n), "m": rng.integers(0, 100, n)})
+    merge = [pl.col("sid").min(), pl.col("x").sum(), pl.col("m").max()]
+    ref = P.PartialRows(["k"], merge, compact_rows=500)
+    for p in parts:
+        ref.add(pl.DataFrame(p).with_columns(pl.col("sid").cast(pl.String)))
+    got = P.PartialRows(["k"], merge, compact_rows=500, cast={"sid": pl.String})
+    for i, p in enumerate(parts):
+        if i % 4 == 3:  # a frame among the numpy parts
+            got.add(pl.DataFrame(p).with_columns(pl.col("sid").cast(pl.String)))
+        elif i % 4 == 2:  # a Series column
+            got.add({**p, "m": pl.Series(p["m"])})
+        else:
+            got.add(p)
+    a, b = (t.result().sort("k") for t in (ref, got))
+    assert a["k"].to_list() == b["k"].to_list() and b["sid"].dtype == pl.String
+    assert a["sid"].to_list() == b["sid"].to_list() and a["m"].to_list() == b["m"].to_list()
+    np.testing.assert_allclose(a["x"].to_numpy(), b["x"].to_numpy(), rtol=1e-12)
+    assert P.frame_of([{"a": np.arange(2)}, {"a": np.arange(3)}])["a"].to_list() == [0, 1, 0,
+                                                                                    1, 2]
