@@ -333,6 +333,30 @@ def rounding_caveat(rounded: Mapping[str, Any] | None,
             "step), and the low-entropy regime with them; re-dump them at full precision.")
 
 
+def zero_prefix_caveat(zp: Mapping[str, Any] | None,
+                       mapping: Mapping[str, str] | None = None) -> str | None:
+    """A one-line caveat when sequences begin with tokens whose logprobs and entropy are
+    all exactly 0.0 (``zp``: :func:`entr_diag.forensics.zero_prefixes`, on the shift
+    test's sampled sequences), else None: a loss mask covering the prompt or padding
+    written as zeros."""
+    if not zp:
+        return None
+    cols = ", ".join(f"{c} ('{(mapping or {}).get(c, c)}')" for c in zp["columns"])
+    where = files_listed(zp.get("files") or {}, int(zp.get("input_files") or 1))
+    n, of = int(zp["sequences"]), int(zp["sequences_sampled"])
+    whole = int(zp.get("whole_sequences") or 0)
+    tok = int(zp["tokens"]) / max(int(zp["tokens_sampled"]), 1)
+    return (f"caveat: {n:,} of {of:,} sampled sequences ({n / max(of, 1):.0%})"
+            + (f", {where}," if where else "")
+            + f" begin with tokens whose {cols} are all exactly 0.0 (median "
+            f"{zp['median_length']:g} tokens, {tok:.1%} of their tokens"
+            + (f"; {whole:,} are zeros throughout" if whole else "")
+            + "): the loss mask probably covers the prompt or padding written as zeros; those "
+            "tokens enter the fit at H = 0 with delta = 0 and hide the low-entropy regime. "
+            "Check which column is the loss mask (--column loss_mask=NAME) or drop those "
+            "rows.")
+
+
 def integer_columns(notes: list[str] | tuple[str, ...]) -> list[str]:
     """The integer-typed logprob or entropy columns the loader read, as its ``warning:
     CANON ('SRC') holds integers ...`` notes name them (``CANON ('SRC')``)."""

@@ -834,13 +834,15 @@ def _alignment_numbers(f) -> str:
     )
 
 
-def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None) -> dict:
+def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
+              zero_prefix=None) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
     terminal, JSON and HTML: the mostly-excluded, integer-column, unit-mistake and (with
     the forensics' ``findings``) impossible-logprob caveats, the rounded-logprob caveat
     (``rounded``: ``_fit``'s, column -> step, also kept as ``rounded_logprobs``), the
     unit-mistake-in-some-files caveat (``file_units``: ``_fit``'s, also kept as
-    ``units_by_file``), then the small-sample and interval caveats (None when none
+    ``units_by_file``), the zero-prefix caveat (``zero_prefix``: ``_fit``'s, also kept
+    as ``zero_prefix``), then the small-sample and interval caveats (None when none
     applies). ``findings``: a Findings, or its ``to_dict()`` shape (``{"findings":
     [...]}``, e.g. ``compare``'s implausible-logprob finding alone)."""
     from entr_diag.caveats import (
@@ -852,6 +854,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None) -> dict
         rounding_caveat,
         small_sample_caveat,
         units_caveat,
+        zero_prefix_caveat,
     )
 
     acc = ds.accounting
@@ -860,6 +863,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None) -> dict
     parts = [exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                               acc.excluded_where),
              integer_caveat(ds.notes), rounding_caveat(rounded, ds.mapping),
+             zero_prefix_caveat(zero_prefix, ds.mapping),
              units_caveat(fd.get("units"), ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
              implausible_caveat(None if findings is None else
@@ -867,6 +871,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None) -> dict
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd)]
     fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
     fd["rounded_logprobs"] = dict(rounded) if rounded else None  # (or {"by_file": ...})
+    fd["zero_prefix"] = dict(zero_prefix) if zero_prefix else None
     fd["units_by_file"] = ([{"file": f, **c.to_dict()} for f, c in file_units]
                            if file_units else None)
     return fd
@@ -1253,6 +1258,12 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
 
         _notes.add("[yellow]warning:[/yellow] "
                    + escape(rounding_caveat(rounded, ds.mapping).removeprefix("caveat: ")))
+    zero_prefix = align.zero_prefix() if align is not None else None
+    if zero_prefix:  # the loss mask covering the prompt, written as zeros
+        from entr_diag.caveats import zero_prefix_caveat
+
+        _notes.add("[yellow]warning:[/yellow] " + escape(
+            zero_prefix_caveat(zero_prefix, ds.mapping).removeprefix("caveat: ")))
     with _status("fitting...", quiet):
         out = {}
         for k, p in plans.items():
@@ -1280,6 +1291,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         _notes.add("[yellow]warning:[/yellow] " + escape(file_units_caveat(
             file_units, len(ds.files), ds.mapping).removeprefix("caveat: ")))
     return {"unavailable": unavailable, "no_fit": no_fit, "gates": gate_plan, "rounded": rounded,
+            "zero_prefix": zero_prefix,
             "file_units": file_units or None,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles",
                                        "implausible")}}
@@ -1322,7 +1334,7 @@ def fit(
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
-        fd = _fit_dict(fit_res, ds, findings, a["rounded"], a["file_units"])
+        fd = _fit_dict(fit_res, ds, findings, a["rounded"], a["file_units"], a["zero_prefix"])
         caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
@@ -1571,7 +1583,8 @@ def compare(
                 warnings=warnings, implausible_logprobs=implausible,
                 fit=None if fit_res is None else _fit_dict(
                     fit_res, ds, None if implausible is None else {"findings": [implausible]},
-                    rounded=a["rounded"], file_units=a["file_units"]),
+                    rounded=a["rounded"], file_units=a["file_units"],
+                    zero_prefix=a["zero_prefix"]),
                 **({"unavailable": no_entr or no_law} if no_entr or no_law else {})), quiet)
             if export is not None:
                 from entr_diag.atomic import when_written, write_with
@@ -1681,7 +1694,8 @@ def report(
         }
         doc = envelope("report", desc, params,
                        fit=None if fit_res is None else _fit_dict(
-                           fit_res, ds, findings, a["rounded"], a["file_units"]),
+                           fit_res, ds, findings, a["rounded"], a["file_units"],
+                           a["zero_prefix"]),
                        metrics=metrics.to_dict(),
                        compare=None if cmp_res is None else cmp_res.to_dict(), profiles=prof,
                        forensics=findings.to_dict(), warnings=summary["warnings"],

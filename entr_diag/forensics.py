@@ -887,10 +887,12 @@ class _LagSample:
     sequences: ``seq_key % 1000 < keep``), at most ~MISALIGN_MAX_TOKENS rows of 32 bytes;
     the lags are taken after the pass, on the sequences put back together."""
 
-    def __init__(self, keep: int, with_step: bool = False, with_file: bool = False) -> None:
+    def __init__(self, keep: int, with_step: bool = False, with_file: bool = False,
+                 with_entropy: bool = False) -> None:
         self.keep = keep
         self.cols = (*_SAMPLE_COLS, *(("step",) if with_step else ()),
-                     *((FILE_INDEX,) if with_file else ()))
+                     *((FILE_INDEX,) if with_file else ()),
+                     *(("entropy",) if with_entropy else ()))
         self.columns = list(self.cols)
         self.parts: list[pl.DataFrame] = []
 
@@ -2569,7 +2571,8 @@ class MisalignmentPlan:
         names = ds.lf.collect_schema().names()
         with_step = "step" in names
         self._sample = None if self._res is not None else _LagSample(
-            _misalign_keep(ds), with_step=with_step, with_file=FILE_INDEX in names)
+            _misalign_keep(ds), with_step=with_step, with_file=FILE_INDEX in names,
+            with_entropy="entropy" in names)
         self._sums = None if self._res is not None else _LagSums(
             with_step, with_file=FILE_INDEX in names)
         self.accumulators: list[Accumulator] = (
@@ -2595,6 +2598,14 @@ class MisalignmentPlan:
         if self._sample is None:
             return None
         return rounded_logprobs(self._sample.frame(self.ds.lf.collect_schema()))
+
+    def zero_prefix(self) -> dict[str, Any] | None:
+        """:func:`zero_prefixes` of the sampled sequences, naming the input files (after
+        the pass; None when no sample was taken)."""
+        if self._sample is None:
+            return None
+        return zero_prefixes(self._sample.frame(self.ds.lf.collect_schema()),
+                             [str(f.path) for f in getattr(self.ds, "files", ())])
 
     def rounding_by_file(self) -> dict[str, dict[str, float]] | None:
         """The input files whose sampled tokens hold rounded logprobs when the others'
@@ -2737,6 +2748,69 @@ class ImplausiblePlan:
             return None
         return _implausible(self.tokens, self._totals.table(), self.has_entropy,
                             self.files)[1]
+
+
+#: a sequence "begins with zeros" when at least this many of its first tokens have
+#: train_logprob, infer_logprob and entropy all exactly 0.0 (:func:`zero_prefixes`)
+ZERO_PREFIX_MIN: int = 2
+#: ... and an input file is flagged when at least this share of its sampled sequences do
+ZERO_PREFIX_SHARE: float = 0.2
+#: ... and at least this many
+ZERO_PREFIX_MIN_SEQS: int = 5
+
+
+def zero_prefixes(sample: pl.DataFrame, files: Sequence[str] = ()) -> dict[str, Any] | None:
+    """Sequences that begin with tokens whose logprobs (and entropy, when the sample has
+    it) are all exactly 0.0: a loss mask that covers the prompt or padding written as
+    zeros (a near-certain token may have an exact 0.0 on one side, seldom on both with
+    an entropy of exactly 0, and not at the start of many sequences). Such tokens are
+    valid to the loader (no exclusion reason: both sides agree) and enter the fit at
+    H = 0 with delta = 0, where they hide the low-entropy regime.
+
+    ``sample``: whole sequences (the shift test's hash-sampled ones: ``seq_key``,
+    ``position``, both logprobs, optionally ``entropy`` and FILE_INDEX); ``files`` the
+    input files by FILE_INDEX. A sequence counts when its first ZERO_PREFIX_MIN or more
+    tokens (by position) are such zeros; an input file is flagged when ZERO_PREFIX_MIN_SEQS
+    and ZERO_PREFIX_SHARE of its sampled sequences count. Returns None when no file is
+    flagged, else ``{"sequences", "sequences_sampled", "tokens", "tokens_sampled",
+    "median_length", "whole_sequences", "columns", "files" (path -> flagged sequences,
+    with several input files), "input_files"}`` over the flagged files' sampled
+    sequences (``whole_sequences``: those that are zeros throughout)."""
+    cols = [c for c in ("train_logprob", "infer_logprob", "entropy") if c in sample.columns]
+    if len(cols) < 2 or not sample.height:
+        return None
+    z = pl.all_horizontal([pl.col(c) == 0 for c in cols]).fill_null(False)
+    # cheap first: too few exact zeros for ZERO_PREFIX_MIN_SEQS sequences
+    if int(sample.select(z.sum()).item()) < ZERO_PREFIX_MIN * ZERO_PREFIX_MIN_SEQS:
+        return None
+    fcol = FILE_INDEX if FILE_INDEX in sample.columns else None
+    per = (sample.lazy().sort("seq_key", "position")
+           .with_columns(z.cast(pl.Int32).cum_min().over("seq_key").alias("_lead"))
+           .group_by("seq_key")
+           .agg(pl.col("_lead").sum().alias("lead"), pl.len().alias("n"),
+                *([pl.col(fcol).min().alias("file")] if fcol else [pl.lit(0).alias("file")]))
+           .with_columns((pl.col("lead") >= ZERO_PREFIX_MIN).alias("hit"))
+           .collect())
+    by_file = per.group_by("file").agg(pl.col("hit").sum().alias("hits"),
+                                       pl.len().alias("seqs"))
+    flagged = by_file.filter((pl.col("hits") >= ZERO_PREFIX_MIN_SEQS)
+                             & (pl.col("hits") >= ZERO_PREFIX_SHARE * pl.col("seqs")))
+    if not flagged.height:
+        return None
+    mine = per.filter(pl.col("file").is_in(flagged["file"].implode()))
+    hit = mine.filter(pl.col("hit"))
+    out: dict[str, Any] = {
+        "sequences": hit.height, "sequences_sampled": mine.height,
+        "tokens": int(hit["lead"].sum()), "tokens_sampled": int(mine["n"].sum()),
+        "median_length": float(hit["lead"].median()),
+        "whole_sequences": int((hit["lead"] == hit["n"]).sum()), "columns": cols,
+    }
+    if len(files) > 1 and fcol:
+        out["files"] = {files[int(i)]: int(n) for i, n in
+                        flagged.sort("file").select("file", "hits").iter_rows()
+                        if i is not None and 0 <= int(i) < len(files)}
+        out["input_files"] = len(files)
+    return out
 
 
 def misalignment_plan(ds: Any) -> MisalignmentPlan:

@@ -1410,3 +1410,65 @@ def test_implausible_plan_adds_no_pass_work_on_a_clean_input(synth_file):
     plan = ImplausiblePlan(ds)
     run_pass(ds.lf, plan.accumulators)
     assert not plan.flagged() and plan.followup() == [] and plan.finish() is None
+
+
+def _zero_prefix(frac: float) -> dict:
+    """Columns setting train_logprob, infer_logprob and entropy to exactly 0.0 on the first
+    ``frac`` of each sequence's tokens (a loss mask covering the prompt, written as zeros)."""
+    first = (pl.col("position") - pl.col("position").min().over("step", "seq_id")
+             < pl.len().over("step", "seq_id") * frac)
+    return {c: pl.when(first).then(0.0).otherwise(pl.col(c))
+            for c in ("train_logprob", "infer_logprob", "entropy")}
+
+
+def test_a_mask_covering_the_prompt_as_zeros_is_warned_about(synth_file, tmp_path):
+    """Sequences that begin with exact-zero triples (train = infer = H = 0.0): a warning,
+    the verdict's caveat and JSON zero_prefix, naming the shard when one of four has them;
+    the clean input has none."""
+    d = _split(synth_file, tmp_path / "zp", 4, {1: _zero_prefix(0.15)})
+    js = tmp_path / "f.json"
+    for cmd in ("fit", "compare"):
+        r = runner.invoke(app, [cmd, str(d), "--n-boot", "100", "--json", str(js), "-q"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(js.read_text())
+        fd = doc if cmd == "fit" else doc["fit"]
+        zp = fd["zero_prefix"]
+        shard = str(d / "part-1.parquet")
+        assert zp["files"] == {shard: zp["sequences"]} and zp["input_files"] == 4
+        assert zp["sequences"] >= 0.9 * zp["sequences_sampled"]
+        assert 0.12 < zp["tokens"] / zp["tokens_sampled"] < 0.2
+        assert f"all in {shard}, 1 of the 4 input files," in fd["verdict"]["caveat"]
+        assert "the loss mask probably covers the prompt" in r.stderr.replace("\n", " ")
+        assert any("loss mask probably covers the prompt" in w for w in doc["warnings"])
+    r = runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "--json", str(js), "-q"])
+    assert json.loads(js.read_text())["zero_prefix"] is None
+
+
+def test_zero_prefixes_needs_a_prefix_not_scattered_zeros():
+    """Exact-zero triples scattered inside sequences (near-certain tokens), or a prefix in
+    too few sequences, are not a zero prefix; a two-token prefix in most sequences is."""
+    import numpy as np
+
+    from entr_diag.forensics import zero_prefixes
+
+    rng = np.random.default_rng(1)
+    n_seq, n_tok = 100, 30
+    k = np.repeat(np.arange(n_seq, dtype=np.uint64), n_tok)
+    pos = np.tile(np.arange(n_tok), n_seq)
+    lp = -rng.exponential(1.0, n_seq * n_tok)
+    h = rng.exponential(1.0, n_seq * n_tok)
+
+    def frame(zero: np.ndarray) -> pl.DataFrame:
+        return pl.DataFrame({"seq_key": k, "position": pos,
+                             "train_logprob": np.where(zero, 0.0, lp),
+                             "infer_logprob": np.where(zero, 0.0, lp * 1.01),
+                             "entropy": np.where(zero, 0.0, h)}).sample(fraction=1.0, seed=2)
+
+    scattered = (pos % 7 == 3)  # every sequence, never at its start
+    assert zero_prefixes(frame(scattered)) is None
+    few = (pos < 3) & (k < 4)  # 4 of 100 sequences
+    assert zero_prefixes(frame(few)) is None
+    most = (pos < 2) & (k % 10 != 0)  # rows shuffled: the prefix is by position
+    zp = zero_prefixes(frame(most))
+    assert zp is not None and zp["sequences"] == 90 and zp["tokens"] == 180
+    assert zp["median_length"] == 2 and zp["whole_sequences"] == 0
