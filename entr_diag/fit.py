@@ -327,12 +327,18 @@ class Laws:
     proportional: ProportionalLaw
     affine: AffineLaw
     power: PowerLaw
+    #: the bins the laws are fitted on: ``"bins"``, the table's (those with ``in_fit``),
+    #: or ``"breakpoint"``, the breakpoint search's finer bins (when the law regime above
+    #: H* spans fewer than 3 of the table's: ``in_fit`` then marks the table's bins inside
+    #: the law regime)
+    grid: str = "bins"
 
     def to_dict(self) -> dict:
         return {
             "proportional": self.proportional.to_dict(),
             "affine": self.affine.to_dict(),
             "power": self.power.to_dict(),
+            "grid": self.grid,
         }
 
 
@@ -1588,6 +1594,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
     bd_brk = _eligible(Sb, {c: boot.totals(Sb[c]) for c in ("n", "s_h", "s_d2")}, boot, brk)
     search, bp, _ = _search_break(bd_brk, brk.h_lo[bd_brk.idx], brk.h_hi[bd_brk.idx])
     h_star = None if bp is None else bp.h_star
+    grid = "bins"
     if h_star is None:
         bd = bd_all
         law_bins = bd_all.idx
@@ -1606,6 +1613,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
             bd = bd_all.subset(above)
         else:  # law regime narrower than 3 display bins: fit on the finer breakpoint bins
             bd = bd_brk.subset(bd_brk.lo >= cut)
+            grid = "breakpoint"
     kpow, alpha, kr, ar, chi2p, r2p = _fit_power(bd)
     alpha_ci = _ci(ar)
     with warnings.catch_warnings():
@@ -1725,7 +1733,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
     return FitResult(
         parameters=params,
         bins=tuple(bins_out),
-        laws=Laws(prop, aff, power),
+        laws=Laws(prop, aff, power, grid),
         breakpoint=bp,
         breakpoint_search=search,
         regime=regime,

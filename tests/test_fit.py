@@ -248,7 +248,7 @@ def test_to_dict_layout_and_json():
     d = r.to_dict()
     assert list(d) == ["parameters", "bins", "laws", "breakpoint", "regime", "strata", "verdict",
                        "units"]
-    assert set(d["laws"]) == {"proportional", "affine", "power"}
+    assert set(d["laws"]) == {"proportional", "affine", "power", "grid"}
     for key in ("k", "alpha", "alpha_ci", "k_ci", "robust"):
         assert key in d["laws"]["power"]
     assert {"k", "c", "k_ci", "c_ci"} <= set(d["laws"]["affine"])
@@ -593,3 +593,30 @@ def test_interval_caveat_names_an_estimate_outside_its_own_bootstrap_interval():
     at30["parameters"]["bins"] = 30  # not a bin-count matter: no advice to use 30 bins
     text = interval_caveat(at30)
     assert "fewer bins" not in text and "a few extreme tokens dominate" in text
+
+
+def test_laws_on_the_breakpoint_grid_are_said_so(tmp_path):
+    """With --bins 3 the law regime above H* spans fewer than 3 table bins: the laws are
+    fitted on the breakpoint search's finer bins (laws.grid 'breakpoint', more bins than
+    the table marks), and the terminal says so; with the default bins, on the table's."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "run.parquet"
+    write_synth(p, SynthSpec(n_tokens=200_000, seed=0))
+    js = tmp_path / "f.json"
+    r = CliRunner().invoke(app, ["fit", str(p), "--bins", "3", "--n-boot", "100",
+                                 "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(js.read_text())
+    assert d["breakpoint"] is not None and d["laws"]["grid"] == "breakpoint"
+    assert d["laws"]["power"]["n_bins"] > sum(b["in_fit"] for b in d["bins"])
+    out = " ".join(r.stdout.split())
+    assert "law-regime bins of the breakpoint search" in out
+    assert "fit *: bin inside the law regime" in out
+    r = CliRunner().invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js)])
+    d = json.loads(js.read_text())
+    assert d["laws"]["grid"] == "bins"
+    assert d["laws"]["power"]["n_bins"] == sum(b["in_fit"] for b in d["bins"])

@@ -672,9 +672,12 @@ def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
         raise ReportUnavailable("no entropy bin has a positive mean H and mean δ²")
     xs = [p[0] for p in pts]
     fig = _fig_base(height=470)
+    finer = ((fit.get("laws") or {}).get("grid") == "breakpoint")  # fitted on finer bins
     for in_fit, label, sym in (
-        (True, "mean δ² per bin, used in the fit", "circle"),
-        (False, "mean δ² per bin, not fitted", "circle-open"),
+        (True, "mean δ² per bin, in the law regime" if finer
+         else "mean δ² per bin, used in the fit", "circle"),
+        (False, "mean δ² per bin, outside the law regime" if finer
+         else "mean δ² per bin, not fitted", "circle-open"),
     ):
         sel = [p for p in pts if p[5] is in_fit]
         if not sel:

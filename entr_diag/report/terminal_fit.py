@@ -83,13 +83,17 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     console.print(t)
     console.print("d = delta = train_logprob - infer_logprob; z = d / sqrt(H + eps); "
                   "p<1e-3: share of tokens whose sampled-token probability is below 1e-3; "
-                  "fit *: bin used by the law fits; a bin spans H from its 'H from' to the next "
+                  + ("fit *: bin used by the law fits" if result.laws.grid == "bins" else
+                     "fit *: bin inside the law regime (it spans fewer than 3 of these bins, "
+                     "so the laws are fitted on the breakpoint search's finer bins)")
+                  + "; a bin spans H from its 'H from' to the next "
                   f"bin's (last bin up to {_g(result.bins[-1].h_hi, 2)} nats).", soft_wrap=True)
 
     # ---- laws
     laws = result.laws
-    lt = _table(f"Laws fitted on {laws.power.n_bins} law-regime bins "
-                     f"(H {_g(laws.power.h_min, 2)}-{_g(laws.power.h_max, 2)} nats)")
+    lt = _table(f"Laws fitted on {laws.power.n_bins} law-regime bins"
+                + (" of the breakpoint search" if laws.grid == "breakpoint" else "")
+                + f" (H {_g(laws.power.h_min, 2)}-{_g(laws.power.h_max, 2)} nats)")
     for col in ("law", "k", "k 95% CI", "alpha / c", "95% CI", "weighted R^2", "chi2/dof"):
         lt.add_column(col)
     p = laws.proportional
