@@ -7,7 +7,7 @@ Pure functions of the core (the fit and the forensics use them; the renderers pr
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from entr_diag.aggregate import DEFAULT_BINS
@@ -173,19 +173,11 @@ def files_listed(files: Mapping[str, int], input_files: int) -> str:
     return f"in {len(top):,} of the {input_files:,} input files: {listed}{more}"
 
 
-def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None,
-            where: Mapping[str, Mapping[str, Any]] | None = None
-            ) -> tuple[str, int, str] | None:
-    """(reason, tokens, what it usually means) for the largest reason that gets a hint
-    (:func:`exclusion_hint`), else None. ``where`` (the accounting's ``excluded_where``)
-    names the logprob column(s) the reason concerns and the input files holding its rows
-    (when there are several input files)."""
-    reason = hinted_reason(excluded, masked, mapping)
-    if reason is None:
-        return None
-    n = excluded[reason]
-    at = (where or {}).get(reason) or {}
-    sides = [c for c in ("train_logprob", "infer_logprob") if (at.get("columns") or {}).get(c)]
+def _hint_text(reason: str, mapping: Mapping[str, str] | None,
+               sides: Sequence[str] = ()) -> tuple[str, str]:
+    """(what ``reason`` excluding most rows usually means, :data:`MOSTLY_EXCLUDED_HINTS`
+    with the columns named, the logprob columns named): ``sides``, the logprob columns
+    the reason's values are in (when known)."""
     named = [f"{c} ('{mapping[c]}')" for c in (sides or ("train_logprob", "infer_logprob"))
              if mapping and c in mapping]
     cols = (named[0] if sides and len(named) == 1
@@ -199,6 +191,48 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
     text = (MOSTLY_EXCLUDED_HINTS[reason].replace("{logprob_columns}", cols)
             .replace("{entropy_column}", f"the entropy column{f' ({src!r})' if src else ''}")
             .replace("{entropy_fix}", fix))
+    return text, cols
+
+
+def file_exclusion_warnings(mostly: Mapping[str, Mapping[str, tuple[int, int]]],
+                            n_files: int, mapping: Mapping[str, str] | None = None,
+                            skip: str | None = None) -> list[str]:
+    """One sentence per exclusion reason that excludes most loss-masked rows of some input
+    files (``mostly``: the accounting's ``mostly_excluded_files``, reason -> {path:
+    (excluded, loss-masked)}; ``n_files`` input files), naming the files (the three with
+    most rows, and how many more) and what the reason usually means; none for ``skip``
+    (the reason the pooled warning already explains, naming its files). A small shard
+    broken on its own is otherwise only a count among the exclusions."""
+    out = []
+    for reason, files in mostly.items():
+        if reason == skip or reason not in MOSTLY_EXCLUDED_HINTS or not files:
+            continue
+        top = sorted(files.items(), key=lambda kv: (-kv[1][0], kv[0]))
+        listed = "; ".join(f"{f}: {e:,} of {m:,} rows" for f, (e, m) in top[:_MAX_FILES_NAMED])
+        more = (f" and {len(top) - _MAX_FILES_NAMED:,} more" if len(top) > _MAX_FILES_NAMED
+                else "")
+        text, _ = _hint_text(reason, mapping)
+        k = len(top)
+        out.append(f"{k:,} of the {n_files:,} input files lose{'s' if k == 1 else ''} most of "
+                   f"{'its' if k == 1 else 'their'} loss-masked rows to {reason} "
+                   f"({listed}{more}): {text}.")
+    return out
+
+
+def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None,
+            where: Mapping[str, Mapping[str, Any]] | None = None
+            ) -> tuple[str, int, str] | None:
+    """(reason, tokens, what it usually means) for the largest reason that gets a hint
+    (:func:`exclusion_hint`), else None. ``where`` (the accounting's ``excluded_where``)
+    names the logprob column(s) the reason concerns and the input files holding its rows
+    (when there are several input files)."""
+    reason = hinted_reason(excluded, masked, mapping)
+    if reason is None:
+        return None
+    n = excluded[reason]
+    at = (where or {}).get(reason) or {}
+    sides = [c for c in ("train_logprob", "infer_logprob") if (at.get("columns") or {}).get(c)]
+    text, cols = _hint_text(reason, mapping, sides)
     details = []
     if sides and "{logprob_columns}" not in MOSTLY_EXCLUDED_HINTS[reason]:
         details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 else ""))

@@ -1472,3 +1472,36 @@ def test_zero_prefixes_needs_a_prefix_not_scattered_zeros():
     zp = zero_prefixes(frame(most))
     assert zp is not None and zp["sequences"] == 90 and zp["tokens"] == 180
     assert zp["median_length"] == 2 and zp["whole_sequences"] == 0
+
+
+def test_a_small_shard_broken_on_its_own_is_named(synth_file, tmp_path):
+    """One shard of eight with infer_logprob -9999 throughout (sentinel_logprob: 12% of
+    the tokens, below the pooled warning's half) and one with a NaN entropy column while
+    another reason leads the pooled warning: each such shard is named in a warning with
+    its counts and what the reason means; the JSON accounting lists them."""
+    d = _split(synth_file, tmp_path / "sm", 8, {
+        3: {"infer_logprob": pl.lit(-9999.0)},
+        5: {"entropy": pl.lit(float("nan"))},
+        6: {"loss_mask": pl.col("loss_mask").cast(pl.Float64) * 0.7},
+    })
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    acc = doc["inputs"]["accounting"]
+    mostly = acc["mostly_excluded_files"]
+    p3, p5, p6 = (str(d / f"part-{i}.parquet") for i in (3, 5, 6))
+    assert set(mostly) == {"sentinel_logprob", "invalid_entropy", "invalid_loss_mask"}
+    z = mostly["sentinel_logprob"][p3]
+    assert set(mostly["sentinel_logprob"]) == {p3} and z["excluded"] == z["loss_masked"]
+    assert z["excluded"] == acc["exclusions"]["sentinel_logprob"]
+    e = mostly["invalid_entropy"][p5]
+    assert e["excluded"] == e["loss_masked"] == acc["exclusions"]["invalid_entropy"]
+    err = " ".join(r.stderr.split())
+    assert (f"1 of the 8 input files loses most of its loss-masked rows to sentinel_logprob "
+            f"({p3}: {z['excluded']:,} of {z['loss_masked']:,} rows): padding values inside "
+            "the loss mask" in err), err
+    assert f"loses most of its loss-masked rows to invalid_entropy ({p5}:" in err
+    # the reason the pooled warning explains (naming its files) is not repeated
+    assert "rows to invalid_loss_mask" not in err and p6 in err
+    assert sum("loses most" in w for w in doc["warnings"]) == 2

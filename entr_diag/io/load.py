@@ -621,6 +621,10 @@ class Accounting:
     #: their rows (path -> sequences; a sequence copied into two files counts in both;
     #: empty for one input file)
     duplicate_position_files: Mapping[str, int] = field(default_factory=dict)
+    #: per exclusion reason, the input files (several) where it excludes more than half of
+    #: the loss-masked rows: reason -> {path: (rows excluded, loss-masked rows)}
+    mostly_excluded_files: Mapping[str, Mapping[str, tuple[int, int]]] = field(
+        default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -648,6 +652,10 @@ class Accounting:
                if self.negative_staleness_files else {}),
             **({"duplicate_position_files": dict(self.duplicate_position_files)}
                if self.duplicate_position_files else {}),
+            **({"mostly_excluded_files": {
+                r: {f: {"excluded": e, "loss_masked": m} for f, (e, m) in fs.items()}
+                for r, fs in self.mostly_excluded_files.items()}}
+               if self.mostly_excluded_files else {}),
             **({"exclusions_where": {r: {k: dict(v) if isinstance(v, Mapping) else v
                                          for k, v in w.items()}
                                      for r, w in self.excluded_where.items()}}
@@ -1852,6 +1860,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     valid = get("_valid")
     masked = valid + sum((get(r) for r in S.EXCLUSION_REASONS if r in per.columns),
                          start=pl.Series([0] * len(valid), dtype=pl.Int64))
+    mostly = _mostly_excluded_files(per, infos) if per.height and len(infos) > 1 else {}
     n_dup = 0
     dup_files: dict[str, int] = {}
     if per.height:
@@ -1905,7 +1914,30 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_padding=count["padding"],
         negative_staleness_files={str(infos[i].path): n for i, n in sorted(scan.ahead.items())},
         duplicate_position_files=dup_files,
+        mostly_excluded_files=mostly,
     ), fine
+
+
+def _mostly_excluded_files(per: pl.DataFrame, infos: Sequence[FileInfo]
+                           ) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per exclusion reason, the input files where it excludes more than half of the
+    loss-masked rows: ``{reason: {path: (rows excluded, loss-masked rows)}}``, from the
+    accounting's per-sequence table (``per``: each sequence's rows per reason and its input
+    file ``_file_lo``; a sequence lies in one file)."""
+    reasons = [r for r in S.EXCLUSION_REASONS if r in per.columns]
+    if not reasons or "_file_lo" not in per.columns:
+        return {}
+    t = per.group_by("_file_lo").agg(pl.col("_valid").sum(), *[pl.col(r).sum() for r in reasons])
+    masked = t["_valid"].to_numpy() + sum(t[r].to_numpy() for r in reasons)
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    idx = t["_file_lo"].to_list()
+    for r in reasons:
+        n = t[r].to_numpy()
+        for j in np.flatnonzero(n > masked / 2):
+            f = idx[j]
+            if f is not None and 0 <= int(f) < len(infos):
+                out.setdefault(r, {})[str(infos[int(f)].path)] = (int(n[j]), int(masked[j]))
+    return out
 
 
 def _side_conditions(reason: str) -> dict[str, pl.Expr]:
