@@ -1196,7 +1196,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     rounded, column ->
     step in nats (:func:`~entr_diag.forensics.rounded_logprobs` on the shift test's
     sample; None when none is, and for an integer-typed column, which has its own
-    warning).
+    warning), ``zero_prefix``: sequences beginning with exact-zero logprobs and entropy
+    (:func:`~entr_diag.forensics.zero_prefixes` on the same sample; None when none).
     """
     from entr_diag.fit import fit_plan
     from entr_diag.passes import run_pass
