@@ -105,6 +105,7 @@ from entr_diag.aggregate import (
 )
 from entr_diag.errors import FitError, ParameterError
 from entr_diag.frames import number, token_frame
+from entr_diag.io.schema import IMPLAUSIBLE_LOGPROB
 from entr_diag.passes import FILE_INDEX, PartialRows, column, run_pass
 from entr_diag.regime import (
     P_BINS,
@@ -1174,6 +1175,10 @@ class _FitSums:
         self.reg = {c: np.zeros(self.nc * 2 * NP)
                     for c in ("n", "s_d", "s_d2", "s_absd", "s_z2", "s_lp")}
         self.hist = np.zeros(self.nb * (_N_D + 1))
+        #: n, sum infer_logprob, sum delta, sum H per coarse bin of the tokens with an
+        #: impossible logprob (<= IMPLAUSIBLE_LOGPROB on either side): the units check
+        #: leaves them out (a few -300 placeholders would read as log2 logprobs)
+        self.units_out = np.zeros((4, self.nb))
         self.masks = PartialRows(["seq_key"],
                                  [pl.col(f"m{w}").bitwise_or() for w in range(self.words)])
 
@@ -1208,9 +1213,15 @@ class _FitSums:
                         ("s_z2", t2), ("s_lp", col("infer_logprob"))):
             self._add(self.reg[name], k, w)
         self._add(self.hist, col("_fit_hist"))
+        coarse = col("_fit_coarse")
+        lp = col("infer_logprob")
+        bad = _implausible(lp, d, t1)
+        if bad is not None:
+            kb = coarse[bad]
+            for i, w in enumerate((None, lp[bad], d[bad], h[bad])):
+                self.units_out[i] += np.bincount(kb, weights=w, minlength=self.nb)
         # sequences per bin: OR of 2^coarse over runs of one sequence (rows of a sequence
         # are usually contiguous), then merged by seq_key
-        coarse = col("_fit_coarse")
         sk = col("seq_key")
         change = np.empty(sk.size, dtype=bool)
         change[0] = True
@@ -1272,6 +1283,17 @@ class _FitSums:
         return out
 
 
+def _implausible(lp: np.ndarray, d: np.ndarray, buf: np.ndarray) -> np.ndarray | None:
+    """Which tokens have an impossible logprob (at or below IMPLAUSIBLE_LOGPROB) on either
+    side (``lp``: infer_logprob, ``d``: delta, so train_logprob = lp + d; ``buf``: a float
+    buffer of their length, overwritten); None when none has (two minima)."""
+    t = IMPLAUSIBLE_LOGPROB
+    train = np.add(lp, d, out=buf)
+    if lp.size == 0 or (float(lp.min()) > t and float(train.min()) > t):
+        return None
+    return (lp <= t) | (train <= t)
+
+
 def _fit_tokens(batch: pl.DataFrame, ok: np.ndarray, columns: Sequence[str]
                 ) -> Callable[[str], np.ndarray] | None:
     """A reader of a batch's columns restricted to the fit's tokens (``ok``: ``_fit_joint
@@ -1307,9 +1329,14 @@ class _FileUnits:
             return
         k = col(FILE_INDEX).astype(np.int64) * self.nb + col("_fit_coarse")
         size = self.sums.shape[1]
+        w = {name: col(name) for name in ("infer_logprob", "delta", "entropy")}
+        bad = _implausible(w["infer_logprob"], w["delta"], np.empty(k.size))
+        if bad is not None:  # impossible logprobs left out (see _FitSums.units_out)
+            k = k[~bad]
+            w = {name: v[~bad] for name, v in w.items()}
         self.sums[0] += np.bincount(k, minlength=size)
         for i, name in enumerate(("infer_logprob", "delta", "entropy"), start=1):
-            self.sums[i] += np.bincount(k, weights=col(name), minlength=size)
+            self.sums[i] += np.bincount(k, weights=w[name], minlength=size)
 
 
 #: tokens a file needs for its own units check (:class:`FileUnitsPlan`): on a few thousand
@@ -1739,6 +1766,9 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         regime=regime,
         strata=Strata(tuple(staleness_fits), tuple(step_fits), tuple(notices)),
         verdict=_make_verdict(power, bp, search, regime),
-        units=_units_check(per_bin(reg["s_lp"].sum(axis=(1, 2))), point["s_d"],
-                           S["s_h"].sum(axis=1), S["n"].sum(axis=1)),
+        # (the tokens with an impossible logprob left out: fs.units_out)
+        units=_units_check(per_bin(reg["s_lp"].sum(axis=(1, 2))) - fs.units_out[1],
+                           point["s_d"] - fs.units_out[2],
+                           S["s_h"].sum(axis=1) - fs.units_out[3],
+                           S["n"].sum(axis=1) - fs.units_out[0]),
     )

@@ -47,6 +47,7 @@ import polars as pl
 
 from entr_diag.errors import ParameterError
 from entr_diag.frames import dataset
+from entr_diag.io import schema as S
 from entr_diag.passes import (
     FILE_INDEX,
     Accumulator,
@@ -182,14 +183,8 @@ CORRUPT_MIN_RUN = 3
 PLACEHOLDER_REASONS: tuple[str, ...] = ("zero_placeholder", "sentinel_logprob", "positive_logprob")
 _NOT_MASKED = ("unmasked", "padding", "empty_row", "null_loss_mask", "invalid_loss_mask")
 
-#: implausible logprobs: a valid token with a logprob below this (nats) on either side is a
-#: placeholder or corrupt value, not a sampled token. A sampling step picks some token of
-#: probability below e^x with probability at most V e^x (a vocabulary of V tokens holds at
-#: most V of them), so over N sampled tokens the expected number is at most N V e^x: for
-#: N = 1e12 tokens and V = 1e6, e^-50 gives 2e-4 (p < 2e-22), while real tails stay far
-#: above (the bundled bf16 run: -16). Above the loader's sentinel floor (-1000 nats): such
-#: tokens are valid to the loader and enter the fit.
-IMPLAUSIBLE_LOGPROB = -50.0
+#: implausible logprobs (defined with the loader's value bounds, :mod:`entr_diag.io.schema`)
+IMPLAUSIBLE_LOGPROB = S.IMPLAUSIBLE_LOGPROB
 #: implausible logprobs: carrying at least this share of sum delta^2 makes a warning (they
 #: move the law's k by about as much; below: info), at least this share critical (the law
 #: then describes them, not the mismatch)

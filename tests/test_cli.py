@@ -1505,3 +1505,25 @@ def test_a_small_shard_broken_on_its_own_is_named(synth_file, tmp_path):
     # the reason the pooled warning explains (naming its files) is not repeated
     assert "rows to invalid_loss_mask" not in err and p6 in err
     assert sum("loses most" in w for w in doc["warnings"]) == 2
+
+
+@pytest.mark.parametrize("col", ["train_logprob", "infer_logprob"])
+def test_placeholders_do_not_read_as_a_unit_mistake(synth_big, tmp_path, col):
+    """-300 placeholders on 0.2% of one shard's tokens moved sum(train) / sum(infer) by
+    1.4x or 0.43x: the units check (pooled and per file) called the column log2 or log10.
+    It leaves tokens with an impossible logprob out: the same numbers as without them."""
+    ph = {col: pl.when(pl.int_range(pl.len()) % 500 == 7).then(-300.0).otherwise(pl.col(col))}
+    d = _split(synth_big, tmp_path / "ph", 4, {2: ph})
+    clean = _split(synth_big, tmp_path / "clean", 4, {})
+    js, jc = tmp_path / "f.json", tmp_path / "c.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    runner.invoke(app, ["fit", str(clean), "--n-boot", "100", "--json", str(jc), "-q"])
+    assert r.exit_code == 0, r.output
+    u, uc = (json.loads(p.read_text()) for p in (js, jc))
+    assert u["units"]["likely_mistake"] is None and u["units_by_file"] is None
+    assert "another unit" not in r.stderr and "log2" not in r.stderr and "log10" not in r.stderr
+    n_ph = 25_000 // 500  # about: the shard's tokens / 500
+    assert uc["units"]["tokens"] - u["units"]["tokens"] == pytest.approx(n_ph, abs=n_ph)
+    assert u["units"]["train_over_infer"] == pytest.approx(uc["units"]["train_over_infer"],
+                                                           rel=2e-3)
+    assert "impossible logprob" in u["verdict"]["caveat"]

@@ -168,6 +168,15 @@ EXCLUSION_REASONS: dict[str, str] = {
 
 #: a logprob at or below this is a padding floor, not a probability (nats)
 SENTINEL_FLOOR = -1e3
+#: implausible logprobs: a valid token with a logprob at or below this (nats) on either side
+#: is a placeholder or corrupt value, not a sampled token. A sampling step picks some token
+#: of probability below e^x with probability at most V e^x (a vocabulary of V tokens holds
+#: at most V of them), so over N sampled tokens the expected number is at most N V e^x: for
+#: N = 1e12 tokens and V = 1e6, e^-50 gives 2e-4 (p < 2e-22), while real tails stay far
+#: above (the bundled bf16 run: -16). Above the sentinel floor: such tokens are valid to the
+#: loader and enter the fit (the forensics report them; the units and rounding checks leave
+#: them out).
+IMPLAUSIBLE_LOGPROB = -50.0
 #: exact 0.0 on one side counts as a placeholder when the other side is below this (nats)
 ZERO_PLACEHOLDER_OTHER_MAX = -0.05
 #: a logprob above 0 but at most this (nats) is float rounding of a near-certain token
