@@ -219,6 +219,36 @@ def file_exclusion_warnings(mostly: Mapping[str, Mapping[str, tuple[int, int]]],
     return out
 
 
+def starved_files_warning(starved: Mapping[str, Mapping[str, Any]], n_files: int) -> str | None:
+    """A sentence naming the input files that contribute few or no valid tokens (``starved``:
+    the accounting's ``starved_files``; ``n_files`` input files), with what their rows are
+    (outside the loss mask, excluded by reason) and what it usually means; None when none."""
+    if not starved:
+        return None
+    top = sorted(starved.items(), key=lambda kv: (-kv[1]["rows"], kv[0]))
+    parts = []
+    for f, v in top[:_MAX_FILES_NAMED]:
+        ex = v.get("excluded") or {}
+        n_ex = sum(ex.values())
+        what = [f"{v['outside_mask']:,} outside the loss mask"] if v["outside_mask"] else []
+        if n_ex:
+            listed = ", ".join(f"{r} {n:,}" for r, n in
+                               sorted(ex.items(), key=lambda kv: -kv[1])[:3])
+            what.append(f"{n_ex:,} excluded ({listed})")
+        parts.append(f"{f}: {v['valid']:,} valid of {v['rows']:,} rows"
+                     + (f", {', '.join(what)}" if what else ""))
+    more = (f"; {len(top) - _MAX_FILES_NAMED:,} more" if len(top) > _MAX_FILES_NAMED else "")
+    k = len(top)
+    share = min(v["others_share"] for _, v in top)
+    none = all(v["valid"] == 0 for _, v in top)
+    return (f"{k:,} of the {n_files:,} input files contribute{'s' if k == 1 else ''} "
+            f"{'no' if none else 'few'} valid tokens, where the other files' rows are "
+            f"{share:.0%} valid ({'; '.join(parts)}{more}): "
+            f"{'its' if k == 1 else 'their'} loss mask may be inverted, all false or not the "
+            "loss mask (an attention mask?), or the file holds no trained tokens; check "
+            "--column loss_mask=NAME.")
+
+
 def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None,
             where: Mapping[str, Mapping[str, Any]] | None = None
             ) -> tuple[str, int, str] | None:

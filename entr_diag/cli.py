@@ -773,6 +773,11 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
                               acc.excluded_where)
     if caveat:
         _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
+    if acc.starved_files:  # files contributing (almost) nothing: a wrong mask?
+        from entr_diag.caveats import starved_files_warning
+
+        _notes.add("[yellow]warning:[/yellow] "
+                   + escape(starved_files_warning(acc.starved_files, len(ds.files)) or ""))
     if acc.mostly_excluded_files:  # a shard broken on its own, too small for the above
         from entr_diag.caveats import file_exclusion_warnings, hinted_reason
 

@@ -1527,3 +1527,33 @@ def test_placeholders_do_not_read_as_a_unit_mistake(synth_big, tmp_path, col):
     assert u["units"]["train_over_infer"] == pytest.approx(uc["units"]["train_over_infer"],
                                                            rel=2e-3)
     assert "impossible logprob" in u["verdict"]["caveat"]
+
+
+@pytest.mark.parametrize("mask", ["inverted", "false"])
+def test_a_shard_whose_mask_drops_it_is_named(synth_file, tmp_path, mask):
+    """One shard of four with its loss mask inverted (or all false): its rows fall outside
+    the mask (the few masked ones are excluded), so it contributes no valid token; a
+    warning names it with its counts (it said nothing: 0.5% excluded overall), JSON
+    accounting.starved_files. A probability shard (rows excluded, not outside the mask)
+    is left to the exclusion warnings."""
+    m = ~pl.col("loss_mask") if mask == "inverted" else pl.lit(False)
+    d = _split(synth_file, tmp_path / "m", 4, {2: {"loss_mask": m}})
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    acc = json.loads(js.read_text())["inputs"]["accounting"]
+    shard = str(d / "part-2.parquet")
+    st = acc["starved_files"]
+    assert set(st) == {shard} and st[shard]["valid"] == 0
+    rows = pl.read_parquet(d / "part-2.parquet").height
+    assert st[shard]["rows"] == rows
+    assert st[shard]["outside_mask"] + sum(st[shard]["excluded"].values()) == rows
+    err = " ".join(r.stderr.split())
+    assert ("1 of the 4 input files contributes no valid tokens, where the other files' rows "
+            "are" in err and f"({shard}: 0 valid of {rows:,} rows, "
+            f"{st[shard]['outside_mask']:,} outside the loss mask" in err), err
+    p = _split(synth_file, tmp_path / "p", 4,
+               {2: {c: pl.col(c).exp() for c in ("train_logprob", "infer_logprob")}})
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js), "-q"])
+    acc = json.loads(js.read_text())["inputs"]["accounting"]
+    assert "starved_files" not in acc and "contribute" not in r.stderr

@@ -625,6 +625,10 @@ class Accounting:
     #: the loss-masked rows: reason -> {path: (rows excluded, loss-masked rows)}
     mostly_excluded_files: Mapping[str, Mapping[str, tuple[int, int]]] = field(
         default_factory=dict)
+    #: the input files (several) contributing few or no valid tokens, a tenth of the
+    #: others' share at most: path -> {"rows", "valid", "outside_mask", "excluded":
+    #: {reason: rows}, "others_share"} (:func:`_starved_files`)
+    starved_files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -652,6 +656,8 @@ class Accounting:
                if self.negative_staleness_files else {}),
             **({"duplicate_position_files": dict(self.duplicate_position_files)}
                if self.duplicate_position_files else {}),
+            **({"starved_files": {f: dict(v) for f, v in self.starved_files.items()}}
+               if self.starved_files else {}),
             **({"mostly_excluded_files": {
                 r: {f: {"excluded": e, "loss_masked": m} for f, (e, m) in fs.items()}
                 for r, fs in self.mostly_excluded_files.items()}}
@@ -1861,6 +1867,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     masked = valid + sum((get(r) for r in S.EXCLUSION_REASONS if r in per.columns),
                          start=pl.Series([0] * len(valid), dtype=pl.Int64))
     mostly = _mostly_excluded_files(per, infos) if per.height and len(infos) > 1 else {}
+    starved = _starved_files(per, infos) if per.height and len(infos) > 1 else {}
     n_dup = 0
     dup_files: dict[str, int] = {}
     if per.height:
@@ -1915,7 +1922,45 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         negative_staleness_files={str(infos[i].path): n for i, n in sorted(scan.ahead.items())},
         duplicate_position_files=dup_files,
         mostly_excluded_files=mostly,
+        starved_files=starved,
     ), fine
+
+
+#: a file is starved when its share of valid tokens (of its rows) is below this fraction of
+#: the other files' share (:func:`_starved_files`)
+STARVED_SHARE: float = 0.1
+
+
+def _starved_files(per: pl.DataFrame, infos: Sequence[FileInfo]) -> dict[str, dict[str, Any]]:
+    """The input files (several) that contribute few or no valid tokens because most of
+    their rows are outside the loss mask: their share of valid tokens among their rows
+    below STARVED_SHARE times the other files' (an inverted or all-false loss mask, an
+    attention mask taken for the loss mask, a file of prompts; a file whose rows are
+    mostly excluded gets the exclusion warnings instead).
+    ``{path: {"rows", "valid", "outside_mask", "excluded": {reason: rows}, "others_share"}}``
+    from the accounting's per-sequence table (``_file_lo``: each sequence's file)."""
+    if "_file_lo" not in per.columns:
+        return {}
+    outside = [r for r in ("unmasked", "padding", "empty_row") if r in per.columns]
+    reasons = [r for r in S.EXCLUSION_REASONS if r in per.columns]
+    t = per.group_by("_file_lo").agg(pl.col("n", "_valid", *outside, *reasons).sum())
+    rows, valid = t["n"].to_numpy().astype(np.float64), t["_valid"].to_numpy().astype(np.float64)
+    out: dict[str, dict[str, Any]] = {}
+    for j, f in enumerate(t["_file_lo"].to_list()):
+        others_rows = rows.sum() - rows[j]
+        if f is None or not 0 <= int(f) < len(infos) or not rows[j] or not others_rows:
+            continue
+        others = (valid.sum() - valid[j]) / others_rows
+        r = t.row(j, named=True)
+        # most rows outside the mask (rows lost to exclusions have their own warnings)
+        if (valid[j] / rows[j] < STARVED_SHARE * others
+                and sum(r[c] for c in outside) > rows[j] / 2):
+            out[str(infos[int(f)].path)] = {
+                "rows": int(r["n"]), "valid": int(r["_valid"]),
+                "outside_mask": int(sum(r[c] for c in outside)),
+                "excluded": {c: int(r[c]) for c in reasons if r[c]},
+                "others_share": float(others)}
+    return out
 
 
 def _mostly_excluded_files(per: pl.DataFrame, infos: Sequence[FileInfo]
