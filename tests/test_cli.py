@@ -1557,3 +1557,20 @@ def test_a_shard_whose_mask_drops_it_is_named(synth_file, tmp_path, mask):
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js), "-q"])
     acc = json.loads(js.read_text())["inputs"]["accounting"]
     assert "starved_files" not in acc and "contribute" not in r.stderr
+
+
+def test_sequences_split_over_many_files_count_in_each(synth_file, tmp_path):
+    """The same sequences in three files (seq_ids restarting per rank file): the
+    duplicate-position warning counts them in every file holding them, not only the
+    lowest and highest."""
+    d = tmp_path / "ranks"
+    d.mkdir()
+    df = pl.read_parquet(synth_file)
+    for i in range(3):
+        df.write_parquet(d / f"rank-{i}.parquet", row_group_size=4000 + 1000 * i)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    acc = json.loads(js.read_text())["inputs"]["accounting"]
+    n = acc["sequences_with_duplicate_positions"]
+    assert n > 0 and acc["duplicate_position_files"] == {
+        str(d / f"rank-{i}.parquet"): n for i in range(3)}, r.stderr

@@ -619,7 +619,8 @@ class Accounting:
     negative_staleness_files: Mapping[str, int] = field(default_factory=dict)
     #: the sequences of ``sequences_with_duplicate_positions`` per input file holding
     #: their rows (path -> sequences; a sequence copied into two files counts in both;
-    #: empty for one input file)
+    #: empty for one input file; beyond 64 input files, each sequence's lowest and highest
+    #: file only)
     duplicate_position_files: Mapping[str, int] = field(default_factory=dict)
     #: per exclusion reason, the input files (several) where it excludes more than half of
     #: the loss-masked rows: reason -> {path: (rows excluded, loss-masked rows)}
@@ -1771,8 +1772,9 @@ class _AccountingScan:
         if self.has_step:
             merge.append(pl.col("step").min())
         # the input files of each sequence (lowest, highest FILE_INDEX; a run's first and
-        # last rows: a run spans files only within a chunk of several small files)
-        merge += [pl.col("flo").min(), pl.col("fhi").max()]
+        # last rows: a run spans files only within a chunk of several small files), and
+        # those of the first 64 files as bits
+        merge += [pl.col("flo").min(), pl.col("fhi").max(), pl.col("fbits").bitwise_or()]
         self.parts = PartialRows(["seq_key"], merge, 4_000_000)
         self.counts = np.zeros(N_FINE + 2, dtype=np.int64)
         self.stale: dict[int, int] = {}
@@ -1797,8 +1799,13 @@ class _AccountingScan:
             f = column(batch, FILE_INDEX)
             first, last = f[starts], f[np.append(starts[1:], batch.height) - 1]
             cols["flo"], cols["fhi"] = np.minimum(first, last), np.maximum(first, last)
+            one = np.uint64(1)
+            cols["fbits"] = np.where(first < 64, np.left_shift(one, first.astype(np.uint64) % 64),
+                                     np.uint64(0)) | np.where(
+                last < 64, np.left_shift(one, last.astype(np.uint64) % 64), np.uint64(0))
         else:
             cols["flo"] = cols["fhi"] = np.zeros(starts.size, dtype=np.uint32)
+            cols["fbits"] = np.ones(starts.size, dtype=np.uint64)
         self.parts.add(cols)
         if self.fine:
             self.counts += np.bincount(column(batch, "_ac_fine"), minlength=self.counts.size)
@@ -1843,7 +1850,8 @@ class _AccountingScan:
         if self.has_step:
             st = pl.col("step")
             out.append(pl.when((valid > 0) & (st != _I64_MIN)).then(st).alias("_step"))
-        out += [pl.col("flo").alias("_file_lo"), pl.col("fhi").alias("_file_hi")]
+        out += [pl.col("flo").alias("_file_lo"), pl.col("fhi").alias("_file_hi"),
+                pl.col("fbits").alias("_file_bits")]
         return t.select(out)
 
 
@@ -1875,10 +1883,15 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
                          .fill_null(False))
         n_dup = dup.height
         if n_dup and len(infos) > 1:  # which input files hold them (sequences per file)
-            lo, hi = dup["_file_lo"].to_numpy(), dup["_file_hi"].to_numpy()
-            both = np.concatenate([lo, hi[hi != lo]])
-            dup_files = {str(infos[i].path): n for i, n in
-                         enumerate(np.bincount(both.astype(np.int64)).tolist())
+            if len(infos) <= 64:  # every file of a sequence, as bits
+                bits = dup["_file_bits"].to_numpy().astype(np.uint64)
+                counts = [int(((bits >> np.uint64(i)) & np.uint64(1)).sum())
+                          for i in range(len(infos))]
+            else:  # the lowest and highest file of each sequence
+                lo, hi = dup["_file_lo"].to_numpy(), dup["_file_hi"].to_numpy()
+                both = np.concatenate([lo, hi[hi != lo]])
+                counts = np.bincount(both.astype(np.int64)).tolist()
+            dup_files = {str(infos[i].path): n for i, n in enumerate(counts)
                          if n and i < len(infos)}
     steps: tuple[int, ...] | None = None
     n_nullstep = 0
