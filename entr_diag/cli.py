@@ -890,10 +890,10 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
 
 
 def _implausible_note(finding) -> dict | None:
-    """For a command that runs no forensics (``compare``): the implausible-logprob finding
-    (:class:`~entr_diag.forensics.ImplausiblePlan`) as a dict, None when no token was
+    """The implausible-logprob finding (the forensics', or for ``compare``, which runs none,
+    :class:`~entr_diag.forensics.ImplausiblePlan`'s) as a dict, None when no token was
     flagged; at warning or critical severity (they carry 1% or more of sum delta^2) also a
-    ``warning:`` line, worded as the verdict's caveat."""
+    ``warning:`` line (stderr, and JSON ``warnings``), worded as the verdict's caveat."""
     if finding is None:
         return None
     from entr_diag.caveats import implausible_caveat
@@ -1288,6 +1288,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                 if k != "fit":
                     raise
                 unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(ds, e)
+    if out.get("findings") is not None:  # impossible logprobs that bias the fit: a warning
+        _implausible_note(out["findings"].by_kind("implausible_logprobs"))  # (as compare's)
     if out.get("fit") is not None and out["fit"].units is not None:  # a unit mistake?
         from entr_diag.caveats import units_caveat
 

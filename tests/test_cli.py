@@ -1382,8 +1382,10 @@ def test_compare_reports_impossible_logprobs_as_fit_does(synth_file, tmp_path):
     runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(fj), "-q"])
     r = runner.invoke(app, ["compare", str(d), "--n-boot", "100", "--json", str(cj), "-q"])
     assert r.exit_code == 0, r.output
-    (ff,) = [x for x in json.loads(fj.read_text())["forensics"]["findings"]
-             if x["kind"] == "implausible_logprobs"]
+    fdoc = json.loads(fj.read_text())
+    (ff,) = [x for x in fdoc["forensics"]["findings"] if x["kind"] == "implausible_logprobs"]
+    # fit warns too (it only showed the finding and the caveat)
+    assert sum("impossible logprob" in w for w in fdoc["warnings"]) == 1
     doc = json.loads(cj.read_text())
     cf = doc["implausible_logprobs"]
     assert cf["severity"] == ff["severity"] == "critical" and cf["title"] == ff["title"]
