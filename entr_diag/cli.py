@@ -788,6 +788,18 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
     return ds
 
 
+def _misaligned_caveat(f) -> str:
+    """The caveat (and warning) of a shift let through by --allow-misaligned: the finding's
+    title and the input files holding the shifted sequences (when it names them)."""
+    from entr_diag.caveats import files_listed
+
+    ev = f.evidence or {}
+    where = files_listed(ev.get("files") or {}, int(ev.get("input_files") or 1))
+    return (f"caveat: {f.title}{f' ({where})' if where else ''} and --allow-misaligned went "
+            "on: every log-ratio of the shifted sequences is wrong, and the fitted law, the "
+            "noise regime and the gate counts with them.")
+
+
 def _check_alignment(ds, finding, allow: bool) -> None:
     """Stop (exit 2) when train and inference logprobs look shifted by one token
     (``finding``: the result of the off-by-one check, computed in the command's pass); the
@@ -798,7 +810,8 @@ def _check_alignment(ds, finding, allow: bool) -> None:
     if f is None:
         return
     if allow:
-        _notes.add(f"[yellow]warning:[/yellow] {escape(f.title)} (--allow-misaligned: going on)")
+        _notes.add("[yellow]warning:[/yellow] "
+                   + escape(_misaligned_caveat(f).removeprefix("caveat: ")))
         return
     raise InputError(
         f"{_where(ds)}: {f.title}. {_alignment_numbers(f)} Check: {f.check} Pass "
@@ -847,7 +860,7 @@ def _alignment_numbers(f) -> str:
 
 
 def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
-              zero_prefix=None) -> dict:
+              zero_prefix=None, misaligned=None) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
     terminal, JSON and HTML: the mostly-excluded, integer-column, unit-mistake and (with
     the forensics' ``findings``) impossible-logprob caveats, the rounded-logprob caveat
@@ -855,8 +868,9 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     unit-mistake-in-some-files caveat (``file_units``: ``_fit``'s, also kept as
     ``units_by_file``), the zero-prefix caveat (``zero_prefix``: ``_fit``'s, also kept
     as ``zero_prefix``), then the small-sample and interval caveats (None when none
-    applies). ``findings``: a Findings, or its ``to_dict()`` shape (``{"findings":
-    [...]}``, e.g. ``compare``'s implausible-logprob finding alone)."""
+    applies); first of all ``misaligned`` (``_fit``'s: the caveat of a shift let through by
+    --allow-misaligned). ``findings``: a Findings, or its ``to_dict()`` shape
+    (``{"findings": [...]}``, e.g. ``compare``'s implausible-logprob finding alone)."""
     from entr_diag.caveats import (
         exclusion_caveat,
         file_units_caveat,
@@ -872,7 +886,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     acc = ds.accounting
     fd = fit_res.to_dict()
     # what is wrong with the data first (it explains the statistical caveats after it)
-    parts = [exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
+    parts = [misaligned,
+             exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                               acc.excluded_where),
              integer_caveat(ds.notes), rounding_caveat(rounded, ds.mapping),
              zero_prefix_caveat(zero_prefix, ds.mapping),
@@ -1253,9 +1268,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                  + (gate_plan.accumulators if gate_plan is not None else []))
     if "fit" in plans or forensics:  # their robust statistics; meanwhile the alignment check
         _import_meanwhile("scipy.stats")
-    rounded = None
+    rounded = misaligned = None
     if align is not None:
-        _check_alignment(ds, align.finish(), allow_misaligned)
+        misaligned = align.finish()  # (None: aligned; else refused unless allowed)
+        _check_alignment(ds, misaligned, allow_misaligned)
         rounded = align.rounding()  # logprobs stored rounded (the sample tells)
         if not rounded:  # ... in some files only
             by_file = align.rounding_by_file()
@@ -1307,6 +1323,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             file_units, len(ds.files), ds.mapping).removeprefix("caveat: ")))
     return {"unavailable": unavailable, "no_fit": no_fit, "gates": gate_plan, "rounded": rounded,
             "zero_prefix": zero_prefix,
+            "misaligned": None if misaligned is None else _misaligned_caveat(misaligned),
             "file_units": file_units or None,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles",
                                        "implausible")}}
@@ -1349,7 +1366,8 @@ def fit(
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework}
-        fd = _fit_dict(fit_res, ds, findings, a["rounded"], a["file_units"], a["zero_prefix"])
+        fd = _fit_dict(fit_res, ds, findings, a["rounded"], a["file_units"], a["zero_prefix"],
+                       a["misaligned"])
         caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
         _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
@@ -1599,7 +1617,7 @@ def compare(
                 fit=None if fit_res is None else _fit_dict(
                     fit_res, ds, None if implausible is None else {"findings": [implausible]},
                     rounded=a["rounded"], file_units=a["file_units"],
-                    zero_prefix=a["zero_prefix"]),
+                    zero_prefix=a["zero_prefix"], misaligned=a["misaligned"]),
                 **({"unavailable": no_entr or no_law} if no_entr or no_law else {})), quiet)
             if export is not None:
                 from entr_diag.atomic import when_written, write_with
@@ -1710,7 +1728,7 @@ def report(
         doc = envelope("report", desc, params,
                        fit=None if fit_res is None else _fit_dict(
                            fit_res, ds, findings, a["rounded"], a["file_units"],
-                           a["zero_prefix"]),
+                           a["zero_prefix"], a["misaligned"]),
                        metrics=metrics.to_dict(),
                        compare=None if cmp_res is None else cmp_res.to_dict(), profiles=prof,
                        forensics=findings.to_dict(), warnings=summary["warnings"],

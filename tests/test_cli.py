@@ -613,8 +613,14 @@ def test_quiet_hides_notes_and_progress_but_not_warnings(tmp_path):
         " ".join(r.stderr.split())
     # shifted by a token, analysed anyway
     df.with_columns(pl.col("infer_logprob").shift(1).over("seq_id")).drop_nulls().write_parquet(p)
-    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--allow-misaligned", "-q"])
-    assert r.exit_code == 0 and "(--allow-misaligned: going on)" in " ".join(r.stderr.split())
+    js = tmp_path / "mis.json"
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--allow-misaligned", "-q",
+                            "--json", str(js)])
+    assert r.exit_code == 0 and "and --allow-misaligned went on: every log-ratio" in \
+        " ".join(r.stderr.split())
+    # ... and the verdict's caveat says so first (it was null)
+    assert json.loads(js.read_text())["verdict"]["caveat"].startswith(
+        "caveat: Logprob columns look shifted by")
     r = runner.invoke(app, ["fit", "--n-boot", "100", "-q"])  # bundled run: nothing to warn
     assert r.exit_code == 0 and r.stderr == ""
 
