@@ -921,10 +921,17 @@ def _implausible_note(finding) -> dict | None:
 
 
 def _forensics(ds, quiet: bool):
-    from entr_diag.forensics import run_forensics
+    """The mismatch forensics (for ``inspect``) and the checks on the shift test's sampled
+    sequences (:func:`_sample_checks`): (Findings, rounded, zero_prefix)."""
+    from entr_diag.forensics import forensics_plan
+    from entr_diag.passes import run_pass
 
     with _status("running mismatch forensics...", quiet):
-        return run_forensics(ds)
+        plan = forensics_plan(ds)
+        if plan.accumulators:
+            run_pass(ds.lf, plan.accumulators)
+        findings = plan.finish()
+    return (findings, *_sample_checks(ds, getattr(plan, "misalign", None)))
 
 
 def _write_stdout(text: str) -> None:
@@ -1038,10 +1045,15 @@ def inspect(
         _refuse_overwriting_inputs(paths, {"--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet, analyse=False)
         desc = ds.describe()
-        findings = _forensics(ds, quiet) if ds.accounting.tokens_valid else None
+        findings = rounded = zero_prefix = None
+        if ds.accounting.tokens_valid:
+            findings, rounded, zero_prefix = _forensics(ds, quiet)
+            _implausible_note(findings.by_kind("implausible_logprobs"))
+        warnings = _notes.warnings()
         _write_json(json_path, envelope(
             "inspect", desc, {"layout": layout, "entropy": entropy, "framework": framework},
-            forensics=None if findings is None else findings.to_dict()), quiet)
+            forensics=None if findings is None else findings.to_dict(), warnings=warnings,
+            rounded_logprobs=rounded, zero_prefix=zero_prefix), quiet)
         out = _tables(json_path)
         render_inspect(desc, out)
         if findings is not None:
@@ -1185,6 +1197,38 @@ def _import_meanwhile(module: str) -> None:
         threading.Thread(target=target, name=f"import {module}").start()
 
 
+def _sample_checks(ds, align) -> tuple[dict | None, dict | None]:
+    """The checks on the shift test's sampled sequences (``align``: its MisalignmentPlan
+    after the pass, or None), each with a ``warning:`` line when it finds something:
+    logprobs stored rounded (:func:`~entr_diag.forensics.rounded_logprobs`, pooled, else
+    per input file; not for an integer-typed column, which has its own warning) and
+    sequences beginning with exact zeros (:func:`~entr_diag.forensics.zero_prefixes`).
+    Returns (rounded, zero_prefix), None for nothing found."""
+    if align is None:
+        return None, None
+    rounded = align.rounding()  # logprobs stored rounded (the sample tells)
+    if not rounded:  # ... in some files only
+        by_file = align.rounding_by_file()
+        rounded = {"by_file": by_file, "input_files": len(ds.files)} if by_file else None
+    if rounded and "by_file" not in rounded:  # an integer-typed column has its own
+        from entr_diag.caveats import integer_columns  # warning (integer_caveat)
+
+        ints = {c.split(" ", 1)[0] for c in integer_columns(ds.notes)}
+        rounded = {c: step for c, step in rounded.items() if c not in ints} or None
+    if rounded:
+        from entr_diag.caveats import rounding_caveat
+
+        _notes.add("[yellow]warning:[/yellow] "
+                   + escape(rounding_caveat(rounded, ds.mapping).removeprefix("caveat: ")))
+    zero_prefix = align.zero_prefix()
+    if zero_prefix:  # the loss mask covering the prompt, written as zeros
+        from entr_diag.caveats import zero_prefix_caveat
+
+        _notes.add("[yellow]warning:[/yellow] " + escape(
+            zero_prefix_caveat(zero_prefix, ds.mapping).removeprefix("caveat: ")))
+    return rounded, zero_prefix
+
+
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
          full: bool = True, forensics: bool = False, profiles: bool = False,
          entropy_optional: bool = False, law_optional: bool = False, gates=None,
@@ -1268,31 +1312,11 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                  + (gate_plan.accumulators if gate_plan is not None else []))
     if "fit" in plans or forensics:  # their robust statistics; meanwhile the alignment check
         _import_meanwhile("scipy.stats")
-    rounded = misaligned = None
+    misaligned = None
     if align is not None:
         misaligned = align.finish()  # (None: aligned; else refused unless allowed)
         _check_alignment(ds, misaligned, allow_misaligned)
-        rounded = align.rounding()  # logprobs stored rounded (the sample tells)
-        if not rounded:  # ... in some files only
-            by_file = align.rounding_by_file()
-            rounded = ({"by_file": by_file, "input_files": len(ds.files)} if by_file
-                       else None)
-    if rounded and "by_file" not in rounded:  # an integer-typed column has its own
-        from entr_diag.caveats import integer_columns  # warning (integer_caveat)
-
-        ints = {c.split(" ", 1)[0] for c in integer_columns(ds.notes)}
-        rounded = {c: step for c, step in rounded.items() if c not in ints} or None
-    if rounded:
-        from entr_diag.caveats import rounding_caveat
-
-        _notes.add("[yellow]warning:[/yellow] "
-                   + escape(rounding_caveat(rounded, ds.mapping).removeprefix("caveat: ")))
-    zero_prefix = align.zero_prefix() if align is not None else None
-    if zero_prefix:  # the loss mask covering the prompt, written as zeros
-        from entr_diag.caveats import zero_prefix_caveat
-
-        _notes.add("[yellow]warning:[/yellow] " + escape(
-            zero_prefix_caveat(zero_prefix, ds.mapping).removeprefix("caveat: ")))
+    rounded, zero_prefix = _sample_checks(ds, align)
     with _status("fitting...", quiet):
         out = {}
         for k, p in plans.items():

@@ -1582,3 +1582,25 @@ def test_sequences_split_over_many_files_count_in_each(synth_file, tmp_path):
     n = acc["sequences_with_duplicate_positions"]
     assert n > 0 and acc["duplicate_position_files"] == {
         str(d / f"rank-{i}.parquet"): n for i in range(3)}, r.stderr
+
+
+def test_inspect_warns_as_fit_does_and_writes_the_warnings(synth_file, tmp_path):
+    """inspect runs the checks on the shift test's sample (rounded logprobs, sequences
+    beginning with exact zeros) and the impossible-logprob warning, and its JSON holds the
+    warnings (it had no `warnings` key)."""
+    ph = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 50 == 0).then(-300.0)
+          .otherwise(pl.col("infer_logprob"))}
+    two = {c: pl.col(c).round(2) for c in ("train_logprob", "infer_logprob")}
+    d = _split(synth_file, tmp_path / "i", 4, {1: _zero_prefix(0.15), 2: ph, 3: two})
+    js = tmp_path / "i.json"
+    r = runner.invoke(app, ["inspect", str(d), "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    w = " ".join(doc["warnings"])
+    assert "stored rounded" in w and "impossible logprob" in w and "covers the prompt" in w
+    assert set(doc["rounded_logprobs"]["by_file"]) == {str(d / "part-3.parquet")}
+    assert set(doc["zero_prefix"]["files"]) == {str(d / "part-1.parquet")}
+    assert all(x in " ".join(r.stderr.split()) for x in ("stored rounded", "covers the prompt"))
+    r = runner.invoke(app, ["inspect", str(synth_file), "--json", str(js), "-q"])
+    doc = json.loads(js.read_text())
+    assert doc["warnings"] == [] and doc["zero_prefix"] is None
