@@ -263,6 +263,13 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
     at = (where or {}).get(reason) or {}
     sides = [c for c in ("train_logprob", "infer_logprob") if (at.get("columns") or {}).get(c)]
     text, cols = _hint_text(reason, mapping, sides)
+    ones = int(at.get("ones") or 0)
+    if reason == "positive_logprob" and ones == n:  # +1.0 placeholders, not probabilities
+        text = (f"{cols} {'holds' if len(sides) == 1 else 'hold'} +1.0 where "
+                f"{'it has' if len(sides) == 1 else 'they have'} no value (every one of "
+                "these rows is exactly 1.0: a placeholder, not probabilities)")
+    elif reason == "positive_logprob" and ones > n / 2:
+        text += f" ({ones:,} of these rows are exactly 1.0: a placeholder)"
     details = []
     if sides and "{logprob_columns}" not in MOSTLY_EXCLUDED_HINTS[reason]:
         details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 else ""))

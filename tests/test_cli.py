@@ -1604,3 +1604,20 @@ def test_inspect_warns_as_fit_does_and_writes_the_warnings(synth_file, tmp_path)
     r = runner.invoke(app, ["inspect", str(synth_file), "--json", str(js), "-q"])
     doc = json.loads(js.read_text())
     assert doc["warnings"] == [] and doc["zero_prefix"] is None
+
+
+def test_plus_one_placeholders_are_not_called_probabilities(synth_file, tmp_path):
+    """infer_logprob +1.0 on 30% of one shard's rows (a placeholder): the warning says
+    so; a shard of probabilities is still called probabilities."""
+    p1 = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 10 < 3).then(1.0)
+          .otherwise(pl.col("infer_logprob"))}
+    d = _split(synth_file, tmp_path / "p1", 2, {1: p1})
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "-q"])
+    err = " ".join(r.stderr.split())
+    assert ("infer_logprob ('infer_logprob') holds +1.0 where it has no value (every one of "
+            "these rows is exactly 1.0: a placeholder, not probabilities)" in err), err
+    assert "may hold probabilities" not in err
+    pr = _split(synth_file, tmp_path / "pr", 2, {1: {"infer_logprob": pl.col("infer_logprob")
+                                                      .exp()}})
+    r = runner.invoke(app, ["fit", str(pr), "--n-boot", "100", "-q"])
+    assert "may hold probabilities" in " ".join(r.stderr.split())

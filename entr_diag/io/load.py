@@ -2031,7 +2031,7 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path], reaso
     :func:`_entropy_kinds`; ``valid_left``: the valid tokens of the files where the reason excludes
     most loss-masked rows, e.g. probabilities below 1e-4 that pass as log-probabilities
     near 0 in a file of probabilities; not when most of those rows are exactly +1.0, a
-    sentinel). ``frames``: the raw
+    sentinel; ``"ones"``: the reason's rows at exactly +1.0, when any). ``frames``: the raw
     canonical frame of each piece (a file or a row range of one), ``files`` their files.
     One more read of the input, only when a warning explains an exclusion reason (e.g. one
     shard of two in probabilities: that shard and that column are named)."""
@@ -2066,6 +2066,8 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path], reaso
     return {"columns": {k: n for k, n in cols.items() if n and k in mapping},
             **({"kinds": {k: n for k, n in kind_n.items() if n}} if kinds else {}),
             "files": {f: n for f, (n, _m, _v, _o) in per.items() if n},
+            # rows at exactly +1.0 on a side (a placeholder, not a probability)
+            **({"ones": ones} if (ones := sum(o for _n, _m, _v, o in per.values())) else {}),
             # files where the reason excludes most loss-masked rows (not as +1.0 sentinels):
             # the valid tokens left
             "valid_left": {f: v for f, (n, m, v, o) in per.items()
