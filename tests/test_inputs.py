@@ -705,3 +705,21 @@ def test_compare_runs_without_an_entropy_column_that_holds_no_valid_value(tmp_pa
     r = CliRunner().invoke(app, ["fit", str(p), "-q"])
     assert r.exit_code == 2 and r.stderr.count("\n") == 1
     assert "holds no valid value for any loss-masked token" in r.stderr
+
+
+def test_a_shard_with_an_empty_schema_says_so(tmp_path):
+    """A Parquet file with no column among shards: the refusal says it has none (it ended
+    'this file has: .')."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+    from entr_diag.synth import SynthSpec, write_synth
+
+    write_synth(tmp_path / "a.parquet", SynthSpec(n_tokens=5_000, seed=0))
+    pq.write_table(pa.table({}), tmp_path / "b.parquet")
+    r = CliRunner().invoke(app, ["fit", str(tmp_path), "-q"])
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"error: {tmp_path / 'b.parquet'}: missing required column(s)")
+    assert "this file has no column at all (an empty schema)." in " ".join(r.stderr.split())

@@ -893,7 +893,9 @@ def load_dataset(
             raise SchemaError(
                 f"{f}: missing required column(s) "
                 + ", ".join(f"{c} ('{mapping[c]}')" for c in missing_req)
-                + f" that other inputs have; this file has: {', '.join(sorted(names))}."
+                + " that other inputs have; "
+                + (f"this file has: {', '.join(sorted(names))}." if names
+                   else "this file has no column at all (an empty schema).")
             )
     for canon in list(mapping):
         src = mapping[canon]
