@@ -1967,22 +1967,25 @@ def _raw_masks() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     return masked, nf, ph
 
 
-def _bad_rows_acc() -> GroupAgg:
+def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
     """Raw-frame accumulator: one row per sequence with bad masked rows (non-finite or
     placeholder logprobs): counts, first non-finite position, and the positions of its
     placeholder rows (merged by concatenation; runs are found after the pass, so a run
-    split across batches counts). Few rows (the corrupt-rows check and the engine zero
-    share both read it)."""
+    split across batches counts); with ``with_file``, its input file (FILE_INDEX, the
+    lowest). Few rows (the corrupt-rows check and the engine zero share both read it)."""
     masked, nf, ph = _raw_masks()
     reason = pl.col("reason")
     il = pl.col("infer_logprob")
     il_nf = (il.is_null() | ~il.is_finite().fill_null(False)) & nf
     ph_zero = ph & (reason == "zero_placeholder") & (il == 0.0).fill_null(False)
     pos = pl.col("position")
+    file = [pl.col(FILE_INDEX).min().alias("file")] if with_file else []
     return GroupAgg(
-        columns=["seq_key", "seq_id", "position", "infer_logprob", "reason"],
+        columns=["seq_key", "seq_id", "position", "infer_logprob", "reason",
+                 *([FILE_INDEX] if with_file else [])],
         keys=["seq_key"],
         aggs=[
+            *file,
             pl.col("seq_id").first(),
             nf.sum().cast(pl.Int64).alias("n_nf"),
             il_nf.sum().cast(pl.Int64).alias("n_nf_infer"),
@@ -1992,6 +1995,7 @@ def _bad_rows_acc() -> GroupAgg:
             pos.filter(ph).alias("ph_pos"),
         ],
         merge=[
+            *([pl.col("file").min()] if with_file else []),
             pl.col("seq_id").first(),
             pl.col("n_nf", "n_nf_infer").sum(),
             pl.col("first_nf").min(),
@@ -2221,12 +2225,25 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
                     else f"{n / acc.tokens_masked:.1%} of the loss-masked tokens are")
             title = f"{many} invalid ({reason}), not a few corrupt rows"
             lead = f"{hint} "
+    files = [str(f.path) for f in getattr(ctx.ds, "files", ())]
+    where = ""
+    if len(files) > 1 and "file" in bad.columns:  # the input files of those sequences
+        from entr_diag.caveats import files_listed
+
+        hit = (per.filter((pl.col("suffix_len") > 0) | pl.col("ph_run"))
+               .group_by("file").len().collect())
+        ev["files"] = {files[int(i)]: int(n) for i, n in hit.sort("file").iter_rows()
+                       if i is not None and 0 <= int(i) < len(files)}
+        ev["input_files"] = len(files)
+        if ev["files"]:
+            where = f" Those sequences are {files_listed(ev['files'], len(files))}."
     f = Finding(
         kind=name,
         severity="warning",
         title=title,
         message=lead + "; ".join(parts)
-        + ". These tokens are excluded; the pattern points at the dump or the mask, not noise.",
+        + ". These tokens are excluded; the pattern points at the dump or the mask, not noise."
+        + where,
         evidence=ev,
         check=(
             "that the engine returns one logprob per generated token (max_tokens / stop "
@@ -2926,7 +2943,7 @@ class ForensicsPlan:
             acc.excluded.get(r, 0) for r in ("non_finite_logprob", *PLACEHOLDER_REASONS))
         if raw is not None:
             if "raw_bad" in need or ("raw_zero" in need and acc is not None and ctx.has("entropy")):
-                self._bad = _bad_rows_acc()
+                self._bad = _bad_rows_acc(FILE_INDEX in raw.collect_schema().names())
                 if bad_rows:
                     self.raw_accumulators.append(self._bad)
             if "raw_bad" in need:

@@ -1621,3 +1621,20 @@ def test_plus_one_placeholders_are_not_called_probabilities(synth_file, tmp_path
                                                       .exp()}})
     r = runner.invoke(app, ["fit", str(pr), "--n-boot", "100", "-q"])
     assert "may hold probabilities" in " ".join(r.stderr.split())
+
+
+def test_corrupt_rows_in_one_shard_name_the_shard(synth_file, tmp_path):
+    """NaN suffixes (the last 40% of every sequence, inference side) in one shard of four:
+    the corrupt-rows finding names the shard (evidence files / input_files)."""
+    rel = (pl.col("position") - pl.col("position").min().over("step", "seq_id")
+           >= pl.len().over("step", "seq_id") * 0.6)
+    nan = {"infer_logprob": pl.when(rel).then(float("nan")).otherwise(pl.col("infer_logprob"))}
+    d = _split(synth_file, tmp_path / "nan", 4, {2: nan})
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    (f,) = [x for x in json.loads(js.read_text())["forensics"]["findings"]
+            if x["kind"] == "corrupt_rows"]
+    shard = str(d / "part-2.parquet")
+    assert f["evidence"]["files"] == {shard: f["evidence"]["sequences_with_nonfinite_suffix"]}
+    assert f"Those sequences are all in {shard}, 1 of the 4 input files." in f["message"]
