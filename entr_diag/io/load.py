@@ -1876,8 +1876,11 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     valid = get("_valid")
     masked = valid + sum((get(r) for r in S.EXCLUSION_REASONS if r in per.columns),
                          start=pl.Series([0] * len(valid), dtype=pl.Int64))
-    mostly = _mostly_excluded_files(per, infos) if per.height and len(infos) > 1 else {}
-    starved = _starved_files(per, infos) if per.height and len(infos) > 1 else {}
+    mostly: dict[str, dict[str, tuple[int, int]]] = {}
+    starved: dict[str, dict[str, Any]] = {}
+    if per.height and len(infos) > 1 and "_file_lo" in per.columns:  # files gone wrong
+        by_file = _per_file(per)
+        mostly, starved = _mostly_excluded_files(by_file, infos), _starved_files(by_file, infos)
     n_dup = 0
     dup_files: dict[str, int] = {}
     if per.height:
@@ -1946,19 +1949,27 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
 STARVED_SHARE: float = 0.1
 
 
-def _starved_files(per: pl.DataFrame, infos: Sequence[FileInfo]) -> dict[str, dict[str, Any]]:
+#: rows outside the loss mask, by reason code name (not exclusions)
+_OUTSIDE_MASK = ("unmasked", "padding", "empty_row")
+
+
+def _per_file(per: pl.DataFrame) -> pl.DataFrame:
+    """The accounting's per-sequence table summed per input file (``_file_lo``, each
+    sequence's file): ``n`` rows, ``_valid`` and the rows per reason."""
+    cols = [c for c in ("_valid", *_OUTSIDE_MASK, *S.EXCLUSION_REASONS) if c in per.columns]
+    return per.group_by("_file_lo").agg(pl.col("n", *cols).sum())
+
+
+def _starved_files(t: pl.DataFrame, infos: Sequence[FileInfo]) -> dict[str, dict[str, Any]]:
     """The input files (several) that contribute few or no valid tokens because most of
     their rows are outside the loss mask: their share of valid tokens among their rows
     below STARVED_SHARE times the other files' (an inverted or all-false loss mask, an
     attention mask taken for the loss mask, a file of prompts; a file whose rows are
     mostly excluded gets the exclusion warnings instead).
     ``{path: {"rows", "valid", "outside_mask", "excluded": {reason: rows}, "others_share"}}``
-    from the accounting's per-sequence table (``_file_lo``: each sequence's file)."""
-    if "_file_lo" not in per.columns:
-        return {}
-    outside = [r for r in ("unmasked", "padding", "empty_row") if r in per.columns]
-    reasons = [r for r in S.EXCLUSION_REASONS if r in per.columns]
-    t = per.group_by("_file_lo").agg(pl.col("n", "_valid", *outside, *reasons).sum())
+    from the per-file table ``t`` (:func:`_per_file`)."""
+    outside = [r for r in _OUTSIDE_MASK if r in t.columns]
+    reasons = [r for r in S.EXCLUSION_REASONS if r in t.columns]
     rows, valid = t["n"].to_numpy().astype(np.float64), t["_valid"].to_numpy().astype(np.float64)
     out: dict[str, dict[str, Any]] = {}
     for j, f in enumerate(t["_file_lo"].to_list()):
@@ -1978,16 +1989,14 @@ def _starved_files(per: pl.DataFrame, infos: Sequence[FileInfo]) -> dict[str, di
     return out
 
 
-def _mostly_excluded_files(per: pl.DataFrame, infos: Sequence[FileInfo]
+def _mostly_excluded_files(t: pl.DataFrame, infos: Sequence[FileInfo]
                            ) -> dict[str, dict[str, tuple[int, int]]]:
     """Per exclusion reason, the input files where it excludes more than half of the
     loss-masked rows: ``{reason: {path: (rows excluded, loss-masked rows)}}``, from the
-    accounting's per-sequence table (``per``: each sequence's rows per reason and its input
-    file ``_file_lo``; a sequence lies in one file)."""
-    reasons = [r for r in S.EXCLUSION_REASONS if r in per.columns]
-    if not reasons or "_file_lo" not in per.columns:
+    per-file table ``t`` (:func:`_per_file`; a sequence counts in its lowest file)."""
+    reasons = [r for r in S.EXCLUSION_REASONS if r in t.columns]
+    if not reasons:
         return {}
-    t = per.group_by("_file_lo").agg(pl.col("_valid").sum(), *[pl.col(r).sum() for r in reasons])
     masked = t["_valid"].to_numpy() + sum(t[r].to_numpy() for r in reasons)
     out: dict[str, dict[str, tuple[int, int]]] = {}
     idx = t["_file_lo"].to_list()
