@@ -1182,15 +1182,9 @@ def _misalignment(sample: pl.DataFrame, keep: int,
             top = ", ".join(f"{st} ({v})" for st, v in list(ev["shifted_steps"].items())[:6])
             steps = f"; by step (shifted/tested): {top}" + (" ..." if by.height > 6 else "")
         where = ""
-        if len(files) > 1 and FILE_INDEX in hit.columns:  # which input files hold them
-            from entr_diag.caveats import files_listed
-
-            by_file = hit.group_by(FILE_INDEX).len()
-            ev["files"] = {files[int(i)]: int(n) for i, n in by_file.iter_rows()
-                           if i is not None and 0 <= int(i) < len(files)}
-            ev["input_files"] = len(files)
-            if ev["files"]:
-                where = f" They are {files_listed(ev['files'], len(files))}."
+        if FILE_INDEX in hit.columns:  # which input files hold them
+            listed = _files_evidence(ev, hit.group_by(FILE_INDEX).len().iter_rows(), files)
+            where = f" They are {listed}." if listed else ""
         f = Finding(
             kind=name,
             severity="critical",
@@ -1967,6 +1961,26 @@ def _raw_masks() -> tuple[pl.Expr, pl.Expr, pl.Expr]:
     return masked, nf, ph
 
 
+def _paths(ds: Any) -> list[str]:
+    """The input files of a loaded dataset, by FILE_INDEX ([] without them)."""
+    return [str(f.path) for f in getattr(ds, "files", ())]
+
+
+def _files_evidence(ev: dict[str, Any], by_index: Sequence[tuple[Any, int]],
+                    files: Sequence[str]) -> str:
+    """With several input ``files``: put ``files`` (path -> count, from ``by_index``,
+    (FILE_INDEX, count) pairs) and ``input_files`` into the evidence ``ev`` and return
+    where they are as a phrase (:func:`entr_diag.caveats.files_listed`); '' otherwise."""
+    if len(files) < 2:
+        return ""
+    from entr_diag.caveats import files_listed
+
+    ev["files"] = {files[int(i)]: int(n) for i, n in sorted(by_index, key=lambda x: x[0])
+                   if i is not None and 0 <= int(i) < len(files)}
+    ev["input_files"] = len(files)
+    return files_listed(ev["files"], len(files)) if ev["files"] else ""
+
+
 def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
     """Raw-frame accumulator: one row per sequence with bad masked rows (non-finite or
     placeholder logprobs): counts, first non-finite position, and the positions of its
@@ -2225,18 +2239,12 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
                     else f"{n / acc.tokens_masked:.1%} of the loss-masked tokens are")
             title = f"{many} invalid ({reason}), not a few corrupt rows"
             lead = f"{hint} "
-    files = [str(f.path) for f in getattr(ctx.ds, "files", ())]
     where = ""
-    if len(files) > 1 and "file" in bad.columns:  # the input files of those sequences
-        from entr_diag.caveats import files_listed
-
+    if "file" in bad.columns:  # the input files of those sequences
         hit = (per.filter((pl.col("suffix_len") > 0) | pl.col("ph_run"))
                .group_by("file").len().collect())
-        ev["files"] = {files[int(i)]: int(n) for i, n in hit.sort("file").iter_rows()
-                       if i is not None and 0 <= int(i) < len(files)}
-        ev["input_files"] = len(files)
-        if ev["files"]:
-            where = f" Those sequences are {files_listed(ev['files'], len(files))}."
+        listed = _files_evidence(ev, hit.iter_rows(), _paths(ctx.ds))
+        where = f" Those sequences are {listed}." if listed else ""
     f = Finding(
         kind=name,
         severity="warning",
@@ -2288,7 +2296,7 @@ def _check_implausible(ctx: _Ctx) -> _Result:
     """
     assert ctx.implausible is not None
     return _implausible(ctx.implausible, ctx.cells, ctx.has("entropy"),
-                        [str(f.path) for f in getattr(ctx.ds, "files", ())])
+                        _paths(ctx.ds))
 
 
 def _implausible(acc: _ImplausibleTokens, cells: pl.DataFrame, has_entropy: bool,
@@ -2597,7 +2605,7 @@ class MisalignmentPlan:
             sample = self._sample.frame(self.ds.lf.collect_schema())
             self._res = _misalignment(
                 sample, self._sample.keep, None if self._sums is None else self._sums.table(),
-                [str(f.path) for f in getattr(self.ds, "files", ())])
+                _paths(self.ds))
             _misalign_store(self.ds, self._res)
         return self._res
 
@@ -2617,7 +2625,7 @@ class MisalignmentPlan:
         if self._sample is None:
             return None
         return zero_prefixes(self._sample.frame(self.ds.lf.collect_schema()),
-                             [str(f.path) for f in getattr(self.ds, "files", ())])
+                             _paths(self.ds))
 
     def rounding_by_file(self) -> dict[str, dict[str, float]] | None:
         """The input files whose sampled tokens hold rounded logprobs when the others'
@@ -2740,7 +2748,7 @@ class ImplausiblePlan:
     def __init__(self, ds: Any) -> None:
         names = ds.lf.collect_schema().names()
         self.has_entropy = "entropy" in names
-        self.files = [str(f.path) for f in getattr(ds, "files", ())]
+        self.files = _paths(ds)
         self.tokens = _ImplausibleTokens()
         self.accumulators: list[Accumulator] = [self.tokens]  # type: ignore[list-item]
         self._totals: _BinTotals | None = None
