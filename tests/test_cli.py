@@ -1638,3 +1638,26 @@ def test_corrupt_rows_in_one_shard_name_the_shard(synth_file, tmp_path):
     shard = str(d / "part-2.parquet")
     assert f["evidence"]["files"] == {shard: f["evidence"]["sequences_with_nonfinite_suffix"]}
     assert f"Those sequences are all in {shard}, 1 of the 4 input files." in f["message"]
+
+
+def test_duplicated_rows_inside_a_gappy_mask_are_counted(synth_file, tmp_path):
+    """A loss mask with a gap inside every sequence (masked-out tool output) and 3% of the
+    rows written twice, next to themselves: every sequence holding a duplicated valid
+    token counts (the count compared valid tokens with the position span, which the gap
+    leaves room in); the gap alone, or the rows shuffled across chunks, count none."""
+    df = pl.read_parquet(synth_file)
+    gap = (pl.col("position") - pl.col("position").min().over("step", "seq_id")).is_between(5, 40)
+    df = df.with_columns(loss_mask=pl.col("loss_mask") & ~gap)
+    dup = df.sample(fraction=0.03, seed=1)
+    p = tmp_path / "dup.parquet"
+    pl.concat([df, dup]).sort("step", "seq_id", "position").write_parquet(p)
+    want = dup.filter(pl.col("loss_mask")).select(pl.struct("step", "seq_id").n_unique()).item()
+    js = tmp_path / "i.json"
+    runner.invoke(app, ["inspect", str(p), "--json", str(js), "-q"])
+    assert json.loads(js.read_text())["inputs"]["accounting"][
+        "sequences_with_duplicate_positions"] == want
+    g = tmp_path / "gap.parquet"
+    df.sample(fraction=1.0, shuffle=True, seed=3).write_parquet(g, row_group_size=3000)
+    runner.invoke(app, ["inspect", str(g), "--json", str(js), "-q"])
+    assert json.loads(js.read_text())["inputs"]["accounting"][
+        "sequences_with_duplicate_positions"] == 0

@@ -1777,6 +1777,9 @@ class _AccountingScan:
         # last rows: a run spans files only within a chunk of several small files), and
         # those of the first 64 files as bits
         merge += [pl.col("flo").min(), pl.col("fhi").max(), pl.col("fbits").bitwise_or()]
+        # valid tokens repeating the position of the row before them in the sequence (a
+        # row written twice in a row): a duplicate however the mask is cut
+        merge.append(pl.col("prep").sum())
         self.parts = PartialRows(["seq_key"], merge, 4_000_000)
         self.counts = np.zeros(N_FINE + 2, dtype=np.int64)
         self.stale: dict[int, int] = {}
@@ -1797,6 +1800,12 @@ class _AccountingScan:
             cols[f"{r}hi"] = np.maximum.reduceat(column(batch, f"_ac_{r}hi"), starts)
         if self.has_step:
             cols["step"] = column(batch, "_ac_step")[starts]
+        p = column(batch, "_ac_plo")  # a valid token's position (else _I64_MAX)
+        rep = np.zeros(p.size, dtype=np.int64)
+        if p.size > 1:
+            sk = column(batch, "seq_key")
+            rep[1:] = (p[1:] == p[:-1]) & (p[1:] != _I64_MAX) & (sk[1:] == sk[:-1])
+        cols["prep"] = np.add.reduceat(rep, starts)
         if FILE_INDEX in batch.columns:
             f = column(batch, FILE_INDEX)
             first, last = f[starts], f[np.append(starts[1:], batch.height) - 1]
@@ -1853,7 +1862,7 @@ class _AccountingScan:
             st = pl.col("step")
             out.append(pl.when((valid > 0) & (st != _I64_MIN)).then(st).alias("_step"))
         out += [pl.col("flo").alias("_file_lo"), pl.col("fhi").alias("_file_hi"),
-                pl.col("fbits").alias("_file_bits")]
+                pl.col("fbits").alias("_file_bits"), pl.col("prep").alias("_pos_repeats")]
         return t.select(out)
 
 
@@ -1884,7 +1893,10 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     n_dup = 0
     dup_files: dict[str, int] = {}
     if per.height:
-        dup = per.filter((pl.col("_valid") > pl.col("_pos_hi") - pl.col("_pos_lo") + 1)
+        span = pl.col("_pos_hi") - pl.col("_pos_lo") + 1
+        # more valid tokens than positions, or a row repeating the position before it
+        # (runs overlapping in span is no sign: shuffled rows split across chunks do)
+        dup = per.filter(((pl.col("_valid") > span) | (pl.col("_pos_repeats") > 0))
                          .fill_null(False))
         n_dup = dup.height
         if n_dup and len(infos) > 1:  # which input files hold them (sequences per file)
