@@ -1661,3 +1661,30 @@ def test_duplicated_rows_inside_a_gappy_mask_are_counted(synth_file, tmp_path):
     runner.invoke(app, ["inspect", str(g), "--json", str(js), "-q"])
     assert json.loads(js.read_text())["inputs"]["accounting"][
         "sequences_with_duplicate_positions"] == 0
+
+
+def test_prompt_zeros_before_short_answers_are_not_taken_for_a_shift(synth_file, tmp_path):
+    """20 rows of exact zeros (the prompt under the loss mask) before every sequence, a third
+    of which keep only 2 response tokens: next to so few tokens the zeros favoured lag +1
+    and fit refused the input as shifted, hiding the zero-prefix warning. The shift test
+    leaves tokens whose logprobs are both exactly 0.0 out."""
+    df = pl.read_parquet(synth_file)
+    k = ["step", "seq_id"]
+    rel = pl.col("position") - pl.col("position").min().over(k)
+    short = pl.col("seq_id").hash(seed=1) % 3 == 0
+    df = df.filter(~short | (rel < 2)).with_columns(pl.col("position") + 20)
+    pre = (df.group_by(k).agg(pl.col("position").min().alias("p0"),
+                              pl.all().exclude("position").first())
+           .with_columns(pl.int_ranges(0, 20).alias("_r")).explode("_r")
+           .with_columns((pl.col("p0") - 20 + pl.col("_r")).alias("position"),
+                         *(pl.lit(0.0).alias(c)
+                           for c in ("train_logprob", "infer_logprob", "entropy")),
+                         pl.lit(True).alias("loss_mask"))
+           .drop("p0", "_r"))
+    p = tmp_path / "pz.parquet"
+    pl.concat([df, pre.select(df.columns)]).sort(*k, "position").write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.stderr
+    assert "covers the prompt" in " ".join(r.stderr.split())
+    assert json.loads(js.read_text())["zero_prefix"]["median_length"] == 20
