@@ -197,8 +197,8 @@ def _hint_text(reason: str, mapping: Mapping[str, str] | None,
 def file_exclusion_warnings(mostly: Mapping[str, Mapping[str, tuple[int, int]]],
                             n_files: int, mapping: Mapping[str, str] | None = None,
                             skip: str | None = None) -> list[str]:
-    """One sentence per exclusion reason that excludes most loss-masked rows of some input
-    files (``mostly``: the accounting's ``mostly_excluded_files``, reason -> {path:
+    """One sentence per exclusion reason that excludes 20% or more of the loss-masked rows of
+    some input files (``mostly``: the accounting's ``file_exclusions``, reason -> {path:
     (excluded, loss-masked)}; ``n_files`` input files), naming the files (the three with
     most rows, and how many more) and what the reason usually means; none for ``skip``
     (the reason the pooled warning already explains, naming its files). A small shard
@@ -212,8 +212,14 @@ def file_exclusion_warnings(mostly: Mapping[str, Mapping[str, tuple[int, int]]],
         more = (f" and {len(top) - _MAX_FILES_NAMED:,} more" if len(top) > _MAX_FILES_NAMED
                 else "")
         text, _ = _hint_text(reason, mapping)
+        if reason == "zero_placeholder":  # what the exclusion cannot catch
+            text += ("; rows whose other side is within 0.05 nats of 0 stay valid (they cannot "
+                     "be told from near-certain tokens) and enter the results with the zeros")
         k = len(top)
-        out.append(f"{k:,} of the {n_files:,} input files lose{'s' if k == 1 else ''} most of "
+        share = min(e / m for _f, (e, m) in top)
+        how = ("most of" if share > 0.5 else f"{share:.0%} of" if k == 1
+               else f"{share:.0%} or more of")
+        out.append(f"{k:,} of the {n_files:,} input files lose{'s' if k == 1 else ''} {how} "
                    f"{'its' if k == 1 else 'their'} loss-masked rows to {reason} "
                    f"({listed}{more}): {text}.")
     return out
@@ -417,8 +423,19 @@ def zero_prefix_caveat(zp: Mapping[str, Any] | None,
     n, of = int(zp["sequences"]), int(zp["sequences_sampled"])
     whole = int(zp.get("whole_sequences") or 0)
     tok = int(zp["tokens"]) / max(int(zp["tokens_sampled"]), 1)
-    return (f"caveat: {n:,} of {of:,} sampled sequences ({n / max(of, 1):.0%})"
-            + (f", {where}," if where else "")
+    files = zp.get("files") or {}
+    if where and len(files) == 1:  # "in X (1 of the N input files): n of its m sampled ..."
+        f = next(iter(files))
+        head = (f"in {f} (1 of the {int(zp.get('input_files') or 1):,} input files), {n:,} "
+                f"of its {of:,} sampled sequences ({n / max(of, 1):.0%})")
+    elif where:
+        head = (f"in {len(files):,} of the {int(zp.get('input_files') or 1):,} input files "
+                f"({', '.join(f'{k} ({v:,})' for k, v in list(files.items())[:3])}"
+                f"{' and more' if len(files) > 3 else ''}), {n:,} of their {of:,} sampled "
+                f"sequences ({n / max(of, 1):.0%})")
+    else:
+        head = f"{n:,} of {of:,} sampled sequences ({n / max(of, 1):.0%})"
+    return (f"caveat: {head}"
             + f" begin with tokens whose {cols} are all exactly 0.0 (median "
             f"{zp['median_length']:g} tokens, {tok:.1%} of their tokens"
             + (f"; {whole:,} are zeros throughout" if whole else "")

@@ -778,11 +778,11 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
 
         _notes.add("[yellow]warning:[/yellow] "
                    + escape(starved_files_warning(acc.starved_files, len(ds.files)) or ""))
-    if acc.mostly_excluded_files:  # a shard broken on its own, too small for the above
+    if acc.file_exclusions:  # a shard broken on its own, too small for the above
         from entr_diag.caveats import file_exclusion_warnings, hinted_reason
 
         for w in file_exclusion_warnings(
-                acc.mostly_excluded_files, len(ds.files), ds.mapping,
+                acc.file_exclusions, len(ds.files), ds.mapping,
                 skip=hinted_reason(acc.excluded, acc.tokens_masked, ds.mapping)):
             _notes.add("[yellow]warning:[/yellow] " + escape(w))
     return ds

@@ -1445,7 +1445,8 @@ def test_a_mask_covering_the_prompt_as_zeros_is_warned_about(synth_file, tmp_pat
         assert zp["files"] == {shard: zp["sequences"]} and zp["input_files"] == 4
         assert zp["sequences"] >= 0.9 * zp["sequences_sampled"]
         assert 0.12 < zp["tokens"] / zp["tokens_sampled"] < 0.2
-        assert f"all in {shard}, 1 of the 4 input files," in fd["verdict"]["caveat"]
+        assert (f"in {shard} (1 of the 4 input files), {zp['sequences']:,} of its "
+                f"{zp['sequences_sampled']:,} sampled sequences" in fd["verdict"]["caveat"])
         assert "the loss mask probably covers the prompt" in r.stderr.replace("\n", " ")
         assert any("loss mask probably covers the prompt" in w for w in doc["warnings"])
     r = runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "--json", str(js), "-q"])
@@ -1497,7 +1498,7 @@ def test_a_small_shard_broken_on_its_own_is_named(synth_file, tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.loads(js.read_text())
     acc = doc["inputs"]["accounting"]
-    mostly = acc["mostly_excluded_files"]
+    mostly = acc["file_exclusions"]
     p3, p5, p6 = (str(d / f"part-{i}.parquet") for i in (3, 5, 6))
     assert set(mostly) == {"sentinel_logprob", "invalid_entropy", "invalid_loss_mask"}
     z = mostly["sentinel_logprob"][p3]
@@ -1688,3 +1689,23 @@ def test_prompt_zeros_before_short_answers_are_not_taken_for_a_shift(synth_file,
     assert r.exit_code == 0, r.stderr
     assert "covers the prompt" in " ".join(r.stderr.split())
     assert json.loads(js.read_text())["zero_prefix"]["median_length"] == 20
+
+
+def test_zero_placeholders_on_a_third_of_one_shard_are_named(synth_file, tmp_path):
+    """infer_logprob 0.0 on 60% of one shard's rows: a third of its masked rows are
+    excluded as zero_placeholder (below half, and far below the pooled share): the
+    per-file warning names the shard from 20% on, and says that zeros next to a
+    near-zero trainer logprob stay valid."""
+    z = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 5 < 3).then(0.0)
+         .otherwise(pl.col("infer_logprob"))}
+    d = _split(synth_file, tmp_path / "z", 5, {2: z})
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    acc = json.loads(js.read_text())["inputs"]["accounting"]
+    shard = str(d / "part-2.parquet")
+    e = acc["file_exclusions"]["zero_placeholder"][shard]
+    assert 0.2 <= e["excluded"] / e["loss_masked"] < 0.5
+    err = " ".join(r.stderr.split())
+    assert (f"1 of the 5 input files loses {e['excluded'] / e['loss_masked']:.0%} of its "
+            f"loss-masked rows to zero_placeholder ({shard}:" in err), err
+    assert "stay valid" in err

@@ -622,9 +622,9 @@ class Accounting:
     #: empty for one input file; beyond 64 input files, each sequence's lowest and highest
     #: file only)
     duplicate_position_files: Mapping[str, int] = field(default_factory=dict)
-    #: per exclusion reason, the input files (several) where it excludes more than half of
+    #: per exclusion reason, the input files (several) where it excludes 20% or more of
     #: the loss-masked rows: reason -> {path: (rows excluded, loss-masked rows)}
-    mostly_excluded_files: Mapping[str, Mapping[str, tuple[int, int]]] = field(
+    file_exclusions: Mapping[str, Mapping[str, tuple[int, int]]] = field(
         default_factory=dict)
     #: the input files (several) contributing few or no valid tokens, a tenth of the
     #: others' share at most: path -> {"rows", "valid", "outside_mask", "excluded":
@@ -659,10 +659,10 @@ class Accounting:
                if self.duplicate_position_files else {}),
             **({"starved_files": {f: dict(v) for f, v in self.starved_files.items()}}
                if self.starved_files else {}),
-            **({"mostly_excluded_files": {
+            **({"file_exclusions": {
                 r: {f: {"excluded": e, "loss_masked": m} for f, (e, m) in fs.items()}
-                for r, fs in self.mostly_excluded_files.items()}}
-               if self.mostly_excluded_files else {}),
+                for r, fs in self.file_exclusions.items()}}
+               if self.file_exclusions else {}),
             **({"exclusions_where": {r: {k: dict(v) if isinstance(v, Mapping) else v
                                          for k, v in w.items()}
                                      for r, w in self.excluded_where.items()}}
@@ -1889,7 +1889,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     starved: dict[str, dict[str, Any]] = {}
     if per.height and len(infos) > 1 and "_file_lo" in per.columns:  # files gone wrong
         by_file = _per_file(per)
-        mostly, starved = _mostly_excluded_files(by_file, infos), _starved_files(by_file, infos)
+        mostly, starved = _file_exclusions(by_file, infos), _starved_files(by_file, infos)
     n_dup = 0
     dup_files: dict[str, int] = {}
     if per.height:
@@ -1951,7 +1951,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_padding=count["padding"],
         negative_staleness_files={str(infos[i].path): n for i, n in sorted(scan.ahead.items())},
         duplicate_position_files=dup_files,
-        mostly_excluded_files=mostly,
+        file_exclusions=mostly,
         starved_files=starved,
     ), fine
 
@@ -1961,6 +1961,9 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
 STARVED_SHARE: float = 0.1
 
 
+#: an exclusion reason is named for an input file when it excludes this share of the file's
+#: loss-masked rows or more (:func:`_file_exclusions`): never so many in a sound file
+FILE_EXCLUDED_SHARE: float = 0.2
 #: rows outside the loss mask, by reason code name (not exclusions)
 _OUTSIDE_MASK = ("unmasked", "padding", "empty_row")
 
@@ -2001,11 +2004,11 @@ def _starved_files(t: pl.DataFrame, infos: Sequence[FileInfo]) -> dict[str, dict
     return out
 
 
-def _mostly_excluded_files(t: pl.DataFrame, infos: Sequence[FileInfo]
+def _file_exclusions(t: pl.DataFrame, infos: Sequence[FileInfo]
                            ) -> dict[str, dict[str, tuple[int, int]]]:
-    """Per exclusion reason, the input files where it excludes more than half of the
-    loss-masked rows: ``{reason: {path: (rows excluded, loss-masked rows)}}``, from the
-    per-file table ``t`` (:func:`_per_file`; a sequence counts in its lowest file)."""
+    """Per exclusion reason, the input files where it excludes FILE_EXCLUDED_SHARE or more
+    of the loss-masked rows: ``{reason: {path: (rows excluded, loss-masked rows)}}``, from
+    the per-file table ``t`` (:func:`_per_file`; a sequence counts in its lowest file)."""
     reasons = [r for r in S.EXCLUSION_REASONS if r in t.columns]
     if not reasons:
         return {}
@@ -2014,7 +2017,7 @@ def _mostly_excluded_files(t: pl.DataFrame, infos: Sequence[FileInfo]
     idx = t["_file_lo"].to_list()
     for r in reasons:
         n = t[r].to_numpy()
-        for j in np.flatnonzero(n > masked / 2):
+        for j in np.flatnonzero((n >= masked * FILE_EXCLUDED_SHARE) & (n > 0)):
             f = idx[j]
             if f is not None and 0 <= int(f) < len(infos):
                 out.setdefault(r, {})[str(infos[int(f)].path)] = (int(n[j]), int(masked[j]))
