@@ -920,6 +920,24 @@ def _implausible_note(finding) -> dict | None:
     return f
 
 
+def _critical_notes(findings) -> None:
+    """A ``warning:`` line for each critical finding of ``inspect``'s forensics (besides the
+    impossible-logprob one, :func:`_implausible_note`), naming the input files when the
+    finding does: a pipeline reading stderr or the JSON ``warnings`` sees them (a shift
+    makes fit, compare and report refuse the input)."""
+    from entr_diag.caveats import files_listed
+
+    for f in findings.findings:
+        if f.severity != "critical" or f.kind == "implausible_logprobs":
+            continue
+        ev = f.evidence or {}
+        where = files_listed(ev.get("files") or {}, int(ev.get("input_files") or 1))
+        then = (": fit, compare and report refuse this input (unless --allow-misaligned)"
+                if f.kind == "misalignment" else "")
+        _notes.add("[yellow]warning:[/yellow] "
+                   + escape(f"{f.title}{f' ({where})' if where else ''}{then}."))
+
+
 def _forensics(ds, quiet: bool):
     """The mismatch forensics (for ``inspect``) and the checks on the shift test's sampled
     sequences (:func:`_sample_checks`): (Findings, rounded, zero_prefix)."""
@@ -1049,6 +1067,7 @@ def inspect(
         if ds.accounting.tokens_valid:
             findings, rounded, zero_prefix = _forensics(ds, quiet)
             _implausible_note(findings.by_kind("implausible_logprobs"))
+            _critical_notes(findings)
         warnings = _notes.warnings()
         _write_json(json_path, envelope(
             "inspect", desc, {"layout": layout, "entropy": entropy, "framework": framework},

@@ -1605,6 +1605,15 @@ def test_inspect_warns_as_fit_does_and_writes_the_warnings(synth_file, tmp_path)
     r = runner.invoke(app, ["inspect", str(synth_file), "--json", str(js), "-q"])
     doc = json.loads(js.read_text())
     assert doc["warnings"] == [] and doc["zero_prefix"] is None
+    # a shift (critical: fit refuses it) is a warning too, naming the shard
+    shift = {"infer_logprob": pl.col("infer_logprob").shift(1).over(
+        "seq_id", order_by="position").fill_null(-0.5)}
+    s = _split(synth_file, tmp_path / "s", 4, {2: shift})
+    r = runner.invoke(app, ["inspect", str(s), "--json", str(js), "-q"])
+    w = json.loads(js.read_text())["warnings"]
+    assert any(x.startswith("Logprob columns look shifted by +1 token") and
+               f"(all in {s / 'part-2.parquet'}, 1 of the 4 input files): fit, compare and "
+               "report refuse this input (unless --allow-misaligned)." in x for x in w), w
 
 
 def test_plus_one_placeholders_are_not_called_probabilities(synth_file, tmp_path):
