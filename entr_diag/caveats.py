@@ -382,12 +382,15 @@ def file_units_caveat(flagged: Any, n_files: int,
 
 
 def rounding_caveat(rounded: Mapping[str, Any] | None,
-                    mapping: Mapping[str, str] | None = None) -> str | None:
+                    mapping: Mapping[str, str] | None = None,
+                    zero_placeholder: int = 0) -> str | None:
     """A one-line caveat when logprob columns hold values rounded to a decimal step
     (``rounded``: :func:`entr_diag.forensics.rounded_logprobs`, column -> step in nats; or
     ``{"by_file": {file: {column: step}}, "input_files": n}`` when some input files only
     are), else None:
-    every log-ratio below the step is lost, the low-entropy regime with it."""
+    every log-ratio below the step is lost, the low-entropy regime with it.
+    ``zero_placeholder``: the rows the accounting excluded as zero_placeholder (a logprob
+    rounded to 0.0 next to one that is not reads as a placeholder): named when some."""
     if not rounded:
         return None
 
@@ -406,8 +409,11 @@ def rounding_caveat(rounded: Mapping[str, Any] | None,
         head = f"the logprobs of {len(listed):,}{of} input files are stored rounded ({where}{more})"
     else:
         head = f"the logprobs are stored rounded ({cols(rounded)})"
+    zeros = (f" ({zero_placeholder:,} row(s) excluded as zero_placeholder, 0.0 on one side, "
+             "are probably such logprobs rounded to 0)" if zero_placeholder else "")
     return (f"caveat: {head}: log-ratios below that step are lost (they read as 0 or the "
-            "step), and the low-entropy regime with them; re-dump them at full precision.")
+            f"step), and the low-entropy regime with them{zeros}; re-dump them at full "
+            "precision.")
 
 
 def zero_prefix_caveat(zp: Mapping[str, Any] | None,

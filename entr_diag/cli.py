@@ -889,7 +889,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     parts = [misaligned,
              exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                               acc.excluded_where),
-             integer_caveat(ds.notes), rounding_caveat(rounded, ds.mapping),
+             integer_caveat(ds.notes),
+             rounding_caveat(rounded, ds.mapping, acc.excluded.get("zero_placeholder", 0)),
              zero_prefix_caveat(zero_prefix, ds.mapping),
              units_caveat(fd.get("units"), ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
@@ -1237,8 +1238,9 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None]:
     if rounded:
         from entr_diag.caveats import rounding_caveat
 
-        _notes.add("[yellow]warning:[/yellow] "
-                   + escape(rounding_caveat(rounded, ds.mapping).removeprefix("caveat: ")))
+        _notes.add("[yellow]warning:[/yellow] " + escape(rounding_caveat(
+            rounded, ds.mapping, ds.accounting.excluded.get("zero_placeholder", 0),
+        ).removeprefix("caveat: ")))
     zero_prefix = align.zero_prefix()
     if zero_prefix:  # the loss mask covering the prompt, written as zeros
         from entr_diag.caveats import zero_prefix_caveat
