@@ -255,6 +255,33 @@ def starved_files_warning(starved: Mapping[str, Mapping[str, Any]], n_files: int
             "--column loss_mask=NAME.")
 
 
+def duplicates_caveat(acc: Any, n_files: int) -> str | None:
+    """A one-line caveat when sequences hold duplicated (step, seq_id, position) rows
+    (``acc``: the token accounting; ``n_files`` input files), naming the files holding
+    them; None when none do. Their tokens count more than once in every result."""
+    n = int(getattr(acc, "sequences_with_duplicate_positions", 0) or 0)
+    if not n:
+        return None
+    where = files_listed(getattr(acc, "duplicate_position_files", None) or {}, n_files)
+    return (f"caveat: {n:,} sequence(s) hold the same (step, seq_id, position) more than once"
+            + (f" ({where})" if where else "")
+            + ": their tokens count more than once in every result (a copied shard, or "
+            "seq_ids shared by several sequences; see the warning).")
+
+
+def starved_caveat(acc: Any, n_files: int) -> str | None:
+    """A one-line caveat when input files contribute no or few valid tokens because their
+    rows are outside the loss mask (``acc``: the token accounting), naming them; None
+    when none does. The results leave those files out."""
+    starved = getattr(acc, "starved_files", None) or {}
+    if not starved:
+        return None
+    listed = files_listed({f: v["rows"] for f, v in starved.items()}, n_files)
+    return (f"caveat: {len(starved):,} input file(s) contribute no or few valid tokens, their "
+            f"rows being outside the loss mask ({listed}): the results leave them out; check "
+            "their loss mask (see the warning).")
+
+
 def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None,
             where: Mapping[str, Mapping[str, Any]] | None = None
             ) -> tuple[str, int, str] | None:

@@ -872,6 +872,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     --allow-misaligned). ``findings``: a Findings, or its ``to_dict()`` shape
     (``{"findings": [...]}``, e.g. ``compare``'s implausible-logprob finding alone)."""
     from entr_diag.caveats import (
+        duplicates_caveat,
         exclusion_caveat,
         file_units_caveat,
         implausible_caveat,
@@ -879,6 +880,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
         interval_caveat,
         rounding_caveat,
         small_sample_caveat,
+        starved_caveat,
         units_caveat,
         zero_prefix_caveat,
     )
@@ -889,6 +891,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     parts = [misaligned,
              exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                               acc.excluded_where),
+             duplicates_caveat(acc, len(ds.files)), starved_caveat(acc, len(ds.files)),
              integer_caveat(ds.notes),
              rounding_caveat(rounded, ds.mapping, acc.excluded.get("zero_placeholder", 0)),
              zero_prefix_caveat(zero_prefix, ds.mapping),

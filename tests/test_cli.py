@@ -1348,6 +1348,8 @@ def test_duplicated_positions_name_the_files_holding_them(synth_file, tmp_path):
     n = acc["sequences_with_duplicate_positions"]
     a, b = str(d / "part-1-copy.parquet"), str(d / "part-1.parquet")
     assert n > 0 and acc["duplicate_position_files"] == {a: n, b: n}
+    assert (f"caveat: {n:,} sequence(s) hold the same (step, seq_id, position) more than once "
+            f"(in 2 of the 4 input files:") in json.loads(js.read_text())["verdict"]["caveat"]
     assert f"hold more tokens than positions (in 2 of the 4 input files: {a} ({n:,}), {b} " \
            f"({n:,}))" in r.stderr.replace("\n", " "), r.stderr
     (d / "part-1-copy.parquet").unlink()
@@ -1558,6 +1560,7 @@ def test_a_shard_whose_mask_drops_it_is_named(synth_file, tmp_path, mask):
     shard = str(d / "part-2.parquet")
     st = acc["starved_files"]
     assert set(st) == {shard} and st[shard]["valid"] == 0
+    assert "contribute no or few valid tokens" in json.loads(js.read_text())["verdict"]["caveat"]
     rows = pl.read_parquet(d / "part-2.parquet").height
     assert st[shard]["rows"] == rows
     assert st[shard]["outside_mask"] + sum(st[shard]["excluded"].values()) == rows
