@@ -102,8 +102,13 @@ def implausible_caveat(findings: Mapping | None) -> str | None:
                       else "the finding gives the law with and without them")
             ev = f.get("evidence") or {}
             where = files_listed(ev.get("files") or {}, int(ev.get("input_files") or 1))
-            return (f"caveat: {f['title']}{f' ({where})' if where else ''}: {effect}; drop "
-                    "those rows and rerun (forensics: implausible_logprobs).")
+            sides = [c for c, k in (("infer_logprob", "tokens_infer_side"),
+                                    ("train_logprob", "tokens_train_side")) if ev.get(k)]
+            side = (f"the values are in {sides[0]}" if len(sides) == 1
+                    else "the values are in both logprob columns" if sides else "")
+            paren = "; ".join(p for p in (side, where) if p)
+            return (f"caveat: {f['title']}{f' ({paren})' if paren else ''}: {effect}; "
+                    "drop those rows and rerun (forensics: implausible_logprobs).")
     return None
 
 
