@@ -199,17 +199,17 @@ def _hint_text(reason: str, mapping: Mapping[str, str] | None,
     return text, cols
 
 
-def file_exclusion_warnings(mostly: Mapping[str, Mapping[str, tuple[int, int]]],
+def file_exclusion_warnings(by_file: Mapping[str, Mapping[str, tuple[int, int]]],
                             n_files: int, mapping: Mapping[str, str] | None = None,
                             skip: str | None = None) -> list[str]:
     """One sentence per exclusion reason that excludes 20% or more of the loss-masked rows of
-    some input files (``mostly``: the accounting's ``file_exclusions``, reason -> {path:
+    some input files (``by_file``: the accounting's ``file_exclusions``, reason -> {path:
     (excluded, loss-masked)}; ``n_files`` input files), naming the files (the three with
     most rows, and how many more) and what the reason usually means; none for ``skip``
     (the reason the pooled warning already explains, naming its files). A small shard
     broken on its own is otherwise only a count among the exclusions."""
     out = []
-    for reason, files in mostly.items():
+    for reason, files in by_file.items():
         if reason == skip or reason not in MOSTLY_EXCLUDED_HINTS or not files:
             continue
         top = sorted(files.items(), key=lambda kv: (-kv[1][0], kv[0]))

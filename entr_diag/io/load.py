@@ -1885,11 +1885,11 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     valid = get("_valid")
     masked = valid + sum((get(r) for r in S.EXCLUSION_REASONS if r in per.columns),
                          start=pl.Series([0] * len(valid), dtype=pl.Int64))
-    mostly: dict[str, dict[str, tuple[int, int]]] = {}
+    file_excl: dict[str, dict[str, tuple[int, int]]] = {}
     starved: dict[str, dict[str, Any]] = {}
     if per.height and len(infos) > 1 and "_file_lo" in per.columns:  # files gone wrong
         by_file = _per_file(per)
-        mostly, starved = _file_exclusions(by_file, infos), _starved_files(by_file, infos)
+        file_excl, starved = _file_exclusions(by_file, infos), _starved_files(by_file, infos)
     n_dup = 0
     dup_files: dict[str, int] = {}
     if per.height:
@@ -1951,7 +1951,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_padding=count["padding"],
         negative_staleness_files={str(infos[i].path): n for i, n in sorted(scan.ahead.items())},
         duplicate_position_files=dup_files,
-        file_exclusions=mostly,
+        file_exclusions=file_excl,
         starved_files=starved,
     ), fine
 
