@@ -201,13 +201,15 @@ def _hint_text(reason: str, mapping: Mapping[str, str] | None,
 
 def file_exclusion_warnings(by_file: Mapping[str, Mapping[str, tuple[int, int]]],
                             n_files: int, mapping: Mapping[str, str] | None = None,
-                            skip: str | None = None) -> list[str]:
+                            skip: str | None = None,
+                            where: Mapping[str, Mapping[str, Any]] | None = None) -> list[str]:
     """One sentence per exclusion reason that excludes 20% or more of the loss-masked rows of
     some input files (``by_file``: the accounting's ``file_exclusions``, reason -> {path:
     (excluded, loss-masked)}; ``n_files`` input files), naming the files (the three with
     most rows, and how many more) and what the reason usually means; none for ``skip``
-    (the reason the pooled warning already explains, naming its files). A small shard
-    broken on its own is otherwise only a count among the exclusions."""
+    (the reason the pooled warning already explains, naming its files); ``where`` (the
+    accounting's ``excluded_where``) names the logprob column a reason's values are in. A
+    small shard broken on its own is otherwise only a count among the exclusions."""
     out = []
     for reason, files in by_file.items():
         if reason == skip or reason not in MOSTLY_EXCLUDED_HINTS or not files:
@@ -216,7 +218,12 @@ def file_exclusion_warnings(by_file: Mapping[str, Mapping[str, tuple[int, int]]]
         listed = "; ".join(f"{f}: {e:,} of {m:,} rows" for f, (e, m) in top[:_MAX_FILES_NAMED])
         more = (f" and {len(top) - _MAX_FILES_NAMED:,} more" if len(top) > _MAX_FILES_NAMED
                 else "")
-        text, _ = _hint_text(reason, mapping)
+        at = (where or {}).get(reason) or {}
+        sides = [c for c in ("train_logprob", "infer_logprob")
+                 if (at.get("columns") or {}).get(c)]
+        text, cols = _hint_text(reason, mapping, sides)
+        if sides and "{logprob_columns}" not in MOSTLY_EXCLUDED_HINTS[reason]:
+            text += f" (the values are in {cols}{' only' if len(sides) == 1 else ''})"
         if reason == "zero_placeholder":  # what the exclusion cannot catch
             text += ("; rows whose other side is within 0.05 nats of 0 stay valid (they cannot "
                      "be told from near-certain tokens) and enter the results with the zeros")

@@ -783,7 +783,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
 
         for w in file_exclusion_warnings(
                 acc.file_exclusions, len(ds.files), ds.mapping,
-                skip=hinted_reason(acc.excluded, acc.tokens_masked, ds.mapping)):
+                skip=hinted_reason(acc.excluded, acc.tokens_masked, ds.mapping),
+                where=acc.excluded_where):
             _notes.add("[yellow]warning:[/yellow] " + escape(w))
     return ds
 

@@ -1518,6 +1518,9 @@ def test_a_small_shard_broken_on_its_own_is_named(synth_file, tmp_path):
     assert (f"1 of the 8 input files loses most of its loss-masked rows to sentinel_logprob "
             f"({p3}: {z['excluded']:,} of {z['loss_masked']:,} rows): padding values inside "
             "the loss mask" in err), err
+    # which column holds them (one more read, as for the pooled warning)
+    assert "(the values are in infer_logprob ('infer_logprob') only)." in err
+    assert acc["exclusions_where"]["sentinel_logprob"]["files"] == {p3: z["excluded"]}
     assert f"loses most of its loss-masked rows to invalid_entropy ({p5}:" in err
     # the reason the pooled warning explains (naming its files) is not repeated
     assert "rows to invalid_loss_mask" not in err and p6 in err

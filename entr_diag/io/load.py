@@ -1091,10 +1091,15 @@ def load_dataset(
     from entr_diag.caveats import hinted_reason
 
     hinted = hinted_reason(accounting.excluded, accounting.tokens_masked, mapping)
-    if hinted is not None:  # what it concerns: which column(s), which file(s)
-        accounting = dataclasses.replace(accounting, excluded_where={hinted: _excluded_where(
-            [canonical_raw(fr.select(order)) for fr, *_ in pieces], piece_files, hinted,
-            mapping)})
+    # what the warned-about reasons concern: which column(s), which file(s): the pooled
+    # warning's, and the logprob reasons of the per-file warnings (which column holds the
+    # -9999s of one shard); one more read each, only when such a warning fires
+    located = ([hinted] if hinted is not None else []) + [
+        r for r in accounting.file_exclusions if r != hinted and r in _LOGPROB_REASONS][:2]
+    if located:
+        frames_raw = [canonical_raw(fr.select(order)) for fr, *_ in pieces]
+        accounting = dataclasses.replace(accounting, excluded_where={
+            r: _excluded_where(frames_raw, piece_files, r, mapping) for r in located})
     src = mapping.get("entropy")
     if (src and accounting.tokens_masked and not accounting.tokens_valid
             and accounting.excluded.get("invalid_entropy")
