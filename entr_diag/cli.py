@@ -1659,14 +1659,14 @@ def compare(
         warnings = _notes.warnings()
         _notes.flush()  # the outputs begin: the notes held so far come first
         closed = _ClosedLater()  # a FIFO's reader left: the tables still follow
+        fd = None if fit_res is None else _fit_dict(
+            fit_res, ds, None if implausible is None else {"findings": [implausible]},
+            rounded=a["rounded"], file_units=a["file_units"],
+            zero_prefix=a["zero_prefix"], misaligned=a["misaligned"])
         with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
-                warnings=warnings, implausible_logprobs=implausible,
-                fit=None if fit_res is None else _fit_dict(
-                    fit_res, ds, None if implausible is None else {"findings": [implausible]},
-                    rounded=a["rounded"], file_units=a["file_units"],
-                    zero_prefix=a["zero_prefix"], misaligned=a["misaligned"]),
+                warnings=warnings, implausible_logprobs=implausible, fit=fd,
                 **({"unavailable": no_entr or no_law} if no_entr or no_law else {})), quiet)
             if export is not None:
                 from entr_diag.atomic import when_written, write_with
@@ -1686,6 +1686,8 @@ def compare(
         if no_law:
             out.print(f"No scaling law: {no_law}", soft_wrap=True, markup=False)
         render_compare(res, out)
+        if fd is not None and fd["verdict"].get("caveat"):  # the law's data caveats, as fit
+            out.print(fd["verdict"]["caveat"], soft_wrap=True, markup=False)
         closed.done()
 
 

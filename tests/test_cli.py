@@ -1409,10 +1409,13 @@ def test_compare_reports_impossible_logprobs_as_fit_does(synth_file, tmp_path):
             in doc["fit"]["verdict"]["caveat"])
     assert any("impossible logprob" in w for w in doc["warnings"])
     assert "warning: " in r.stderr and "impossible logprob" in r.stderr
+    # the caveat is on stdout too, after the tables (as fit prints it beside its verdict)
+    assert doc["fit"]["verdict"]["caveat"] in " ".join(r.stdout.split())
     r = runner.invoke(app, ["compare", str(synth_file), "--n-boot", "100", "--json", str(cj),
                             "-q"])
     doc = json.loads(cj.read_text())
     assert doc["implausible_logprobs"] is None and "impossible" not in str(doc["fit"]["verdict"])
+    assert "caveat:" not in r.stdout
 
 
 def test_implausible_plan_adds_no_pass_work_on_a_clean_input(synth_file):
