@@ -281,6 +281,25 @@ def duplicates_caveat(acc: Any, n_files: int) -> str | None:
             "seq_ids shared by several sequences; see the warning).")
 
 
+def file_exclusions_caveat(acc: Any, n_files: int,
+                           mapping: Mapping[str, str] | None = None) -> str | None:
+    """A one-line caveat when an exclusion reason removes 20% or more of some input files'
+    loss-masked rows (``acc``: the token accounting, its ``file_exclusions``) without the
+    pooled caveat explaining it (:func:`exclusion_caveat`): the results rest on those
+    files' other rows and on the other files; None otherwise."""
+    by_file = getattr(acc, "file_exclusions", None) or {}
+    skip = hinted_reason(acc.excluded, acc.tokens_masked, mapping)
+    shown = {r: f for r, f in by_file.items() if r != skip and f}
+    if not shown:
+        return None
+    parts = [f"{r}: {files_listed({p: e for p, (e, _m) in f.items()}, n_files)}"
+             for r, f in sorted(shown.items(), key=lambda kv: -sum(e for e, _ in
+                                                                     kv[1].values()))]
+    return (f"caveat: some input files lose 20% or more of their loss-masked rows to an "
+            f"exclusion ({'; '.join(parts)}): the results rest on their other rows and on "
+            "the other files (see the warning).")
+
+
 def starved_caveat(acc: Any, n_files: int) -> str | None:
     """A one-line caveat when input files contribute no or few valid tokens because their
     rows are outside the loss mask (``acc``: the token accounting), naming them; None

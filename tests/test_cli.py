@@ -1733,3 +1733,6 @@ def test_zero_placeholders_on_a_third_of_one_shard_are_named(synth_file, tmp_pat
     assert (f"1 of the 5 input files loses {e['excluded'] / e['loss_masked']:.0%} of its "
             f"loss-masked rows to zero_placeholder ({shard}:" in err), err
     assert "stay valid" in err
+    # ... and the verdict's caveat says the results rest on the rest
+    assert (f"(zero_placeholder: all in {shard}, 1 of the 5 input files): the results rest on "
+            "their other rows") in json.loads(js.read_text())["verdict"]["caveat"]
