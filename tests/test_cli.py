@@ -1145,6 +1145,19 @@ def _split(src: Path, d: Path, n: int, change: dict[int, dict]) -> Path:
     return d
 
 
+def _on_rows(col: str, value: float, rows) -> dict:
+    """A ``_split`` change setting ``col`` to ``value`` on the rows whose index ``i`` (in
+    the shard) satisfies ``rows(i)``, a polars expression of ``i``."""
+    return {col: pl.when(rows(pl.int_range(pl.len()))).then(value).otherwise(pl.col(col))}
+
+
+def _run_json(cmd: str, path, js: Path, *extra: str):
+    """``cmd`` on ``path`` with --n-boot 100 --json ``js`` -q: (result, the JSON)."""
+    r = runner.invoke(app, [cmd, str(path), "--n-boot", "100", "--json", str(js), "-q",
+                            *extra])
+    return r, (json.loads(js.read_text()) if js.exists() else None)
+
+
 @pytest.fixture(scope="module")
 def synth_big(tmp_path_factory) -> Path:
     """A run of 100k tokens: four shards of 25k, above the per-file units check's minimum."""
@@ -1281,13 +1294,11 @@ def test_warnings_reach_the_json_and_the_html(synth_file, tmp_path):
 def test_impossible_logprobs_in_one_shard_name_the_shard(synth_file, tmp_path):
     """-300 placeholders in one shard of four: the implausible-logprob finding and the
     verdict caveat name that shard (evidence files / input_files)."""
-    ph = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 50 == 0).then(-300.0)
-          .otherwise(pl.col("infer_logprob"))}
+    ph = _on_rows("infer_logprob", -300.0, lambda i: i % 50 == 0)
     d = _split(synth_file, tmp_path / "ph", 4, {2: ph})
     js = tmp_path / "f.json"
-    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    r, doc = _run_json("fit", d, js)
     assert r.exit_code == 0, r.output
-    doc = json.loads(js.read_text())
     (f,) = [x for x in doc["forensics"]["findings"] if x["kind"] == "implausible_logprobs"]
     shard = str(d / "part-2.parquet")
     assert f["evidence"]["files"] == {shard: f["evidence"]["tokens_flagged"]}
@@ -1373,13 +1384,11 @@ def test_placeholders_are_not_taken_for_rounded_logprobs(synth_file, tmp_path):
     """A shard whose infer_logprob is mostly -300.0 placeholders (whole numbers): the
     implausible-logprob caveat names it; the rounding check, which ignores impossible
     values, does not call it rounded (it did: 95% of its values on the 1-nat grid)."""
-    ph = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 20 != 0).then(-300.0)
-          .otherwise(pl.col("infer_logprob"))}
+    ph = _on_rows("infer_logprob", -300.0, lambda i: i % 20 != 0)
     d = _split(synth_file, tmp_path / "ph", 4, {2: ph})
     js = tmp_path / "f.json"
-    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    r, doc = _run_json("fit", d, js)
     assert r.exit_code == 0, r.output
-    doc = json.loads(js.read_text())
     assert doc["rounded_logprobs"] is None and "stored rounded" not in r.stderr
     assert "impossible logprob" in doc["verdict"]["caveat"]
 
@@ -1388,8 +1397,7 @@ def test_compare_reports_impossible_logprobs_as_fit_does(synth_file, tmp_path):
     """compare runs no forensics, but -300 placeholders in one shard still reach its
     verdict caveat, a warning line and the JSON (implausible_logprobs), with the numbers
     fit's forensics give; a clean input gets none (and no per-bin totals pass)."""
-    ph = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 50 == 0).then(-300.0)
-          .otherwise(pl.col("infer_logprob"))}
+    ph = _on_rows("infer_logprob", -300.0, lambda i: i % 50 == 0)
     d = _split(synth_file, tmp_path / "ph", 4, {2: ph})
     fj, cj = tmp_path / "f.json", tmp_path / "c.json"
     runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(fj), "-q"])
@@ -1505,9 +1513,8 @@ def test_a_small_shard_broken_on_its_own_is_named(synth_file, tmp_path):
         6: {"loss_mask": pl.col("loss_mask").cast(pl.Float64) * 0.7},
     })
     js = tmp_path / "f.json"
-    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    r, doc = _run_json("fit", d, js)
     assert r.exit_code == 0, r.output
-    doc = json.loads(js.read_text())
     acc = doc["inputs"]["accounting"]
     mostly = acc["file_exclusions"]
     p3, p5, p6 = (str(d / f"part-{i}.parquet") for i in (3, 5, 6))
@@ -1535,7 +1542,7 @@ def test_placeholders_do_not_read_as_a_unit_mistake(synth_big, tmp_path, col):
     """-300 placeholders on 0.2% of one shard's tokens moved sum(train) / sum(infer) by
     1.4x or 0.43x: the units check (pooled and per file) called the column log2 or log10.
     It leaves tokens with an impossible logprob out: the same numbers as without them."""
-    ph = {col: pl.when(pl.int_range(pl.len()) % 500 == 7).then(-300.0).otherwise(pl.col(col))}
+    ph = _on_rows(col, -300.0, lambda i: i % 500 == 7)
     d = _split(synth_big, tmp_path / "ph", 4, {2: ph})
     clean = _split(synth_big, tmp_path / "clean", 4, {})
     js, jc = tmp_path / "f.json", tmp_path / "c.json"
@@ -1604,8 +1611,7 @@ def test_inspect_warns_as_fit_does_and_writes_the_warnings(synth_file, tmp_path)
     """inspect runs the checks on the shift test's sample (rounded logprobs, sequences
     beginning with exact zeros) and the impossible-logprob warning, and its JSON holds the
     warnings (it had no `warnings` key)."""
-    ph = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 50 == 0).then(-300.0)
-          .otherwise(pl.col("infer_logprob"))}
+    ph = _on_rows("infer_logprob", -300.0, lambda i: i % 50 == 0)
     two = {c: pl.col(c).round(2) for c in ("train_logprob", "infer_logprob")}
     d = _split(synth_file, tmp_path / "i", 4, {1: _zero_prefix(0.15), 2: ph, 3: two})
     js = tmp_path / "i.json"
@@ -1634,8 +1640,7 @@ def test_inspect_warns_as_fit_does_and_writes_the_warnings(synth_file, tmp_path)
 def test_plus_one_placeholders_are_not_called_probabilities(synth_file, tmp_path):
     """infer_logprob +1.0 on 30% of one shard's rows (a placeholder): the warning says
     so; a shard of probabilities is still called probabilities."""
-    p1 = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 10 < 3).then(1.0)
-          .otherwise(pl.col("infer_logprob"))}
+    p1 = _on_rows("infer_logprob", 1.0, lambda i: i % 10 < 3)
     d = _split(synth_file, tmp_path / "p1", 2, {1: p1})
     r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "-q"])
     err = " ".join(r.stderr.split())
@@ -1720,8 +1725,7 @@ def test_zero_placeholders_on_a_third_of_one_shard_are_named(synth_file, tmp_pat
     excluded as zero_placeholder (below half, and far below the pooled share): the
     per-file warning names the shard from 20% on, and says that zeros next to a
     near-zero trainer logprob stay valid."""
-    z = {"infer_logprob": pl.when(pl.int_range(pl.len()) % 5 < 3).then(0.0)
-         .otherwise(pl.col("infer_logprob"))}
+    z = _on_rows("infer_logprob", 0.0, lambda i: i % 5 < 3)
     d = _split(synth_file, tmp_path / "z", 5, {2: z})
     js = tmp_path / "f.json"
     r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
