@@ -1093,13 +1093,13 @@ def load_dataset(
     hinted = hinted_reason(accounting.excluded, accounting.tokens_masked, mapping)
     # what the warned-about reasons concern: which column(s), which file(s): the pooled
     # warning's, and the logprob reasons of the per-file warnings (which column holds the
-    # -9999s of one shard); one more read each, only when such a warning fires
+    # -9999s of one shard); one more read for all of them, only when such a warning fires
     located = ([hinted] if hinted is not None else []) + [
         r for r in accounting.file_exclusions if r != hinted and r in _LOGPROB_REASONS][:2]
     if located:
         frames_raw = [canonical_raw(fr.select(order)) for fr, *_ in pieces]
-        accounting = dataclasses.replace(accounting, excluded_where={
-            r: _excluded_where(frames_raw, piece_files, r, mapping) for r in located})
+        accounting = dataclasses.replace(accounting, excluded_where=_excluded_where(
+            frames_raw, piece_files, located, mapping))
     src = mapping.get("entropy")
     if (src and accounting.tokens_masked and not accounting.tokens_valid
             and accounting.excluded.get("invalid_entropy")
@@ -2052,58 +2052,64 @@ def _entropy_kinds() -> dict[str, pl.Expr]:
             "negative": fin & (h < 0), f"above {S.ENTROPY_MAX:g} nats": fin & (h > S.ENTROPY_MAX)}
 
 
-def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path], reason: str,
-                    mapping: Mapping[str, str]) -> dict[str, Any]:
-    """Where the rows excluded for ``reason`` are: ``{"columns": {canonical logprob column:
-    excluded rows whose value on that side meets the reason's condition}, "files": {path:
-    excluded rows}, "valid_left": {path: valid tokens}, "input_files": number of input
-    files}`` (files without one left out; ``columns`` empty for a reason that is not about
-    the logprobs; for ``invalid_entropy``, ``"kinds"``: rows per kind of invalid value,
-    :func:`_entropy_kinds`; ``valid_left``: the valid tokens of the files where the reason excludes
-    most loss-masked rows, e.g. probabilities below 1e-4 that pass as log-probabilities
-    near 0 in a file of probabilities; not when most of those rows are exactly +1.0, a
-    sentinel; ``"ones"``: the reason's rows at exactly +1.0, when any). ``frames``: the raw
-    canonical frame of each piece (a file or a row range of one), ``files`` their files.
-    One more read of the input, only when a warning explains an exclusion reason (e.g. one
-    shard of two in probabilities: that shard and that column are named)."""
-    sides = _side_conditions(reason)
-    cols = dict.fromkeys(sides, 0)
-    kinds = _entropy_kinds() if reason == "invalid_entropy" else {}
-    kind_n = dict.fromkeys(kinds, 0)
+def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
+                    reasons: Sequence[str], mapping: Mapping[str, str]
+                    ) -> dict[str, dict[str, Any]]:
+    """Where the rows excluded for each of ``reasons`` are, ``{reason: {"columns":
+    {canonical logprob column: excluded rows whose value on that side meets the reason's
+    condition}, "files": {path: excluded rows}, "valid_left": {path: valid tokens},
+    "input_files": number of input files}}`` (files without one left out; ``columns``
+    empty for a reason that is not about the logprobs; for ``invalid_entropy``,
+    ``"kinds"``: rows per kind of invalid value, :func:`_entropy_kinds`; ``valid_left``:
+    the valid tokens of the files where the reason excludes most loss-masked rows, e.g.
+    probabilities below 1e-4 that pass as log-probabilities near 0 in a file of
+    probabilities; not when most of those rows are exactly +1.0, a sentinel; ``"ones"``:
+    the reason's rows at exactly +1.0, when any). ``frames``: the raw canonical frame of
+    each piece (a file or a row range of one), ``files`` their files. One more read of the
+    input for all the reasons together, only when a warning explains an exclusion reason
+    (e.g. one shard of two in probabilities: that shard and that column are named)."""
     rsn = pl.col("reason")
-    hit = rsn == reason
-    # per file: the reason's rows, the loss-masked rows, the valid tokens
-    per: dict[str, list[int]] = {}
     # (rows at exactly +1.0: a sentinel value, not probabilities)
     one = (pl.col("train_logprob") == 1.0) | (pl.col("infer_logprob") == 1.0)
-    queries = [fr.select(
-        hit.sum().alias("n"),
-        (rsn.is_null() | ~rsn.is_in(["unmasked", "padding", "empty_row"])).sum().alias("m"),
-        rsn.is_null().sum().alias("v"), (hit & one).sum().alias("ones"),
-        *[(hit & c).sum().alias(k) for k, c in sides.items()],
-        *[(hit & c).sum().alias(f"kind{i}") for i, c in enumerate(kinds.values())])
-        for fr in frames]
+    sides = {r: _side_conditions(r) for r in reasons}
+    kinds = {r: (_entropy_kinds() if r == "invalid_entropy" else {}) for r in reasons}
+    exprs = [(rsn.is_null() | ~rsn.is_in(["unmasked", "padding", "empty_row"])).sum()
+             .alias("m"), rsn.is_null().sum().alias("v")]
+    for j, r in enumerate(reasons):  # the columns of reason j are prefixed "{j}_"
+        hit = rsn == r
+        exprs += [hit.sum().alias(f"{j}_n"), (hit & one).sum().alias(f"{j}_ones"),
+                  *[(hit & c).sum().alias(f"{j}_{k}") for k, c in sides[r].items()],
+                  *[(hit & c).sum().alias(f"{j}_kind{i}")
+                    for i, c in enumerate(kinds[r].values())]]
+    queries = [fr.select(exprs) for fr in frames]
+    # per reason, per file: the reason's rows, the loss-masked rows, the valid tokens, the
+    # reason's rows at +1.0
+    per: dict[str, dict[str, list[int]]] = {r: {} for r in reasons}
+    cols = {r: dict.fromkeys(sides[r], 0) for r in reasons}
+    kind_n = {r: dict.fromkeys(kinds[r], 0) for r in reasons}
     for i in range(0, len(queries), _MAX_FILES_PER_CHUNK):
         outs = pl.collect_all(queries[i:i + _MAX_FILES_PER_CHUNK], engine="streaming")
         for f, out in zip(files[i:i + _MAX_FILES_PER_CHUNK], outs, strict=True):
-            r = out.row(0, named=True)
-            acc = per.setdefault(str(f), [0, 0, 0, 0])
-            for j, k in enumerate(("n", "m", "v", "ones")):
-                acc[j] += int(r[k] or 0)
-            for k in cols:
-                cols[k] += int(r[k] or 0)
-            for i, k in enumerate(kinds):
-                kind_n[k] += int(r[f"kind{i}"] or 0)
-    return {"columns": {k: n for k, n in cols.items() if n and k in mapping},
-            **({"kinds": {k: n for k, n in kind_n.items() if n}} if kinds else {}),
-            "files": {f: n for f, (n, _m, _v, _o) in per.items() if n},
-            # rows at exactly +1.0 on a side (a placeholder, not a probability)
-            **({"ones": ones} if (ones := sum(o for _n, _m, _v, o in per.values())) else {}),
-            # files where the reason excludes most loss-masked rows (not as +1.0 sentinels):
-            # the valid tokens left
-            "valid_left": {f: v for f, (n, m, v, o) in per.items()
-                           if v and n > m / 2 and o <= n / 2},
-            "input_files": len(per)}
+            row = out.row(0, named=True)
+            for j, r in enumerate(reasons):
+                acc = per[r].setdefault(str(f), [0, 0, 0, 0])
+                for a, k in enumerate((f"{j}_n", "m", "v", f"{j}_ones")):
+                    acc[a] += int(row[k] or 0)
+                for k in cols[r]:
+                    cols[r][k] += int(row[f"{j}_{k}"] or 0)
+                for a, k in enumerate(kinds[r]):
+                    kind_n[r][k] += int(row[f"{j}_kind{a}"] or 0)
+    return {r: {
+        "columns": {k: n for k, n in cols[r].items() if n and k in mapping},
+        **({"kinds": {k: n for k, n in kind_n[r].items() if n}} if kinds[r] else {}),
+        "files": {f: n for f, (n, _m, _v, _o) in per[r].items() if n},
+        # rows at exactly +1.0 on a side (a placeholder, not a probability)
+        **({"ones": ones} if (ones := sum(o for _n, _m, _v, o in per[r].values())) else {}),
+        # files where the reason excludes most loss-masked rows (not as +1.0 sentinels):
+        # the valid tokens left
+        "valid_left": {f: v for f, (n, m, v, o) in per[r].items()
+                       if v and n > m / 2 and o <= n / 2},
+        "input_files": len(per[r])} for r in reasons}
 
 
 def _pair(lo, hi) -> tuple[int, int] | None:
