@@ -1894,7 +1894,11 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     starved: dict[str, dict[str, Any]] = {}
     if per.height and len(infos) > 1 and "_file_lo" in per.columns:  # files gone wrong
         by_file = _per_file(per)
-        file_excl, starved = _file_exclusions(by_file, infos), _starved_files(by_file, infos)
+        starved = _starved_files(by_file, infos)
+        # (a starved file's few masked rows are excluded for whatever they hold: its own
+        # warning, a mask that drops the file, explains them)
+        file_excl = {r: kept for r, fs in _file_exclusions(by_file, infos).items()
+                     if (kept := {f: v for f, v in fs.items() if f not in starved})}
     n_dup = 0
     dup_files: dict[str, int] = {}
     if per.height:
