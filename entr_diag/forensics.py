@@ -2660,6 +2660,8 @@ ROUNDING_STEPS: tuple[float, ...] = (1.0, 0.1, 0.01, 0.001)
 ROUNDED_SHARE = 0.9
 #: ... of at least this many non-zero values
 ROUNDED_MIN_VALUES = 200
+#: ... judged on an evenly strided subsample of at most this many values
+ROUNDED_MAX_VALUES = 400_000
 
 
 def _nonzero_logprobs(sample: pl.DataFrame, col: str) -> np.ndarray:
@@ -2676,7 +2678,8 @@ def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:
     """Logprob columns stored rounded to a decimal step: ``{column: step}`` for each of
     ``train_logprob`` / ``infer_logprob`` whose non-zero finite values lie on a grid of
     ROUNDING_STEPS (the coarsest that holds ROUNDED_SHARE of them, of at least
-    ROUNDED_MIN_VALUES values), else None. Input: tokens of the canonical frame (the
+    ROUNDED_MIN_VALUES values; judged on an evenly strided subsample of at most
+    ROUNDED_MAX_VALUES), else None. Input: tokens of the canonical frame (the
     misalignment check's sample). A value lies on the grid of step s when x / s is within
     1e-3 plus float32's rounding error of an integer: an unrounded column has a few tenths
     of a percent of its values there. Rounded logprobs (floats written with round(x, 2),
@@ -2685,6 +2688,7 @@ def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:
     out: dict[str, float] = {}
     for col in ("train_logprob", "infer_logprob"):
         x = _nonzero_logprobs(sample, col)
+        x = x[::max(1, -(-x.size // ROUNDED_MAX_VALUES))]  # an even subsample decides
         for step in ROUNDING_STEPS:
             # a value rounded to the step and not 0 is at least the step away from 0: the
             # values closer than half a step (e.g. probabilities below 1e-4 taken for

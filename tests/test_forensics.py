@@ -961,6 +961,20 @@ def test_rounded_logprobs_are_found_by_their_step(base):
     assert rounded_logprobs(r2.head(100)) is None
 
 
+def test_rounding_is_judged_on_a_strided_subsample(base, monkeypatch):
+    """Past ROUNDED_MAX_VALUES values the share is taken on an even subsample: the same
+    verdicts (a rounded column named, a full-precision one not); a column without a
+    non-zero value (nothing to subsample) is no finding."""
+    from entr_diag.forensics import rounded_logprobs
+
+    monkeypatch.setattr(FX, "ROUNDED_MAX_VALUES", 300)
+    assert base.height > 3 * 300
+    assert rounded_logprobs(base) is None
+    half = base.with_columns(TL.round(1))
+    assert rounded_logprobs(half) == {"train_logprob": 0.1}
+    assert rounded_logprobs(base.with_columns(TL * 0, IL * 0)) is None
+
+
 def test_tiny_values_say_nothing_of_a_rounding_grid(base):
     """Probabilities below 1e-4 read as logprobs sit within the tolerance of 0 on every
     grid: they are not taken for logprobs rounded to 1 nat."""
