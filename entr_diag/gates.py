@@ -622,7 +622,7 @@ def _parse_value(text: str, gate: str, key: str, cls: type | None = None) -> flo
     try:
         return float(t)
     except ValueError:
-        raise _bad(f"Gate spec {gate!r}: value {text!r} of {key!r} is not a number.",
+        raise _bad(f"gate spec {gate!r}: value {text!r} of {key!r} is not a number.",
                    cls) from None
 
 
@@ -648,7 +648,7 @@ def parse_gate_spec(spec: str) -> GateSpec:
     key = _ALIASES.get(key, _ALIASES.get(name.strip().lower(), key))
     cls = GATE_TYPES.get(key)
     if cls is None:
-        raise _bad(f"Unknown gate {name.strip()!r} in spec {spec!r}.")
+        raise _bad(f"unknown gate {name.strip()!r} in spec {spec!r}.")
     allowed = _param_names(cls)
     kwargs: dict[str, Any] = {}
     if sep and rest.strip():
@@ -656,12 +656,12 @@ def parse_gate_spec(spec: str) -> GateSpec:
             k, eq, v = item.partition("=")
             k = k.strip().lower()
             if not eq or not k or not v.strip():
-                raise _bad(f"Gate spec {spec!r}: expected param=value, got {item.strip()!r}.",
+                raise _bad(f"gate spec {spec!r}: expected param=value, got {item.strip()!r}.",
                            cls)
             if k not in allowed:
-                raise _bad(f"Gate spec {spec!r}: {cls.name!r} has no parameter {k!r}.", cls)
+                raise _bad(f"gate spec {spec!r}: {cls.name!r} has no parameter {k!r}.", cls)
             if k in kwargs:
-                raise _bad(f"Gate spec {spec!r}: parameter {k!r} given twice.", cls)
+                raise _bad(f"gate spec {spec!r}: parameter {k!r} given twice.", cls)
             kwargs[k] = _parse_value(v, spec, k, cls)
     try:
         return cls(**kwargs)

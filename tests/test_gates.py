@@ -284,7 +284,7 @@ class TestParse:
     @pytest.mark.parametrize(
         "spec, fragment",
         [
-            ("bogus", "Unknown gate 'bogus'"),
+            ("bogus", "unknown gate 'bogus'"),
             ("", "Empty gate spec"),
             ("fixed:d=1", "has no parameter 'd'"),
             ("fixed:c=abc", "is not a number"),
