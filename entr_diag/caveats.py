@@ -137,6 +137,14 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
     "negative_version": "version -1 marks prompt positions: the mask may cover the prompt",
 }
 
+#: the hint instead when the reason's values are all in one logprob column: a placeholder
+#: on one side only says that side had no value, rather than that the mask is shifted
+ONE_SIDE_HINTS: dict[str, str] = {
+    "sentinel_logprob": "{logprob_columns} holds a placeholder (e.g. -9999) for these tokens: "
+                        "that side returned no logprob for them (not requested, or cut "
+                        "short), or its array is padded where the loss mask expects tokens",
+}
+
 
 #: the share of the loss-masked tokens from which a reason's exclusions get their hint,
 #: for the reasons that are never legitimate (others: more than half): a probability above
@@ -163,6 +171,13 @@ def hinted_reason(excluded: Mapping[str, int], masked: int,
     return hinted[0] if hinted else None
 
 
+def column_named(canon: str, mapping: Mapping[str, str] | None) -> str:
+    """A canonical column as the user knows it: ``canon ('source')`` when mapped from
+    another source column, else ``canon`` alone."""
+    src = (mapping or {}).get(canon, canon)
+    return canon if src == canon else f"{canon} ('{src}')"
+
+
 def files_listed(files: Mapping[str, int], input_files: int) -> str:
     """Where some rows are among ``input_files`` input files ('' for one input file or
     none listed): ``files``, path -> rows, e.g. "all in a.parquet, 1 of the 8 input
@@ -181,9 +196,11 @@ def files_listed(files: Mapping[str, int], input_files: int) -> str:
 def _hint_text(reason: str, mapping: Mapping[str, str] | None,
                sides: Sequence[str] = ()) -> tuple[str, str]:
     """(what ``reason`` excluding most rows usually means, :data:`MOSTLY_EXCLUDED_HINTS`
-    with the columns named, the logprob columns named): ``sides``, the logprob columns
-    the reason's values are in (when known)."""
-    named = [f"{c} ('{mapping[c]}')" for c in (sides or ("train_logprob", "infer_logprob"))
+    (:data:`ONE_SIDE_HINTS` when its values are in one logprob column) with the columns
+    named, the logprob columns named): ``sides``, the logprob columns the reason's values
+    are in (when known). A column is named as ``train_logprob ('source')`` when mapped from
+    another name, else by its name alone."""
+    named = [column_named(c, mapping) for c in (sides or ("train_logprob", "infer_logprob"))
              if mapping and c in mapping]
     cols = (named[0] if sides and len(named) == 1
             else f"both {' and '.join(named)}" if sides and len(named) == 2
@@ -193,7 +210,9 @@ def _hint_text(reason: str, mapping: Mapping[str, str] | None,
     fix = "map another with --column entropy=NAME"
     if train and train != src:  # a trainer-side entropy that is not the one excluded
         fix = f"use the trainer-side entropy ('{train}') with --entropy train, or {fix}"
-    text = (MOSTLY_EXCLUDED_HINTS[reason].replace("{logprob_columns}", cols)
+    hint = (ONE_SIDE_HINTS.get(reason, MOSTLY_EXCLUDED_HINTS[reason]) if len(sides) == 1
+            else MOSTLY_EXCLUDED_HINTS[reason])
+    text = (hint.replace("{logprob_columns}", cols)
             .replace("{entropy_column}", f"the entropy column{f' ({src!r})' if src else ''}")
             .replace("{entropy_fix}", fix))
     return text, cols
@@ -222,7 +241,7 @@ def file_exclusion_warnings(by_file: Mapping[str, Mapping[str, tuple[int, int]]]
         sides = [c for c in ("train_logprob", "infer_logprob")
                  if (at.get("columns") or {}).get(c)]
         text, cols = _hint_text(reason, mapping, sides)
-        if sides and "{logprob_columns}" not in MOSTLY_EXCLUDED_HINTS[reason]:
+        if sides and cols not in text:
             text += f" (the values are in {cols}{' only' if len(sides) == 1 else ''})"
         if reason == "zero_placeholder":  # what the exclusion cannot catch
             text += ("; rows whose other side is within 0.05 nats of 0 stay valid (they cannot "
@@ -335,7 +354,7 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
     elif reason == "positive_logprob" and ones > n / 2:
         text += f" ({ones:,} of these rows are exactly 1.0: a placeholder)"
     details = []
-    if sides and "{logprob_columns}" not in MOSTLY_EXCLUDED_HINTS[reason]:
+    if sides and cols not in text:
         details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 else ""))
     if at.get("kinds"):  # what the invalid entropies are
         details.append("the values: " + ", ".join(f"{n:,} {k}" for k, n in at["kinds"].items()))
@@ -453,7 +472,7 @@ def rounding_caveat(rounded: Mapping[str, Any] | None,
         return None
 
     def cols(r: Mapping[str, float]) -> str:
-        return ", ".join(f"{c} ('{(mapping or {}).get(c, c)}') to {step:g} nats"
+        return ", ".join(f"{column_named(c, mapping)} to {step:g} nats"
                          for c, step in r.items())
 
     by_file = rounded.get("by_file")
@@ -482,7 +501,7 @@ def zero_prefix_caveat(zp: Mapping[str, Any] | None,
     written as zeros."""
     if not zp:
         return None
-    cols = ", ".join(f"{c} ('{(mapping or {}).get(c, c)}')" for c in zp["columns"])
+    cols = ", ".join(column_named(c, mapping) for c in zp["columns"])
     where = files_listed(zp.get("files") or {}, int(zp.get("input_files") or 1))
     n, of = int(zp["sequences"]), int(zp["sequences_sampled"])
     whole = int(zp.get("whole_sequences") or 0)
@@ -613,7 +632,7 @@ def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
         return None
     canon, unit, to_nats, f_ratio, f_train = UNIT_SIGNATURES[key]
     m = mapping or {}
-    cols = " and ".join(f"{c} ('{m[c]}')" if c in m else c for c in canon)
+    cols = " and ".join(column_named(c, m) for c in canon)
     one = len(canon) == 1
     if math.isnan(f_ratio):  # the trainer's column alone
         seen = (f"train_logprob averages {units['train_over_infer']:.3f} times infer_logprob "

@@ -360,9 +360,9 @@ def test_probabilities_in_one_shard_name_the_column_and_the_shard(tmp_path):
     j = tmp_path / "fit.json"
     r = runner.invoke(app, ["fit", str(d), "--json", str(j)])
     msg = re.sub(r"\s+", " ", r.stderr)
-    assert ("positive_logprob: train_logprob ('train_logprob') may hold probabilities"
+    assert ("positive_logprob: train_logprob may hold probabilities"
             in msg), msg
-    assert "infer_logprob ('infer_logprob') may" not in msg and "both" not in msg
+    assert "infer_logprob may" not in msg and "both" not in msg
     assert f"these rows are all in {d / 'part-2.parquet'}, 1 of the 4 input files" in msg
     where = json.loads(j.read_text())["inputs"]["accounting"]["exclusions_where"]
     n = where["positive_logprob"]["columns"]["train_logprob"]
@@ -389,7 +389,8 @@ def test_exclusions_in_several_shards_list_the_largest(tmp_path):
     d = _shards(tmp_path, 5, bad)
     r = runner.invoke(app, ["inspect", str(d)])
     msg = re.sub(r"\s+", " ", r.stderr + r.stdout)
-    assert "(the values are in infer_logprob ('infer_logprob') only; these rows are in" in msg
+    assert ("infer_logprob holds a placeholder (e.g. -9999) for these tokens: that side "
+            "returned no logprob for them" in msg and "(these rows are in 4 of the 5" in msg)
     names = [str(d / f"part-{i}.parquet") for i in (4, 3, 2)]
     assert re.search(r"in 4 of the 5 input files: " + re.escape(names[0]) + r" \([\d,]+\), "
                      + re.escape(names[1]) + r" \([\d,]+\), " + re.escape(names[2])
@@ -643,14 +644,14 @@ def test_entropy_in_bits_is_warned_about_and_reaches_the_verdict(synth_file, tmp
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--json", str(js)])
     assert r.exit_code == 0, r.output
     err = " ".join(r.stderr.split())
-    assert err.startswith("warning: entropy ('entropy') probably holds bits (log base 2), "
+    assert err.startswith("warning: entropy probably holds bits (log base 2), "
                           "not nats: the sampled tokens' surprisal (-infer_logprob) averages "
                           "0.6"), err
     assert "multiply the column by ln 2" in err
     doc = json.loads(js.read_text())
     assert doc["units"]["likely_mistake"] == "entropy_bits"
     assert doc["units"]["ratio_binned"] == pytest.approx(math.log(2), rel=0.05)
-    assert "entropy ('entropy') probably holds bits" in doc["verdict"]["caveat"]
+    assert "entropy probably holds bits" in doc["verdict"]["caveat"]
     assert "probably holds bits" in " ".join(r.stdout.split())
     r = runner.invoke(app, ["compare", str(p), "--n-boot", "100", "-q", "--json", str(js)])
     assert r.exit_code == 0 and "probably holds bits" in r.stderr
@@ -724,7 +725,7 @@ def test_law_refused_after_most_tokens_were_excluded_leads_with_the_exclusions(t
     msg = " ".join(r.stderr.split())
     assert msg.startswith(f"error: {p}: 2,960 of the 3,000 loss-masked tokens (98.7%) were "
                           "excluded (positive_logprob 2,960): both train_logprob "
-                          "('train_logprob') and infer_logprob ('infer_logprob') may hold "
+                          "and infer_logprob may hold "
                           "probabilities rather than log-probabilities"), msg
     assert "The law cannot be fitted on the 40 tokens left: no entropy bin holds" in msg
     assert "give more tokens" not in msg
@@ -1053,7 +1054,7 @@ def test_integer_logprob_columns_put_a_caveat_beside_the_verdict(synth_file, tmp
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js)])
     assert r.exit_code == 0, r.output
     cav = json.loads(js.read_text())["verdict"]["caveat"]
-    assert "train_logprob ('train_logprob') and infer_logprob ('infer_logprob') hold integers" \
+    assert "train_logprob and infer_logprob hold integers" \
         in cav and "meaningless" in cav
     assert "hold integers" in re.sub(r"\s+", " ", r.stdout)
     # one caveat for them: not also "stored rounded" (to 1 nat)
@@ -1075,7 +1076,7 @@ def test_rounded_float_logprobs_put_a_caveat_beside_the_verdict(synth_file, tmp_
         doc = json.loads(js.read_text())
         fd = doc if cmd == "fit" else doc["fit"]
         assert fd["rounded_logprobs"] == {"infer_logprob": 0.01}, cmd
-        assert ("the logprobs are stored rounded (infer_logprob ('infer_logprob') to 0.01 "
+        assert ("the logprobs are stored rounded (infer_logprob to 0.01 "
                 "nats)") in fd["verdict"]["caveat"]
         assert "warning: the logprobs are stored rounded" in re.sub(r"\s+", " ", r.stderr)
     js = tmp_path / "clean.json"
@@ -1184,7 +1185,7 @@ def test_a_unit_mistake_in_one_shard_names_the_shard(synth_big, tmp_path, col, e
     msg = re.sub(r"\s+", " ", r.stderr)
     assert (f"warning: 1 of the 4 input files looks written in another unit than the others: "
             f"in {d / 'part-1.parquet'} (") in msg, msg
-    assert f"{col} ('{col}') probably holds {unit}, not nats" in msg
+    assert f"{col} probably holds {unit}, not nats" in msg
     doc = json.loads(js.read_text())
     (only,) = doc["units_by_file"]
     assert only["file"] == str(d / "part-1.parquet") and only["likely_mistake"]
@@ -1237,7 +1238,7 @@ def test_rounded_logprobs_in_one_shard_name_the_shard(synth_file, tmp_path):
     assert r.exit_code == 0, r.output
     shard = str(d / "part-2.parquet")
     assert (f"warning: the logprobs of 1 of the 4 input files are stored rounded (in {shard}: "
-            "train_logprob ('train_logprob') to 0.01 nats") in re.sub(r"\s+", " ", r.stderr)
+            "train_logprob to 0.01 nats") in re.sub(r"\s+", " ", r.stderr)
     doc = json.loads(js.read_text())
     assert doc["rounded_logprobs"] == {"by_file": {shard: {"train_logprob": 0.01,
                                                            "infer_logprob": 0.01}},
@@ -1526,10 +1527,11 @@ def test_a_small_shard_broken_on_its_own_is_named(synth_file, tmp_path):
     assert e["excluded"] == e["loss_masked"] == acc["exclusions"]["invalid_entropy"]
     err = " ".join(r.stderr.split())
     assert (f"1 of the 8 input files loses most of its loss-masked rows to sentinel_logprob "
-            f"({p3}: {z['excluded']:,} of {z['loss_masked']:,} rows): padding values inside "
-            "the loss mask" in err), err
-    # which column holds them (one more read, as for the pooled warning)
-    assert "(the values are in infer_logprob ('infer_logprob') only)." in err
+            f"({p3}: {z['excluded']:,} of {z['loss_masked']:,} rows): infer_logprob holds a "
+            "placeholder (e.g. -9999) for these tokens: that side returned no logprob" in err), err
+    # which column holds them (one more read, as for the pooled warning): a placeholder on
+    # one side is that side's, not a shifted mask (the hint for both sides)
+    assert "padding values inside the loss mask" not in err
     assert acc["exclusions_where"]["sentinel_logprob"]["files"] == {p3: z["excluded"]}
     assert f"loses most of its loss-masked rows to invalid_entropy ({p5}:" in err
     # the reason the pooled warning explains (naming its files) is not repeated
@@ -1648,7 +1650,7 @@ def test_plus_one_placeholders_are_not_called_probabilities(synth_file, tmp_path
     d = _split(synth_file, tmp_path / "p1", 2, {1: p1})
     r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "-q"])
     err = " ".join(r.stderr.split())
-    assert ("infer_logprob ('infer_logprob') holds +1.0 where it has no value (every one of "
+    assert ("infer_logprob holds +1.0 where it has no value (every one of "
             "these rows is exactly 1.0: a placeholder, not probabilities)" in err), err
     assert "may hold probabilities" not in err
     pr = _split(synth_file, tmp_path / "pr", 2, {1: {"infer_logprob": pl.col("infer_logprob")

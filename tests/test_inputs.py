@@ -569,8 +569,7 @@ def test_mostly_excluded_caveat_reaches_the_verdict_even_quiet(tmp_path):
     doc = json.loads(js.read_text())
     caveat = doc["verdict"]["caveat"]
     assert "of the loss-masked tokens are excluded" in caveat and "probabilities" in caveat
-    named = ("both train_logprob ('train_logprob') and infer_logprob "
-             "('infer_logprob') may hold probabilities")
+    named = "both train_logprob and infer_logprob may hold probabilities"
     assert named in caveat and "probabilities rather" in " ".join(r.stdout.split())
     found = [f for f in doc["forensics"]["findings"] if f["kind"] == "corrupt_rows"]
     assert found and found[0]["title"].startswith("Most loss-masked tokens are invalid")

@@ -1074,3 +1074,30 @@ def test_the_validity_predicate_is_no_exclusion_condition_holding():
         assert got["fast"].null_count() == 0
         assert got["fast"].to_list() == got["slow"].to_list(), drop
         assert 0 < got["fast"].sum() < n  # both kinds of row are there
+
+
+def test_exclusion_hints_name_a_column_by_its_source_and_a_one_sided_placeholder():
+    """A column mapped from another name is named with its source, one read under its own
+    name is not repeated; placeholders in one logprob column get that side's hint (it
+    returned no value), in both the hint of a mask that does not match the arrays."""
+    from entr_diag.caveats import column_named, file_exclusion_warnings
+
+    assert column_named("infer_logprob", {"infer_logprob": "infer_logprob"}) == "infer_logprob"
+    assert column_named("infer_logprob", {"infer_logprob": "rollout_log_probs"}) == \
+        "infer_logprob ('rollout_log_probs')"
+    mapping = {"train_logprob": "old_log_probs", "infer_logprob": "infer_logprob"}
+    files = {"sentinel_logprob": {"a.parquet": (60, 100)}}
+
+    def warn(*sides: str) -> str:
+        where = {"sentinel_logprob": {"columns": {c: 60 for c in sides}}}
+        (w,) = file_exclusion_warnings(files, 3, mapping, where=where)
+        return w
+
+    one = warn("infer_logprob")
+    assert "infer_logprob holds a placeholder (e.g. -9999) for these tokens" in one
+    assert "mask may not match" not in one and "(the values are in" not in one
+    train = warn("train_logprob")
+    assert "train_logprob ('old_log_probs') holds a placeholder" in train
+    both = warn("train_logprob", "infer_logprob")
+    assert "the mask may not match the logprob arrays" in both
+    assert "(the values are in both train_logprob ('old_log_probs') and infer_logprob)" in both

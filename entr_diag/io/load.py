@@ -949,7 +949,8 @@ def load_dataset(
                 and pa.types.is_integer(_value_type(schemas[f].field(src).type))]
         if ints:
             notes.append(
-                f"warning: {canon} ('{src}') holds integers in {len(ints)} of "
+                f"warning: {canon}{'' if src == canon else f' ({src!r})'} holds integers in "
+                f"{len(ints)} of "
                 f"{len(file_list)} files (e.g. {ints[0]}): log-probabilities and entropies "
                 "are real numbers in nats; rounded or scaled values make the statistics "
                 "meaningless")
