@@ -1995,13 +1995,14 @@ def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
     lowest). Few rows (the corrupt-rows check and the engine zero share both read it)."""
     masked, nf, ph = _raw_masks()
     reason = pl.col("reason")
-    il = pl.col("infer_logprob")
+    il, tl = pl.col("infer_logprob"), pl.col("train_logprob")
     il_nf = (il.is_null() | ~il.is_finite().fill_null(False)) & nf
+    tl_nf = (tl.is_null() | ~tl.is_finite().fill_null(False)) & nf
     ph_zero = ph & (reason == "zero_placeholder") & (il == 0.0).fill_null(False)
     pos = pl.col("position")
     file = [pl.col(FILE_INDEX).min().alias("file")] if with_file else []
     return GroupAgg(
-        columns=["seq_key", "seq_id", "position", "infer_logprob", "reason",
+        columns=["seq_key", "seq_id", "position", "infer_logprob", "train_logprob", "reason",
                  *([FILE_INDEX] if with_file else [])],
         keys=["seq_key"],
         aggs=[
@@ -2009,6 +2010,7 @@ def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
             pl.col("seq_id").first(),
             nf.sum().cast(pl.Int64).alias("n_nf"),
             il_nf.sum().cast(pl.Int64).alias("n_nf_infer"),
+            tl_nf.sum().cast(pl.Int64).alias("n_nf_train"),
             pl.when(nf).then(pos).min().alias("first_nf"),
             ph.sum().cast(pl.Int64).alias("n_ph"),
             ph_zero.sum().cast(pl.Int64).alias("n_ph_zero"),
@@ -2017,7 +2019,7 @@ def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
         merge=[
             *([pl.col("file").min()] if with_file else []),
             pl.col("seq_id").first(),
-            pl.col("n_nf", "n_nf_infer").sum(),
+            pl.col("n_nf", "n_nf_infer", "n_nf_train").sum(),
             pl.col("first_nf").min(),
             pl.col("n_ph", "n_ph_zero").sum(),
             pl.col("ph_pos").list.explode(keep_nulls=False, empty_as_null=False),
@@ -2166,6 +2168,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         (pl.col("suffix_len") > 0).sum().alias("n_suffix"),
         pl.col("suffix_len").sum().alias("tok_suffix"),
         pl.col("n_nf_infer").filter(pl.col("suffix_len") > 0).sum().alias("tok_suffix_infer"),
+        pl.col("n_nf_train").filter(pl.col("suffix_len") > 0).sum().alias("tok_suffix_train"),
         pl.col("suffix_len").filter(pl.col("suffix_len") > 0).median().alias("suffix_median"),
         pl.col("ph_run").sum().alias("n_run"),
         pl.col("n_ph").filter(pl.col("ph_run")).sum().alias("tok_run"),
@@ -2194,6 +2197,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         "sequences_with_nonfinite_suffix": n_suffix,
         "nonfinite_suffix_tokens": int(s["tok_suffix"]),
         "nonfinite_suffix_tokens_infer_side": int(s["tok_suffix_infer"]),
+        "nonfinite_suffix_tokens_train_side": int(s["tok_suffix_train"]),
         "median_suffix_length": _r(float(s["suffix_median"] or 0)),
         "suffix_examples_seq_id": [str(x) for x in es["seq_id"].to_list()],
         "suffix_examples_start_position": [int(x) for x in es["first_nf"].to_list()],
@@ -2215,7 +2219,8 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         parts.append(
             f"{n_suffix} sequence(s) end in a run of non-finite logprobs "
             f"({int(s['tok_suffix'])} tokens, median length {ev['median_suffix_length']}; "
-            f"{int(s['tok_suffix_infer'])} on the inference side), e.g. seq_id "
+            f"non-finite on the inference side in {int(s['tok_suffix_infer'])}, on the "
+            f"trainer side in {int(s['tok_suffix_train'])}), e.g. seq_id "
             f"{', '.join(ev['suffix_examples_seq_id'][:3])}"
         )
     if n_run:
@@ -2263,6 +2268,10 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
             "that the engine returns one logprob per generated token (max_tokens / stop "
             "handling, logprobs requested for every token), how arrays of unequal length are "
             "padded, and that the loss mask excludes tool / padding spans."
+            + (" On the trainer side: its maximum sequence length (a response truncated "
+               "before the forward pass), and NaN or inf from the forward pass itself "
+               "(bf16 / fp16 overflow, a loss-scale skip)." if int(s["tok_suffix_train"])
+               else "")
         ),
     )
     return _found(f, f"{n_suffix} suffix, {n_run} placeholder-run sequences")

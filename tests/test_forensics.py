@@ -463,11 +463,32 @@ def test_corrupt_rows_per_sequence(tmp_path):
     assert ev["sequences_with_nonfinite_suffix"] == n_suf
     assert ev["nonfinite_suffix_tokens"] == 5 * n_suf
     assert ev["nonfinite_suffix_tokens_infer_side"] == 5 * n_suf
+    assert ev["nonfinite_suffix_tokens_train_side"] == 0
+    assert "trainer side in 0)" in f.message and "On the trainer side" not in f.check
     assert ev["sequences_with_placeholder_run"] == n_run
     assert ev["placeholder_tokens_in_runs"] == 6 * n_run
     assert ev["scattered_bad_tokens"] == 0
     assert all(int(s) % 13 == 0 for s in ev["suffix_examples_seq_id"])
     assert all(int(s) % 17 == 1 for s in ev["placeholder_run_examples_seq_id"])
+
+
+def test_trainer_side_suffix_is_described(tmp_path):
+    """Null trainer logprobs at the end of some sequences (a trainer that truncated the
+    response, or a forward pass that overflowed): the suffix is reported with its side,
+    and the check names the trainer's causes."""
+    base = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, masked_share=0.0))
+    n_tok = pl.len().over("seq_id")
+    suf = (pl.col("seq_id") % 11 == 0) & (pl.col("position") >= n_tok - 4) & (n_tok >= 10)
+    df = base.with_columns(pl.when(suf).then(None).otherwise(TL).alias("train_logprob"))
+    n_suf = base.filter(suf)["seq_id"].n_unique()
+    f = run_forensics(_load(tmp_path, df), checks=["corrupt_rows"]).by_kind("corrupt_rows")
+    assert f is not None
+    ev = f.evidence
+    assert ev["sequences_with_nonfinite_suffix"] == n_suf > 0
+    assert ev["nonfinite_suffix_tokens"] == ev["nonfinite_suffix_tokens_train_side"] == 4 * n_suf
+    assert ev["nonfinite_suffix_tokens_infer_side"] == 0
+    assert f"inference side in 0, on the trainer side in {4 * n_suf})" in f.message
+    assert "On the trainer side: its maximum sequence length" in f.check
 
 
 def test_scattered_dirty_rows_are_not_corrupt_runs(tmp_path):
