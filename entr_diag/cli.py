@@ -100,11 +100,48 @@ def _plain_flags(params: list) -> list:
     return params
 
 
+_UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def _repeated_option(params: list, args: list[str]) -> str | None:
+    """The refusal when an option that takes one value (not a flag, not repeatable:
+    ``--json``, ``--tau``...) is given more than once in ``args`` (click would keep the
+    last silently: ``--json a.json --json b.json`` writes only b.json), else None."""
+    for p in params:
+        opts = [*getattr(p, "opts", ())]
+        if (getattr(p, "param_type_name", "") != "option" or p.multiple or p.is_flag
+                or p.count):
+            continue
+        seen, i = [], 0
+        while i < len(args) and args[i] != "--":
+            a = args[i]
+            if a in opts:
+                seen.append(args[i + 1] if i + 1 < len(args) else "")
+                i += 2
+                continue
+            long = next((o for o in opts if o.startswith("--") and a.startswith(o + "=")), None)
+            if long:
+                seen.append(a[len(long) + 1:])
+            i += 1
+        if len(seen) > 1:
+            opt = max(opts, key=len)
+            return (f"option {opt} is given {len(seen)} times ({', '.join(seen)}); it takes "
+                    "one value: give it once")
+    return None
+
+
 class _Command(TyperCommand):
-    """An ``entr-diag`` command: its help shows flags without a value type."""
+    """An ``entr-diag`` command: its help shows flags without a value type; an option that
+    takes one value, given twice, is refused (:func:`_repeated_option`)."""
 
     def get_params(self, ctx) -> list:
         return _plain_flags(super().get_params(ctx))
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        why = _repeated_option(self.get_params(ctx), list(args))
+        if why:
+            raise _UsageError(why, ctx=ctx)
+        return super().parse_args(ctx, args)
 
 
 class _Group(TyperGroup):

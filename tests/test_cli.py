@@ -206,6 +206,11 @@ USAGE_ERRORS = [
     (["fit", "--bin-edges", "foo"], ["--bin-edges foo: expected quantile or log"]),
     (["report", "--bin-edges", "foo"], ["--bin-edges foo: expected quantile or log"]),
     (["inspect", "--layout", "foo"], ["--layout must be one of auto, long, nested, not 'foo'"]),
+    # click keeps the last of a repeated one-value option silently: refused
+    (["fit", "x.parquet", "--json", "a.json", "--json=b.json"],
+     ["option --json is given 2 times (a.json, b.json); it takes one value"]),
+    (["compare", "x.parquet", "--tau", "4", "-q", "--tau", "5"],
+     ["option --tau is given 2 times (4, 5)"]),
 ]
 
 
@@ -222,6 +227,20 @@ def test_usage_errors_one_plain_line(case):
     for w in words:
         assert w in lines[0], (w, lines[0])
     assert r.stdout == ""
+
+
+def test_repeatable_options_and_flags_may_repeat(tmp_path):
+    """Only one-value options are refused when repeated: --gate and --column take several,
+    and a flag given twice is still the flag."""
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "t.parquet"
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=3))
+    r = runner.invoke(app, ["compare", str(p), "-q", "-q", "--gate", "fixed:c=0.5",
+                            "--gate", "icepop", "--column", "entropy=entropy",
+                            "--column", "seq_id=seq_id", "--n-boot", "100"])
+    assert r.exit_code == 0, r.output
+    assert "fixed c=0.5" in r.stdout and "icepop" in r.stdout
 
 
 def test_usage_error_subprocess_and_help_still_work():
