@@ -940,7 +940,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              implausible_caveat(None if findings is None else
                                 findings if isinstance(findings, dict) else findings.to_dict()),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd)]
-    fd["verdict"] = {**fd["verdict"], "caveat": " ".join(p for p in parts if p) or None}
+    caveats = [p for p in parts if p]
+    fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats}
     fd["rounded_logprobs"] = dict(rounded) if rounded else None  # (or {"by_file": ...})
     fd["zero_prefix"] = dict(zero_prefix) if zero_prefix else None
     fd["units_by_file"] = ([{"file": f, **c.to_dict()} for f, c in file_units]

@@ -528,9 +528,10 @@ class FitResult:
         units`` (:class:`UnitsCheck`, None when not computed).
 
         ``breakpoint`` is None when no break was found; the search diagnostics are in
-        ``regime["breakpoint_search"]``. ``verdict["caveat"]``: the small-sample and interval caveats
-        (:func:`entr_diag.caveats.small_sample_caveat`, :func:`~entr_diag.caveats.interval_caveat`)
-        or None (the CLI adds the
+        ``regime["breakpoint_search"]``. ``verdict["caveats"]``: the small-sample and
+        interval caveats (:func:`entr_diag.caveats.small_sample_caveat`,
+        :func:`~entr_diag.caveats.interval_caveat`), each one ``caveat: ...`` line, and
+        ``verdict["caveat"]`` the same lines joined by newlines, or None (the CLI adds the
         token accounting's). Floats may be NaN (the JSON writer maps them to null).
         """
         from entr_diag.caveats import interval_caveat, small_sample_caveat
@@ -548,7 +549,8 @@ class FitResult:
             "units": None if self.units is None else self.units.to_dict(),
         }
         caveats = [small_sample_caveat(out), interval_caveat(out)]
-        out["verdict"]["caveat"] = " ".join(c for c in caveats if c) or None
+        out["verdict"]["caveats"] = [c for c in caveats if c]
+        out["verdict"]["caveat"] = "\n".join(out["verdict"]["caveats"]) or None
         return out
 
 

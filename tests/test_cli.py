@@ -1765,3 +1765,25 @@ def test_zero_placeholders_on_a_third_of_one_shard_are_named(synth_file, tmp_pat
     # ... and the verdict's caveat says the results rest on the rest
     assert (f"(zero_placeholder: all in {shard}, 1 of the 5 input files): the results rest on "
             "their other rows") in json.loads(js.read_text())["verdict"]["caveat"]
+
+
+def test_several_caveats_are_one_line_each(synth_file, tmp_path):
+    """A shard of -9999 placeholders and a copied shard: two data caveats, each its own
+    `caveat:` line in the terminal, its own item of verdict.caveats in the JSON (caveat:
+    the lines joined by newlines) and its own paragraph in the HTML report."""
+    d = _split(synth_file, tmp_path / "two", 4, {1: {"infer_logprob": pl.lit(-9999.0)}})
+    (d / "part-3.parquet").write_bytes((d / "part-2.parquet").read_bytes())
+    js = tmp_path / "f.json"
+    r, doc = _run_json("fit", d, js)
+    assert r.exit_code == 0, r.output
+    caveats = doc["verdict"]["caveats"]
+    assert len(caveats) >= 2 and all(c.startswith("caveat: ") for c in caveats)
+    assert doc["verdict"]["caveat"] == "\n".join(caveats)
+    assert any("sentinel_logprob" in c for c in caveats)
+    assert any("more than once" in c for c in caveats)
+    lines = [ln for ln in r.stdout.splitlines() if "caveat:" in ln]
+    assert len(lines) == len(caveats) and all(ln.startswith("caveat: ") for ln in lines)
+    html = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", str(d), "--n-boot", "100", "-q", "-o", str(html)])
+    assert r.exit_code == 0, r.output
+    assert html.read_text().count('<p class="caveat">caveat: ') == len(caveats)

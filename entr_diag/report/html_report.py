@@ -521,7 +521,7 @@ def _summary_section(summary: dict, fit: dict | None, compare: dict | None) -> s
     verdict = (
         '<div class="verdict">'
         f"<p>{_e(_fit_sentence(fit, summary.get('unavailable')))}</p>"
-        + (f'<p class="caveat">{_e(caveat)}</p>' if caveat else "")
+        + "".join(f'<p class="caveat">{_e(c)}</p>' for c in (caveat or "").splitlines())
         + "".join(f'<p class="caveat">warning: {_e(w)}</p>' for w in warned
                   if not caveat or w not in caveat)
         + f"<p>{_e(_regime_sentence(fit))}</p>"
