@@ -616,11 +616,80 @@ def unit_mistake(ratio: float, tokens: int, spread: float = 1.0,
     return None
 
 
+#: a logprob column's binned surprisal / entropy within this window reads as the sampled
+#: token's (the unit-free window of UNIT_TOLERANCE: temperature or top-p moves it, not out)
+SAMPLED_RATIO_WINDOW = (0.75, 1.34)
+#: the two columns' mean surprisals differing by more than this factor (and no unit
+#: signature matching) is no mismatch between engines: one column holds another token's
+#: logprob. Real runs agree to a few percent; a temperature applied on one side moves the
+#: factor by 3 to 6 % (toy softmaxes at T = 0.7), staleness by less
+OTHER_TOKEN_FACTOR = 1.3
+
+
+def other_token(ratio: float, ratio_binned: float, train_ratio_binned: float, tokens: int,
+                train_over_infer: float) -> str | None:
+    """The logprob column that does not hold the SAMPLED token's logprob, else None.
+
+    For a token y sampled from the engine's distribution, E[-log mu(y)] = H: a column
+    holding the sampled token's logprob has a mean surprisal near the mean entropy. A
+    column gathered at another token (the wrong index, a tokenizer or vocabulary offset,
+    the argmax token's) is not, and the two columns' mean surprisals differ by more than
+    :data:`OTHER_TOKEN_FACTOR`, which no engine mismatch, staleness or one-sided
+    temperature does.
+
+    Args:
+        ratio: ``UnitsCheck.ratio``: mean(-infer_logprob) / mean(H).
+        ratio_binned, train_ratio_binned: the entropy-weighted median over the bins of
+            -infer_logprob / H and of -train_logprob / H (``UnitsCheck``).
+        tokens: the tokens the sums run over; below :data:`MIN_UNIT_TOKENS`, None.
+        train_over_infer: sum(train_logprob) / sum(infer_logprob).
+
+    Returns the column whose mean surprisal is farther from the mean entropy (in log
+    ratio) when the two columns differ by more than the factor and the OTHER column's
+    binned ratio lies in :data:`SAMPLED_RATIO_WINDOW` (it reads as the sampled token's);
+    None otherwise. The caller asks only when no unit signature matched.
+    """
+    lo, hi = SAMPLED_RATIO_WINDOW
+    vals = (ratio, ratio_binned, train_ratio_binned, train_over_infer)
+    if tokens < MIN_UNIT_TOKENS or not all(math.isfinite(v) and v > 0 for v in vals):
+        return None
+    if 1 / OTHER_TOKEN_FACTOR <= train_over_infer <= OTHER_TOKEN_FACTOR:
+        return None
+    infer_off = abs(math.log(ratio)) > abs(math.log(ratio * train_over_infer))
+    good = train_ratio_binned if infer_off else ratio_binned
+    if not lo <= good <= hi:
+        return None
+    return "infer_logprob" if infer_off else "train_logprob"
+
+
+def other_token_caveat(units: Mapping, mapping: Mapping[str, str] | None = None) -> str:
+    """The caveat of :func:`other_token` (``units``: a UnitsCheck's ``to_dict()`` with
+    ``other_token`` set): the two columns' mean surprisals against the mean entropy."""
+    col = units["other_token"]
+    good = "train_logprob" if col == "infer_logprob" else "infer_logprob"
+    s_inf = units["mean_surprisal"]
+    s = {"infer_logprob": s_inf, "train_logprob": s_inf * units["train_over_infer"]}
+    factor = s[col] / s[good]
+    return (
+        f"caveat: {column_named(col, mapping)} does not look like the logprob of the sampled "
+        f"token: its mean surprisal is {s[col]:.3g} nats, {column_named(good, mapping)}'s "
+        f"{s[good]:.3g} nats, for a mean entropy of {units['mean_entropy']:.3g} nats (the "
+        "token sampled has a mean surprisal equal to the mean entropy: E[-log mu(y)] = "
+        f"H(mu)); the two differ by a factor of {max(factor, 1 / factor):.3g}, which no "
+        "unit, engine mismatch or staleness explains. A logprob of another token "
+        "(gathered at the wrong index, a tokenizer or vocabulary offset, or the argmax "
+        "token's instead of the sampled one's) makes every ratio meaningless: check how "
+        "that column is gathered."
+    )
+
+
 def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
                  ) -> str | None:
     """A one-line caveat naming the likely unit mistake (entropy in bits, logprobs in
     log10...) and only the columns it concerns when the fit's units check (a fit result's
-    ``to_dict()["units"]``) matched one of :data:`UNIT_SIGNATURES`, else None.
+    ``to_dict()["units"]``) matched one of :data:`UNIT_SIGNATURES`; else the caveat of a
+    logprob column that holds another token's logprob (:func:`other_token_caveat`, when
+    ``other_token`` is set); else None.
 
     Args:
         units: ``ratio_binned``, ``train_over_infer`` and ``likely_mistake`` of
@@ -629,7 +698,7 @@ def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
     """
     key = (units or {}).get("likely_mistake")
     if key not in UNIT_SIGNATURES:
-        return None
+        return other_token_caveat(units, mapping) if (units or {}).get("other_token") else None
     canon, unit, to_nats, f_ratio, f_train = UNIT_SIGNATURES[key]
     m = mapping or {}
     cols = " and ".join(column_named(c, m) for c in canon)

@@ -464,7 +464,16 @@ class UnitsCheck:
     (their ratio), ``ratio_binned``, ``ratio_spread`` (the entropy-weighted third over
     first quartile of the bins' ratios: 1 for a constant factor), ``train_over_infer``,
     ``likely_mistake`` (a key of the signatures, or None:
-    :func:`entr_diag.caveats.unit_mistake`).
+    :func:`entr_diag.caveats.unit_mistake`), ``train_ratio_binned`` (``ratio_binned`` of
+    -train_logprob), ``other_token`` (``"infer_logprob"`` or ``"train_logprob"``: the column
+    that does not hold the sampled token's logprob, or None:
+    :func:`entr_diag.caveats.other_token`).
+
+    The same identity tells a logprob of ANOTHER token apart: gathered at the wrong index
+    (a vocabulary or tokenizer offset), or the argmax token's instead of the sampled one's.
+    Such a column's mean surprisal is far from the mean entropy (11 times it for a gather
+    at ``token_id + 1`` on a toy softmax, half of it for the argmax token) while the other
+    column's stays near it, and no unit factor explains the gap between the two.
     """
 
     tokens: int
@@ -475,6 +484,8 @@ class UnitsCheck:
     ratio_spread: float
     train_over_infer: float
     likely_mistake: str | None
+    train_ratio_binned: float = math.nan
+    other_token: str | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -484,19 +495,26 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
                  ) -> UnitsCheck:
     """:class:`UnitsCheck` from per-bin sums of infer_logprob, of delta, of H and token
     counts (train_logprob = infer_logprob + delta)."""
-    from entr_diag.caveats import unit_mistake
+    from entr_diag.caveats import other_token, unit_mistake
 
     tokens, surprisal, entropy = int(n.sum()), float(-s_lp.sum()), float(s_h.sum())
     ok = s_h > 0
-    q1 = binned = q3 = math.nan
-    if ok.any():
-        r, w = -s_lp[ok] / s_h[ok], s_h[ok]
+
+    def quartiles(sums: np.ndarray) -> tuple[float, float, float]:
+        """Entropy-weighted quartiles of the bins' surprisal / H (NaN without a bin)."""
+        if not ok.any():
+            return math.nan, math.nan, math.nan
+        r, w = -sums[ok] / s_h[ok], s_h[ok]
         order = np.argsort(r)
         cum = np.cumsum(w[order])
-        q1, binned, q3 = (float(r[order][np.searchsorted(cum, cum[-1] * q)])
-                          for q in (0.25, 0.5, 0.75))
+        return tuple(float(r[order][np.searchsorted(cum, cum[-1] * q)])  # type: ignore
+                     for q in (0.25, 0.5, 0.75))
+
+    q1, binned, q3 = quartiles(s_lp)
+    train_binned = quartiles(s_lp + s_d)[1]
     spread = q3 / q1 if q1 > 0 else math.nan
     t_over_i = (surprisal - float(s_d.sum())) / surprisal if surprisal > 0 else math.nan
+    mistake = unit_mistake(binned, tokens, spread, t_over_i)
     return UnitsCheck(
         tokens=tokens,
         mean_surprisal=surprisal / tokens if tokens else math.nan,
@@ -505,7 +523,11 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
         ratio_binned=binned,
         ratio_spread=spread,
         train_over_infer=t_over_i,
-        likely_mistake=unit_mistake(binned, tokens, spread, t_over_i),
+        likely_mistake=mistake,
+        train_ratio_binned=train_binned,
+        other_token=None if mistake else other_token(
+            surprisal / entropy if entropy > 0 else math.nan, binned, train_binned, tokens,
+            t_over_i),
     )
 
 

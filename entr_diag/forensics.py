@@ -118,6 +118,10 @@ MISALIGN_PARTIAL_STRONG = 0.1
 MISALIGN_FEW_MIN_PAIRS = 50
 #: off-by-one: tokens of the hash-sampled subset of sequences used for the lag join
 MISALIGN_MAX_TOKENS = 2_000_000
+#: lag 0 must fit at least this much better than lags +-1 (pooled ratio of mean |diff|)
+#: for the check to say "clear": aligned runs give 40 to 120 (the bundled run 120); two
+#: columns of unrelated tokens give about 1 at every lag
+MISALIGN_CLEAR_MIN = 1.25
 
 #: temperature: the pooled within-entropy-bin slope of infer_logprob on train_logprob must
 #: be outside [1 - SLOPE_TOL, 1 + SLOPE_TOL] by Z_CLEAR standard errors (both OLS directions)
@@ -1211,6 +1215,13 @@ def _misalignment(sample: pl.DataFrame, keep: int,
         )
         return _found(f, f"lag {lag:+d} fits {hit.height:,} of {tested_at[lag].height:,} "
                          f"sequences ({_share(share)})")
+    if min(pooled[-1], pooled[1]) < MISALIGN_CLEAR_MIN:  # no lag fits: unrelated columns?
+        return _cannot(
+            name,
+            f"no lag fits clearly better than another (mean |diff| {mad[0]:.3g} at lag 0 vs "
+            f"{mad[-1]:.3g} / {mad[1]:.3g} at -1 / +1; aligned logprobs of one token differ "
+            f"far less at lag 0): the two columns may not describe the same token at any "
+            "lag (fit's units check names the column that is not the sampled token's)")
     return _clear(
         name,
         f"lag 0 fits best (mean |diff| {mad[0]:.3g} vs {mad[-1]:.3g} / {mad[1]:.3g} at -1 / +1;"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -320,11 +321,40 @@ def _logit_run(kind: str, *, n_seq=240, seq_len=100, vocab=128, seed=0, temperat
     ent = -(pi * np.where(pi > 0, lp_inf, 0.0)).sum(1)
     y = np.minimum((np.cumsum(pi, 1) < rng.random(n)[:, None]).sum(1), vocab - 1)
     idx = np.arange(n)
+    # the engine's logprob of another token: gathered at token_id + 1, or its argmax token's
+    y_inf = ((y + 1) % vocab if kind == "wrong_id" else lp_inf.argmax(1) if kind == "argmax"
+             else y)
     return pl.DataFrame({
         "seq_id": idx // seq_len, "position": idx % seq_len, "step": (idx // seq_len) * 8 // n_seq,
-        "train_logprob": lp_train[idx, y], "infer_logprob": np.minimum(lp_inf[idx, y], 0.0),
+        "train_logprob": lp_train[idx, y], "infer_logprob": np.minimum(lp_inf[idx, y_inf], 0.0),
         "entropy": ent,
     })
+
+
+@pytest.mark.parametrize("kind,expect", [("wrong_id", "infer_logprob"),
+                                         ("argmax", "infer_logprob"), ("clean", None),
+                                         ("temperature", None), ("top_p", None)])
+def test_logprob_of_another_token_is_named(kind, expect, tmp_path):
+    """Engine logprobs gathered at token_id + 1, or of the argmax token: the units check
+    names the engine's column (its surprisal is far from the entropy, the trainer's is
+    not); a clean run, an engine temperature and top-p sampling are not taken for it. With
+    unrelated columns the alignment check does not call lag 0 a fit."""
+    from entr_diag.caveats import units_caveat
+    from entr_diag.fit import fit_scaling_law
+
+    ds = _load(tmp_path, _logit_run(kind, n_seq=120))
+    units = fit_scaling_law(ds.lf, n_boot=100, with_strata=False).units
+    assert units is not None and units.likely_mistake is None
+    assert units.other_token == expect, units
+    if expect:
+        text = units_caveat(units.to_dict(), {"infer_logprob": "rollout_log_probs",
+                                              "train_logprob": "train_logprob"})
+        assert text.startswith("caveat: infer_logprob ('rollout_log_probs') does not look "
+                               "like the logprob of the sampled token"), text
+        assert re.search(r"its mean surprisal is [\d.]+ nats, train_logprob's ([\d.]+) nats, "
+                         r"for a mean entropy of ([\d.]+) nats", text), text
+    mis = run_forensics(ds, checks=["misalignment"]).status("misalignment")
+    assert mis.status == ("cannot_tell" if kind == "wrong_id" else "clear"), mis.reason
 
 
 def test_logit_level_clean_is_silent(tmp_path):
@@ -1003,3 +1033,23 @@ def test_tiny_values_say_nothing_of_a_rounding_grid(base):
 
     tiny = base.with_columns(IL.abs().clip(1e-9, 1.0) * -1e-5)
     assert rounded_logprobs(tiny) is None
+
+
+def test_fit_warns_about_a_logprob_of_another_token(tmp_path):
+    """`fit` on engine logprobs gathered at token_id + 1: a warning and the verdict's caveat
+    name the column (exit 0: the results are shown, under the caveat)."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    p = tmp_path / "wrong.parquet"
+    _logit_run("wrong_id", n_seq=120).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = CliRunner().invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert "warning: infer_logprob does not look like the logprob of the sampled token" in err
+    doc = json.loads(js.read_text())
+    assert doc["units"]["other_token"] == "infer_logprob"
+    assert doc["verdict"]["caveats"][0].startswith(
+        "caveat: infer_logprob does not look like the logprob of the sampled token")
