@@ -960,11 +960,13 @@ class _LagSums:
         # a token with an impossible logprob (a placeholder; implausible_logprobs reports
         # them) is left out, with its pairs: a placeholder at every k-th token would
         # otherwise favour the lag that misses it near a sequence's start
-        # ... and so is a token whose logprobs are both exactly 0.0 (prompt or padding rows
-        # written as zeros under the mask: zero_prefixes reports them; next to a sequence's
-        # few response tokens they favour a lag)
+        # ... and so is a token with a logprob of exactly 0.0 on either side (prompt or
+        # padding rows written as zeros under the mask: zero_prefixes reports them; next to
+        # a sequence's few response tokens they favour a lag; a side not computed for a
+        # step, written as 0.0, leaves only its near-certain tokens valid, which then favour
+        # a lag too; a near-certain token says little of alignment)
         ok = None
-        zero = (tl == 0) & (il == 0)
+        zero = (tl == 0) | (il == 0)
         if zero.any() or min(float(tl.min()), float(il.min())) <= IMPLAUSIBLE_LOGPROB:
             ok = (tl > IMPLAUSIBLE_LOGPROB) & (il > IMPLAUSIBLE_LOGPROB) & ~zero
             pair[:-1] &= ok[:-1] & ok[1:]
@@ -1052,9 +1054,11 @@ def _misalignment(sample: pl.DataFrame, keep: int,
     their rows, gathered by :class:`_LagSample` during the pass; sorted by (seq_key,
     position) in memory, so the order of the rows does not matter; a partner must be the
     token at position t + L of the same sequence). Tokens with a logprob at or below
-    IMPLAUSIBLE_LOGPROB (placeholders: implausible_logprobs reports them), and those whose
-    logprobs are both exactly 0.0 (prompt or padding rows under the mask: zero_prefixes
-    reports them), are left out, with the pairs they are in, here and in :class:`_LagSums`.
+    IMPLAUSIBLE_LOGPROB (placeholders: implausible_logprobs reports them), and those with a
+    logprob of exactly 0.0 on either side (prompt or padding rows under the mask:
+    zero_prefixes reports them; a side written as 0.0 where it was not computed, whose
+    near-certain tokens stay valid; a near-certain token says little of alignment), are
+    left out, with the pairs they are in, here and in :class:`_LagSums`.
 
     ``files``: the input files (by FILE_INDEX): with several, a partial shift names those
     holding the shifted sequences (evidence ``files``, ``input_files``; the tables need
@@ -1067,7 +1071,7 @@ def _misalignment(sample: pl.DataFrame, keep: int,
     # are left out with their pairs: at every k-th token they favour the lag that misses
     # them at the start of short sequences
     sample = sample.filter((tl > IMPLAUSIBLE_LOGPROB) & (il > IMPLAUSIBLE_LOGPROB)
-                           & ~((tl == 0) & (il == 0)))  # (and zeros on both sides)
+                           & (tl != 0) & (il != 0))  # (and exact zeros on either side)
     pos, sk = pl.col("position"), pl.col("seq_key")
     lags = [L for a in MISALIGN_LAGS for L in (-a, a)]
     d0 = (tl - il).abs()

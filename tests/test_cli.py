@@ -1787,3 +1787,21 @@ def test_several_caveats_are_one_line_each(synth_file, tmp_path):
     r = runner.invoke(app, ["report", str(d), "--n-boot", "100", "-q", "-o", str(html)])
     assert r.exit_code == 0, r.output
     assert html.read_text().count('<p class="caveat">caveat: ') == len(caveats)
+
+
+@pytest.mark.parametrize("side", ["infer_logprob", "train_logprob"])
+def test_a_step_with_one_side_written_as_zeros_is_no_shift(side, tmp_path):
+    """One shard of eight whose engine (or trainer) logprobs are all 0.0 (not computed
+    that step): its near-certain tokens stay valid beside the zeros, which must not pass
+    for a shifted alignment. The shard is named for its zero_placeholder rows, exit 0."""
+    from entr_diag.io.load import bundled_sample_path
+
+    src = tmp_path / "src.parquet"
+    pl.read_parquet(bundled_sample_path()).write_parquet(src)
+    d = _split(src, tmp_path / "z", 8, {6: {side: pl.lit(0.0)}})
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "-q"])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert "shifted" not in err
+    assert (f"loses most of its loss-masked rows to zero_placeholder ({d / 'part-6.parquet'}"
+            in err), err
