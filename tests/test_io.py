@@ -454,6 +454,24 @@ def test_padded_tensor_without_mask_drops_trailing_zero_padding(tmp_path):
     assert acc.tokens_padding == 0 and acc.tokens_unmasked == 0 and acc.tokens_masked == 25
 
 
+def test_padded_tensor_without_mask_drops_minus_one_padding(tmp_path):
+    """verl pads rollout_log_probs with -1 and old_log_probs with 0: trailing rows holding
+    those pad values are tensor padding too (not zero_placeholder exclusions that read as
+    logprobs the engine did not return); a real token holding -1.0 on one side stays."""
+    import pyarrow.parquet as pq
+
+    tl = [[-0.1, -0.5, 0.0, 0.0], [-0.3, -1.0, -0.2, 0.0], [-0.2, -0.1, -0.4, -0.3]]
+    il = [[-0.1, -0.4, -1.0, -1.0], [-0.31, -1.0, -0.2, -1.0], [-0.2, -0.1, -0.4, -1.0]]
+    h = [[0.5, 0.6, 0.0, 0.0], [0.2, 0.9, 0.3, 0.0], [0.1, 0.2, 0.3, 0.9]]
+    t = pa.table({"old_log_probs": pa.array(tl, type=pa.list_(pa.float32(), 4)),
+                  "rollout_log_probs": pa.array(il, type=pa.list_(pa.float32(), 4)),
+                  "entropys": pa.array(h, type=pa.list_(pa.float32(), 4))})
+    pq.write_table(t, tmp_path / "verl.parquet")
+    acc = load_dataset([tmp_path / "verl.parquet"]).accounting
+    # padding: 2 + 1 + 0 rows; row 1's -1.0 on both sides inside is a token (H = 0.9)
+    assert acc.tokens_padding == 3 and acc.tokens_valid == 9 and not acc.excluded
+
+
 def test_empty_nested_row_counted_as_sequence_without_tokens(tmp_path):
     """A nested row with empty lists holds no token and counts as a sequence without tokens."""
     df = pl.DataFrame({"seq_id": [0, 1], "train_logprob": [[-0.1], []],

@@ -1475,22 +1475,29 @@ def _file_labels(files: Sequence[Path]) -> dict[Path, str]:
     return {f: str(p.relative_to(root)) for f, p in zip(files, full, strict=True)}
 
 
+#: the values a padded tensor dumped without its mask holds at its padding, per column
+PAD_VALUES = [0.0, -1.0]
+
+
 def _unpadded_range(srcs: Mapping[str, str], list_srcs: Sequence[str]
                     ) -> tuple[pl.Expr, pl.Expr]:
     """Per list row of a nested file without a loss mask: the index range [lo, hi) outside
     which its tokens are tensor padding: lo is the first, hi - 1 the last token whose train
-    or infer logprob (or entropy, when a list) is not exactly 0.0 (both 0 when every token
-    is; a null or NaN is not padding). A padded ``[batch, length]`` tensor dumped without
-    its mask pads with zeros (on the right, or on the left): counted as valid tokens, the
-    padding would add tokens at H = 0 with delta = 0."""
+    or infer logprob (or entropy, when a list) is not a pad value, exactly 0.0 or -1.0
+    (both 0 when every token is; a null or NaN is not padding). A padded ``[batch,
+    length]`` tensor dumped without its mask pads with zeros, or with -1 (verl pads
+    ``rollout_log_probs`` with -1 and ``old_log_probs`` with 0), on the right or on the
+    left: counted as tokens, the padding would add tokens at H = 0 with delta = 0, or
+    exclusions that read as logprobs the engine did not return."""
     cols = [srcs[c] for c in ("train_logprob", "infer_logprob", "entropy")
             if c in srcs and srcs[c] in list_srcs]
-    mag = None
+    tok = None  # per token: how many columns hold a value that is no pad value
     for c in cols:
-        m = pl.col(c).list.eval(pl.element().cast(pl.Float64).fill_null(1.0).fill_nan(1.0).abs())
-        mag = m if mag is None else mag + m
-    assert mag is not None
-    nz = mag.list.eval(pl.arg_where(pl.element() != 0))
+        m = pl.col(c).list.eval(
+            (~pl.element().cast(pl.Float64).is_in(PAD_VALUES)).fill_null(True).cast(pl.Int32))
+        tok = m if tok is None else tok + m
+    assert tok is not None
+    nz = tok.list.eval(pl.arg_where(pl.element() != 0))
     lo = nz.list.first().cast(pl.Int64).fill_null(0)
     hi = nz.list.last().cast(pl.Int64).fill_null(-1) + 1
     return lo, hi
