@@ -6,6 +6,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -1119,3 +1120,39 @@ def test_exclusion_hints_name_a_column_by_its_source_and_a_one_sided_placeholder
     both = warn("train_logprob", "infer_logprob")
     assert "the mask may not match the logprob arrays" in both
     assert "(the values are in both train_logprob ('old_log_probs') and infer_logprob)" in both
+
+
+def test_a_nested_shard_written_twice_is_named(tmp_path):
+    """Nested files without a seq_id name their rows file:row, so a shard written twice
+    (another row-group size and compression: not a byte copy) would count twice unseen:
+    the later file is named with the rows it repeats. A file sharing one row with another
+    (one response sampled twice) and all-padding rows are no copy."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+
+    def rows(n: int) -> list[list[float]]:
+        return [list(-rng.exponential(1.0, 6)) for _ in range(n)]
+
+    def table(tl: list[list[float]]) -> pa.Table:
+        return pa.table({"old_log_probs": pa.array(tl, type=pa.list_(pa.float32(), 6)),
+                         "rollout_log_probs": pa.array(tl, type=pa.list_(pa.float32(), 6))})
+
+    a = rows(20)
+    pq.write_table(table(a), tmp_path / "a.parquet")
+    pq.write_table(table(a[::-1]), tmp_path / "b.parquet", row_group_size=7,
+                   compression="gzip")
+    pq.write_table(table(rows(19) + [a[3]] + [[0.0] * 6] * 3), tmp_path / "c.parquet")
+    ds = load_dataset([tmp_path])
+    warned = [n for n in ds.notes if "repeats the rows" in n]
+    assert warned == [f"warning: {tmp_path / 'b.parquet'} repeats the rows of "
+                      f"{tmp_path / 'a.parquet'} (20 of its 20 rows have their old_log_probs "
+                      "list there too, though the files differ in bytes: a shard written "
+                      "twice?): without a seq_id column their sequences are named file:row, "
+                      "so their tokens count twice; pass one of them"]
+    assert ds.accounting.sequences_total == 63
+    # a byte copy keeps its own warning, not both
+    (tmp_path / "d.parquet").write_bytes((tmp_path / "c.parquet").read_bytes())
+    notes = load_dataset([tmp_path]).notes
+    assert sum("repeats the rows" in n for n in notes) == 1
+    assert any("look like copies of each other" in n and "d.parquet" in n for n in notes)

@@ -876,6 +876,20 @@ def load_dataset(
             f"warning: {a} and {b} look like copies of each other (same size, rows and first "
             f"and last 64 kB): their tokens count twice; pass one of them"
             + (f" ({len(copies) - 1:,} more pair(s) like this)" if len(copies) > 1 else ""))
+    tl_src = mapping["train_logprob"]
+    unnamed = [f for f in file_list if tl_src in schemas[f].names
+               and _is_list(schemas[f].field(tl_src).type)
+               and mapping.get("seq_id") not in set(schemas[f].names) | set(_hive_values(f))]
+    rewritten = _rewritten_copies(unnamed, mapping["train_logprob"], {b for _a, b in copies})
+    if rewritten:
+        a, b, k, n = rewritten[0]
+        notes.append(
+            f"warning: {b} repeats the rows of {a} ({k:,} of its {n:,} rows have their "
+            f"{mapping['train_logprob']} list there too, though the files differ in "
+            "bytes: a shard written twice?): without a seq_id column their sequences are "
+            "named file:row, so their tokens count twice; pass one of them"
+            + (f" ({len(rewritten) - 1:,} more pair(s) like this)" if len(rewritten) > 1
+               else ""))
     if ours:
         notes.append(f"skipped {len(ours)} file(s) written by entr-diag (flag or compare "
                      f"--export outputs) found in input directories, e.g. {ours[0]}: name "
@@ -1460,6 +1474,55 @@ def _copies(files: Sequence[Path], rows: Mapping[Path, int]) -> list[tuple[Path,
             else:
                 first[digest] = f
     return out
+
+
+#: a nested file without a seq_id column repeats another when this share of its rows (and
+#: at least REWRITTEN_MIN_ROWS) holds a train_logprob list of a row of the other: identical
+#: responses of one prompt, sampled twice, are a few rows of a file, not most of them
+REWRITTEN_SHARE = 0.9
+REWRITTEN_MIN_ROWS = 2
+
+
+def _rewritten_copies(files: Sequence[Path], col: str, skip: set[Path]
+                      ) -> list[tuple[Path, Path, int, int]]:
+    """(earlier file, later file, rows shared, rows of the later file) for the nested
+    ``files`` (without a seq_id column: rows named file:row, which a copy does not share)
+    whose rows repeat an earlier file's: :data:`REWRITTEN_SHARE` of the later file's
+    distinct ``col`` lists (train_logprob; rows holding a negative value, not padding
+    alone) equal a list of the earlier one. A shard written twice (another row-group size
+    or compression: no byte copy, which :func:`_copies` finds; those in ``skip`` are left
+    out) would otherwise count twice unseen. One more read of ``col`` for these files
+    (one 64-bit hash per row)."""
+    files = [f for f in files if f not in skip]
+    if len(files) < 2:
+        return []
+    hashes, owners = [], []
+    for i, f in enumerate(files):
+        c = pl.col(col)
+        if isinstance(_scan(f).collect_schema()[col], pl.Array):
+            c = c.arr.to_list()
+        h = (_scan(f).select(c.alias("x")).filter(pl.col("x").list.min() < 0)
+             .select(pl.col("x").hash()).collect().to_series().unique().to_numpy())
+        hashes.append(h)
+        owners.append(np.full(h.size, i, dtype=np.int64))
+    if not sum(h.size for h in hashes):
+        return []
+    all_h, all_f = np.concatenate(hashes), np.concatenate(owners)
+    order = np.lexsort((all_f, all_h))
+    all_h, all_f = all_h[order], all_f[order]
+    first = np.ones(all_h.size, dtype=bool)
+    first[1:] = all_h[1:] != all_h[:-1]
+    owner = all_f[np.flatnonzero(first)[np.cumsum(first) - 1]]  # the first file with it
+    later = ~first & (owner != all_f)
+    pairs, counts = np.unique(np.stack([all_f[later], owner[later]]), axis=1,
+                              return_counts=True)
+    out: dict[int, tuple[Path, Path, int, int]] = {}
+    for (fi, gi), k in zip(pairs.T, counts, strict=True):
+        n = hashes[fi].size
+        if k >= max(REWRITTEN_MIN_ROWS, REWRITTEN_SHARE * n) and (
+                fi not in out or k > out[fi][2]):
+            out[int(fi)] = (files[gi], files[fi], int(k), int(n))
+    return [out[i] for i in sorted(out)]
 
 
 def _file_labels(files: Sequence[Path]) -> dict[Path, str]:
