@@ -1896,7 +1896,7 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     if not ctx.has("staleness"):
         return _cannot(
             name,
-            "no policy_version/train_version: staleness cannot be separated from engine mismatch",
+            f"{S.missing_versions(ctx.has)}: staleness cannot be separated from engine mismatch",
         )
     vals = ctx.cells["_stale"].drop_nulls().unique().sort()
     if vals.len() < 2:

@@ -469,7 +469,13 @@ def test_staleness_cannot_tell_without_versions(tmp_path, base):
                         checks=["staleness"])
     st = res.status("staleness")
     assert st.status == "cannot_tell"
-    assert "staleness cannot be separated from engine mismatch" in st.reason
+    assert st.reason == ("no policy_version nor train_version: staleness cannot be separated "
+                         "from engine mismatch")
+    # a policy_version alone: the missing column is the one named
+    ds = _load(tmp_path, base.drop("train_version"), "policy_only.parquet")
+    st = run_forensics(ds, checks=["staleness"]).status("staleness")
+    assert st.reason.startswith("no train_version: ")
+    assert ds.capabilities()["staleness"] == "no train_version: staleness analysis unavailable"
 
 
 # ------------------------------------------------------------------ corrupt rows

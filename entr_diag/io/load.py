@@ -723,7 +723,7 @@ class Dataset:
         caps["scaling_law_fit"] = None if self.has("entropy") else "no entropy column"
         caps["entr_gate"] = caps["scaling_law_fit"]
         caps["staleness"] = None if self.has("staleness") else (
-            "no policy_version/train_version: staleness analysis unavailable")
+            f"{S.missing_versions(self.has)}: staleness analysis unavailable")
         caps["version_switches"] = None if self.has("policy_version") else (
             "no policy_version: in-flight version switches unavailable")
         caps["per_step"] = None if self.has("step") else "no step column: per-step series unavailable"

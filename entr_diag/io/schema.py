@@ -20,6 +20,7 @@ args.num_rollout)`` in its ``train.py``), and a sample's id is ``Sample.index``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: kinds of value a column may hold: "float", "int", "bool", "id" (int or string)
@@ -186,3 +187,11 @@ POSITIVE_LOGPROB_TOL = 1e-4
 #: vocabulary below 485M entries; a larger value is garbage (a sentinel, an unnormalised
 #: value, uninitialised memory), not an entropy
 ENTROPY_MAX = 20.0
+
+
+def missing_versions(has: Callable[[str], bool]) -> str:
+    """What keeps staleness (train_version - policy_version) from being computed, as a
+    phrase: ``"no train_version"``, ``"no policy_version"`` or ``"no policy_version nor
+    train_version"`` (``has``: whether a canonical column is present)."""
+    gone = [c for c in ("policy_version", "train_version") if not has(c)]
+    return "no " + " nor ".join(gone) if gone else "no staleness column"
