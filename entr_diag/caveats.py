@@ -319,6 +319,18 @@ def file_exclusions_caveat(acc: Any, n_files: int,
             "the other files (see the warning).")
 
 
+def unreadable_caveat(skipped: Sequence[tuple[str, str]], n_files: int) -> str | None:
+    """A one-line caveat when input files were left out as unreadable (``skipped``: the
+    Dataset's ``skipped_unreadable``, (path, why); ``n_files`` files were read), naming the
+    first; None when none was."""
+    if not skipped:
+        return None
+    more = f" and {len(skipped) - 1:,} more" if len(skipped) > 1 else ""
+    return (f"caveat: {len(skipped):,} input file(s) were left out, unreadable as Parquet "
+            f"(--skip-unreadable: {skipped[0][0]}{more}): the results rest on the other "
+            f"{n_files:,} file(s).")
+
+
 def starved_caveat(acc: Any, n_files: int) -> str | None:
     """A one-line caveat when input files contribute no or few valid tokens because their
     rows are outside the loss mask (``acc``: the token accounting), naming them; None

@@ -250,6 +250,10 @@ def _output_path(value) -> Path | str:
 
 
 JsonOpt = Annotated[Path | None, typer.Option("--json", parser=_output_path, metavar="FILE", help="Also write the results as JSON to this file ('-': to stdout, the tables then go to stderr).")]
+SkipUnreadableOpt = Annotated[bool, typer.Option(
+    "--skip-unreadable",
+    help="Leave out input files that cannot be read as Parquet (truncated, empty, another "
+         "format) with a warning, instead of refusing the input.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr (warnings still print).")]
 TauOpt = Annotated[float, typer.Option(help="ENTR budget tau: keep iff delta^2/(H+eps) <= tau.")]
 EpsOpt = Annotated[float, typer.Option(help="ENTR entropy offset eps (nats).")]
@@ -724,7 +728,8 @@ def _require_tokens(ds) -> None:
     )
 
 
-def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = True):
+def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = True,
+          skip_unreadable: bool = False):
     from entr_diag.io import load_dataset
     from entr_diag.io.load import resolve_paths
 
@@ -745,6 +750,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             framework=framework,
             layout=layout,
             entropy=entropy,
+            skip_unreadable=skip_unreadable,
         )
     if ds.bundled and not quiet:
         _notes.add("no input given: using the bundled sample run "
@@ -921,6 +927,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
         small_sample_caveat,
         starved_caveat,
         units_caveat,
+        unreadable_caveat,
         zero_prefix_caveat,
     )
 
@@ -928,6 +935,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     fd = fit_res.to_dict()
     # what is wrong with the data first (it explains the statistical caveats after it)
     parts = [misaligned,
+             unreadable_caveat(getattr(ds, "skipped_unreadable", ()), len(ds.files)),
              exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                               acc.excluded_where),
              file_exclusions_caveat(acc, len(ds.files), ds.mapping),
@@ -1091,6 +1099,7 @@ def inspect(
     framework: FrameworkOpt = None,
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
+    skip_unreadable: SkipUnreadableOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -1106,7 +1115,8 @@ def inspect(
 
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
-        ds = _load(paths, column, framework, layout, entropy, quiet, analyse=False)
+        ds = _load(paths, column, framework, layout, entropy, quiet, analyse=False,
+                   skip_unreadable=skip_unreadable)
         desc = ds.describe()
         findings = rounded = zero_prefix = None
         if ds.accounting.tokens_valid:
@@ -1115,7 +1125,8 @@ def inspect(
             _critical_notes(findings)
         warnings = _notes.warnings()
         _write_json(json_path, envelope(
-            "inspect", desc, {"layout": layout, "entropy": entropy, "framework": framework},
+            "inspect", desc, {"layout": layout, "entropy": entropy, "framework": framework,
+                              "skip_unreadable": skip_unreadable},
             forensics=None if findings is None else findings.to_dict(), warnings=warnings,
             rounded_logprobs=rounded, zero_prefix=zero_prefix), quiet)
         out = _tables(json_path)
@@ -1431,6 +1442,7 @@ def fit(
     framework: FrameworkOpt = None,
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
+    skip_unreadable: SkipUnreadableOpt = False,
     allow_misaligned: MisalignedOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
@@ -1448,13 +1460,14 @@ def fit(
         _check_bin_edges(bin_edges)
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
-        ds = _load(paths, column, framework, layout, entropy, quiet)
+        ds = _load(paths, column, framework, layout, entropy, quiet,
+                   skip_unreadable=skip_unreadable)
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
                  allow_misaligned=allow_misaligned, forensics=True)
         fit_res, metrics, findings = a["fit"], a["metrics"], a["findings"]
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
-                  "framework": framework}
+                  "framework": framework, "skip_unreadable": skip_unreadable}
         fd = _fit_dict(fit_res, ds, findings, a["rounded"], a["file_units"], a["zero_prefix"],
                        a["misaligned"])
         caveat = fd["verdict"]["caveat"]
@@ -1482,6 +1495,7 @@ def flag(
     framework: FrameworkOpt = None,
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
+    skip_unreadable: SkipUnreadableOpt = False,
     allow_misaligned: MisalignedOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -1498,7 +1512,8 @@ def flag(
         _check_output(output, "--output")
         _refuse_overwriting_inputs(paths, {"--output": output}, _defaulted(ctx, "output"))
         _note_parquet_suffix(output, "--output", quiet)
-        ds = _load(paths, column, framework, layout, entropy, quiet)
+        ds = _load(paths, column, framework, layout, entropy, quiet,
+                   skip_unreadable=skip_unreadable)
         res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
                    allow_misaligned=allow_misaligned)["fit"]
         bp = res.to_dict().get("breakpoint")
@@ -1649,6 +1664,7 @@ def compare(
     framework: FrameworkOpt = None,
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
+    skip_unreadable: SkipUnreadableOpt = False,
     allow_misaligned: MisalignedOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
@@ -1669,7 +1685,8 @@ def compare(
         _note_parquet_suffix(export, "--export", quiet)
         _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
         _check_fit_options(eps, tau, n_boot, bins)
-        ds = _load(paths, column, framework, layout, entropy, quiet)
+        ds = _load(paths, column, framework, layout, entropy, quiet,
+                   skip_unreadable=skip_unreadable)
         if not ds.has("entropy") and not panel:  # only ENTR asked for: it needs entropy
             raise ParameterError(_no_column(
                 ds, "entropy", _NO_ENTROPY + ", and the ENTR gate is the only gate asked for "
@@ -1693,7 +1710,8 @@ def compare(
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel",
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
-                  "entropy": entropy, "framework": framework}
+                  "entropy": entropy, "framework": framework,
+                  "skip_unreadable": skip_unreadable}
         from entr_diag.atomic import together
 
         warnings = _notes.warnings()
@@ -1750,6 +1768,7 @@ def report(
     framework: FrameworkOpt = None,
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
+    skip_unreadable: SkipUnreadableOpt = False,
     allow_misaligned: MisalignedOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
@@ -1769,7 +1788,8 @@ def report(
         _refuse_overwriting_inputs(paths, {"--output": output, "--json": json_path},
                                    _defaulted(ctx, "output"))
         _check_fit_options(eps, tau, n_boot, bins)
-        ds = _load(paths, column, framework, layout, entropy, quiet)
+        ds = _load(paths, column, framework, layout, entropy, quiet,
+                   skip_unreadable=skip_unreadable)
         # without the law (or entropy) the gates are still compared: no law-scale / noise
         # categories, and without entropy no ENTR
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
@@ -1795,7 +1815,8 @@ def report(
         prof = a["profiles"].finish().to_dict()
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
-                  "entropy": entropy, "framework": framework}
+                  "entropy": entropy, "framework": framework,
+                  "skip_unreadable": skip_unreadable}
         desc = ds.describe()
         summary = {
             "tool_version": __version__,

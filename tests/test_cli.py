@@ -1805,3 +1805,41 @@ def test_a_step_with_one_side_written_as_zeros_is_no_shift(side, tmp_path):
     assert "shifted" not in err
     assert (f"loses most of its loss-masked rows to zero_placeholder ({d / 'part-6.parquet'}"
             in err), err
+
+
+def test_skip_unreadable_leaves_out_a_truncated_shard(tmp_path):
+    """A shard cut short by a killed writer refuses the input, saying how to go on; with
+    --skip-unreadable every command leaves it out with a warning, the verdict's caveat and
+    JSON inputs.skipped_unreadable; an input left without a readable file is refused."""
+    from entr_diag.io.load import bundled_sample_path
+
+    d = tmp_path / "run"
+    d.mkdir()
+    df = pl.read_parquet(bundled_sample_path())
+    n = df.height // 3
+    for i in range(3):
+        df[i * n:(i + 1) * n].write_parquet(d / f"part-{i}.parquet")
+    bad = d / "part-2.parquet"
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    r = runner.invoke(app, ["fit", str(d), "-q"])
+    assert r.exit_code == 2 and str(bad) in r.stderr
+    assert "--skip-unreadable leaves out" in " ".join(r.stderr.split())
+    for cmd in ("fit", "compare", "report", "inspect"):
+        js = tmp_path / f"{cmd}.json"
+        extra = ["-o", str(tmp_path / "r.html")] if cmd == "report" else []
+        r = runner.invoke(app, [cmd, str(d), "-q", "--skip-unreadable", "--json", str(js),
+                                *extra])
+        assert r.exit_code == 0, (cmd, r.output)
+        err = " ".join(r.stderr.split())
+        assert ("warning: 1 input file(s) left out, unreadable as Parquet (--skip-unreadable): "
+                f"cannot read {bad}") in err, cmd
+        doc = json.loads(js.read_text())
+        inputs = doc["inputs"]
+        assert [s["path"] for s in inputs["skipped_unreadable"]] == [str(bad)], cmd
+        assert len(inputs["files"]) == 2, cmd
+        if cmd != "inspect":
+            fit = doc if cmd == "fit" else doc["fit"]
+            assert fit["verdict"]["caveats"][0].startswith(
+                "caveat: 1 input file(s) were left out, unreadable as Parquet"), cmd
+    r = runner.invoke(app, ["fit", str(bad), "-q", "--skip-unreadable"])
+    assert r.exit_code == 2 and "no input file can be read as Parquet" in r.stderr

@@ -704,6 +704,8 @@ class Dataset:
     entropy_fine_counts: np.ndarray | None = field(default=None, repr=False)
     #: (lowest, highest) step of those tokens; None without a step column or such token
     step_range: tuple[int, int] | None = None
+    #: input files left out as unreadable (``skip_unreadable``): (path, why)
+    skipped_unreadable: tuple[tuple[str, str], ...] = ()
 
     def has(self, column: str) -> bool:
         """True when the canonical column ``column`` is present in :attr:`lf`."""
@@ -739,6 +741,8 @@ class Dataset:
                 {"path": str(f.path), "layout": f.layout, "rows": f.rows} for f in self.files
             ],
             "bundled_sample": self.bundled,
+            "skipped_unreadable": [{"path": p, "reason": why}
+                                   for p, why in self.skipped_unreadable],
             "layout": "+".join(self.layouts),
             "mapping": dict(self.mapping),
             "mapping_notes": list(self.notes),
@@ -755,6 +759,7 @@ def load_dataset(
     framework: str | None = None,
     layout: str = "auto",
     entropy: str = "auto",
+    skip_unreadable: bool = False,
     _unusable_entropy: tuple[str, ...] = (),
 ) -> Dataset:
     """Scan Parquet inputs lazily into a validated canonical token frame.
@@ -768,6 +773,12 @@ def load_dataset(
         layout: ``auto`` (per file: nested when the logprob columns are lists), ``long`` or
             ``nested``.
         entropy: ``auto``, ``infer`` or ``train`` (which entropy column to use).
+        skip_unreadable: leave out the input files that cannot be read as Parquet (no
+            valid footer: truncated by a killed writer, empty, another format, several
+            columns of one name) instead of refusing the input; they are listed in
+            :attr:`Dataset.skipped_unreadable` with the reason and in a warning note. An
+            input left without a readable file is still refused. A file whose footer
+            reads but whose pages are damaged fails later, during a pass, either way.
 
     Returns:
         A :class:`Dataset`; one accounting pass over the input has been made (two when
@@ -809,18 +820,34 @@ def load_dataset(
     rows: dict[Path, int] = {}
     metas: dict[Path, pq.FileMetaData] = {}
     ours: list[Path] = []  # entr-diag's own outputs found by a directory walk: skipped
+    unreadable: list[tuple[str, str]] = []  # (file, why) left out with skip_unreadable
     for f in list(file_list):
-        schemas[f] = _read_schema(f)
         try:
-            metas[f] = pq.ParquetFile(f).metadata
-        except (pa.ArrowInvalid, OSError) as e:
-            raise InputError(f"cannot read {f} as Parquet ({_short(e)}).") from None
+            schemas[f] = _read_schema(f)
+            try:
+                metas[f] = pq.ParquetFile(f).metadata
+            except (pa.ArrowInvalid, OSError) as e:
+                raise InputError(f"cannot read {f} as Parquet ({_short(e)}).") from None
+        except InputError as e:
+            if not skip_unreadable:
+                if len(file_list) > 1:  # one bad shard among many: say how to go on
+                    raise InputError(f"{e} (--skip-unreadable leaves out the input files "
+                                     "that cannot be read, with a warning)") from None
+                raise
+            unreadable.append((str(f), str(e)))
+            file_list.remove(f)
+            schemas.pop(f, None)
+            continue
         if f in walked and OUTPUT_MARK.encode() in (metas[f].metadata or {}):
             ours.append(f)
             file_list.remove(f)
             del schemas[f], metas[f]
             continue
         rows[f] = metas[f].num_rows
+    if unreadable and not file_list:
+        raise InputError(
+            f"no input file can be read as Parquet ({len(unreadable):,} left out by "
+            f"--skip-unreadable), e.g. {unreadable[0][1]}")
     if ours and not file_list:
         raise InputError(
             f"the input holds only {len(ours)} file(s) written by entr-diag (flag or compare "
@@ -869,6 +896,13 @@ def load_dataset(
             del mapping["entropy"]
     if mapping.get("train_entropy") in _unusable_entropy:
         del mapping["train_entropy"]
+    if unreadable:
+        notes.append(
+            f"warning: {len(unreadable):,} input file(s) left out, unreadable as Parquet "
+            f"(--skip-unreadable): {unreadable[0][1]}"
+            + (f" ({len(unreadable) - 1:,} more: inputs.skipped_unreadable in the JSON)"
+               if len(unreadable) > 1 else "")
+            + " Their tokens are not in the results.")
     copies = _copies(file_list, rows)
     if copies:
         a, b = copies[0]
@@ -1123,7 +1157,8 @@ def load_dataset(
         # not compute it) excluded every token: as if absent (the gates that need no
         # entropy can still be compared), or the trainer-side one instead
         ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
-                          entropy=entropy, _unusable_entropy=(*_unusable_entropy, src))
+                          entropy=entropy, skip_unreadable=skip_unreadable,
+                          _unusable_entropy=(*_unusable_entropy, src))
         instead = ds.mapping.get("entropy")
         kinds = ((accounting.excluded_where or {}).get("invalid_entropy") or {}).get("kinds")
         what = (", ".join(f"{n:,} {k}" for k, n in kinds.items()) if kinds
@@ -1136,6 +1171,7 @@ def load_dataset(
         lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=tuple(notes),
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
         seq_id_dtype=sid_dtype, entropy_fine_counts=fine[0], step_range=fine[1],
+        skipped_unreadable=tuple(unreadable),
     )
 
 
