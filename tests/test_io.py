@@ -600,6 +600,27 @@ def test_ragged_nested_names_the_culprit_lists(tmp_path):
         load_dataset([_write(tmp_path, df.drop("entropy"))])
 
 
+def test_ragged_nested_by_one_entry_everywhere_says_so(tmp_path):
+    """An engine list one entry longer in every row (a prompt / BOS logprob kept in front):
+    the refusal says by how much, against which list; an offset that varies says nothing
+    more."""
+    df = pl.DataFrame({"seq_id": [1, 2, 3],
+                       "train_logprob": [[-0.1, -0.2], [-0.3], [-0.1, -0.2, -0.4]],
+                       "infer_logprob": [[-9.0, -0.1, -0.2], [-9.0, -0.3],
+                                         [-9.0, -0.1, -0.2, -0.4]],
+                       "entropy": [[0.1, 0.2], [0.3], [0.1, 0.2, 0.4]]})
+    with pytest.raises(InputError) as e:
+        load_dataset([_write(tmp_path, df)])
+    assert ("differs from the row's other lists; 'infer_logprob' is 1 entry longer than "
+            "'train_logprob' in each of those rows: an extra or missing leading or trailing "
+            "entry, such as a prompt / BOS logprob?; seq_id(s): 1, 2, 3.") in str(e.value)
+    df = df.with_columns(pl.Series("infer_logprob", [[-9.0, -0.1, -0.2], [-9.0, -8.0, -0.3],
+                                                      [-9.0, -0.1, -0.2, -0.4]]))
+    with pytest.raises(InputError) as e:
+        load_dataset([_write(tmp_path, df)])
+    assert "entry longer" not in str(e.value) and "'infer_logprob' in 3 rows" in str(e.value)
+
+
 def test_null_nested_list_counts_its_tokens_like_null_values(tmp_path):
     """A null per-token list beside present ones holds a null per token, excluded by the
     reason a null value of that column has in the long layout (entropy: invalid_entropy,

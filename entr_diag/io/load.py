@@ -1688,28 +1688,58 @@ def _check_ragged(path: Path, lf: pl.LazyFrame, lens: Mapping[str, pl.Expr], n_t
     most = pl.max_horizontal([pl.col(f"_a{i}") for i in range(len(list_srcs))])
     tie = pl.sum_horizontal([(pl.col(f"_a{i}") == most).cast(pl.Int32)
                              for i in range(len(list_srcs))]) > most
+    # each list's length minus the reference list's (train_logprob's; for that one, minus
+    # infer_logprob's): the same difference in every row says which entry is extra
+    ref = srcs["train_logprob"]
+    other = srcs.get("infer_logprob", next(src for src in list_srcs if src != ref))
+    diff = {src: (lens[src].cast(pl.Int64) - lens[other if src == ref else ref].cast(pl.Int64))
+            .alias(f"_d{i}")
+            for i, src in enumerate(list_srcs)}
+    culprit = {src: ((pl.col(f"_a{i}") > 0) & ((pl.col(f"_a{i}") < most) | tie))
+               for i, src in enumerate(list_srcs)}
     bad = (
         lf.filter(ragged)
-        .select(key.alias("_k"), *agree.values())
+        .select(key.alias("_k"), *agree.values(), *diff.values())
         .select(pl.len().alias("n"), pl.col("_k").head(_MAX_LISTED).implode().alias("keys"),
-                *[((pl.col(f"_a{i}") > 0) & ((pl.col(f"_a{i}") < most) | tie)).sum()
-                  .alias(src) for i, src in enumerate(list_srcs)])
+                *[c.sum().alias(src) for src, c in culprit.items()],
+                *[pl.col(f"_d{i}").filter(culprit[src]).min().alias(f"_lo{i}")
+                  for i, src in enumerate(list_srcs)],
+                *[pl.col(f"_d{i}").filter(culprit[src]).max().alias(f"_hi{i}")
+                  for i, src in enumerate(list_srcs)])
         .collect(engine="streaming")
     )
     n = int(bad["n"][0])
     if n:
         keys = ", ".join(str(k) for k in bad["keys"][0])
         canon = {src: c for c, src in srcs.items()}
-        culprits = [(src, int(bad[src][0])) for src in list_srcs if bad[src][0]]
-        culprits.sort(key=lambda c: -c[1])
+        culprits = [(i, src, int(bad[src][0])) for i, src in enumerate(list_srcs)
+                    if bad[src][0]]
+        culprits.sort(key=lambda c: -c[2])
+
+        def extra(i: int, src: str, k: int) -> str:
+            """'src' is d entries longer / shorter in every ragged row (a constant offset:
+            an entry added or dropped at one end), else ''."""
+            lo, hi = bad[f"_lo{i}"][0], bad[f"_hi{i}"][0]
+            if lo is None or lo != hi or lo == 0 or k != n:
+                return ""
+            than = other if src == ref else ref
+            return (f"'{src}' is {abs(lo):,} {'entry' if abs(lo) == 1 else 'entries'} "
+                    f"{'longer' if lo > 0 else 'shorter'} than '{than}' in "
+                    f"{'each of those rows' if n > 1 else 'that row'}")
+
         named = _or_list([f"'{src}'" + (f" ({canon[src]})" if canon.get(src, src) != src else "")
-                          + f" in {k:,} row{'s' if k > 1 else ''}" for src, k in culprits],
+                          + f" in {k:,} row{'s' if k > 1 else ''}" for _i, src, k in culprits],
                          "and")
+        # (with a tie, e.g. two lists only, the offset of a list against train_logprob)
+        offsets = ([e for e in (extra(*c) for c in culprits if c[1] != ref) if e]
+                   or [e for e in (extra(*c) for c in culprits if c[1] == ref) if e])
+        detail = (f"; {' and '.join(offsets)}: an extra or missing leading or trailing "
+                  "entry, such as a prompt / BOS logprob?" if offsets else "")
         raise InputError(
             f"{path}: {n:,} nested row(s) have per-token lists of different lengths: "
-            f"{named} differ{'s' if len(culprits) == 1 else ''} from the row's other lists; "
-            f"seq_id(s): {keys}. Every per-token list of a sequence must have one entry per "
-            "token."
+            f"{named} differ{'s' if len(culprits) == 1 else ''} from the row's other lists"
+            f"{detail}; seq_id(s): {keys}. Every per-token list of a sequence must have one "
+            "entry per token."
         )
 
 
