@@ -104,6 +104,33 @@ def test_directory_of_shards_and_hive(tmp_path):
     assert sorted(df["step"].unique().to_list()) == [1, 2]
 
 
+def test_step_folders_agreeing_with_a_global_step_column(tmp_path):
+    """step=N/ folders over files holding a global_step column (another name of step) that
+    says the same in every file (an empty row group included): the file's column is read,
+    with a note, instead of refusing the two as ambiguous; a file that disagrees keeps the
+    refusal."""
+    import pyarrow.parquet as pq
+
+    long = _long().rename({"step": "global_step"})
+    _write(tmp_path, long.head(3).with_columns(pl.lit(1).alias("global_step")),
+           "run/step=1/part-0.parquet")
+    w = tmp_path / "run" / "step=2" / "part-0.parquet"
+    w.parent.mkdir(parents=True)
+    t = long.tail(2).with_columns(pl.lit(2).alias("global_step")).to_arrow()
+    with pq.ParquetWriter(w, t.schema) as wr:  # (an empty row group: no statistics)
+        wr.write_table(t)
+        wr.write_table(t.slice(0, 0))
+    ds = load_dataset([tmp_path / "run"])
+    assert ds.mapping["step"] == "global_step"
+    assert ("the partition folders step=... agree with the files' 'global_step' column in "
+            "every file: 'global_step' is read") in ds.notes
+    assert sorted(_valid(ds)["step"].unique().to_list()) == [1, 2]
+    _write(tmp_path, long.head(3).with_columns(pl.lit(7).alias("global_step")),
+           "run/step=1/part-9.parquet")
+    with pytest.raises(SchemaError, match="ambiguous column step"):
+        load_dataset([tmp_path / "run"])
+
+
 def test_glob(tmp_path):
     """Glob patterns expand to the matching files."""
     _write(tmp_path, _long().head(3), "a.parquet")

@@ -229,27 +229,72 @@ def _partition_conflicts(path: Path, meta: pq.FileMetaData, hive: Mapping[str, s
     (``step=3/part.parquet`` holding a ``step`` column) whose values, by the file's column
     statistics, are not all that partition value: the file's column is the one used."""
     notes = []
-    paths = [meta.schema.column(j).path for j in range(meta.num_columns)]
     for canon, src in mapping.items():
-        if src not in hive or src not in paths or hive[src] == _HIVE_NULL:  # a scalar column
+        if src not in hive or hive[src] == _HIVE_NULL:
             continue
-        want, j = hive[src], paths.index(src)
-        lo = hi = None
-        for g in range(meta.num_row_groups):
-            st = meta.row_group(g).column(j).statistics
-            if st is None or not st.has_min_max:
-                lo = hi = None
-                break
-            lo = st.min if lo is None else min(lo, st.min)
-            hi = st.max if hi is None else max(hi, st.max)
-        if lo is None or hi is None:
+        rng = _stat_range(meta, src)
+        if rng is None:  # not a scalar column of the file, or no statistics
             continue
-        as_int = _int_like(want) and isinstance(lo, int)
-        if not all((int(v) == int(want)) if as_int else (str(v) == want) for v in (lo, hi)):
+        lo, hi = rng
+        if not _holds_only(rng, hive[src]):
+            want = hive[src]
             span = str(lo) if lo == hi else f"{lo}..{hi}"
             notes.append(f"{path}: the path says {src}={want} (a partition folder) but the "
                          f"file's '{src}' column ({canon}) holds {span}: the column is used")
     return notes
+
+
+def _stat_range(meta: pq.FileMetaData, name: str) -> tuple[Any, Any] | None:
+    """(min, max) of the scalar column ``name`` over the file's row groups, by their
+    statistics; None when the file has no such column or a row group lacks them."""
+    paths = [meta.schema.column(j).path for j in range(meta.num_columns)]
+    if name not in paths:
+        return None
+    j = paths.index(name)
+    lo = hi = None
+    for g in range(meta.num_row_groups):
+        if meta.row_group(g).num_rows == 0:  # an empty row group has no statistics
+            continue
+        st = meta.row_group(g).column(j).statistics
+        if st is None or not st.has_min_max:
+            return None
+        lo = st.min if lo is None else min(lo, st.min)
+        hi = st.max if hi is None else max(hi, st.max)
+    return None if lo is None or hi is None else (lo, hi)
+
+
+def _holds_only(rng: tuple[Any, Any], value: str) -> bool:
+    """Whether a column's (min, max) is the partition ``value`` alone."""
+    as_int = _int_like(value) and isinstance(rng[0], int)
+    return all((int(v) == int(value)) if as_int else (str(v) == value) for v in rng)
+
+
+def _agreeing_partitions(file_list: Sequence[Path], metas: Mapping[Path, pq.FileMetaData],
+                         file_columns: set[str], overrides: Mapping[str, str]
+                         ) -> dict[str, str]:
+    """Partition keys that no file holds as a column (``step=3/``) but that are another
+    name of a column the files do hold (``global_step``), and agree with it: in every
+    file, that column holds the folder's value alone (by its statistics). key -> column.
+    Both would be candidates of one canonical column and refused as ambiguous, though
+    they say the same; the file's column is read instead. Keys a ``--column`` names are
+    left alone."""
+    out: dict[str, str] = {}
+    hives = {f: _hive_values(f) for f in file_list}
+    keys = {k for h in hives.values() for k in h} - file_columns - set(overrides.values())
+    for k in sorted(keys):
+        for col in S.COLUMNS:
+            names = (col.name, *col.aliases)
+            if k not in names or col.name in overrides:
+                continue
+            for c in names:
+                if c == k or c not in file_columns:
+                    continue
+                if all(k in hives[f] and hives[f][k] != _HIVE_NULL
+                       and (rng := _stat_range(metas[f], c)) is not None
+                       and _holds_only(rng, hives[f][k]) for f in file_list):
+                    out[k] = c
+                    break
+    return out
 
 
 # --------------------------------------------------------------------------- mapping
@@ -874,6 +919,9 @@ def load_dataset(
     for f in file_list:  # partition keys whose every value is null
         for k in _hive_values(f):
             available.setdefault(k, pa.string())
+    agreeing = _agreeing_partitions(file_list, metas, file_columns, columns or {})
+    for k in agreeing:  # say the same as a column of the files: that column is read
+        del available[k]
     try:
         mapping, notes = resolve_mapping(
             available, overrides=columns, framework=framework, entropy=entropy,
@@ -886,6 +934,10 @@ def load_dataset(
         if split:  # the real cause: shards spelling a column differently
             raise SchemaError(f"{split} (Stopped at: {e})") from None
         raise
+    for k, c in agreeing.items():
+        if c in mapping.values():
+            notes.append(f"the partition folders {k}=... agree with the files' '{c}' column "
+                         f"in every file: '{c}' is read")
     if mapping.get("entropy") in _unusable_entropy:  # a second load (see the end)
         notes = [n for n in notes if n != f"entropy <- '{mapping['entropy']}'"]
         train = mapping.get("train_entropy")
