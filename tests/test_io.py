@@ -347,7 +347,9 @@ def test_dictionary_encoded_string_seq_id_is_read(tmp_path):
 
 
 def test_uint64_seq_ids_above_2_63_are_read(tmp_path):
-    """uint64 ids above 2^63 (hashes) load as UInt64; mixed with signed ids, as strings."""
+    """uint64 ids above 2^63 (hashes) load as UInt64; mixed with signed ids that are never
+    negative (by their statistics: a writer upgraded to uint64 ids) still as UInt64, with a
+    negative one as strings."""
     big = 2**63 + 7
     ids = pl.Series([big, big, big, big + 1, big + 1], dtype=pl.UInt64)
     a = _write(tmp_path, _long(seq_id=ids), "u.parquet")
@@ -355,6 +357,10 @@ def test_uint64_seq_ids_above_2_63_are_read(tmp_path):
     assert ds.seq_id_dtype == pl.UInt64 and ds.accounting.sequences_valid == 2
     assert sorted(set(_valid(ds)["seq_id"].to_list())) == [str(big), str(big + 1)]
     b = _write(tmp_path, _long(seq_id=[5, 5, 5, 6, 6]), "i.parquet")
+    mixed = load_dataset([a, b])
+    assert mixed.seq_id_dtype == pl.UInt64 and mixed.accounting.sequences_valid == 4
+    assert sorted(set(_valid(mixed)["seq_id"].to_list())) == ["5", "6", str(big), str(big + 1)]
+    b = _write(tmp_path, _long(seq_id=[5, 5, 5, -6, -6]), "i.parquet")
     mixed = load_dataset([a, b])
     assert mixed.seq_id_dtype == pl.String and mixed.accounting.sequences_valid == 4
 

@@ -1057,15 +1057,23 @@ def load_dataset(
 
     # seq_id keeps an integer dtype when every file has integer ids (cheap to hash); the
     # String form is derived lazily for output only
-    # (UInt64 when some file has uint64 ids and none has signed ones: ids above 2^63 fit)
+    # (UInt64 when some file has uint64 ids and the signed ones hold no negative id, by
+    # their statistics: ids above 2^63 fit; a writer upgraded from int64 to uint64 ids)
     sid_types = [dict(zip(schemas[f].names, schemas[f].types, strict=True))
                  .get(mapping.get("seq_id", "")) for f in file_list]
     sid_dtype: type[pl.DataType] = pl.Int64
     if any(t is None or not pa.types.is_integer(_value_type(t)) for t in sid_types):
         sid_dtype = pl.String
     elif any(_value_type(t) == pa.uint64() for t in sid_types):  # type: ignore[arg-type]
-        sid_dtype = (pl.UInt64 if all(pa.types.is_unsigned_integer(_value_type(t))
-                                      for t in sid_types)  # type: ignore[arg-type]
+
+        def non_negative(f: Path, t: pa.DataType) -> bool:
+            if pa.types.is_unsigned_integer(_value_type(t)):
+                return True
+            rng = _stat_range(metas[f], mapping["seq_id"])
+            return rng is not None and rng[0] >= 0
+
+        sid_dtype = (pl.UInt64 if all(non_negative(f, t)  # type: ignore[arg-type]
+                                      for f, t in zip(file_list, sid_types, strict=True))
                      else pl.String)
     frames: list[pl.LazyFrame] = []
     pieces: list[tuple[pl.LazyFrame, int, bool, str]] = []  # (frame, tokens, streamed, source)
