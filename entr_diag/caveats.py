@@ -452,9 +452,10 @@ def exclusion_lead(excluded: Mapping[str, int], masked: int, valid: int,
 def file_units_caveat(flagged: Any, n_files: int,
                       mapping: Mapping[str, str] | None = None) -> str | None:
     """A one-line caveat when some input files (not all) match a unit mistake of their
-    own: ``flagged``, ``[(file, UnitsCheck)]`` of :class:`entr_diag.fit.FileUnitsPlan`,
-    ``n_files`` the input files; None when empty. Each file's sentence is
-    :func:`units_caveat`'s, after the file."""
+    own, or hold another token's logprob in one column (:func:`other_token`): ``flagged``,
+    ``[(file, UnitsCheck)]`` of :class:`entr_diag.fit.FileUnitsPlan`, ``n_files`` the
+    input files; None when empty. Each file's sentence is :func:`units_caveat`'s, after
+    the file."""
     if not flagged:
         return None
     parts = []
@@ -466,8 +467,13 @@ def file_units_caveat(flagged: Any, n_files: int,
     more = (f" ({len(flagged) - _MAX_FILES_NAMED:,} more file(s) like this)"
             if len(flagged) > _MAX_FILES_NAMED else "")
     verb = "looks" if len(flagged) == 1 else "look"
-    return (f"caveat: {len(flagged):,} of the {n_files:,} input files {verb} written in "
-            f"another unit than the others: " + " ".join(parts) + more)
+    what = ("written in another unit than the others"
+            if all(c.likely_mistake for _f, c in flagged)
+            else "to hold another token's logprob, unlike the others"
+            if not any(c.likely_mistake for _f, c in flagged)
+            else "unlike the others (another unit, or another token's logprob)")
+    return (f"caveat: {len(flagged):,} of the {n_files:,} input files {verb} {what}: "
+            + " ".join(parts) + more)
 
 
 def rounding_caveat(rounded: Mapping[str, Any] | None,

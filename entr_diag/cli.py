@@ -1415,7 +1415,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     file_units = None
     if out.get("fit") is not None and "file_units" in plans:
         units = out["fit"].units
-        file_units = plans["file_units"].finish(None if units is None else units.likely_mistake)
+        file_units = plans["file_units"].finish(units)
     if file_units:  # ... in some input files only
         from entr_diag.caveats import file_units_caveat
 

@@ -77,6 +77,7 @@ Results do not depend on row order or sharding except through float summation or
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import warnings
@@ -1366,31 +1367,44 @@ class _FileUnits:
 #: tokens a file needs for its own units check (:class:`FileUnitsPlan`): on a few thousand
 #: tokens the bins' ratios scatter by 10%, beyond the signatures' 7% window
 MIN_FILE_UNIT_TOKENS = 20_000
+#: ... for its own other-token check (a logprob of another token): the two columns' mean
+#: surprisals differ by more than 1.3x there, which a few thousand tokens already show
+MIN_FILE_OTHER_TOKEN_TOKENS = 2_000
 
 
 class FileUnitsPlan:
     """The units check (:class:`UnitsCheck`) per input file, as an accumulator of the fit's
     pass over a loaded dataset's frame: a unit mistake in one shard of several (entropy in
     bits, one logprob column in log10 in the files of one writer) leaves the pooled check
-    near 1 but scales that file's ratios by a unit's factor. ``files``: the input files
+    near 1 but scales that file's ratios by a unit's factor; so does a logprob column of
+    another token written by one writer (``other_token``). ``files``: the input files
     (``Dataset.files`` paths, in order). :meth:`finish` (``pooled``: the input's own
-    check's ``likely_mistake``) returns the files of at least MIN_FILE_UNIT_TOKENS tokens
-    whose own check names a mistake, ``[(file, UnitsCheck)]``; [] when the pooled check
-    names one (it says it for the input), when every such file does, or with fewer than
-    two such files."""
+    :class:`UnitsCheck`) returns the files whose own check names a mistake (at least
+    MIN_FILE_UNIT_TOKENS tokens) or another token's column (at least
+    MIN_FILE_OTHER_TOKEN_TOKENS), ``[(file, UnitsCheck)]``; [] when the pooled check names
+    either (it says it for the input), when every checked file does, or with fewer than two
+    checked files."""
 
     def __init__(self, fit: FitPlan, files: Sequence[str]) -> None:
         self.files = list(files)
         self.acc = _FileUnits(fit.binning.n_bins, len(self.files))
         self.accumulators = [self.acc]
 
-    def finish(self, pooled: str | None = None) -> list[tuple[str, UnitsCheck]]:
+    def finish(self, pooled: UnitsCheck | None = None) -> list[tuple[str, UnitsCheck]]:
         t = self.acc.sums.reshape(4, len(self.files), self.acc.nb)
-        checks = [(f, _units_check(t[1, i], t[2, i], t[3, i], t[0, i]))
-                  for i, f in enumerate(self.files) if t[0, i].sum() >= MIN_FILE_UNIT_TOKENS]
-        if pooled is not None or len(checks) < 2:
+        checks = []
+        for i, f in enumerate(self.files):
+            n = t[0, i].sum()
+            if n < MIN_FILE_OTHER_TOKEN_TOKENS:
+                continue
+            c = _units_check(t[1, i], t[2, i], t[3, i], t[0, i])
+            if n < MIN_FILE_UNIT_TOKENS:  # enough for the other-token check only
+                c = dataclasses.replace(c, likely_mistake=None)
+            checks.append((f, c))
+        if (pooled is not None and (pooled.likely_mistake or pooled.other_token)) \
+                or len(checks) < 2:
             return []
-        flagged = [(f, c) for f, c in checks if c.likely_mistake is not None]
+        flagged = [(f, c) for f, c in checks if c.likely_mistake or c.other_token]
         return [] if len(flagged) == len(checks) else flagged
 
 

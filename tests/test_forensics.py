@@ -1059,3 +1059,31 @@ def test_fit_warns_about_a_logprob_of_another_token(tmp_path):
     assert doc["units"]["other_token"] == "infer_logprob"
     assert doc["verdict"]["caveats"][0].startswith(
         "caveat: infer_logprob does not look like the logprob of the sampled token")
+
+
+def test_one_shard_with_another_tokens_logprob_is_named(tmp_path):
+    """One shard of eight (3,000 tokens, below the units check's 20,000 per file) whose
+    engine logprobs were gathered at token_id + 1: the pooled columns differ too little to
+    tell, that file's own check names it (warning, caveat, JSON units_by_file)."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    clean, wrong = _logit_run("clean"), _logit_run("wrong_id")
+    d = tmp_path / "shards"
+    d.mkdir()
+    for step in range(8):
+        src = wrong if step == 3 else clean
+        src.filter(pl.col("step") == step).write_parquet(d / f"step_{step}.parquet")
+    js = tmp_path / "f.json"
+    r = CliRunner().invoke(app, ["fit", str(d), "--n-boot", "100", "-q", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    assert doc["units"]["other_token"] is None
+    (only,) = doc["units_by_file"]
+    assert only["file"] == str(d / "step_3.parquet") and only["other_token"] == "infer_logprob"
+    err = " ".join(r.stderr.split())
+    assert (f"warning: 1 of the 8 input files looks to hold another token's logprob, unlike the "
+            f"others: in {d / 'step_3.parquet'} (3,000 tokens), infer_logprob does not look "
+            "like the logprob of the sampled token") in err, err
+    assert any("another token's logprob" in c for c in doc["verdict"]["caveats"])
