@@ -892,6 +892,15 @@ class _Searcher:
         return out
 
 
+def noise_by_definition(gate: Mapping[str, Any], parameters: Mapping[str, Any]) -> bool:
+    """Whether ``gate`` (a ``GateResult.to_dict()``) is the ENTR rule that defines the noise
+    tokens (the same tau and eps as ``parameters``' ``flag_tau`` / ``flag_eps``): it keeps
+    none of them by definition, so its noise admitted (0) is no finding."""
+    p = gate.get("params") or {}
+    return (gate.get("name") == "entr" and p.get("tau") == parameters.get("flag_tau")
+            and p.get("eps") == parameters.get("flag_eps"))
+
+
 def _run_starts(keys: np.ndarray) -> np.ndarray:
     """Start index of every run of equal consecutive values of a non-empty array."""
     change = np.empty(keys.size, dtype=bool)
@@ -2018,7 +2027,16 @@ class ComparePlan:
                 else "undefined: no entropy breakpoint H* was given" if self.has_entropy
                 else "undefined: no entropy column"
             ),
-            "noise_admitted": "share of the noise tokens that the gate keeps (lower is better)",
+            "noise_admitted": (
+                "share of the noise tokens that the gate keeps (lower is better); the noise "
+                "tokens being those the ENTR rule at this tau and eps drops below H*, ENTR "
+                "itself keeps none of them by definition: the column compares the other gates"
+            ),
+            "kept_sequence_share": (
+                "share of the sequences the gate keeps: whole, for a sequence gate; with at "
+                "least one token kept, for a token gate (intact_sequences: with every token "
+                "kept)"
+            ),
             "law_scale_token": (
                 "a token at or above H* (every token when there is no breakpoint) whose "
                 "log-ratio is within the fitted law's 99% range: delta^2 <= "

@@ -1054,12 +1054,16 @@ def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSear
         head += (f" (robust Theil-Sen alpha = {power.robust.alpha:.2f} disagrees: heavy-tailed "
                  "bins dominate least squares)")
     if bp is not None:
-        tail = (
-            f"noise regime below H* = {_fmt(bp.h_star, 2)} nats "
-            f"[{_fmt(bp.h_star_ci[0], 2)}, {_fmt(bp.h_star_ci[1], 2)}]: "
-            f"{_pct(regime.share_flagged)} of tokens, "
-            f"{_pct(regime.delta2_mass_share_flagged)} of delta^2 mass"
-        )
+        where = (f"noise regime below H* = {_fmt(bp.h_star, 2)} nats "
+                 f"[{_fmt(bp.h_star_ci[0], 2)}, {_fmt(bp.h_star_ci[1], 2)}]: ")
+        if regime.flagged_tokens:
+            tail = (where + f"{_pct(regime.share_flagged)} of tokens flagged as noise "
+                    f"(delta^2/(H+{regime.eps:g}) > {regime.tau:g} below H*), "
+                    f"{_pct(regime.delta2_mass_share_flagged)} of delta^2 mass")
+        else:  # a regime found whose tokens all stay within the bound at this tau
+            tail = (where + f"{_pct(regime.share_below_h_star)} of tokens below H* "
+                    f"({_pct(regime.delta2_mass_share_below_h_star)} of delta^2 mass), none "
+                    f"flagged as noise at tau = {regime.tau:g} (a lower tau flags more)")
     else:
         tail = f"no low-entropy break: {search.reason}"
     return Verdict(text=f"{head}; {tail}", law=law, noise_regime=bp is not None)

@@ -556,6 +556,12 @@ class TestSynth:
         ):
             assert s in out, s
         assert f"{100 * r.matched.fixed.noise_admitted:.1f}%" in out
+        # ENTR at the flag's tau admits no noise token by definition: marked, and said
+        flat = " ".join(out.split())
+        assert "0.0% (def.)" in out and "ENTR keeps none of them by definition (def.)" in flat
+        assert out.count("(def.)") == 3  # gate table, matched table, note
+        assert "seqs kept: for a token gate, the sequences with at least one token kept" in flat
+        assert "at least one token kept" in r.to_dict()["definitions"]["kept_sequence_share"]
         assert max(len(line) for line in out.splitlines()) <= 120
         narrow = io.StringIO()
         render_compare(r, Console(file=narrow, width=80, color_system=None))

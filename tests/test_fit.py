@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 
 import numpy as np
 import polars as pl
@@ -169,6 +170,20 @@ def test_law_holds_variant_text():
     assert r.verdict.law == "holds"
     assert r.verdict.text.startswith("law holds: alpha = ")
     assert "of delta^2 mass" in r.verdict.text
+    assert "of tokens flagged as noise (delta^2/(H+0.01) > 4 below H*)" in r.verdict.text
+
+
+def test_verdict_of_a_regime_whose_tokens_stay_within_the_bound():
+    """A break found, but no token beyond the ENTR bound at this tau: the verdict gives the
+    share below H* and says none is flagged, not "0% of tokens"."""
+    _, lf = synth(n_tokens=50_000, seed=0, h_star=0.03)
+    r = fit_scaling_law(lf, n_boot=200, tau=1e6)
+    assert r.breakpoint is not None and r.regime.flagged_tokens == 0
+    share = f"{100 * r.regime.share_below_h_star:.2g}"
+    assert re.search(r"noise regime below H\* = [\d.]+ nats \[[\d.]+, [\d.]+\]: "
+                     + re.escape(share) + r"(\.\d)?% of tokens below H\* \([\d.]+% of "
+                     r"delta\^2 mass\), none flagged as noise at tau = 1e\+06 \(a lower tau "
+                     r"flags more\)$", r.verdict.text), r.verdict.text
 
 
 def test_robust_estimate_flags_heavy_tailed_bins():

@@ -295,6 +295,25 @@ def test_summary_carries_inputs_and_verdicts(full_html):
     assert _has(full_html, "inference")
 
 
+def test_entr_noise_admitted_is_marked_as_by_definition():
+    """The ENTR gate that defines the noise tokens (same tau and eps as the flag) admits
+    none of them by definition: the summary and the gate table say so instead of
+    presenting 0% as a result; an ENTR gate at another tau keeps its plain share."""
+    cmp_ = _compare()
+    cmp_["parameters"].update(flag_tau=4.0, flag_eps=0.01)
+    entr = cmp_["gates"][0]
+    entr.update(params={"tau": 4.0, "eps": 0.01}, noise_admitted=0.0)
+    h = build_report_html(summary=_summary(), fit=_fit(), metrics=_metrics(), compare=cmp_,
+                          profiles=_profiles())
+    assert _has(h, "admits none of the noise tokens, by definition: they are the tokens it "
+                   "drops below H*")
+    assert _has(h, "0% (by definition)")
+    entr["params"] = {"tau": 8.0, "eps": 0.01}
+    h = build_report_html(summary=_summary(), fit=_fit(), metrics=_metrics(), compare=cmp_,
+                          profiles=_profiles())
+    assert not _has(h, "(by definition)") and _has(h, "admits 0% of the noise tokens")
+
+
 def test_verdict_caveat_under_the_verdict(full_html):
     """A fit whose verdict carries a caveat (few sequences) shows it under the verdict; one
     without shows none."""

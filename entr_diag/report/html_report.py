@@ -27,6 +27,8 @@ import plotly.io as pio
 import plotly.offline
 from plotly.subplots import make_subplots
 
+from entr_diag.compare import noise_by_definition
+
 __all__ = ["build_report_html", "write_report", "ReportUnavailable"]
 
 PAPER = "arXiv:2607.22186"
@@ -492,7 +494,11 @@ def _gate_sentence(compare: dict | None) -> str:
     entr = gates[0]
     s = f"Gates: {_gate_name(entr)} keeps {_pct(entr.get('kept_share'))} of tokens"
     extra = []
-    if _is_num(entr.get("noise_admitted")):
+    if _is_num(entr.get("noise_admitted")) and noise_by_definition(
+            entr, compare.get("parameters") or {}):
+        extra.append("admits none of the noise tokens, by definition: they are the tokens "
+                     "it drops below H*")
+    elif _is_num(entr.get("noise_admitted")):
         extra.append(f"admits {_pct(entr['noise_admitted'])} of the noise tokens")
     if _is_num(entr.get("exploration_discarded")):
         extra.append(f"discards {_pct(entr['exploration_discarded'])} of in-law exploration")
@@ -1256,7 +1262,9 @@ def _gate_summary_html(compare: dict | None) -> str:
                 _pct(g.get("kept_share")),
                 _f(g.get("dropped_tokens")),
                 _pct(g.get("kept_sequence_share")),
-                _pct(g.get("noise_admitted")),
+                _pct(g.get("noise_admitted"))
+                + (" (by definition)" if noise_by_definition(
+                    g, (compare or {}).get("parameters") or {}) else ""),
                 _pct(g.get("exploration_discarded")),
                 note,
             )
@@ -1924,7 +1932,9 @@ def build_report_html(
         doc.figure_block(
             lambda: _noise_vs_expl_fig(compare),
             "one point per gate: lower-left is better (admits little low-entropy noise, "
-            "discards little in-law exploration).",
+            "discards little in-law exploration). The noise tokens are those the ENTR rule "
+            "at this tau drops below H*: ENTR sits at 0 noise admitted by definition, so "
+            "the vertical axis compares the other gates.",
             "Noise admitted vs exploration discarded",
         )
     )
@@ -1976,9 +1986,13 @@ def build_report_html(
         doc.figure_block(
             lambda: _strata_fig(fit, summary.get("unavailable")),
             "the slope k of δ² = k·H (95% interval) per staleness bucket "
-            "(train_version − policy_version) and per step range; k growing with staleness "
-            "means policy drift adds to the numeric mismatch, k drifting over steps means the "
-            "mismatch changed during training.",
+            "(train_version − policy_version) and per step range; k drifting over steps means "
+            "the mismatch changed during training; k growing with staleness is policy drift "
+            "only if it also grows at a fixed step (early steps cannot be stale: see the "
+            "staleness check in the forensics). A stratum rests on fewer tokens than the "
+            "pooled fit: with heavy-tailed low-entropy bins a smaller stratum mostly reads a "
+            "higher alpha and a scattered k, beyond its interval; compare strata of similar "
+            "size.",
             "Fitted k per stratum",
         )
     )

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from entr_diag.compare import noise_by_definition
+
 __all__ = ["render_compare", "READING_NOTES"]
 
 READING_NOTES = (
@@ -82,7 +84,7 @@ def _gate_table(d: dict[str, Any]) -> Table:
             _int(g["kept_tokens"]),
             _pct(g["kept_share"], 2),
             _pct(g["kept_sequence_share"]),
-            _pct(g["noise_admitted"]),
+            _pct(g["noise_admitted"]) + (" (def.)" if noise_by_definition(g, p) else ""),
             _pct(g["exploration_discarded"], 2),
         ]
         for g in _panel(d)
@@ -126,6 +128,15 @@ def _gate_notes(d: dict[str, Any]) -> list[str]:
             f"(matched): the fixed band |delta| <= c = {m['c']:.4g} nats, the tightest band "
             f"keeping as many tokens as ENTR (drops {m['fixed_dropped']:,}; ENTR drops "
             f"{m['entr_dropped']:,})."
+        )
+    p = d["parameters"]
+    if any(noise_by_definition(g, p) for g in d["gates"]) and p.get("h_star") is not None:
+        notes.append(
+            f"noise admitted: the share of the noise tokens (H < H* = {p['h_star']:.4g} nats "
+            f"and delta^2/(H+{p['flag_eps']:g}) > {p['flag_tau']:g}: those ENTR drops below "
+            "H*) that each gate keeps; ENTR keeps none of them by definition (def.), so the "
+            "column compares the other gates. seqs kept: for a token gate, the sequences "
+            "with at least one token kept."
         )
     for k, v in (d.get("null_reasons") or {}).items():
         notes.append(f"n/a {k.replace('_', ' ')}: {v}.")
@@ -188,7 +199,9 @@ def _matched_tables(d: dict[str, Any]) -> list[Table]:
         ["", e["label"], fixed_name],
         [
             ["kept share", _pct(e["kept_share"], 2), _pct(f["kept_share"], 2)],
-            ["noise admitted", _pct(e["noise_admitted"]), _pct(f["noise_admitted"])],
+            ["noise admitted", _pct(e["noise_admitted"])
+             + (" (def.)" if noise_by_definition(e, d["parameters"]) else ""),
+             _pct(f["noise_admitted"])],
             [
                 "exploration discarded",
                 _pct(e["exploration_discarded"], 2),

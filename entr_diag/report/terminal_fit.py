@@ -156,6 +156,11 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
                        _ci(x.alpha_ci), _g(x.k), _ci(x.k_ci), _g(x.k_proportional),
                        Text(x.note or ""))
         console.print(tt)
+        console.print("Strata: k growing over steps is a changing mismatch; growing with "
+                      "staleness it is policy drift only if the forensic staleness check "
+                      "(at fixed step) agrees. Smaller strata mostly read a higher alpha and a "
+                      "scattered k on heavy-tailed bins, beyond their intervals: compare "
+                      "strata of similar size.", soft_wrap=True, markup=False)
     for n in st.notices:
         console.print(f"Note: {n}.", soft_wrap=True, markup=False)
 
