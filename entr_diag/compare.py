@@ -2024,7 +2024,8 @@ class ComparePlan:
                 f"the entropy-normalized bound: delta^2 / (H + {flag_eps:g}) > {flag_tau:g}"
                 if h_star is not None
                 else f"undefined: {self.no_fit}" if self.no_fit and self.has_entropy
-                else "undefined: no entropy breakpoint H* was given" if self.has_entropy
+                else ("undefined: no entropy breakpoint H* (the fit found no low-entropy "
+                      "noise regime, or none was given)") if self.has_entropy
                 else "undefined: no entropy column"
             ),
             "noise_admitted": (

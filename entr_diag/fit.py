@@ -1040,7 +1040,10 @@ def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSear
     elif (np.isfinite(lo) and (hi < 1 - ALPHA_TOL or lo > 1 + ALPHA_TOL)) or poor:
         why = []
         if poor:
-            why.append(f"poor fit, weighted R^2 = {power.r2:.2f}")
+            r2 = f"{power.r2:.2f}"  # never printed as the threshold it misses (0.8989)
+            if float(r2) >= R2_MIN:
+                r2 = f"{power.r2:.4f}".rstrip("0")
+            why.append(f"poor fit, weighted R^2 = {r2} < {R2_MIN:g}")
         if np.isfinite(lo) and (hi < 1 - ALPHA_TOL or lo > 1 + ALPHA_TOL):
             why.append("alpha far from 1")
         law, head = "does_not_hold", f"law does not hold: {a_txt} ({'; '.join(why)})"

@@ -1007,6 +1007,12 @@ def _misalign_keep(ds: Any) -> int:
     return keep
 
 
+def _pval(p: float) -> str:
+    """``p = 0.012``; a p-value below the smallest double (computed as 0) as
+    ``p < 1e-300``, never ``p = 0``."""
+    return "p < 1e-300" if p < 1e-300 else f"p = {p:.2g}"
+
+
 def _share(x: float) -> str:
     """A share as a percentage, two significant digits below 1% (0.038% is not 0.0%)."""
     return f"{x:.1%}" if x >= 0.01 else f"{100 * x:.2g}%"
@@ -1471,8 +1477,8 @@ def _check_truncation(ctx: _Ctx) -> _Result:
             if ev.get("engine_logprob_exactly_zero_tokens") else ""
         )
         trend_txt = (
-            f"-mean delta rises with entropy (Kendall tau {tau:.2f}, p = {p:.2g})"
-            if trend else f"the bias dominates the spread (Kendall tau {tau:.2f}, p = {p:.2g})"
+            f"-mean delta rises with entropy (Kendall tau {tau:.2f}, {_pval(p)})"
+            if trend else f"the bias dominates the spread (Kendall tau {tau:.2f}, {_pval(p)})"
         )
         f = Finding(
             kind=name,
@@ -1856,8 +1862,8 @@ def _check_drift(ctx: _Ctx) -> _Result:
             title=f"Mismatch drifts up over training: mean |delta| x{growth:.2f} at fixed entropy",
             message=(
                 f"At fixed entropy ({used}), mean |delta| grows by a factor {growth:.2f} "
-                f"from step {s0} to {s1} (p = {p:.2g}; Kendall tau of the per-step "
-                f"adjusted level {tau:.2f}, p = {ptau:.2g}). Mean entropy went from "
+                f"from step {s0} to {s1} ({_pval(p)}; Kendall tau of the per-step "
+                f"adjusted level {tau:.2f}, {_pval(ptau)}). Mean entropy went from "
                 f"{hs[0]:.3g} to {hs[-1]:.3g} nats, which the binning already accounts for."
             ),
             evidence=ev,
@@ -1868,11 +1874,11 @@ def _check_drift(ctx: _Ctx) -> _Result:
                 "drifts into ranges where bf16 rounding grows."
             ),
         )
-        return _found(f, f"growth x{growth:.2f} over the run, p = {p:.2g}")
+        return _found(f, f"growth x{growth:.2f} over the run, {_pval(p)}")
     return _clear(
         name,
         f"mean |delta| at fixed entropy changes by x{growth:.3g} over {len(ust)} steps "
-        f"(p = {p:.2g}, {used})",
+        f"({_pval(p)}, {used})",
     )
 
 
@@ -1936,7 +1942,7 @@ def _check_staleness(ctx: _Ctx) -> _Result:
             title=f"|delta| grows with staleness (x{per_v:.3g} per version of lag)",
             message=(
                 f"At fixed entropy and step, mean |delta| grows with the version lag "
-                f"(p = {p:.2g}): {rtxt or 'see evidence'} relative to lag {smin}. Part of "
+                f"({_pval(p)}): {rtxt or 'see evidence'} relative to lag {smin}. Part of "
                 "delta is policy change between sampling and training, not engine mismatch: "
                 "read the law and the gates per staleness bucket, or on the freshest tokens."
             ),
@@ -1947,8 +1953,8 @@ def _check_staleness(ctx: _Ctx) -> _Result:
                 "engine mismatch."
             ),
         )
-        return _found(f, f"x{per_v:.3g} per version, p = {p:.2g}")
-    return _clear(name, f"mean |delta| changes by x{per_v:.3g} per version of lag (p = {p:.2g})")
+        return _found(f, f"x{per_v:.3g} per version, {_pval(p)}")
+    return _clear(name, f"mean |delta| changes by x{per_v:.3g} per version of lag ({_pval(p)})")
 
 
 def _staleness_ratios(ctx: _Ctx) -> dict[int, float]:

@@ -502,6 +502,13 @@ def test_verdict_prints_enough_decimals_to_show_the_interval():
     assert "alpha = 1.300 [1.299, 1.301]" in v.text, v.text
     power.alpha_ci = (1.2, 1.4)
     assert "alpha = 1.30 [1.20, 1.40]" in _make_verdict(power, None, search, regime).text
+    # a weighted R^2 just under the threshold is never printed as the threshold
+    power.alpha_ci, power.r2 = (0.95, 1.05), 0.8989
+    assert "(poor fit, weighted R^2 = 0.8989 < 0.9)" in \
+        _make_verdict(power, None, search, regime).text
+    power.r2 = 0.85
+    assert "(poor fit, weighted R^2 = 0.85 < 0.9)" in \
+        _make_verdict(power, None, search, regime).text
 
 
 # ----------------------------------------------------------------------------- units check

@@ -1087,3 +1087,9 @@ def test_one_shard_with_another_tokens_logprob_is_named(tmp_path):
             f"others: in {d / 'step_3.parquet'} (3,000 tokens), infer_logprob does not look "
             "like the logprob of the sampled token") in err, err
     assert any("another token's logprob" in c for c in doc["verdict"]["caveats"])
+
+
+def test_p_values_below_the_smallest_double_are_not_printed_as_zero():
+    """A p-value computed as 0 (below 1e-300) reads 'p < 1e-300', others 'p = 0.012'."""
+    assert FX._pval(0.0) == "p < 1e-300" and FX._pval(0.0123) == "p = 0.012"
+    assert FX._pval(3e-12) == "p = 3e-12"

@@ -110,7 +110,10 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     console.print(lt)
     console.print(f"Robust check: {r.note}.", style="yellow" if r.disagrees else None,
                   soft_wrap=True, markup=False)
-    console.print(f"Robust k (median of bin ratios): {_g(p.k_robust)}", soft_wrap=True)
+    console.print(f"Robust k of delta^2 = k H (median of the bins' mean delta^2 / mean H): "
+                  f"{_g(p.k_robust)}. R^2 and chi2/dof: of delta^2 in linear space for the "
+                  "first two laws, of ln delta^2 in log-log space for k H^alpha (its fit's "
+                  "space): not comparable across the rows.", soft_wrap=True)
 
     # ---- breakpoint and regime
     bp = result.breakpoint
@@ -134,7 +137,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
             soft_wrap=True,
         )
         pt = _table("Flagged tokens by sampled-token probability p = exp(infer_logprob)")
-        for col in ("p bin", "tokens", "share of flagged", "share of delta^2 mass"):
+        for col in ("p bin", "tokens", "share of flagged", "share of all delta^2 mass"):
             pt.add_column(col)
         for pb in g.by_p:
             pt.add_row(pb.label, str(pb.tokens), _pct(pb.share_of_flagged),
