@@ -7,6 +7,7 @@ become one paragraph on stderr and exit code 2; results go to stdout (tables) or
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sys
 from collections.abc import Iterator
@@ -1523,8 +1524,12 @@ def flag(
         # earlier run must never pass for this run's result
         lf = flagged_tokens(ds.lf, h_star=h_star, tau=tau, eps=eps).with_columns(
             pl.col("seq_id").cast(ds.seq_id_dtype))
+        # what made this file, so that a saved one can be traced back to its run
+        meta = {**_output_mark("flag"), "entr_diag.parameters": json.dumps({
+            "h_star": h_star, "tau": tau, "eps": eps, "bins": bins, "bin_edges": bin_edges,
+            "seed": seed, "n_boot": n_boot, "inputs": [str(f.path) for f in ds.files]})}
         write_with(output, lambda dest: lf.sink_parquet(dest, compression="zstd",
-                                                         metadata=_output_mark("flag")))
+                                                         metadata=meta))
         out = _tables(output)  # stderr when the Parquet goes to stdout
         if h_star is None:
             reason = (res.to_dict().get("regime") or {}).get("breakpoint_search", {}).get("reason", "")

@@ -292,6 +292,13 @@ def test_fit_json_and_flag(synth_file, tmp_path):
     df = pl.read_parquet(noise)
     assert df.height > 0 and df["seq_id"].dtype == pl.Int64  # joinable to the input
     assert (df["entropy"] < doc["breakpoint"]["h_star"] * 1.0001).all()
+    # the file says what made it: H*, tau, eps and the inputs
+    import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(noise).metadata
+    made = json.loads(meta[b"entr_diag.parameters"])
+    assert made["h_star"] == pytest.approx(doc["breakpoint"]["h_star"], rel=0.01)
+    assert (made["tau"], made["eps"], made["inputs"]) == (4.0, 0.01, [str(synth_file)])
 
 
 @pytest.mark.parametrize("args", [
