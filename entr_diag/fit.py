@@ -81,7 +81,7 @@ import dataclasses
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -400,10 +400,16 @@ class StratumFit:
     k_proportional: float
     k_proportional_ci: tuple[float, float]
     note: str
+    #: the alpha a random sample of the run as large as this stratum reads (whole sequence
+    #: blocks drawn without replacement until they hold its tokens, RANDOM_SIZE_DRAWS
+    #: times): 2.5 and 97.5 % quantiles. With heavy-tailed bins a smaller sample reads a
+    #: higher alpha, beyond the stratum's own interval: a stratum differs from the run only
+    #: when its alpha lies outside this range
+    alpha_random_ci: tuple[float, float] = (math.nan, math.nan)
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
-        for key in ("k_ci", "alpha_ci", "k_proportional_ci"):
+        for key in ("k_ci", "alpha_ci", "k_proportional_ci", "alpha_random_ci"):
             d[key] = _ci_list(d[key])
         return d
 
@@ -973,6 +979,42 @@ def _regime_with_hist(
     )
 
 
+#: random samples per stratum size for :attr:`StratumFit.alpha_random_ci`
+RANDOM_SIZE_DRAWS = 200
+
+
+def _random_size_alpha(pooled: Mapping[str, np.ndarray], tokens: int, law_bins: np.ndarray,
+                       rng: np.random.Generator) -> tuple[float, float]:
+    """The 95 % range of the power law's alpha on random samples of ``tokens`` tokens:
+    whole sequence blocks of ``pooled`` (per coarse bin and block sums n, s_h, s_d2, shape
+    (nb, B)) drawn in random order until they hold ``tokens``, RANDOM_SIZE_DRAWS times;
+    each sample fitted as the stratum is (the law-regime bins with MIN_BIN_TOKENS tokens
+    from 2 blocks; weighted least squares of ln mean delta^2 on ln mean H, weights
+    proportional to tokens, as :func:`_fit_power`)."""
+    n, sh, sd2 = (np.asarray(pooled[c], dtype=np.float64) for c in ("n", "s_h", "s_d2"))
+    per_block = n.sum(axis=0)
+    blocks = np.flatnonzero(per_block > 0)
+    if blocks.size < 2 or tokens <= 0:
+        return _CI_NAN
+    pick = np.zeros((RANDOM_SIZE_DRAWS, n.shape[1]))
+    for r in range(RANDOM_SIZE_DRAWS):
+        order = rng.permutation(blocks)
+        k = int(np.searchsorted(np.cumsum(per_block[order]), tokens)) + 1
+        pick[r, order[:k]] = 1.0
+    ns, hs, ds = n @ pick.T, sh @ pick.T, sd2 @ pick.T  # (nb, draws)
+    nblk = (n > 0).astype(np.float64) @ pick.T
+    ok = np.zeros(n.shape[0], dtype=bool)
+    ok[law_bins] = True
+    w = np.where(ok[:, None] & (ns >= MIN_BIN_TOKENS) & (nblk >= 2), ns, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x, y = np.log(_div(hs, ns)), np.log(_div(ds, ns))
+    alpha, _ = _wline(x, y, w)
+    alpha = alpha[np.isfinite(alpha)]
+    if alpha.size < RANDOM_SIZE_DRAWS // 2:
+        return _CI_NAN
+    return float(np.quantile(alpha, 0.025)), float(np.quantile(alpha, 0.975))
+
+
 def _stratum_fits(
     sums: dict[str, np.ndarray],
     labels: list[str],
@@ -981,9 +1023,15 @@ def _stratum_fits(
     nb: int,
     boot: _Boot,
     B: int,
+    pooled: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
 ) -> list[StratumFit]:
     """Per stratum: the power law and k on the law-regime bins. ``sums``: flat dense arrays
-    (strata x coarse bins x blocks) of n, s_h, s_d2."""
+    (strata x coarse bins x blocks) of n, s_h, s_d2. With ``pooled`` (the run's per coarse
+    bin and block sums), the alpha range of a random sample of each stratum's size
+    (:func:`_random_size_alpha`, seeded by ``seed``) and a note when the stratum's alpha
+    lies outside it."""
+    rng = np.random.default_rng([seed, 7])
     out = []
     for si, label in enumerate(labels):
         S = {c: sums[c].reshape(-1, nb, B)[si] for c in ("n", "s_h", "s_d2")}
@@ -1009,8 +1057,13 @@ def _stratum_fits(
                       _div(dr[idx], nr[idx]))
         k, alpha, kr, ar, _, _ = _fit_power(bd)
         kp, kpr, _, _, _ = _fit_proportional(bd, k * bd.h**alpha)
+        rand = _CI_NAN if pooled is None else _random_size_alpha(pooled, tokens, law_bins,
+                                                                 rng)
+        note = ""
+        if np.isfinite(rand[0]) and np.isfinite(alpha) and not rand[0] <= alpha <= rand[1]:
+            note = "alpha outside the range of a random sample of its size"
         out.append(StratumFit(kind, label, tokens, int(idx.size), k, _ci(kr), alpha, _ci(ar),
-                              kp, _ci(kpr), ""))
+                              kp, _ci(kpr), note, rand))
     return out
 
 
@@ -1750,9 +1803,10 @@ def _finish_fit(plan: FitPlan) -> FitResult:
     if with_strata:
         if plan.has_stale:
             staleness_fits = _stratum_fits(fs.st, [b[0] for b in STALENESS_BUCKETS],
-                                           "staleness", law_bins, nb, boot, B)
+                                           "staleness", law_bins, nb, boot, B, S, seed)
         if step_labels:
-            step_fits = _stratum_fits(fs.sr, step_labels, "step", law_bins, nb, boot, B)
+            step_fits = _stratum_fits(fs.sr, step_labels, "step", law_bins, nb, boot, B, S,
+                                      seed)
 
     # ---- bins
     law_set = set(int(i) for i in law_bins)

@@ -642,3 +642,30 @@ def test_laws_on_the_breakpoint_grid_are_said_so(tmp_path):
     d = json.loads(js.read_text())
     assert d["laws"]["grid"] == "bins"
     assert d["laws"]["power"]["n_bins"] == sum(b["in_fit"] for b in d["bins"])
+
+
+def test_strata_carry_the_alpha_range_of_a_random_sample_of_their_size():
+    """Each stratum gets the 95% alpha range of random samples of the run as large as it:
+    the steps of a run with one law stay inside it; a step whose law has another exponent
+    (0.6 against 1) falls below it, with a note (and the other steps, which differ from
+    the run's mixture too, above it)."""
+    from entr_diag.fit import _random_size_alpha
+
+    base = generate(SynthSpec(n_tokens=120_000, seed=5, h_star=None, n_steps=7))
+    r = fit_scaling_law(canonical(base), n_boot=200)
+    steps = r.strata.step
+    assert len(steps) == 7 and all(np.isfinite(s.alpha_random_ci[0]) for s in steps)
+    inside = [s for s in steps if s.alpha_random_ci[0] <= s.alpha <= s.alpha_random_ci[1]]
+    assert len(inside) >= 6 and all(not s.note for s in inside)
+    odd = generate(SynthSpec(n_tokens=15_000, seed=6, h_star=None, alpha=0.6, n_steps=1))
+    odd = odd.with_columns(pl.col("seq_id") + 10**6, pl.lit(7).cast(base["step"].dtype)
+                           .alias("step"))
+    r = fit_scaling_law(canonical(pl.concat([base, odd.select(base.columns)])), n_boot=200)
+    last = {s.label: s for s in r.strata.step}["7"]
+    assert last.alpha < last.alpha_random_ci[0] and "outside the range" in last.note
+    # a random "sample" of every token is the run itself: a range of one value
+    S = {c: np.ones((4, 3)) * v for c, v in (("n", 100.0), ("s_h", 50.0), ("s_d2", 5.0))}
+    S["s_h"][:, :] = np.array([[1.0], [10.0], [100.0], [1000.0]])
+    S["s_d2"][:, :] = S["s_h"] * 0.01
+    lo, hi = _random_size_alpha(S, 1200, np.arange(4), np.random.default_rng(0))
+    assert lo == pytest.approx(1.0) and hi == pytest.approx(1.0)

@@ -1991,8 +1991,9 @@ def build_report_html(
             "only if it also grows at a fixed step (early steps cannot be stale: see the "
             "staleness check in the forensics). A stratum rests on fewer tokens than the "
             "pooled fit: with heavy-tailed low-entropy bins a smaller stratum mostly reads a "
-            "higher alpha and a scattered k, beyond its interval; compare strata of similar "
-            "size.",
+            "higher alpha and a scattered k, beyond its interval; the JSON's "
+            "alpha_random_ci (and the terminal's 'random size') gives the alpha range of a "
+            "random sample of each stratum's size: only outside it does a stratum differ.",
             "Fitted k per stratum",
         )
     )

@@ -151,19 +151,21 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     rows = list(st.staleness) + list(st.step)
     if rows:
         tt = _table("Power law per stratum (law-regime bins)")
-        for col in ("stratum", "tokens", "bins", "alpha", "alpha 95% CI", "k", "k 95% CI",
-                    "k (k H)", "note"):
+        for col in ("stratum", "tokens", "bins", "alpha", "alpha 95% CI", "random size",
+                    "k", "k 95% CI", "k (k H)", "note"):
             tt.add_column(col)
         for x in rows:
             tt.add_row(Text(f"{x.kind} {x.label}"), str(x.tokens), str(x.n_bins), _g(x.alpha),
-                       _ci(x.alpha_ci), _g(x.k), _ci(x.k_ci), _g(x.k_proportional),
-                       Text(x.note or ""))
+                       _ci(x.alpha_ci), _ci(x.alpha_random_ci), _g(x.k), _ci(x.k_ci),
+                       _g(x.k_proportional), Text(x.note or ""))
         console.print(tt)
-        console.print("Strata: k growing over steps is a changing mismatch; growing with "
-                      "staleness it is policy drift only if the forensic staleness check "
-                      "(at fixed step) agrees. Smaller strata mostly read a higher alpha and a "
-                      "scattered k on heavy-tailed bins, beyond their intervals: compare "
-                      "strata of similar size.", soft_wrap=True, markup=False)
+        console.print("Strata: 'random size' is the 95% range of alpha on random samples of "
+                      "the run as large as the stratum (whole sequences): a smaller sample "
+                      "reads another alpha on heavy-tailed bins, beyond the stratum's own "
+                      "interval, so a stratum differs from the run only outside that range. k "
+                      "growing over steps is a changing mismatch; growing with staleness it is "
+                      "policy drift only if the forensic staleness check (at fixed step) "
+                      "agrees.", soft_wrap=True, markup=False)
     for n in st.notices:
         console.print(f"Note: {n}.", soft_wrap=True, markup=False)
 
