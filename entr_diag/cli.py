@@ -1400,7 +1400,11 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             if k == "file_units":  # after the fit: the pooled units check
                 continue
             try:
-                out[k] = p if k in ("profiles", "implausible") else p.finish()
+                if k == "findings":  # the staleness check reads the law regime only
+                    bp = out["fit"].breakpoint if out.get("fit") is not None else None
+                    out[k] = p.finish(h_star=None if bp is None else bp.h_star)
+                else:
+                    out[k] = p if k in ("profiles", "implausible") else p.finish()
             except FitError as e:
                 if k != "fit":
                     raise

@@ -718,6 +718,9 @@ class _Ctx:
         self._cells: pl.DataFrame | None = None
         self._blocks: pl.DataFrame | None = None
         self._trend: _Trend | None = None
+        #: the fitted law's H* (the staleness check reads the bins above it only: the noise
+        #: regime's delta is no policy drift), set by ForensicsPlan.finish(h_star=...)
+        self.law_h_star: float | None = None
         #: sequence outliers: per (seq_key, bin, _stale) partial rows (a key may repeat: sum
         #: over them) n, sh, sd2; per seq_key: seq_id, n, nh, sh, sd2, sad
         self.seqbins: pl.DataFrame | None = None
@@ -1699,6 +1702,16 @@ class _Trend:
     step_level: tuple[float, ...] = ()  # per-step level adjusted for entropy and staleness
 
 
+def _law_cells(ctx: _Ctx) -> pl.DataFrame:
+    """``ctx.cells`` without the forensic entropy bins that reach below the fitted law's H*
+    (``ctx.law_h_star``; every cell without one): the low-entropy noise regime's delta is
+    pure noise, no policy drift, and would dilute the staleness ratios."""
+    if ctx.law_h_star is None or not math.isfinite(ctx.law_h_star):
+        return ctx.cells
+    lo = H_BIN_LO * 10 ** (pl.col("bin").cast(pl.Float64) * BIN_DECADES)
+    return ctx.cells.filter(lo >= ctx.law_h_star * (1 - 1e-9))
+
+
 def _joint_trend(ctx: _Ctx) -> _Trend:
     """log(mean |delta|) per cell = a_bin + b_step * step/(run length) + b_stale * staleness
     (used by the staleness check; drift has its own model, :func:`_drift_trend`).
@@ -1712,7 +1725,7 @@ def _joint_trend(ctx: _Ctx) -> _Trend:
         return ctx._trend
     use_step, use_stale = ctx.has("step"), ctx.has("staleness")
     c = (
-        ctx.cells.drop_nulls(["_step", "_stale"])
+        _law_cells(ctx).drop_nulls(["_step", "_stale"])
         .filter(pl.col("n") >= MIN_CELL_TOKENS, pl.col("sad") > 0)
         .with_columns((pl.col("sad") / pl.col("n")).log().alias("y"))
     )
@@ -1916,7 +1929,8 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     smin, smax = int(vals.min()), int(vals.max())
     per_v = math.exp(t.beta_stale)
     total = math.exp(t.beta_stale * (smax - smin))
-    by_s = ctx.cells.group_by("_stale").agg(pl.col("n", "sad").sum()).sort("_stale").drop_nulls()
+    by_s = (_law_cells(ctx).group_by("_stale").agg(pl.col("n", "sad").sum()).sort("_stale")
+            .drop_nulls())
     p = t.p_stale
     ev = {
         "staleness_values": [int(v) for v in by_s["_stale"].to_list()],
@@ -1930,6 +1944,8 @@ def _check_staleness(ctx: _Ctx) -> _Result:
         "log_slope_se": _r(t.se_stale),
         "p_value": _r(p),
         "within_entropy_bins": bool(ctx.has("entropy")),
+        #: the bins read: those above the fitted law's H* (None: every bin)
+        "above_h_star": (None if ctx.law_h_star is None else _r(ctx.law_h_star)),
     }
     ratios = _staleness_ratios(ctx)
     ev["ratio_to_freshest_per_staleness"] = [_r(x, 3) for x in ratios.values()]
@@ -1941,7 +1957,10 @@ def _check_staleness(ctx: _Ctx) -> _Result:
             severity="info",
             title=f"|delta| grows with staleness (x{per_v:.3g} per version of lag)",
             message=(
-                f"At fixed entropy and step, mean |delta| grows with the version lag "
+                "At fixed entropy and step"
+                + (f" (above the law's H* = {ctx.law_h_star:.3g} nats: the noise regime "
+                   "below it is no policy drift)" if ctx.law_h_star is not None else "")
+                + ", mean |delta| grows with the version lag "
                 f"({_pval(p)}): {rtxt or 'see evidence'} relative to lag {smin}. Part of "
                 "delta is policy change between sampling and training, not engine mismatch: "
                 "read the law and the gates per staleness bucket, or on the freshest tokens."
@@ -1961,7 +1980,7 @@ def _staleness_ratios(ctx: _Ctx) -> dict[int, float]:
     """Mean |delta| per staleness value relative to the freshest tokens, at equal entropy bin
     and step: exp of the dummy coefficients of a fixed-effects fit on the cells."""
     c = (
-        ctx.cells.drop_nulls(["_step", "_stale"])
+        _law_cells(ctx).drop_nulls(["_step", "_stale"])
         .filter(pl.col("n") >= MIN_CELL_TOKENS, pl.col("sad") > 0)
         .with_columns((pl.col("sad") / pl.col("n")).log().alias("y"))
     )
@@ -3065,8 +3084,11 @@ class ForensicsPlan:
             if self._zero is not None:
                 ctx.zero_counts = (self._zero.z, self._zero.m)
 
-    def finish(self) -> Findings:
-        """Run the raw pass if needed, then the checks on the merged tables."""
+    def finish(self, h_star: float | None = None) -> Findings:
+        """Run the raw pass if needed, then the checks on the merged tables. ``h_star``: the
+        fitted law's breakpoint, when known (the staleness check then reads the entropy
+        bins above it only)."""
+        self.ctx.law_h_star = h_star
         self.run_raw()
         self._tables()
         statuses: list[CheckStatus] = []
@@ -3100,13 +3122,16 @@ def forensics_plan(ds: Any, checks: Sequence[str] | None = None) -> ForensicsPla
 # --------------------------------------------------------------------------- entry points
 
 
-def run_forensics(ds: Any, *, checks: Sequence[str] | None = None) -> Findings:
+def run_forensics(ds: Any, *, checks: Sequence[str] | None = None,
+                  h_star: float | None = None) -> Findings:
     """Run the mismatch forensics on a loaded dataset.
 
     Args:
         ds: a :class:`entr_diag.io.load.Dataset` (uses ``ds.lf``; ``ds.raw`` for corrupt
             rows; ``ds.accounting.tokens_valid`` to size the lag sample).
         checks: names from :data:`CHECKS` (default: all, in that order).
+        h_star: the fitted law's breakpoint (nats), when known: the staleness check reads
+            the entropy bins above it only (the noise regime below is no policy drift).
 
     Returns:
         :class:`Findings`: findings sorted most severe first (then in check order), and one
@@ -3121,7 +3146,7 @@ def run_forensics(ds: Any, *, checks: Sequence[str] | None = None) -> Findings:
     plan = forensics_plan(ds, checks)
     if plan.accumulators:
         run_pass(ds.lf, plan.accumulators)
-    return plan.finish()
+    return plan.finish(h_star=h_star)
 
 
 def detect_misalignment(ds: Any) -> Finding | None:

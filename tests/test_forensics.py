@@ -1093,3 +1093,20 @@ def test_p_values_below_the_smallest_double_are_not_printed_as_zero():
     """A p-value computed as 0 (below 1e-300) reads 'p < 1e-300', others 'p = 0.012'."""
     assert FX._pval(0.0) == "p < 1e-300" and FX._pval(0.0123) == "p = 0.012"
     assert FX._pval(3e-12) == "p = 3e-12"
+
+
+def test_staleness_ratios_read_the_law_regime_given_h_star(tmp_path):
+    """Planted drift sqrt(1 + 0.5 s) on the law tokens under a noise regime below H* =
+    0.05: over every bin the noise dilutes the ratios; given the fitted H*, the check
+    reads the bins above it and recovers 1.22 / 1.41 / 1.58 (and says so)."""
+    df = generate(SynthSpec(n_tokens=300_000, seed=3, h_star=0.05, noise_share=0.3,
+                            staleness_gain=0.5))
+    ds = _load(tmp_path, df)
+    every = run_forensics(ds, checks=["staleness"]).by_kind("staleness")
+    law = run_forensics(ds, checks=["staleness"], h_star=0.05).by_kind("staleness")
+    truth = [math.sqrt(1 + 0.5 * s) for s in (1, 2, 3)]
+    assert law.evidence["ratio_staleness_values"] == [0, 1, 2, 3]
+    assert law.evidence["ratio_to_freshest_per_staleness"][1:] == pytest.approx(truth, rel=0.03)
+    assert every.evidence["ratio_to_freshest_per_staleness"][3] < 0.85 * truth[2]
+    assert law.evidence["above_h_star"] == 0.05 and every.evidence["above_h_star"] is None
+    assert "(above the law's H* = 0.05 nats" in law.message
