@@ -1883,12 +1883,12 @@ def report(
 @app.command(cls=_Command)
 def synth(
     output: Annotated[Path, typer.Option("--output", "-o", parser=_output_path, metavar="FILE", help="Parquet file to write.")],
-    tokens: Annotated[int, typer.Option(help="Number of tokens.")] = 200_000,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
-    k: Annotated[float, typer.Option(help="Planted law scale: E\\[delta^2|H] = k H^alpha.")] = 0.02,
-    alpha: Annotated[float, typer.Option(help="Planted law exponent.")] = 1.0,
-    h_star: Annotated[float | None, typer.Option(help="Planted breakpoint H* in nats (0 = no noise regime).")] = 0.03,
-    noise_share: Annotated[float, typer.Option(help="Share of tokens below H* that are noise.")] = 0.3,
+    tokens: Annotated[int, typer.Option(help="Number of tokens (>= 1).")] = 200_000,
+    seed: Annotated[int, typer.Option(help="Random seed (>= 0).")] = 0,
+    k: Annotated[float, typer.Option(help="Planted law scale: E\\[delta^2|H] = k H^alpha (> 0).")] = 0.02,
+    alpha: Annotated[float, typer.Option(help="Planted law exponent, in (0, 4].")] = 1.0,
+    h_star: Annotated[float | None, typer.Option(help="Planted breakpoint H* in nats, below 4 (0 = no noise regime).")] = 0.03,
+    noise_share: Annotated[float, typer.Option(help="Share of tokens below H* that are noise, in [0, 1].")] = 0.3,
     layout: Annotated[str, typer.Option(help="long or nested.")] = "long",
     dirty: Annotated[bool, typer.Option(help="Add realistic invalid rows (NaN, sentinels, ...).")] = False,
     quiet: QuietOpt = False,
