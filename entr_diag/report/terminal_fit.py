@@ -81,7 +81,8 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
             "*" if b.in_fit else "",
         )
     console.print(t)
-    console.print("d = delta = train_logprob - infer_logprob; z = d / sqrt(H + eps); "
+    console.print("d = delta = train_logprob - infer_logprob (nats; d^2 in nats^2, k of "
+                  "k H^alpha in nats^(2 - alpha)); z = d / sqrt(H + eps) (no unit); "
                   "p<1e-3: share of tokens whose sampled-token probability is below 1e-3; "
                   + ("fit *: bin used by the law fits" if result.laws.grid == "bins" else
                      "fit *: bin inside the law regime (it spans fewer than 3 of these bins, "
