@@ -642,10 +642,15 @@ SAMPLED_RATIO_WINDOW = (0.75, 1.34)
 #: logprob. Real runs agree to a few percent; a temperature applied on one side moves the
 #: factor by 3 to 6 % (toy softmaxes at T = 0.7), staleness by less
 OTHER_TOKEN_FACTOR = 1.3
+#: ... and the two columns correlate less than this within the entropy bins: logprobs of
+#: one token under two engines, even with a temperature and top-k 5 on one side only,
+#: correlate at 0.6 to 1 (toy softmaxes); another token's at -0.1 (token_id + 1) to 0.3
+#: (the argmax token's)
+OTHER_TOKEN_MAX_CORR = 0.5
 
 
 def other_token(ratio: float, ratio_binned: float, train_ratio_binned: float, tokens: int,
-                train_over_infer: float) -> str | None:
+                train_over_infer: float, within_bin_corr: float = math.nan) -> str | None:
     """The logprob column that does not hold the SAMPLED token's logprob, else None.
 
     For a token y sampled from the engine's distribution, E[-log mu(y)] = H: a column
@@ -661,15 +666,23 @@ def other_token(ratio: float, ratio_binned: float, train_ratio_binned: float, to
             -infer_logprob / H and of -train_logprob / H (``UnitsCheck``).
         tokens: the tokens the sums run over; below :data:`MIN_UNIT_TOKENS`, None.
         train_over_infer: sum(train_logprob) / sum(infer_logprob).
+        within_bin_corr: the two columns' pooled correlation within the entropy bins
+            (``UnitsCheck.within_bin_corr``): logprobs of one token correlate even when one
+            side samples with a temperature or top-k the other leaves out, which also
+            moves the mean surprisal by more than the factor.
 
     Returns the column whose mean surprisal is farther from the mean entropy (in log
-    ratio) when the two columns differ by more than the factor and the OTHER column's
-    binned ratio lies in :data:`SAMPLED_RATIO_WINDOW` (it reads as the sampled token's);
-    None otherwise. The caller asks only when no unit signature matched.
+    ratio) when the two columns differ by more than the factor, correlate less than
+    :data:`OTHER_TOKEN_MAX_CORR` within the bins, and the OTHER column's binned ratio
+    lies in :data:`SAMPLED_RATIO_WINDOW` (it reads as the sampled token's); None
+    otherwise (also without a correlation). The caller asks only when no unit signature
+    matched.
     """
     lo, hi = SAMPLED_RATIO_WINDOW
     vals = (ratio, ratio_binned, train_ratio_binned, train_over_infer)
     if tokens < MIN_UNIT_TOKENS or not all(math.isfinite(v) and v > 0 for v in vals):
+        return None
+    if not (math.isfinite(within_bin_corr) and within_bin_corr < OTHER_TOKEN_MAX_CORR):
         return None
     if 1 / OTHER_TOKEN_FACTOR <= train_over_infer <= OTHER_TOKEN_FACTOR:
         return None
@@ -694,10 +707,15 @@ def other_token_caveat(units: Mapping, mapping: Mapping[str, str] | None = None)
         f"{s[good]:.3g} nats, for a mean entropy of {units['mean_entropy']:.3g} nats (the "
         "token sampled has a mean surprisal equal to the mean entropy: E[-log mu(y)] = "
         f"H(mu)); the two differ by a factor of {max(factor, 1 / factor):.3g}, which no "
-        "unit, engine mismatch or staleness explains. A logprob of another token "
+        "unit, engine mismatch or staleness explains, and they barely correlate within "
+        f"the entropy bins (r = {units.get('within_bin_corr', math.nan):.2f}; the same "
+        "token's logprobs under two engines correlate at 0.6 or more, even with a "
+        "temperature or top-k on one side). A logprob of another token "
         "(gathered at the wrong index, a tokenizer or vocabulary offset, or the argmax "
         "token's instead of the sampled one's) makes every ratio meaningless: check how "
-        "that column is gathered."
+        "that column is gathered; or, with policies many versions apart, whether the "
+        "trainer's policy has moved so far from the sampling one that its logprobs no "
+        "longer follow the sampled tokens."
     )
 
 

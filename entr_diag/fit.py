@@ -77,7 +77,6 @@ Results do not depend on row order or sharding except through float summation or
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import numbers
 import warnings
@@ -472,7 +471,8 @@ class UnitsCheck:
     first quartile of the bins' ratios: 1 for a constant factor), ``train_over_infer``,
     ``likely_mistake`` (a key of the signatures, or None:
     :func:`entr_diag.caveats.unit_mistake`), ``train_ratio_binned`` (``ratio_binned`` of
-    -train_logprob), ``other_token`` (``"infer_logprob"`` or ``"train_logprob"``: the column
+    -train_logprob), ``within_bin_corr`` (the two logprob columns' correlation within the
+    entropy bins, pooled), ``other_token`` (``"infer_logprob"`` or ``"train_logprob"``: the column
     that does not hold the sampled token's logprob, or None:
     :func:`entr_diag.caveats.other_token`).
 
@@ -492,16 +492,21 @@ class UnitsCheck:
     train_over_infer: float
     likely_mistake: str | None
     train_ratio_binned: float = math.nan
+    within_bin_corr: float = math.nan
     other_token: str | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarray
-                 ) -> UnitsCheck:
+def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarray,
+                 s_lp2: np.ndarray | None = None, s_lpd: np.ndarray | None = None,
+                 s_d2: np.ndarray | None = None, match_units: bool = True) -> UnitsCheck:
     """:class:`UnitsCheck` from per-bin sums of infer_logprob, of delta, of H and token
-    counts (train_logprob = infer_logprob + delta)."""
+    counts (train_logprob = infer_logprob + delta); with the sums of infer_logprob^2,
+    infer_logprob * delta and delta^2, the pooled within-bin correlation of the two
+    logprob columns (``within_bin_corr``; NaN without them). ``match_units=False``: no unit
+    signature is matched (too few tokens for them), only the other-token check runs."""
     from entr_diag.caveats import other_token, unit_mistake
 
     tokens, surprisal, entropy = int(n.sum()), float(-s_lp.sum()), float(s_h.sum())
@@ -521,7 +526,17 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
     train_binned = quartiles(s_lp + s_d)[1]
     spread = q3 / q1 if q1 > 0 else math.nan
     t_over_i = (surprisal - float(s_d.sum())) / surprisal if surprisal > 0 else math.nan
-    mistake = unit_mistake(binned, tokens, spread, t_over_i)
+    mistake = unit_mistake(binned, tokens, spread, t_over_i) if match_units else None
+    corr = math.nan
+    if s_lp2 is not None and s_lpd is not None and s_d2 is not None:
+        m = n >= 2
+        nn = np.where(m, n, 1.0)
+        s_t = s_lp + s_d  # train_logprob = infer_logprob + delta
+        syy = np.where(m, s_lp2 - s_lp**2 / nn, 0.0).sum()
+        sxy = np.where(m, s_lp2 + s_lpd - s_t * s_lp / nn, 0.0).sum()
+        sxx = np.where(m, s_lp2 + 2 * s_lpd + s_d2 - s_t**2 / nn, 0.0).sum()
+        if sxx > 0 and syy > 0:
+            corr = float(sxy / math.sqrt(sxx * syy))
     return UnitsCheck(
         tokens=tokens,
         mean_surprisal=surprisal / tokens if tokens else math.nan,
@@ -532,9 +547,10 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
         train_over_infer=t_over_i,
         likely_mistake=mistake,
         train_ratio_binned=train_binned,
+        within_bin_corr=corr,
         other_token=None if mistake else other_token(
             surprisal / entropy if entropy > 0 else math.nan, binned, train_binned, tokens,
-            t_over_i),
+            t_over_i, corr),
     )
 
 
@@ -1060,7 +1076,9 @@ def _stratum_fits(
         rand = _CI_NAN if pooled is None else _random_size_alpha(pooled, tokens, law_bins,
                                                                  rng)
         note = ""
-        if np.isfinite(rand[0]) and np.isfinite(alpha) and not rand[0] <= alpha <= rand[1]:
+        tol = 1e-6 * max(1.0, abs(alpha))  # a stratum that is the whole run: [a, a]
+        if (np.isfinite(rand[0]) and np.isfinite(alpha)
+                and not rand[0] - tol <= alpha <= rand[1] + tol):
             note = "alpha outside the range of a random sample of its size"
         out.append(StratumFit(kind, label, tokens, int(idx.size), k, _ci(kr), alpha, _ci(ar),
                               kp, _ci(kpr), note, rand))
@@ -1257,13 +1275,16 @@ class _FitSums:
         self._buf = np.empty((0, 0))  # reused float64 temporaries, (3, rows)
         self._kbuf = np.empty(0, dtype=np.int64)  # reused int64 joint keys, (rows,)
         # s_lp: sum of infer_logprob, for the units check (:class:`UnitsCheck`)
+        # s_lp2, s_lpd: of infer_logprob^2 and infer_logprob * delta, for the within-bin
+        # correlation of the two logprob columns (:func:`other_token`)
         self.reg = {c: np.zeros(self.nc * 2 * NP)
-                    for c in ("n", "s_d", "s_d2", "s_absd", "s_z2", "s_lp")}
+                    for c in ("n", "s_d", "s_d2", "s_absd", "s_z2", "s_lp", "s_lp2", "s_lpd")}
         self.hist = np.zeros(self.nb * (_N_D + 1))
-        #: n, sum infer_logprob, sum delta, sum H per coarse bin of the tokens with an
-        #: impossible logprob (<= IMPLAUSIBLE_LOGPROB on either side): the units check
-        #: leaves them out (a few -300 placeholders would read as log2 logprobs)
-        self.units_out = np.zeros((4, self.nb))
+        #: n, sum infer_logprob, sum delta, sum H, sum infer_logprob^2, sum infer_logprob *
+        #: delta, sum delta^2 per coarse bin of the tokens with an impossible logprob (<=
+        #: IMPLAUSIBLE_LOGPROB on either side): the units check leaves them out (a few -300
+        #: placeholders would read as log2 logprobs)
+        self.units_out = np.zeros((7, self.nb))
         self.masks = PartialRows(["seq_key"],
                                  [pl.col(f"m{w}").bitwise_or() for w in range(self.words)])
 
@@ -1294,16 +1315,21 @@ class _FitSums:
         k = col("_fit_reg")
         np.abs(d, out=t1)
         np.divide(d2, np.add(h, self.eps, out=t2), out=t2)
+        lp = col("infer_logprob")
         for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", t1),
-                        ("s_z2", t2), ("s_lp", col("infer_logprob"))):
+                        ("s_z2", t2), ("s_lp", lp)):
             self._add(self.reg[name], k, w)
+        np.multiply(lp, lp, out=t2)  # (t2 and t1 are free again)
+        self._add(self.reg["s_lp2"], k, t2)
+        np.multiply(lp, d, out=t2)
+        self._add(self.reg["s_lpd"], k, t2)
         self._add(self.hist, col("_fit_hist"))
         coarse = col("_fit_coarse")
-        lp = col("infer_logprob")
         bad = _implausible(lp, d, t1)
         if bad is not None:
             kb = coarse[bad]
-            for i, w in enumerate((None, lp[bad], d[bad], h[bad])):
+            lb, db = lp[bad], d[bad]
+            for i, w in enumerate((None, lb, db, h[bad], lb * lb, lb * db, db * db)):
                 self.units_out[i] += np.bincount(kb, weights=w, minlength=self.nb)
         # sequences per bin: OR of 2^coarse over runs of one sequence (rows of a sequence
         # are usually contiguous), then merged by seq_key
@@ -1405,8 +1431,8 @@ class _FileUnits:
 
     def __init__(self, nb: int, n_files: int) -> None:
         self.nb, self.n_files = nb, n_files
-        #: (4, n_files * nb): n, s_lp, s_d, s_h
-        self.sums = np.zeros((4, n_files * nb))
+        #: (7, n_files * nb): n, s_lp, s_d, s_h, s_lp2, s_lpd, s_d2
+        self.sums = np.zeros((7, n_files * nb))
 
     def update(self, batch: pl.DataFrame) -> None:
         col = _fit_tokens(batch, batch["_fit_joint"].to_numpy() >= 0, self.columns)
@@ -1420,8 +1446,9 @@ class _FileUnits:
             k = k[~bad]
             w = {name: v[~bad] for name, v in w.items()}
         self.sums[0] += np.bincount(k, minlength=size)
-        for i, name in enumerate(("infer_logprob", "delta", "entropy"), start=1):
-            self.sums[i] += np.bincount(k, weights=w[name], minlength=size)
+        lp, d = w["infer_logprob"], w["delta"]
+        for i, v in enumerate((lp, d, w["entropy"], lp * lp, lp * d, d * d), start=1):
+            self.sums[i] += np.bincount(k, weights=v, minlength=size)
 
 
 #: tokens a file needs for its own units check (:class:`FileUnitsPlan`): on a few thousand
@@ -1451,20 +1478,22 @@ class FileUnitsPlan:
         self.accumulators = [self.acc]
 
     def finish(self, pooled: UnitsCheck | None = None) -> list[tuple[str, UnitsCheck]]:
-        t = self.acc.sums.reshape(4, len(self.files), self.acc.nb)
+        t = self.acc.sums.reshape(7, len(self.files), self.acc.nb)
         checks = []
         for i, f in enumerate(self.files):
             n = t[0, i].sum()
             if n < MIN_FILE_OTHER_TOKEN_TOKENS:
                 continue
-            c = _units_check(t[1, i], t[2, i], t[3, i], t[0, i])
-            if n < MIN_FILE_UNIT_TOKENS:  # enough for the other-token check only
-                c = dataclasses.replace(c, likely_mistake=None)
+            # (fewer than MIN_FILE_UNIT_TOKENS: enough for the other-token check only)
+            c = _units_check(*(t[j, i] for j in (1, 2, 3, 0, 4, 5, 6)),
+                             match_units=n >= MIN_FILE_UNIT_TOKENS)
             checks.append((f, c))
-        if (pooled is not None and (pooled.likely_mistake or pooled.other_token)) \
-                or len(checks) < 2:
+        if (pooled is not None and pooled.likely_mistake) or len(checks) < 2:
             return []
-        flagged = [(f, c) for f, c in checks if c.likely_mistake or c.other_token]
+        if pooled is not None and pooled.other_token:  # named pooled: which files hold it?
+            flagged = [(f, c) for f, c in checks if c.other_token]
+        else:
+            flagged = [(f, c) for f, c in checks if c.likely_mistake or c.other_token]
         return [] if len(flagged) == len(checks) else flagged
 
 
@@ -1869,5 +1898,8 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         units=_units_check(per_bin(reg["s_lp"].sum(axis=(1, 2))) - fs.units_out[1],
                            point["s_d"] - fs.units_out[2],
                            S["s_h"].sum(axis=1) - fs.units_out[3],
-                           S["n"].sum(axis=1) - fs.units_out[0]),
+                           S["n"].sum(axis=1) - fs.units_out[0],
+                           per_bin(reg["s_lp2"].sum(axis=(1, 2))) - fs.units_out[4],
+                           per_bin(reg["s_lpd"].sum(axis=(1, 2))) - fs.units_out[5],
+                           per_bin(reg["s_d2"].sum(axis=(1, 2))) - fs.units_out[6]),
     )

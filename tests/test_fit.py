@@ -663,6 +663,12 @@ def test_strata_carry_the_alpha_range_of_a_random_sample_of_their_size():
     r = fit_scaling_law(canonical(pl.concat([base, odd.select(base.columns)])), n_boot=200)
     last = {s.label: s for s in r.strata.step}["7"]
     assert last.alpha < last.alpha_random_ci[0] and "outside the range" in last.note
+    # an on-policy run: its one staleness stratum is the run, whose range is its own alpha
+    r = fit_scaling_law(canonical(generate(SynthSpec(n_tokens=30_000, seed=4, h_star=None,
+                                                     max_staleness=0))), n_boot=100)
+    (only,) = r.strata.staleness
+    assert only.alpha_random_ci[0] == pytest.approx(only.alpha, rel=1e-9)
+    assert only.alpha_random_ci[1] == pytest.approx(only.alpha, rel=1e-9) and not only.note
     # a random "sample" of every token is the run itself: a range of one value
     S = {c: np.ones((4, 3)) * v for c, v in (("n", 100.0), ("s_h", 50.0), ("s_d2", 5.0))}
     S["s_h"][:, :] = np.array([[1.0], [10.0], [100.0], [1000.0]])

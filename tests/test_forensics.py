@@ -305,6 +305,9 @@ def _logit_run(kind: str, *, n_seq=240, seq_len=100, vocab=128, seed=0, temperat
     zi = zi + rng.standard_normal(zi.shape) * 0.01
     if kind == "temperature":
         zi = zi / temperature
+    if kind == "top_k":  # an engine sampling at T = 0.6 from its 5 most likely tokens
+        zi = zi / 0.6
+        zi = np.where(zi >= np.sort(zi, 1)[:, -5][:, None], zi, -np.inf)
     lp_inf = lsm(zi)
     if kind == "top_p":
         p = np.exp(lp_inf)
@@ -333,12 +336,15 @@ def _logit_run(kind: str, *, n_seq=240, seq_len=100, vocab=128, seed=0, temperat
 
 @pytest.mark.parametrize("kind,expect", [("wrong_id", "infer_logprob"),
                                          ("argmax", "infer_logprob"), ("clean", None),
-                                         ("temperature", None), ("top_p", None)])
+                                         ("temperature", None), ("top_p", None),
+                                         ("top_k", None)])
 def test_logprob_of_another_token_is_named(kind, expect, tmp_path):
     """Engine logprobs gathered at token_id + 1, or of the argmax token: the units check
     names the engine's column (its surprisal is far from the entropy, the trainer's is
     not); a clean run, an engine temperature and top-p sampling are not taken for it. With
-    unrelated columns the alignment check does not call lag 0 a fit."""
+    unrelated columns the alignment check does not call lag 0 a fit. An engine sampling
+    with T = 0.6 and top-k 5 moves the trainer's mean surprisal by 2x too, but the two
+    columns still correlate within the entropy bins: not taken for another token."""
     from entr_diag.caveats import units_caveat
     from entr_diag.fit import fit_scaling_law
 
@@ -353,6 +359,10 @@ def test_logprob_of_another_token_is_named(kind, expect, tmp_path):
                                "like the logprob of the sampled token"), text
         assert re.search(r"its mean surprisal is [\d.]+ nats, train_logprob's ([\d.]+) nats, "
                          r"for a mean entropy of ([\d.]+) nats", text), text
+    if kind == "top_k":
+        assert units.train_over_infer > 1.5 and units.within_bin_corr > 0.5
+    if expect:
+        assert units.within_bin_corr < 0.35
     mis = run_forensics(ds, checks=["misalignment"]).status("misalignment")
     assert mis.status == ("cannot_tell" if kind == "wrong_id" else "clear"), mis.reason
 
@@ -1087,6 +1097,33 @@ def test_one_shard_with_another_tokens_logprob_is_named(tmp_path):
             f"others: in {d / 'step_3.parquet'} (3,000 tokens), infer_logprob does not look "
             "like the logprob of the sampled token") in err, err
     assert any("another token's logprob" in c for c in doc["verdict"]["caveats"])
+
+
+def test_shards_with_another_tokens_logprob_are_named_beside_the_pooled_warning(tmp_path):
+    """Three shards of eight gathered at token_id + 1: the pooled check names the column,
+    and the per-file check the three files (3,000 tokens each: too few for a unit
+    signature, whose window token_id + 1 can fall in, enough for the other-token check)."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    clean, wrong = _logit_run("clean"), _logit_run("wrong_id")
+    d = tmp_path / "shards"
+    d.mkdir()
+    for step in range(8):
+        src = wrong if step >= 5 else clean
+        src.filter(pl.col("step") == step).write_parquet(d / f"step_{step}.parquet")
+    js = tmp_path / "f.json"
+    r = CliRunner().invoke(app, ["fit", str(d), "--n-boot", "100", "-q", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    assert doc["units"]["other_token"] == "infer_logprob"
+    assert [u["file"] for u in doc["units_by_file"]] == [
+        str(d / f"step_{s}.parquet") for s in (5, 6, 7)]
+    assert all(u["other_token"] == "infer_logprob" and u["likely_mistake"] is None
+               for u in doc["units_by_file"])
+    assert "3 of the 8 input files look to hold another token's logprob" in \
+        " ".join(r.stderr.split())
 
 
 def test_p_values_below_the_smallest_double_are_not_printed_as_zero():
