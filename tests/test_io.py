@@ -1210,3 +1210,12 @@ def test_a_nested_shard_written_twice_is_named(tmp_path):
     notes = load_dataset([tmp_path]).notes
     assert sum("repeats the rows" in n for n in notes) == 1
     assert any("look like copies of each other" in n and "d.parquet" in n for n in notes)
+    # a part of a shard written again under a name sorting BEFORE the original's
+    part = tmp_path / "part"
+    part.mkdir()
+    pq.write_table(table(a), part / "p-1.parquet")
+    pq.write_table(table(a[:8]), part / "p-1-retry.parquet", row_group_size=3)
+    warned = [n for n in load_dataset([part]).notes if "repeats the rows" in n]
+    assert warned and warned[0].startswith(
+        f"warning: {part / 'p-1-retry.parquet'} repeats the rows of {part / 'p-1.parquet'} "
+        "(8 of its 8 rows")

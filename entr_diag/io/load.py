@@ -1581,14 +1581,16 @@ REWRITTEN_MIN_ROWS = 2
 
 def _rewritten_copies(files: Sequence[Path], col: str, skip: set[Path]
                       ) -> list[tuple[Path, Path, int, int]]:
-    """(earlier file, later file, rows shared, rows of the later file) for the nested
-    ``files`` (without a seq_id column: rows named file:row, which a copy does not share)
-    whose rows repeat an earlier file's: :data:`REWRITTEN_SHARE` of the later file's
-    distinct ``col`` lists (train_logprob; rows holding a negative value, not padding
-    alone) equal a list of the earlier one. A shard written twice (another row-group size
-    or compression: no byte copy, which :func:`_copies` finds; those in ``skip`` are left
-    out) would otherwise count twice unseen. One more read of ``col`` for these files
-    (one 64-bit hash per row)."""
+    """(file repeated, file repeating it, rows shared, rows of the repeating file) for the
+    nested ``files`` (without a seq_id column: rows named file:row, which a copy does not
+    share) whose rows repeat another file's: :data:`REWRITTEN_SHARE` of a file's distinct
+    ``col`` lists (train_logprob; rows holding a negative value, not padding alone) equal
+    lists of one other file, whatever the order of the two (a part of a shard written
+    again, under a name sorting before the original's, is found too); of two files
+    repeating each other (a whole copy) the later one is named. A shard written twice
+    (another row-group size or compression: no byte copy, which :func:`_copies` finds;
+    those in ``skip`` are left out) would otherwise count twice unseen. One more read of
+    ``col`` for these files (one 64-bit hash per row)."""
     files = [f for f in files if f not in skip]
     if len(files) < 2:
         return []
@@ -1606,19 +1608,28 @@ def _rewritten_copies(files: Sequence[Path], col: str, skip: set[Path]
     all_h, all_f = np.concatenate(hashes), np.concatenate(owners)
     order = np.lexsort((all_f, all_h))
     all_h, all_f = all_h[order], all_f[order]
-    first = np.ones(all_h.size, dtype=bool)
-    first[1:] = all_h[1:] != all_h[:-1]
-    owner = all_f[np.flatnonzero(first)[np.cumsum(first) - 1]]  # the first file with it
-    later = ~first & (owner != all_f)
-    pairs, counts = np.unique(np.stack([all_f[later], owner[later]]), axis=1,
-                              return_counts=True)
-    out: dict[int, tuple[Path, Path, int, int]] = {}
-    for (fi, gi), k in zip(pairs.T, counts, strict=True):
-        n = hashes[fi].size
-        if k >= max(REWRITTEN_MIN_ROWS, REWRITTEN_SHARE * n) and (
-                fi not in out or k > out[fi][2]):
-            out[int(fi)] = (files[gi], files[fi], int(k), int(n))
-    return [out[i] for i in sorted(out)]
+    starts = np.flatnonzero(np.r_[True, all_h[1:] != all_h[:-1]])
+    sizes = np.diff(np.r_[starts, all_h.size])
+    nf = len(files)
+    two = starts[sizes == 2]  # (the usual case: one list in two files)
+    a, b = all_f[two], all_f[two + 1]
+    codes = [a * nf + b, b * nf + a]
+    for st, sz in zip(starts[sizes > 2], sizes[sizes > 2], strict=True):  # (rare)
+        grp = all_f[st:st + sz]
+        codes.append((grp[:, None] * nf + grp[None, :])[~np.eye(sz, dtype=bool)])
+    pair, count = np.unique(np.concatenate(codes), return_counts=True)
+    best: dict[int, tuple[int, int]] = {}  # file -> (other file, rows shared)
+    for code, k in zip(pair.tolist(), count.tolist(), strict=True):
+        fi, gi = divmod(code, nf)
+        if k >= max(REWRITTEN_MIN_ROWS, REWRITTEN_SHARE * hashes[fi].size) and (
+                fi not in best or k > best[fi][1]):
+            best[fi] = (gi, k)
+    out = []
+    for fi, (gi, k) in sorted(best.items()):
+        if best.get(gi, (None,))[0] == fi and gi > fi:  # each repeats the other: the later
+            continue
+        out.append((files[gi], files[fi], int(k), int(hashes[fi].size)))
+    return out
 
 
 def _file_labels(files: Sequence[Path]) -> dict[Path, str]:
