@@ -1531,7 +1531,8 @@ def flag(
         # what made this file, so that a saved one can be traced back to its run
         meta = {**_output_mark("flag"), "entr_diag.parameters": json.dumps({
             "h_star": h_star, "tau": tau, "eps": eps, "bins": bins, "bin_edges": bin_edges,
-            "seed": seed, "n_boot": n_boot, "inputs": [str(f.path) for f in ds.files]})}
+            "seed": seed, "n_boot": n_boot, "inputs": [str(f.path) for f in ds.files],
+            "skipped_unreadable": [p for p, _why in ds.skipped_unreadable]})}
         write_with(output, lambda dest: lf.sink_parquet(dest, compression="zstd",
                                                          metadata=meta))
         out = _tables(output)  # stderr when the Parquet goes to stdout

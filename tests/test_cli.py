@@ -1848,5 +1848,12 @@ def test_skip_unreadable_leaves_out_a_truncated_shard(tmp_path):
             fit = doc if cmd == "fit" else doc["fit"]
             assert fit["verdict"]["caveats"][0].startswith(
                 "caveat: 1 input file(s) were left out, unreadable as Parquet"), cmd
+    noise = tmp_path / "noise.parquet"  # flag's output records what it left out
+    r = runner.invoke(app, ["flag", str(d), "-q", "--skip-unreadable", "-o", str(noise)])
+    assert r.exit_code == 0 and "left out, unreadable as Parquet" in r.stderr
+    import pyarrow.parquet as pq
+
+    made = json.loads(pq.read_metadata(noise).metadata[b"entr_diag.parameters"])
+    assert made["skipped_unreadable"] == [str(bad)] and len(made["inputs"]) == 2
     r = runner.invoke(app, ["fit", str(bad), "-q", "--skip-unreadable"])
     assert r.exit_code == 2 and "no input file can be read as Parquet" in r.stderr
