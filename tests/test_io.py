@@ -127,8 +127,11 @@ def test_step_folders_agreeing_with_a_global_step_column(tmp_path):
     assert sorted(_valid(ds)["step"].unique().to_list()) == [1, 2]
     _write(tmp_path, long.head(3).with_columns(pl.lit(7).alias("global_step")),
            "run/step=1/part-9.parquet")
-    with pytest.raises(SchemaError, match="ambiguous column step"):
+    with pytest.raises(SchemaError, match="ambiguous column step") as e:
         load_dataset([tmp_path / "run"])
+    assert ("('step' comes from the partition folders step=...; the files' 'global_step' does "
+            f"not say the same in every file: {tmp_path / 'run' / 'step=1' / 'part-9.parquet'}'s "
+            "'global_step' holds 7..7 under step=1.)") in str(e.value)
 
 
 def test_glob(tmp_path):

@@ -297,6 +297,34 @@ def _agreeing_partitions(file_list: Sequence[Path], metas: Mapping[Path, pq.File
     return out
 
 
+def _folder_vs_column(error: str, file_list: Sequence[Path],
+                      metas: Mapping[Path, pq.FileMetaData], file_columns: set[str]) -> str:
+    """For an ambiguity refusal between a partition key (``step=N/`` folders, no file
+    holding it) and a file column: which one comes from the folders, and the first file
+    whose column does not hold its folder's value alone (or has no statistics to tell);
+    '' for another refusal."""
+    m = re.match(r"ambiguous column (\w+): .*?candidate columns, (.*?), and entr-diag", error)
+    if not m:
+        return ""
+    names = re.findall(r"'([^']+)'", m.group(2))
+    keys = [k for k in names if k not in file_columns
+            and any(k in _hive_values(f) for f in file_list)]
+    cols = [c for c in names if c in file_columns]
+    if len(keys) != 1 or not cols:
+        return ""
+    k, c = keys[0], cols[0]
+    for f in file_list:
+        v = _hive_values(f).get(k)
+        rng = _stat_range(metas[f], c)
+        if v is None or rng is None or not _holds_only(rng, v):
+            what = ("has no statistics to compare with its folder" if rng is None and v
+                    else f"holds {rng[0]}..{rng[1]} under {k}={v}" if rng and v
+                    else f"is not below a {k}= folder")
+            return (f"('{k}' comes from the partition folders {k}=...; the files' '{c}' "
+                    f"does not say the same in every file: {f}'s '{c}' {what}.)")
+    return ""
+
+
 # --------------------------------------------------------------------------- mapping
 
 
@@ -933,6 +961,9 @@ def load_dataset(
         split = _names_split(file_list, schemas)
         if split:  # the real cause: shards spelling a column differently
             raise SchemaError(f"{split} (Stopped at: {e})") from None
+        folder = _folder_vs_column(str(e), file_list, metas, file_columns)
+        if folder:
+            raise SchemaError(f"{e} {folder}") from None
         raise
     for k, c in agreeing.items():
         if c in mapping.values():
