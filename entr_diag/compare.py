@@ -894,10 +894,12 @@ class _Searcher:
 
 def noise_by_definition(gate: Mapping[str, Any], parameters: Mapping[str, Any]) -> bool:
     """Whether ``gate`` (a ``GateResult.to_dict()``) is the ENTR rule that defines the noise
-    tokens (the same tau and eps as ``parameters``' ``flag_tau`` / ``flag_eps``): it keeps
-    none of them by definition, so its noise admitted (0) is no finding."""
+    tokens (the same tau and eps as ``parameters``' ``flag_tau`` / ``flag_eps``) and there
+    are noise tokens (``noise_admitted`` not None): it keeps none of them by definition,
+    so its noise admitted (0) is no finding."""
     p = gate.get("params") or {}
-    return (gate.get("name") == "entr" and p.get("tau") == parameters.get("flag_tau")
+    return (gate.get("name") == "entr" and gate.get("noise_admitted") is not None
+            and p.get("tau") == parameters.get("flag_tau")
             and p.get("eps") == parameters.get("flag_eps"))
 
 

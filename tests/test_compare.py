@@ -804,3 +804,15 @@ def test_set_law_checks_and_refuses_after_the_second_pass():
     no_h = compare_plan(TINY.drop("entropy").lazy(), panel=(FixedBand(c=0.5),))
     with pytest.raises(ParameterError, match="h_star given, but the token frame has no entropy"):
         no_h.set_law(h_star=0.2)
+
+
+def test_noise_by_definition_needs_the_flag_gate_and_noise_tokens():
+    """Only the ENTR gate at the flag's tau and eps, with noise tokens to admit, is marked."""
+    from entr_diag.compare import noise_by_definition
+
+    params = {"flag_tau": 4.0, "flag_eps": 0.01}
+    entr = {"name": "entr", "params": {"tau": 4.0, "eps": 0.01}, "noise_admitted": 0.0}
+    assert noise_by_definition(entr, params)
+    assert not noise_by_definition({**entr, "noise_admitted": None}, params)  # no H*: n/a
+    assert not noise_by_definition({**entr, "params": {"tau": 8.0, "eps": 0.01}}, params)
+    assert not noise_by_definition({**entr, "name": "fixed"}, params)
