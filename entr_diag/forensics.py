@@ -2055,6 +2055,7 @@ def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
             ph.sum().cast(pl.Int64).alias("n_ph"),
             ph_zero.sum().cast(pl.Int64).alias("n_ph_zero"),
             pos.filter(ph).alias("ph_pos"),
+            pos.filter(nf).alias("nf_pos"),
         ],
         merge=[
             *([pl.col("file").min()] if with_file else []),
@@ -2063,20 +2064,21 @@ def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
             pl.col("first_nf").min(),
             pl.col("n_ph", "n_ph_zero").sum(),
             pl.col("ph_pos").list.explode(keep_nulls=False, empty_as_null=False),
+            pl.col("nf_pos").list.explode(keep_nulls=False, empty_as_null=False),
         ],
         prepare=lambda lf: lf.filter(masked & (nf | ph)),
     )
 
 
 def _bad_rows_table(acc: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
-    """The merged bad-rows table with ``ph_run``: a run of CORRUPT_MIN_RUN consecutive
-    placeholder positions."""
+    """The merged bad-rows table with ``ph_run`` and ``nf_run``: a run of CORRUPT_MIN_RUN
+    consecutive placeholder (non-finite) positions."""
     r1 = CORRUPT_MIN_RUN - 1
     e = pl.element()
     return _merged(acc, empty).with_columns(
-        pl.col("ph_pos").list.sort().list.eval((e.shift(-r1) - e) == r1).list.any()
-        .alias("ph_run")
-    ).drop("ph_pos")
+        pl.col(f"{k}_pos").list.unique().list.sort().list.eval((e.shift(-r1) - e) == r1)
+        .list.any().alias(f"{k}_run") for k in ("ph", "nf")
+    ).drop("ph_pos", "nf_pos")
 
 
 def _last_ok_acc(excluded_only: bool) -> GroupAgg:
@@ -2180,9 +2182,11 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
 
     Signature: within the loss mask of one sequence, (a) every token from some position on has
     a non-finite logprob (a suffix: the engine stopped returning logprobs, an array was cut at
-    max_tokens, or a shorter array was padded with NaN), or (b) a run of at least
+    max_tokens, or a shorter array was padded with NaN), (b) a run of at least
     CORRUPT_MIN_RUN consecutive placeholder values (exact 0.0, +1.0, -9999 floors) inside the
-    mask (padding written where the mask says "train on this"). These are bugs of the dump or
+    mask (padding written where the mask says "train on this"), or (c) a run of at least
+    CORRUPT_MIN_RUN consecutive non-finite values inside the sequence, not at its end (a
+    burst: -inf from a kernel or an overflow). These are bugs of the dump or
     of the mask, not random bad tokens; the loader excludes the rows either way, this check
     says which sequences. Scattered single bad tokens (no suffix, no run) are counted only.
     """
@@ -2200,7 +2204,10 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
             )
             .then(pl.col("n_nf")).otherwise(0).alias("suffix_len"),
             pl.col("ph_run").fill_null(False),
+            pl.col("nf_run").fill_null(False),
         )
+        # a run of non-finite values inside the sequence, not its end (a burst)
+        .with_columns((pl.col("nf_run") & (pl.col("suffix_len") == 0)).alias("nf_burst"))
     )
     # one row per sequence that has bad masked rows: small, collected once
     per = per.collect().lazy()
@@ -2213,6 +2220,8 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         pl.col("ph_run").sum().alias("n_run"),
         pl.col("n_ph").filter(pl.col("ph_run")).sum().alias("tok_run"),
         pl.col("n_ph_zero").filter(pl.col("ph_run")).sum().alias("tok_run_zero"),
+        pl.col("nf_burst").sum().alias("n_burst"),
+        pl.col("n_nf").filter(pl.col("nf_burst")).sum().alias("tok_burst"),
         pl.col("n_nf").sum().alias("tok_nf"),
         pl.col("n_ph").sum().alias("tok_ph"),
         pl.len().alias("n_bad_seq"),
@@ -2226,10 +2235,15 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         per.filter(pl.col("ph_run")).sort("n_ph", "seq_key", descending=[True, False])
         .select("seq_id", "n_ph").head(OUTLIER_LIST)
     )
-    s_df, es, er = (q.collect() for q in (summary, ex_suffix, ex_run))
+    ex_burst = (
+        per.filter(pl.col("nf_burst")).sort("n_nf", "seq_key", descending=[True, False])
+        .select("seq_id").head(OUTLIER_LIST)
+    )
+    s_df, es, er, eb = (q.collect() for q in (summary, ex_suffix, ex_run, ex_burst))
     s = {k: (0 if v is None else v) for k, v in s_df.row(0, named=True).items()}
-    n_suffix, n_run = int(s["n_suffix"]), int(s["n_run"])
-    scattered = int(s["tok_nf"]) - int(s["tok_suffix"]) + int(s["tok_ph"]) - int(s["tok_run"])
+    n_suffix, n_run, n_burst = int(s["n_suffix"]), int(s["n_run"]), int(s["n_burst"])
+    scattered = (int(s["tok_nf"]) - int(s["tok_suffix"]) - int(s["tok_burst"])
+                 + int(s["tok_ph"]) - int(s["tok_run"]))
     acc = getattr(ctx.ds, "accounting", None)
     ev = {
         "sequences_in_input": int(acc.sequences_total) if acc is not None else -1,
@@ -2245,13 +2259,16 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         "placeholder_tokens_in_runs": int(s["tok_run"]),
         "placeholder_run_tokens_engine_exact_zero": int(s["tok_run_zero"]),
         "placeholder_run_examples_seq_id": [str(x) for x in er["seq_id"].to_list()],
+        "sequences_with_nonfinite_run": n_burst,
+        "nonfinite_run_tokens": int(s["tok_burst"]),
+        "nonfinite_run_examples_seq_id": [str(x) for x in eb["seq_id"].to_list()],
         "scattered_bad_tokens": scattered,
         "min_run": CORRUPT_MIN_RUN,
     }
-    if n_suffix == 0 and n_run == 0:
+    if n_suffix == 0 and n_run == 0 and n_burst == 0:
         return _clear(
             name,
-            f"no non-finite suffix or placeholder run of >= {CORRUPT_MIN_RUN} tokens "
+            f"no non-finite suffix or run, or placeholder run, of >= {CORRUPT_MIN_RUN} tokens "
             f"({scattered} scattered bad tokens, excluded by the loader)",
         )
     parts = []
@@ -2262,6 +2279,12 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
             f"non-finite on the inference side in {int(s['tok_suffix_infer'])}, on the "
             f"trainer side in {int(s['tok_suffix_train'])}), e.g. seq_id "
             f"{', '.join(ev['suffix_examples_seq_id'][:3])}"
+        )
+    if n_burst:
+        parts.append(
+            f"{n_burst} sequence(s) hold runs of >= {CORRUPT_MIN_RUN} non-finite logprobs "
+            f"inside, not at their end ({int(s['tok_burst'])} non-finite tokens in those "
+            f"sequences), e.g. seq_id {', '.join(ev['nonfinite_run_examples_seq_id'][:3])}"
         )
     if n_run:
         parts.append(
@@ -2292,7 +2315,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
             lead = f"{hint} "
     where = ""
     if "file" in bad.columns:  # the input files of those sequences
-        hit = (per.filter((pl.col("suffix_len") > 0) | pl.col("ph_run"))
+        hit = (per.filter((pl.col("suffix_len") > 0) | pl.col("ph_run") | pl.col("nf_burst"))
                .group_by("file").len().collect())
         listed = _files_evidence(ev, hit.iter_rows(), _paths(ctx.ds))
         where = f" Those sequences are {listed}." if listed else ""
@@ -2314,7 +2337,8 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
                else "")
         ),
     )
-    return _found(f, f"{n_suffix} suffix, {n_run} placeholder-run sequences")
+    return _found(f, f"{n_suffix} suffix, {n_burst} non-finite-run, {n_run} placeholder-run "
+                     "sequences")
 
 
 def _lp(x: float) -> str:

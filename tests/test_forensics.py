@@ -518,6 +518,27 @@ def test_corrupt_rows_per_sequence(tmp_path):
     assert all(int(s) % 17 == 1 for s in ev["placeholder_run_examples_seq_id"])
 
 
+def test_nonfinite_bursts_inside_sequences_are_described(tmp_path):
+    """Runs of 4 -inf engine logprobs in the middle of some sequences (not their end):
+    counted apart from suffixes, with examples; scattered single NaNs stay scattered."""
+    base = generate(SynthSpec(n_tokens=N_TOKENS, seed=12, masked_share=0.0))
+    n_tok = pl.len().over("seq_id")
+    burst = (pl.col("seq_id") % 9 == 0) & pl.col("position").is_between(4, 7) & (n_tok >= 20)
+    single = (pl.col("seq_id") % 9 == 4) & (pl.col("position") == 5) & (n_tok >= 20)
+    df = base.with_columns(pl.when(burst).then(float("-inf")).when(single).then(float("nan"))
+                           .otherwise(IL).alias("infer_logprob"))
+    n_burst = base.filter(burst)["seq_id"].n_unique()
+    f = run_forensics(_load(tmp_path, df), checks=["corrupt_rows"]).by_kind("corrupt_rows")
+    assert f is not None
+    ev = f.evidence
+    assert ev["sequences_with_nonfinite_run"] == n_burst > 0
+    assert ev["nonfinite_run_tokens"] == 4 * n_burst
+    assert ev["sequences_with_nonfinite_suffix"] == 0
+    assert ev["scattered_bad_tokens"] == base.filter(single).height
+    assert all(int(x) % 9 == 0 for x in ev["nonfinite_run_examples_seq_id"])
+    assert f"{n_burst} sequence(s) hold runs of >= 3 non-finite logprobs inside" in f.message
+
+
 def test_trainer_side_suffix_is_described(tmp_path):
     """Null trainer logprobs at the end of some sequences (a trainer that truncated the
     response, or a forward pass that overflowed): the suffix is reported with its side,
