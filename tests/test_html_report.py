@@ -690,3 +690,20 @@ def test_power_law_legend_carries_the_robust_alpha():
     plain = build_report_html(summary=_summary(), fit=_fit(), metrics=_metrics(),
                               compare=_compare(), profiles=_profiles(), findings=[])
     assert not _has(plain, "Theil-Sen")
+
+
+def test_strata_figure_shows_alpha_beside_its_random_size_range():
+    """Under the k panel, each stratum's alpha with its interval, beside the alpha range of
+    a random sample of its size (grey); strata without them plot nothing there."""
+    from entr_diag.report.html_report import _strata_fig
+
+    fit = _fit()
+    rows = fit["strata"]["staleness"]
+    rows[0].update(alpha=1.2, alpha_ci=[1.1, 1.3], alpha_random_ci=[0.9, 1.1])
+    fig = _strata_fig(fit)
+    grey = [t for t in fig.data if t.marker.color == "#9ca3af"]
+    assert len(grey) == 1 and grey[0].y[0] == pytest.approx(1.0)
+    assert list(grey[0].error_y.array)[0] == pytest.approx(0.1)
+    alpha = [t for t in fig.data if t.yaxis == grey[0].yaxis and t is not grey[0]]
+    assert alpha[0].y[0] == 1.2 and alpha[0].y[1] is None  # (no alpha for stratum 1)
+    assert list(alpha[0].error_y.arrayminus)[0] == pytest.approx(0.1)

@@ -1613,10 +1613,12 @@ def _strata_fig(fit: dict | None, why: str | None = None) -> go.Figure:
     if not panels:
         raise ReportUnavailable(notices or "no stratum has enough tokens for a fit")
     fig = make_subplots(
-        rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels], horizontal_spacing=0.12
+        rows=2, cols=len(panels), subplot_titles=[p[1] for p in panels],
+        horizontal_spacing=0.12, vertical_spacing=0.14, shared_xaxes=True,
     )
-    fig.update_layout(template=_TEMPLATE, height=400, showlegend=False, margin=dict(t=50))
+    fig.update_layout(template=_TEMPLATE, height=640, showlegend=False, margin=dict(t=50))
     for c, (kind, _title, rows) in enumerate(panels, start=1):
+        _strata_alpha_traces(fig, rows, c)
         names, ks, lo_e, hi_e, hover = [], [], [], [], []
         for r in rows:
             base = "k_proportional" if "k_proportional" in r else "k"
@@ -1666,6 +1668,36 @@ def _strata_fig(fit: dict | None, why: str | None = None) -> go.Figure:
             title_text="fitted k (δ² = k·H)" if c == 1 else None,
         )
     return fig
+
+
+def _strata_alpha_traces(fig: go.Figure, rows: list, c: int) -> None:
+    """Row 2 of the strata figure, column ``c``: each stratum's alpha with its 95% interval
+    (purple), beside the 95% range of alpha on random samples of the run as large as the
+    stratum (grey, ``alpha_random_ci``): a stratum differs from the run only outside it."""
+    names = [_e(str(_pick(r, "label", "bucket", default="?"))) for r in rows]
+    for key, ci_key, color, width, label in (
+            (None, "alpha_random_ci", "#9ca3af", 10, "random sample of its size"),
+            ("alpha", "alpha_ci", "#7c3aed", 5, "α (95% interval)")):
+        ys, lo_e, hi_e = [], [], []
+        for r in rows:
+            ci = r.get(ci_key) if isinstance(r.get(ci_key), list | tuple) else [None, None]
+            lo, hi = (ci + [None, None])[:2]
+            y = r.get(key) if key else (lo + hi) / 2 if _is_num(lo) and _is_num(hi) else None
+            ys.append(y if _is_num(y) else None)
+            lo_e.append(max(y - lo, 0) if _is_num(y) and _is_num(lo) else 0)
+            hi_e.append(max(hi - y, 0) if _is_num(y) and _is_num(hi) else 0)
+        fig.add_trace(
+            go.Scatter(
+                x=names, y=ys, mode="markers",
+                marker=dict(size=9 if key else 1, color=color),
+                error_y=dict(type="data", symmetric=False, array=hi_e, arrayminus=lo_e,
+                             thickness=1.4 if key else 6, width=width, color=color),
+                hovertemplate="%{x}<br>" + _e(label) + " %{y:.3g}<extra></extra>",
+            ),
+            row=2, col=c,
+        )
+    fig.update_yaxes(tickformat="~g", row=2, col=c,
+                     title_text="α; grey: random sample of its size" if c == 1 else None)
 
 
 # ----------------------------------------------------------------------------- 6 switches
@@ -1993,7 +2025,8 @@ def build_report_html(
             "pooled fit: with heavy-tailed low-entropy bins a smaller stratum mostly reads a "
             "higher alpha and a scattered k, beyond its interval; the JSON's "
             "alpha_random_ci (and the terminal's 'random size') gives the alpha range of a "
-            "random sample of each stratum's size: only outside it does a stratum differ.",
+            "random sample of each stratum's size (below: grey, beside each alpha): only "
+            "outside it does a stratum differ.",
             "Fitted k per stratum",
         )
     )
