@@ -736,8 +736,14 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
 
 
     skipped: list[Path] = []
+    repeated: list[Path] = []
     if paths and not quiet:
-        resolve_paths([str(p) for p in paths], skipped=skipped)
+        resolve_paths([str(p) for p in paths], skipped=skipped, repeated=repeated)
+    if repeated:
+        _notes.add(
+            f"note: {len(repeated):,} input file(s) named more than once (or matched again "
+            f"by a glob or a directory) are read once, e.g. {escape(str(repeated[0]))}."
+        )
     if skipped:
         _notes.add(
             f"note: skipped {len(skipped):,} Parquet file(s) in input directories whose names "

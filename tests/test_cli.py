@@ -1857,3 +1857,22 @@ def test_skip_unreadable_leaves_out_a_truncated_shard(tmp_path):
     assert made["skipped_unreadable"] == [str(bad)] and len(made["inputs"]) == 2
     r = runner.invoke(app, ["fit", str(bad), "-q", "--skip-unreadable"])
     assert r.exit_code == 2 and "no input file can be read as Parquet" in r.stderr
+
+
+def test_a_file_named_twice_is_read_once_with_a_note(tmp_path):
+    """The same file given twice, or matched again by a glob, is read once, and a note says
+    so; a single compare table says 1 sequence, not '1 sequences'."""
+    from entr_diag.io.load import bundled_sample_path, resolve_paths
+
+    src = tmp_path / "run.parquet"
+    pl.read_parquet(bundled_sample_path()).head(2000).write_parquet(src)
+    repeated: list[Path] = []
+    assert resolve_paths([src, str(tmp_path / "*.parquet")], repeated=repeated) == [src]
+    assert repeated == [src]
+    r = runner.invoke(app, ["inspect", str(src), str(src)])
+    assert r.exit_code == 0, r.output
+    assert "note: 1 input file(s) named more than once" in " ".join(r.stderr.split())
+    one = tmp_path / "one.parquet"
+    pl.read_parquet(src).filter(pl.col("seq_id") == pl.col("seq_id").first()).write_parquet(one)
+    r = runner.invoke(app, ["compare", str(one), "-q"])
+    assert "/ 1 sequence (" in r.stdout, r.output

@@ -80,7 +80,8 @@ PARQUET_SUFFIXES: tuple[str, ...] = (".parquet", ".pq", ".parq")
 
 
 def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None,
-                  walked: set[Path] | None = None) -> list[Path]:
+                  walked: set[Path] | None = None,
+                  repeated: list[Path] | None = None) -> list[Path]:
     """Expand files, directories (recursively, the :data:`PARQUET_SUFFIXES`) and globs into
     Parquet files.
 
@@ -90,7 +91,9 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
     named explicitly or matched by a glob are always read.
 
     Returns the files in natural order (numbers in names compared as numbers:
-    ``part-9`` before ``part-10``), without duplicates.
+    ``part-9`` before ``part-10``), without duplicates: a file named twice, or matched again
+    by a glob or a directory (the same file by its resolved path), is read once and
+    appended to ``repeated`` when given.
 
     Raises:
         InputError: an empty path (``''``), a path that does not exist or is no file (a pipe such as
@@ -155,6 +158,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
         if key not in seen:
             seen.add(key)
             uniq.append(q)
+        elif repeated is not None:
+            repeated.append(q)
     return uniq
 
 

@@ -92,7 +92,8 @@ def _gate_table(d: dict[str, Any]) -> Table:
     entr = "ENTR unavailable" if d.get("unavailable") else \
         f"ENTR tau={p['tau']:g}, eps={p['eps']:g}"
     return _table(
-        f"Gates on {d['n_tokens']:,} tokens / {d['n_sequences']:,} sequences ({entr})",
+        f"Gates on {d['n_tokens']:,} token{'s' if d['n_tokens'] != 1 else ''} / "
+        f"{d['n_sequences']:,} sequence{'s' if d['n_sequences'] != 1 else ''} ({entr})",
         [
             "gate",
             "kept tokens",
