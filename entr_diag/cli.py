@@ -1407,8 +1407,11 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                 continue
             try:
                 if k == "findings":  # the staleness check reads the law regime only
-                    bp = out["fit"].breakpoint if out.get("fit") is not None else None
-                    out[k] = p.finish(h_star=None if bp is None else bp.h_star)
+                    fr = out.get("fit")
+                    bp = fr.breakpoint if fr is not None else None
+                    units = fr.units if fr is not None else None
+                    out[k] = p.finish(h_star=None if bp is None else bp.h_star,
+                                      other_token=None if units is None else units.other_token)
                 else:
                     out[k] = p if k in ("profiles", "implausible") else p.finish()
             except FitError as e:

@@ -721,6 +721,9 @@ class _Ctx:
         #: the fitted law's H* (the staleness check reads the bins above it only: the noise
         #: regime's delta is no policy drift), set by ForensicsPlan.finish(h_star=...)
         self.law_h_star: float | None = None
+        #: the logprob column the fit's units check found holding another token's logprob
+        #: (None: none), set by ForensicsPlan.finish(other_token=...)
+        self.other_token: str | None = None
         #: sequence outliers: per (seq_key, bin, _stale) partial rows (a key may repeat: sum
         #: over them) n, sh, sd2; per seq_key: seq_id, n, nh, sh, sd2, sad
         self.seqbins: pl.DataFrame | None = None
@@ -1494,12 +1497,18 @@ def _check_truncation(ctx: _Ctx) -> _Result:
                 f"min-p support by the engine only. Law on raw delta: k = {ev['k_raw']}, "
                 f"alpha = {ev['alpha_raw']}; on de-biased delta: k = {ev['k_debiased']}, "
                 f"alpha = {ev['alpha_debiased']}.{zero_note}"
+                + (" But the units check finds that infer_logprob does not hold the sampled "
+                   "token's logprob: the argmax (most likely) token's logprob gives the same "
+                   "one-sided delta; see that warning first." if ctx.other_token ==
+                   "infer_logprob" else "")
             ),
             evidence=ev,
             check=(
                 "top_p / top_k / min_p in the rollout sampling params: either log the "
                 "logprobs of the untruncated distribution (e.g. vLLM logprobs_mode "
                 "'raw_logprobs') or apply the same truncation in the trainer's log_softmax."
+                + (" First: which token's logprob the engine column holds (the sampled "
+                   "token's, not the argmax)." if ctx.other_token == "infer_logprob" else "")
             ),
         )
         return _found(f, f"mean delta {m_hi:.3g} above {TRUNC_H_MIN:g} nats, bias share {share:.0%}")
@@ -3108,11 +3117,14 @@ class ForensicsPlan:
             if self._zero is not None:
                 ctx.zero_counts = (self._zero.z, self._zero.m)
 
-    def finish(self, h_star: float | None = None) -> Findings:
+    def finish(self, h_star: float | None = None, other_token: str | None = None) -> Findings:
         """Run the raw pass if needed, then the checks on the merged tables. ``h_star``: the
         fitted law's breakpoint, when known (the staleness check then reads the entropy
-        bins above it only)."""
+        bins above it only). ``other_token``: the column the fit's units check found
+        holding another token's logprob (the truncated-sampling finding then says that an
+        argmax token's logprob gives its signature too)."""
         self.ctx.law_h_star = h_star
+        self.ctx.other_token = other_token
         self.run_raw()
         self._tables()
         statuses: list[CheckStatus] = []

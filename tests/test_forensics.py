@@ -1168,3 +1168,24 @@ def test_staleness_ratios_read_the_law_regime_given_h_star(tmp_path):
     assert every.evidence["ratio_to_freshest_per_staleness"][3] < 0.85 * truth[2]
     assert law.evidence["above_h_star"] == 0.05 and every.evidence["above_h_star"] is None
     assert "(above the law's H* = 0.05 nats" in law.message
+
+
+def test_truncated_sampling_defers_to_an_argmax_engine_column(tmp_path):
+    """Engine logprobs of the argmax token give a one-sided negative delta like an engine's
+    top-p; when the units check names the engine column, the truncated-sampling finding
+    says so instead of pointing at top_p alone."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    p = tmp_path / "argmax.parquet"
+    _logit_run("argmax").write_parquet(p)
+    js = tmp_path / "f.json"
+    r = CliRunner().invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    assert doc["units"]["other_token"] == "infer_logprob"
+    trunc = [f for f in doc["forensics"]["findings"] if f["kind"] == "truncated_sampling"]
+    assert trunc, [f["kind"] for f in doc["forensics"]["findings"]]
+    assert "the units check finds that infer_logprob does not hold" in trunc[0]["message"]
+    assert trunc[0]["check"].endswith("(the sampled token's, not the argmax).")
