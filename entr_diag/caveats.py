@@ -194,11 +194,11 @@ def files_listed(files: Mapping[str, int], input_files: int) -> str:
 
 
 def _hint_text(reason: str, mapping: Mapping[str, str] | None,
-               sides: Sequence[str] = ()) -> tuple[str, str]:
+               sides: Sequence[str] = ()) -> tuple[str, str, bool]:
     """(what ``reason`` excluding most rows usually means, :data:`MOSTLY_EXCLUDED_HINTS`
     (:data:`ONE_SIDE_HINTS` when its values are in one logprob column) with the columns
-    named, the logprob columns named): ``sides``, the logprob columns the reason's values
-    are in (when known). A column is named as ``train_logprob ('source')`` when mapped from
+    named, the logprob columns named, whether that text names them): ``sides``, the
+    logprob columns the reason's values are in (when known). A column is named as ``train_logprob ('source')`` when mapped from
     another name, else by its name alone."""
     named = [column_named(c, mapping) for c in (sides or ("train_logprob", "infer_logprob"))
              if mapping and c in mapping]
@@ -215,7 +215,7 @@ def _hint_text(reason: str, mapping: Mapping[str, str] | None,
     text = (hint.replace("{logprob_columns}", cols)
             .replace("{entropy_column}", f"the entropy column{f' ({src!r})' if src else ''}")
             .replace("{entropy_fix}", fix))
-    return text, cols
+    return text, cols, "{logprob_columns}" in hint
 
 
 def file_exclusion_warnings(by_file: Mapping[str, Mapping[str, tuple[int, int]]],
@@ -240,8 +240,8 @@ def file_exclusion_warnings(by_file: Mapping[str, Mapping[str, tuple[int, int]]]
         at = (where or {}).get(reason) or {}
         sides = [c for c in ("train_logprob", "infer_logprob")
                  if (at.get("columns") or {}).get(c)]
-        text, cols = _hint_text(reason, mapping, sides)
-        if sides and cols not in text:
+        text, cols, named = _hint_text(reason, mapping, sides)
+        if sides and not named:
             text += f" (the values are in {cols}{' only' if len(sides) == 1 else ''})"
         if reason == "zero_placeholder":  # what the exclusion cannot catch
             text += ("; rows whose other side is within 0.05 nats of 0 stay valid (they cannot "
@@ -357,16 +357,17 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
     n = excluded[reason]
     at = (where or {}).get(reason) or {}
     sides = [c for c in ("train_logprob", "infer_logprob") if (at.get("columns") or {}).get(c)]
-    text, cols = _hint_text(reason, mapping, sides)
+    text, cols, named = _hint_text(reason, mapping, sides)
     ones = int(at.get("ones") or 0)
     if reason == "positive_logprob" and ones == n:  # +1.0 placeholders, not probabilities
+        named = True
         text = (f"{cols} {'holds' if len(sides) == 1 else 'hold'} +1.0 where "
                 f"{'it has' if len(sides) == 1 else 'they have'} no value (every one of "
                 "these rows is exactly 1.0: a placeholder, not probabilities)")
     elif reason == "positive_logprob" and ones > n / 2:
         text += f" ({ones:,} of these rows are exactly 1.0: a placeholder)"
     details = []
-    if sides and cols not in text:
+    if sides and not named:
         details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 else ""))
     if at.get("kinds"):  # what the invalid entropies are
         details.append("the values: " + ", ".join(f"{n:,} {k}" for k, n in at["kinds"].items()))
