@@ -302,16 +302,13 @@ def _agreeing_partitions(file_list: Sequence[Path], metas: Mapping[Path, pq.File
     return out
 
 
-def _folder_vs_column(error: str, file_list: Sequence[Path],
+def _folder_vs_column(names: Sequence[str], file_list: Sequence[Path],
                       metas: Mapping[Path, pq.FileMetaData], file_columns: set[str]) -> str:
-    """For an ambiguity refusal between a partition key (``step=N/`` folders, no file
-    holding it) and a file column: which one comes from the folders, and the first file
-    whose column does not hold its folder's value alone (or has no statistics to tell);
-    '' for another refusal."""
-    m = re.match(r"ambiguous column (\w+): .*?candidate columns, (.*?), and entr-diag", error)
-    if not m:
-        return ""
-    names = re.findall(r"'([^']+)'", m.group(2))
+    """For an ambiguity refusal between the candidate columns ``names`` (the refusal's
+    ``candidates``; '' without them), a partition key (``step=N/`` folders, no file holding
+    it) and a file column: which one comes from the folders, and the first file whose
+    column does not hold its folder's value alone (or has no statistics to tell); '' for
+    another refusal."""
     keys = [k for k in names if k not in file_columns
             and any(k in _hive_values(f) for f in file_list)]
     cols = [c for c in names if c in file_columns]
@@ -642,12 +639,14 @@ def _refuse_ambiguous(canon: str, usable: Sequence[str]) -> None:
            for s in usable if S.users_of(s, canon)]
     fws += [f"--framework {k} reads '{s}' as {c}" for s in usable
             for k, c in S.other_uses(s, canon)]
-    raise SchemaError(
+    err = SchemaError(
         f"ambiguous column {canon}: the input has {len(usable)} candidate columns, {names}, "
         f"and entr-diag never guesses between them. Choose one with --column {canon}=NAME "
         f"(e.g. --column {canon}={usable[0]})"
         + (f", or name the framework ({'; '.join(fws)})." if fws else ".")
     )
+    err.candidates = tuple(usable)  # (the loader says which come from partition folders)
+    raise err
 
 
 # --------------------------------------------------------------------------- dataset
@@ -966,7 +965,8 @@ def load_dataset(
         split = _names_split(file_list, schemas)
         if split:  # the real cause: shards spelling a column differently
             raise SchemaError(f"{split} (Stopped at: {e})") from None
-        folder = _folder_vs_column(str(e), file_list, metas, file_columns)
+        folder = _folder_vs_column(getattr(e, "candidates", ()), file_list, metas,
+                                   file_columns)
         if folder:
             raise SchemaError(f"{e} {folder}") from None
         raise
