@@ -1632,10 +1632,10 @@ def _rewritten_copies(files: Sequence[Path], col: str, skip: set[Path]
         return []
     hashes, owners = [], []
     for i, f in enumerate(files):
-        c = pl.col(col)
-        if isinstance(_scan(f).collect_schema()[col], pl.Array):
+        lf, c = _scan(f), pl.col(col)
+        if isinstance(lf.collect_schema()[col], pl.Array):
             c = c.arr.to_list()
-        h = (_scan(f).select(c.alias("x")).filter(pl.col("x").list.min() < 0)
+        h = (lf.select(c.alias("x")).filter(pl.col("x").list.min() < 0)
              .select(pl.col("x").hash()).collect().to_series().unique().to_numpy())
         hashes.append(h)
         owners.append(np.full(h.size, i, dtype=np.int64))
