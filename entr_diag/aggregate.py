@@ -106,14 +106,17 @@ def fine_edges() -> tuple[np.ndarray, np.ndarray]:
 
 
 def fine_bin_expr(entropy: pl.Expr | None = None) -> pl.Expr:
-    """Polars expression: the fine-bin index (Int32, ``0..N_FINE``) of an entropy in nats.
+    """Polars expression: the fine-bin index (Int32, ``0..N_FINE``) of an entropy in nats
+    (null for a null, NaN or infinite entropy).
 
     Bin 0 for ``H < H_MIN``; ``1 + floor((ln H - ln H_MIN) * N_FINE / (ln H_MAX - ln H_MIN))``
     clipped to ``[1, N_FINE]`` otherwise. The same expression is used by every pass, so the
     coarse bins built from fine bins are exactly reproducible.
     """
     h = pl.col("entropy") if entropy is None else entropy
-    idx = ((h.clip(lower_bound=H_MIN).log() - _LOG_MIN) * _SCALE).floor().cast(pl.Int64)
+    # (a NaN or infinite entropy gives a null bin, as a null one: not a cast error)
+    idx = ((h.clip(lower_bound=H_MIN).log() - _LOG_MIN) * _SCALE).floor().cast(pl.Int64,
+                                                                               strict=False)
     return (
         pl.when(h < H_MIN)
         .then(pl.lit(0, dtype=pl.Int64))
