@@ -71,7 +71,7 @@ from entr_diag.gates import (
     SequenceGate,
     entr_score_expr,
 )
-from entr_diag.passes import GroupAgg, column, frame_of, run_pass
+from entr_diag.passes import GroupAgg, column, frame_of, run_pass, run_starts
 
 __all__ = [
     "CHI2_1_99",
@@ -1121,7 +1121,7 @@ class _FirstPass:
         if sk.null_count() or any(batch.get_column(src).null_count()
                                   for _o, src, _h in self.reduce):
             return None
-        starts = _run_starts(column(batch, "seq_key"))
+        starts = run_starts(batch, ["seq_key"])
         out: dict[str, Any] = {"seq_key": column(batch, "seq_key")[starts]}
         lengths = None
         for col, src, how in self.reduce:
@@ -1264,8 +1264,8 @@ class _SecondPass:
             j = sk_s.to_frame().join(self.decisions, on="seq_key", how="left",
                                      maintain_order="left")
             return _words(j.fill_null(0), "__sw").reshape(batch.height, n_dec)
-        sk = sk_s.to_numpy()
-        starts = _run_starts(sk)
+        sk = column(batch, "seq_key")
+        starts = run_starts(batch, ["seq_key"])
         rk = sk[starts]
         idx = np.minimum(np.searchsorted(self.dec_keys, rk), self.dec_keys.size - 1)
         w = np.where((self.dec_keys[idx] == rk)[:, None], self.dec_words[idx], np.uint64(0))

@@ -511,13 +511,27 @@ class _ArrayCache:
     def __init__(self) -> None:
         self._batch: weakref.ref[pl.DataFrame] | None = None
         self._arrays: dict[str, np.ndarray] = {}
+        #: arrays derived from the batch's columns (e.g. :func:`run_starts`), by key
+        self._derived: dict[tuple, np.ndarray] = {}
+
+    def _bind(self, batch: pl.DataFrame) -> None:
+        if self._batch is None or self._batch() is not batch:
+            self._batch, self._arrays, self._derived = weakref.ref(batch), {}, {}
 
     def get(self, batch: pl.DataFrame, name: str) -> np.ndarray:
-        if self._batch is None or self._batch() is not batch:
-            self._batch, self._arrays = weakref.ref(batch), {}
+        self._bind(batch)
         a = self._arrays.get(name)
         if a is None:
             a = self._arrays[name] = batch[name].to_numpy()
+        return a
+
+    def derived(self, batch: pl.DataFrame, key: tuple,
+                make: Callable[[], np.ndarray]) -> np.ndarray:
+        """``make()``, computed once per batch and ``key``."""
+        self._bind(batch)
+        a = self._derived.get(key)
+        if a is None:
+            a = self._derived[key] = make()
         return a
 
 
@@ -529,16 +543,23 @@ def column(batch: pl.DataFrame, name: str) -> np.ndarray:
     return _ARRAYS.get(batch, name)
 
 
-def run_starts(batch: pl.DataFrame, keys: list[str]) -> np.ndarray:
+def run_starts(batch: pl.DataFrame, keys: Sequence[str]) -> np.ndarray:
     """Start index of each run of consecutive rows of ``batch`` (non-empty) with equal
-    ``keys`` (columns without nulls)."""
-    change = np.empty(batch.height, dtype=bool)
-    change[0] = True
-    change[1:] = False
-    for k in keys:
-        v = column(batch, k)
-        change[1:] |= v[1:] != v[:-1]
-    return np.flatnonzero(change)
+    ``keys`` (columns without nulls). Computed once per batch and set of keys, shared by
+    the accumulators of a pass (read-only: never modify it)."""
+
+    def make() -> np.ndarray:
+        change = np.empty(batch.height, dtype=bool)
+        change[0] = True
+        change[1:] = False
+        for k in keys:
+            v = column(batch, k)
+            change[1:] |= v[1:] != v[:-1]
+        out = np.flatnonzero(change)
+        out.flags.writeable = False
+        return out
+
+    return _ARRAYS.derived(batch, ("run_starts", *sorted(keys)), make)
 
 
 def run_rows(starts: np.ndarray, height: int, runs: np.ndarray) -> np.ndarray:
