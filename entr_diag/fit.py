@@ -80,7 +80,6 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -107,7 +106,7 @@ from entr_diag.aggregate import (
 from entr_diag.errors import FitError, ParameterError
 from entr_diag.frames import number, token_frame
 from entr_diag.io.schema import IMPLAUSIBLE_LOGPROB
-from entr_diag.passes import FILE_INDEX, PartialRows, column, has_nulls, run_pass, run_starts
+from entr_diag.passes import FILE_INDEX, PartialRows, column, run_pass
 from entr_diag.regime import (
     P_BINS,
     RegimeResult,
@@ -1214,24 +1213,18 @@ class _FitSums:
     the |delta| histogram per coarse bin, and per sequence a bitmask of the coarse bins it
     touches (OR-merged by seq_key: the exact number of sequences per bin).
 
-    The streaming engine computes two per-token keys during the scan (:attr:`exprs`): the
-    fine entropy bin (the same expression as pass 1, so a token's cell is the one pass 1
-    counted it in) and the |delta| bin of the histogram. The rest is numpy, per batch
-    (:meth:`keys`): cells and coarse bins are lookup tables over fine bins, the staleness
-    bucket a lookup table over the staleness, the step range and block one value per run
-    of one sequence (both are constant within a ``seq_key``), the p bin comparisons with
-    the P_BINS edges; then ``bincount`` adds the weights. (The same keys as polars
-    expressions cost the engine three times the CPU time: every step materialises a new
-    column; a batch with a null in a column the keys read takes that route,
-    :meth:`_keys_polars`.) The joint key puts the step range outermost: a batch (rows of
-    one chunk, one or two step ranges) spans a small part of the table, and ``bincount``
-    runs over that span only. Temporaries of a batch are computed in reused buffers (a
-    fresh array of a few MB costs its page faults on every batch)."""
+    The per-token keys and weights are polars expressions (:attr:`exprs`) that the streaming
+    engine computes during the scan (the fine entropy bin is the same expression as pass 1,
+    so a token's cell is the one pass 1 counted it in; cells and coarse bins are lookup
+    tables over fine bins, applied by the engine); per batch, numpy only adds weights with
+    ``bincount``. The joint key puts the step range outermost: a batch (rows of one chunk,
+    one or two step ranges) spans a small part of the table, and ``bincount`` runs over that
+    span only. Temporaries of a batch are computed in reused buffers (a fresh array of a
+    few MB costs its page faults on every batch)."""
 
     def __init__(self, names: list[str], binning: CoarseBinning, cells: CoarseBinning,
                  B: int, eps: float, tau: float, stale: pl.Expr | None,
-                 step_range: pl.Expr | None, n_ranges: int,
-                 step_grid: tuple[int, int] | None = None) -> None:
+                 step_range: pl.Expr | None, n_ranges: int) -> None:
         # read as numpy arrays shared with the pass's other accumulators (:func:`column`)
         self.columns: list[str] = ["entropy", "delta", "seq_key", "infer_logprob"]
         self.nb, self.nc, self.B = binning.n_bins, cells.n_bins, B
@@ -1244,62 +1237,47 @@ class _FitSums:
         self.S1 = self.n_stale + 1 if stale is not None else 1
         self.R1 = max(self.nr, 1) + 1 if step_range is not None else 1
         self.has_stale, self.has_sr = stale is not None, step_range is not None
-        #: how the staleness is read: its column, or train_version - policy_version
-        self.stale_cols = (["staleness"] if "staleness" in names
-                           else ["train_version", "policy_version"]) if stale is not None else []
-        #: (lowest step, steps per range) of the step ranges (``step_range`` as numbers)
-        self.step_grid = step_grid
-        if self.has_sr and step_grid is None:  # pragma: no cover - programming error
-            raise AssertionError("_FitSums: a step range needs its step_grid")
-        self.columns += [c for c in self.stale_cols if c not in self.columns]
-        if self.has_sr:
-            self.columns.append("step")
         fine = np.arange(N_FINE + 1)
-        self.lut_cell = cells.coarse_of_fine(fine).astype(np.int64)
-        self.lut_coarse = binning.coarse_of_fine(fine).astype(np.int64)
+        lut_cell = cells.coarse_of_fine(fine).astype(np.int64)
+        lut_coarse = binning.coarse_of_fine(fine).astype(np.int64)
         self.cell_coarse = binning.coarse_of_fine(cells.starts[:-1]).astype(np.int64)
-        #: staleness -> joint-key index (0: no bucket, a negative staleness), for the
-        #: staleness clipped to [-1, last bucket's lower end]
-        top = STALENESS_BUCKETS[-1][1]
-        self.stale_top = top
-        self.lut_stale = np.zeros(top + 2, dtype=np.int64)
-        for i, (_, lo, hi) in enumerate(STALENESS_BUCKETS):
-            for s in range(lo, (top if hi is None else hi) + 1):
-                self.lut_stale[s + 1] = i + 1
-        #: the p bins' upper edges as logprobs (a token's p bin: how many it is not below)
-        self.p_edges = [math.log(P_BINS[i][2]) for i in range(NP - 1)]
         #: the bit of each coarse bin in its 64-bit word of the sequence masks, (nb,) uint64
         self.bit_of = np.left_shift(np.uint64(1), np.arange(self.nb, dtype=np.uint64) % 64)
-        # the engine's keys: the fine bin and the |delta| bin (for the fallback route, the
-        # polars expressions of every key, computed on the batch)
-        self.exprs = [fine_bin_expr().alias("_fit_fine"), _abs_delta_bin_expr().alias("_fit_dbin")]
         d, h = pl.col("delta"), pl.col("entropy")
         usable = h.is_not_null() & h.is_finite() & (h >= 0) & d.is_finite()
         i64 = pl.Int64
-        fine_c = pl.col("_fit_fine")
-        cell = (pl.when(usable).then(pl.lit(pl.Series(self.lut_cell)).gather(fine_c))
-                .otherwise(-1))
-        coarse = pl.lit(pl.Series(self.lut_coarse)).gather(fine_c)
+        # stage 1: the fine bin; stage 2: cell (-1: a token the fit does not use, no finite
+        # entropy or delta, or outside the binned range: never for tokens pass 1 counted)
+        # and coarse bin, looked up once per token
+        fine = pl.col("_fit_fine")
+        self.stages = [
+            [fine_bin_expr().alias("_fit_fine")],
+            [pl.when(usable).then(pl.lit(pl.Series(lut_cell)).gather(fine)).otherwise(-1)
+             .alias("_fit_cell"),
+             pl.lit(pl.Series(lut_coarse)).gather(fine).alias("_fit_coarse")],
+        ]
+        cell, coarse = pl.col("_fit_cell"), pl.col("_fit_coarse")
         st1 = stale.fill_null(-1).cast(i64) + 1 if stale is not None else pl.lit(0, i64)
         sr1 = step_range.fill_null(-1).cast(i64) + 1 if step_range is not None else pl.lit(0, i64)
+        # (step range, cell, staleness, block): the step range outermost (see the class doc)
         joint = ((sr1 * self.nc + cell) * self.S1 + st1) * B + block_expr(B).cast(i64)
         z2 = d * d / (h + eps)
         reg = (cell * 2 + (z2 > tau).cast(i64)) * NP + p_bin_expr().cast(i64)
-        self._polars_keys = [
-            pl.when(cell >= 0).then(joint).otherwise(-1).cast(i64).alias("joint"),
-            pl.when(cell >= 0).then(reg).otherwise(-1).cast(i64).alias("reg"),
-            # (null for an unused token: a non-finite entropy or delta)
-            (coarse * (_N_D + 1) + pl.col("_fit_dbin").cast(i64)).fill_null(-1).cast(i64)
-            .alias("hist"),
-            coarse.fill_null(-1).cast(i64).alias("coarse"),
-        ]
-        self._null_cols = ["_fit_fine", "_fit_dbin", *self.columns]
-        self._keyed: tuple[weakref.ref, dict[str, np.ndarray] | None] | None = None
+        # each per-token value computed once by the engine (numpy uses the int64 keys as is)
+        ex = {
+            "_fit_joint": pl.when(cell >= 0).then(joint).otherwise(-1).cast(i64),
+            "_fit_reg": pl.when(cell >= 0).then(reg).otherwise(-1).cast(i64),
+            # (null for a token the fit does not use: a NaN or infinite entropy or delta)
+            "_fit_hist": (coarse * (_N_D + 1) + _abs_delta_bin_expr().cast(i64)).fill_null(-1)
+            .cast(i64),
+            "_fit_coarse": coarse.fill_null(-1).cast(i64),
+        }
+        self.exprs = [e.alias(k) for k, e in ex.items()]
         size = self.R1 * self.nc * self.S1 * B
         #: flat ``(R1 * nc * S1 * B,)`` sums per (step range, cell, staleness, block)
         self.joint = {c: np.zeros(size) for c in ("n", "s_h", "s_d2")}
         self._buf = np.empty((0, 0))  # reused float64 temporaries, (3, rows)
-        self._kbuf = np.empty((0, 0), dtype=np.int64)  # reused int64 keys, (4, rows)
+        self._kbuf = np.empty(0, dtype=np.int64)  # reused int64 joint keys, (rows,)
         # s_lp: sum of infer_logprob, for the units check (:class:`UnitsCheck`)
         # s_lp2, s_lpd: of infer_logprob^2 and infer_logprob * delta, for the within-bin
         # correlation of the two logprob columns (:func:`other_token`)
@@ -1314,119 +1292,31 @@ class _FitSums:
         self.masks = PartialRows(["seq_key"],
                                  [pl.col(f"m{w}").bitwise_or() for w in range(self.words)])
 
-    def keys(self, batch: pl.DataFrame) -> dict[str, np.ndarray] | None:
-        """The per-token keys of ``batch`` (computed once per batch; shared with
-        :class:`_FileUnits`), each an int64 array of the batch's rows: ``joint`` (-1: a token
-        the fit does not use: no finite entropy >= 0 or delta, or outside the binned range),
-        ``reg`` (-1 likewise), ``hist`` and ``coarse``; ``ok``: the used tokens (bool), or
-        None when all are, and then ``starts``: the first row of each run of one ``seq_key``
-        (and step). None when
-        the batch holds no token the fit uses. Valid until the next batch's keys."""
-        if self._keyed is not None and self._keyed[0]() is batch:
-            return self._keyed[1]
-        if has_nulls(batch, self._null_cols):
-            k = self._keys_polars(batch)
-        else:
-            k = self._keys_numpy(batch)
-        if k is not None and k["ok"] is not None and not k["ok"].any():
-            k = None
-        self._keyed = (weakref.ref(batch), k)
-        return k
-
-    def _keys_polars(self, batch: pl.DataFrame) -> dict[str, np.ndarray]:
-        """:meth:`keys` by the polars expressions (a batch with a null in a column they
-        read: the expressions' null rules apply)."""
-        t = batch.select(*self._polars_keys)
-        out = {c: t.get_column(c).to_numpy() for c in ("joint", "reg", "hist", "coarse")}
-        out["ok"] = out["joint"] >= 0  # (an array: ``starts`` is not read)
-        return out
-
-    def _keys_numpy(self, batch: pl.DataFrame) -> dict[str, np.ndarray]:
-        """:meth:`keys` in numpy (no null in the columns read)."""
-        n = batch.height
-        if self._kbuf.shape[1] < n:
-            self._kbuf = np.empty((4, n), dtype=np.int64)
-        joint, reg, hist, coarse = self._kbuf[:, :n]
-        # the fine bins as int64 (np.take of int32 indices converts them: 7x the time), in
-        # the buffer of the histogram key until it is computed
-        fine = np.copyto(hist, column(batch, "_fit_fine")) or hist
-        h, d = column(batch, "entropy"), column(batch, "delta")
-        cell = np.take(self.lut_cell, fine, out=reg)  # (reg's buffer until the reg key)
-        np.take(self.lut_coarse, fine, out=coarse)
-        # unusable tokens (the engine's cast of the fine bin refuses a NaN or infinite
-        # entropy, so only a negative entropy or a non-finite delta): cell -1
-        ok = np.isfinite(d)
-        if float(h.min()) < 0:
-            ok &= h >= 0
-        ok &= cell >= 0
-        all_ok = bool(ok.all())
-        # (the step too: a frame whose seq_key does not hash the step, CONTRACT.md)
-        starts = run_starts(batch, ["seq_key", "step"] if self.has_sr else ["seq_key"])
-        B, S1 = self.B, self.S1
-        # joint = ((step range * nc + cell) * S1 + staleness) * B + block: the step range
-        # and the block are constant within a run of one seq_key (it hashes the step)
-        np.multiply(cell, S1 * B, out=joint)
-        if self.has_stale:
-            if len(self.stale_cols) == 1:
-                s = column(batch, "staleness")
-            else:
-                s = column(batch, "train_version") - column(batch, "policy_version")
-            si = np.clip(s, -1, self.stale_top).astype(np.int64, copy=False)
-            si += 1
-            si = np.take(self.lut_stale, si, out=si)
-            si *= B
-            joint += si
-        sk = column(batch, "seq_key")[starts]
-        per_run = (sk % np.uint64(B)).astype(np.int64)
-        if self.has_sr:
-            assert self.step_grid is not None
-            lo, width = self.step_grid
-            step = column(batch, "step")[starts]
-            sr1 = np.floor_divide(step - lo, width).astype(np.int64) + 1
-            per_run += sr1 * (self.nc * S1 * B)
-        lengths = np.diff(np.append(starts, n))
-        joint += np.repeat(per_run, lengths)
-        # reg = (cell * 2 + (z^2 > tau)) * NP + p bin
-        z2 = d * d
-        z2 /= h + self.eps
-        reg *= 2
-        reg += z2 > self.tau
-        reg *= len(P_BINS)
-        lp = column(batch, "infer_logprob")
-        for e in self.p_edges:
-            reg += lp >= e
-        np.multiply(coarse, _N_D + 1, out=hist)
-        hist += column(batch, "_fit_dbin")
-        if not all_ok:
-            joint[~ok] = -1
-            reg[~ok] = -1
-        return {"joint": joint, "reg": reg, "hist": hist, "coarse": coarse,
-                "starts": starts, "ok": None if all_ok else ok}
-
     @staticmethod
     def _add(acc: np.ndarray, k: np.ndarray, w: np.ndarray | None = None) -> None:
         acc += np.bincount(k, weights=w, minlength=acc.size)
 
     def update(self, batch: pl.DataFrame) -> None:
-        keys = self.keys(batch)
-        if keys is None:
+        kj = batch["_fit_joint"].to_numpy()
+        col = _fit_tokens(batch, kj >= 0, self.columns)
+        if col is None:
             return
-        col = _fit_tokens(batch, keys, self.columns)
-        kj = col("joint")
+        kj = col("_fit_joint")
         n = kj.size
         if self._buf.shape[1] < n:
             self._buf = np.empty((3, n))
+            self._kbuf = np.empty(n, dtype=np.int64)
         d2, t1, t2 = self._buf[:, :n]
         h, d = col("entropy"), col("delta")
         np.multiply(d, d, out=d2)
         # the joint table over the span of keys of the batch
         lo, hi = int(kj.min()), int(kj.max())
-        kj = kj - lo
+        kj = np.subtract(kj, lo, out=self._kbuf[:n])
         span = slice(lo, hi + 1)
         self._add(self.joint["n"][span], kj)
         self._add(self.joint["s_h"][span], kj, h)
         self._add(self.joint["s_d2"][span], kj, d2)
-        k = col("reg")
+        k = col("_fit_reg")
         np.abs(d, out=t1)
         np.divide(d2, np.add(h, self.eps, out=t2), out=t2)
         lp = col("infer_logprob")
@@ -1437,8 +1327,8 @@ class _FitSums:
         self._add(self.reg["s_lp2"], k, t2)
         np.multiply(lp, d, out=t2)
         self._add(self.reg["s_lpd"], k, t2)
-        self._add(self.hist, col("hist"))
-        coarse = col("coarse")
+        self._add(self.hist, col("_fit_hist"))
+        coarse = col("_fit_coarse")
         bad = _implausible(lp, d, t1)
         if bad is not None:
             kb = coarse[bad]
@@ -1447,15 +1337,11 @@ class _FitSums:
                 self.units_out[i] += np.bincount(kb, weights=w, minlength=self.nb)
         # sequences per bin: OR of 2^coarse over runs of one sequence (rows of a sequence
         # are usually contiguous), then merged by seq_key
-        if keys["ok"] is None:
-            starts = keys["starts"]
-            sk = column(batch, "seq_key")
-        else:
-            sk = col("seq_key")
-            change = np.empty(sk.size, dtype=bool)
-            change[0] = True
-            np.not_equal(sk[1:], sk[:-1], out=change[1:])
-            starts = np.flatnonzero(change)
+        sk = col("seq_key")
+        change = np.empty(sk.size, dtype=bool)
+        change[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=change[1:])
+        starts = np.flatnonzero(change)
         bit = self.bit_of.take(coarse)
         cols = {"seq_key": sk[starts]}
         word = coarse // 64 if self.words > 1 else None
@@ -1523,19 +1409,18 @@ def _implausible(lp: np.ndarray, d: np.ndarray, buf: np.ndarray) -> np.ndarray |
     return (lp <= t) | (train <= t)
 
 
-def _fit_tokens(batch: pl.DataFrame, keys: dict[str, np.ndarray], columns: Sequence[str]
-                ) -> Callable[[str], np.ndarray]:
-    """A reader of a batch's columns and keys (:meth:`_FitSums.keys`) restricted to the
-    fit's tokens (``keys["ok"]``) as numpy arrays (``columns`` through :func:`column`,
-    shared with the pass's other accumulators)."""
-    ok = keys["ok"]
+def _fit_tokens(batch: pl.DataFrame, ok: np.ndarray, columns: Sequence[str]
+                ) -> Callable[[str], np.ndarray] | None:
+    """A reader of a batch's columns restricted to the fit's tokens (``ok``: ``_fit_joint
+    >= 0``) as numpy arrays (``columns`` through :func:`column`, shared with the pass's
+    other accumulators); None when the batch holds none."""
+    if not ok.any():
+        return None
+    full = bool(ok.all())
 
     def col(name: str) -> np.ndarray:
-        if name in keys:
-            v = keys[name]
-        else:
-            v = column(batch, name) if name in columns else batch[name].to_numpy()
-        return v if ok is None else v[ok]
+        v = column(batch, name) if name in columns else batch[name].to_numpy()
+        return v if full else v[ok]
 
     return col
 
@@ -1543,25 +1428,21 @@ def _fit_tokens(batch: pl.DataFrame, keys: dict[str, np.ndarray], columns: Seque
 class _FileUnits:
     """Accumulator of the units check per input file: sums of infer_logprob, delta,
     entropy and the token count per (input file, coarse entropy bin) over the fit's tokens,
-    in the fit's pass (it reads the fit's per-token keys, :meth:`_FitSums.keys`, computed
-    once per batch for both, and the loader's file index,
-    :data:`~entr_diag.passes.FILE_INDEX`)."""
+    in the fit's pass (it reads the fit's per-token keys ``_fit_joint`` and
+    ``_fit_coarse``, and the loader's file index, :data:`~entr_diag.passes.FILE_INDEX`)."""
 
     columns = ("entropy", "delta", "infer_logprob", FILE_INDEX)
 
-    def __init__(self, fit: _FitSums, n_files: int) -> None:
-        self.fit = fit
-        self.nb, self.n_files = fit.nb, n_files
-        self.columns = tuple(dict.fromkeys((*self.columns, *fit.columns)))
+    def __init__(self, nb: int, n_files: int) -> None:
+        self.nb, self.n_files = nb, n_files
         #: (7, n_files * nb): n, s_lp, s_d, s_h, s_lp2, s_lpd, s_d2
-        self.sums = np.zeros((7, n_files * self.nb))
+        self.sums = np.zeros((7, n_files * nb))
 
     def update(self, batch: pl.DataFrame) -> None:
-        keys = self.fit.keys(batch)
-        if keys is None:
+        col = _fit_tokens(batch, batch["_fit_joint"].to_numpy() >= 0, self.columns)
+        if col is None:
             return
-        col = _fit_tokens(batch, keys, self.columns)
-        k = col(FILE_INDEX).astype(np.int64) * self.nb + col("coarse")
+        k = col(FILE_INDEX).astype(np.int64) * self.nb + col("_fit_coarse")
         size = self.sums.shape[1]
         w = {name: col(name) for name in ("infer_logprob", "delta", "entropy")}
         bad = _implausible(w["infer_logprob"], w["delta"], np.empty(k.size))
@@ -1597,7 +1478,7 @@ class FileUnitsPlan:
 
     def __init__(self, fit: FitPlan, files: Sequence[str]) -> None:
         self.files = list(files)
-        self.acc = _FileUnits(fit.sums, len(self.files))
+        self.acc = _FileUnits(fit.binning.n_bins, len(self.files))
         self.accumulators = [self.acc]
 
     def finish(self, pooled: UnitsCheck | None = None) -> list[tuple[str, UnitsCheck]]:
@@ -1704,7 +1585,6 @@ def fit_plan(
     stale_key = _staleness_expr(names) if with_strata else None
     step_labels: list[str] = []
     step_key = None
-    step_grid: tuple[int, int] | None = None
     if with_strata:
         if stale_key is None:
             notices.append("staleness strata skipped: no staleness (or policy_version and "
@@ -1719,13 +1599,11 @@ def fit_plan(
                 a, b = s_lo + i * width, min(s_hi, s_lo + (i + 1) * width - 1)
                 step_labels.append(f"{a}" if a == b else f"{a}-{b}")
             step_key = ((pl.col("step") - s_lo) // width).cast(pl.Int32)
-            step_grid = (s_lo, width)
         else:
             notices.append("step strata skipped: no step column")
     else:
         notices.append("strata not computed (with_strata=False)")
-    sums = _FitSums(names, binning, cells, B, eps, tau, stale_key, step_key, len(step_labels),
-                    step_grid)
+    sums = _FitSums(names, binning, cells, B, eps, tau, stale_key, step_key, len(step_labels))
     params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau, "n_boot": n_boot,
               "n_blocks": B, "seed": seed, "with_strata": with_strata}
     return FitPlan(n_tokens=int(counts.sum()), binning=binning, brk=brk, cells=cells, sums=sums, params=params,

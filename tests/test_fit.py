@@ -443,35 +443,6 @@ def test_one_pass_does_not_depend_on_batch_size():
     _assert_same_result(whole, plan.finish().to_dict())
 
 
-def test_numpy_keys_equal_the_polars_expressions():
-    """The fit's per-token keys computed in numpy (the pass's route) equal those of its
-    polars expressions (the route of a batch holding a null), for every token: staleness
-    in every bucket and negative, several step ranges, negative entropies (unused: key
-    -1)."""
-    from entr_diag.fit import fit_plan
-
-    _, lf = synth(n_tokens=30_000, seed=4, h_star=0.03, max_staleness=9)
-    df = lf.collect()
-    n = df.height
-    rng = np.random.default_rng(0)
-    df = df.with_columns(
-        pl.when(pl.Series(rng.random(n) < 0.02)).then(-0.5).otherwise(pl.col("entropy"))
-        .alias("entropy"),
-        (pl.col("staleness") - pl.lit(pl.Series(rng.integers(0, 2, n)))).alias("staleness"),
-    )
-    assert df["staleness"].min() < 0 and df["staleness"].max() >= 8
-    plan = fit_plan(df.lazy(), n_boot=200)
-    acc = plan.sums
-    assert acc.has_stale and acc.has_sr and acc.nr > 1
-    batch = df.with_columns(*acc.exprs)
-    fast, slow = acc._keys_numpy(batch), acc._keys_polars(batch)
-    ok = fast["ok"]
-    assert ok is not None and int((~ok).sum()) == int((df["entropy"] < 0).sum()) > 0
-    np.testing.assert_array_equal(ok, slow["ok"])
-    for name in ("joint", "reg", "hist", "coarse"):
-        np.testing.assert_array_equal(fast[name], slow[name], err_msg=name)
-
-
 def test_tokens_without_finite_entropy_or_delta_are_skipped():
     """A token frame holding NaN or infinite entropies and deltas (a library caller's
     frame, not validated) gives the fit of its other tokens: those tokens are skipped,
