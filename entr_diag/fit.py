@@ -773,6 +773,63 @@ def _fit_affine(bd: _BinData, pred: np.ndarray):
 # ---------------------------------------------------------------------------- breakpoint
 
 
+def _split_rss(x: np.ndarray, Y: np.ndarray, w: np.ndarray, splits: Sequence[int]
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The two-segment weighted least-squares fits of the breakpoint search, for every
+    split at once. ``x`` (n,): the design; ``Y`` (n, C): C independent responses (the point
+    estimate, or the bootstrap replicates); ``w`` (n,): the weights; an entry whose x or y is
+    not finite, or whose weight is not positive, is left out (as :func:`_wline`).
+
+    Returns ``rss`` (len(splits), C): for split s, the weighted residual sum of squares of
+    the line fitted to rows [s, n) plus, for s >= 2, that of the line fitted to rows
+    [0, s) (one row has no residual); and the slope of the left line of column 0 per split
+    (NaN for s < 2). A segment with one usable entry, or whose x do not vary, has a NaN
+    residual (no line), one with none a zero residual, as :func:`_wline` and
+    :func:`_wrss` give. Computed from running sums of the centred moments (O(n x C) in all,
+    rows added to the left segment one split after the other), the same fits as
+    :func:`_wline` per segment up to float rounding."""
+    n, C = Y.shape
+    ok = np.isfinite(Y) & (np.isfinite(x) & (w > 0))[:, None]
+    W = np.where(ok, w[:, None], 0.0)
+    # centred (a constant shift of x, and of each column of Y, changes no fit)
+    fx = np.isfinite(x)
+    xc = np.where(fx, x - (x[fx].mean() if fx.any() else 0.0), 0.0)[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ym = np.where(ok, W * Y, 0.0).sum(axis=0) / W.sum(axis=0)
+    Yc = np.where(ok, Y - np.where(np.isfinite(ym), ym, 0.0)[None, :], 0.0)
+    A = np.stack([W, W * xc, W * Yc, W * xc * xc, W * xc * Yc, W * Yc * Yc,
+                  ok.astype(np.float64)])  # (7, n, C)
+    total = A.sum(axis=1)  # (7, C)
+
+    def seg(S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s0, sx, sy, sxx, sxy, syy, cnt = S
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cxx = sxx - sx * sx / s0
+            cxy = sxy - sx * sy / s0
+            cyy = syy - sy * sy / s0
+            slope = cxy / cxx
+            rss = np.maximum(cyy - cxy * slope, 0.0)
+        bad = (cnt < 1.5) | ~(cxx > 0)
+        rss = np.where(bad, np.where(cnt < 0.5, 0.0, np.nan), rss)
+        return rss, np.where(bad, np.nan, slope)
+
+    out = np.empty((len(splits), C))
+    left_slope = np.full(len(splits), np.nan)
+    run = np.zeros((7, C))
+    k = 0
+    for i, s in enumerate(splits):
+        while k < s:  # rows [0, s) in the left segment
+            run += A[:, k]
+            k += 1
+        rss, _ = seg(total - run)
+        if s >= 2:
+            lr, ls = seg(run)
+            rss = rss + lr
+            left_slope[i] = ls[0]
+        out[i] = rss
+    return out, left_slope
+
+
 def _search_break(
     bd: _BinData, h_lo: np.ndarray, h_hi: np.ndarray
 ) -> tuple[BreakpointSearch, Breakpoint | None, int]:
@@ -811,23 +868,14 @@ def _search_break(
     ar0, cr0 = _wline(Xf, LYr, Wr)
     bic0_r = bic(_wrss(Xf, LYr, Wr, ar0, cr0), 2)
 
-    bics, bics_r, left_slopes = [], [], []
-    for s in splits:
-        ar_, cr_ = _wline(x[s:, None], y[s:, None], w[s:, None])
-        rss = _wrss(x[s:, None], y[s:, None], w[s:, None], ar_, cr_)
-        rr_a, rr_c = _wline(Xf[s:], LYr[s:], Wr[s:])
-        rss_r = _wrss(Xf[s:], LYr[s:], Wr[s:], rr_a, rr_c)
-        if s >= 2:
-            la, lc = _wline(x[:s, None], y[:s, None], w[:s, None])
-            rss = rss + _wrss(x[:s, None], y[:s, None], w[:s, None], la, lc)
-            lra, lrc = _wline(Xf[:s], LYr[:s], Wr[:s])
-            rss_r = rss_r + _wrss(Xf[:s], LYr[:s], Wr[:s], lra, lrc)
-            left_slopes.append(float(la[0]))
-        else:
-            left_slopes.append(_NAN)
-        p = 2 + min(s, 2) + 1
-        bics.append(float(bic(rss, p)[0]))
-        bics_r.append(bic(rss_r, p))
+    # every split's two segment fits from running sums (O(bins x replicates) in all, not
+    # per split: --bins 500 searched 1000 splits in 36 s at 5M tokens)
+    rss_all, left = _split_rss(x, y[:, None], w, splits)
+    rss_r_all, _ = _split_rss(x, LYr, w, splits)
+    left_slopes = left.tolist()
+    p_all = 2 + np.minimum(np.asarray(splits), 2) + 1
+    bics = [float(bic(rss_all[i], p_all[i])[0]) for i in range(len(splits))]
+    bics_r = [bic(rss_r_all[i], p_all[i]) for i in range(len(splits))]
     bics_arr = np.asarray(bics)
     best = int(np.argmin(bics_arr))
     s_best = splits[best]

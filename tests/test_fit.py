@@ -692,3 +692,36 @@ def test_strata_carry_the_alpha_range_of_a_random_sample_of_their_size():
     S["s_d2"][:, :] = S["s_h"] * 0.01
     lo, hi = _random_size_alpha(S, 1200, np.arange(4), np.random.default_rng(0))
     assert lo == pytest.approx(1.0) and hi == pytest.approx(1.0)
+
+
+def test_split_rss_equals_a_fit_per_segment():
+    """The breakpoint search's running-sum fits of every split equal the weighted
+    least-squares fit of each segment on its own (:func:`_wline` / :func:`_wrss`), for the
+    point estimate and for replicates with missing entries, segments of one usable entry
+    (NaN) and of none (0) included."""
+    from entr_diag.fit import _split_rss, _wline, _wrss
+
+    rng = np.random.default_rng(1)
+    n, C = 40, 25
+    x = np.sort(rng.normal(size=n)) * 3 - 5
+    w = rng.uniform(0.5, 50, size=n)
+    Y = 2 * x[:, None] + 1 + rng.normal(scale=0.3, size=(n, C))
+    Y[rng.random((n, C)) < 0.1] = np.nan
+    Y[:3, 0] = np.nan  # column 0: the first three rows missing
+    Y[[0, 2], 1] = np.inf  # column 1: one usable row among the first three
+    Y[1, 1] = 0.5
+    splits = list(range(1, n - 3))
+    rss, left = _split_rss(x, Y, w, splits)
+    X, W = np.broadcast_to(x[:, None], Y.shape), np.broadcast_to(w[:, None], Y.shape)
+    for i, s in enumerate(splits):
+        a, c = _wline(X[s:], Y[s:], W[s:])
+        want = _wrss(X[s:], Y[s:], W[s:], a, c)
+        if s >= 2:
+            la, lc = _wline(X[:s], Y[:s], W[:s])
+            want = want + _wrss(X[:s], Y[:s], W[:s], la, lc)
+            np.testing.assert_allclose(left[i], la[0], rtol=1e-9, equal_nan=True)
+        else:
+            assert math.isnan(left[i])
+        np.testing.assert_allclose(rss[i], want, rtol=1e-9, atol=1e-12, equal_nan=True)
+    # split 2: rows [0, 2) hold no usable entry in column 0 (no residual), one in column 1
+    assert np.isfinite(rss[1, 0]) and np.isnan(rss[1, 1]) and np.isnan(rss[2, 1])
