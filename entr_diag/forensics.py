@@ -2740,14 +2740,55 @@ class MisalignmentPlan:
         sample = self._sample.frame(self.ds.lf.collect_schema())
         if FILE_INDEX not in sample.columns:
             return None
-        found, checked = {}, 0
-        for (i,), part in sample.partition_by(FILE_INDEX, as_dict=True).items():
-            checked += any(np.sum(np.abs(_nonzero_logprobs(part, c)) >= 0.5)
-                           >= ROUNDED_MIN_VALUES for c in ("train_logprob", "infer_logprob"))
-            r = rounded_logprobs(part)
-            if r:
-                found[str(files[int(i)].path)] = r
-        return found if found and len(found) < checked else None
+        return _rounded_by_file(sample, [str(f.path) for f in files])
+
+
+def _rounded_by_file(sample: pl.DataFrame, paths: Sequence[str]
+                     ) -> dict[str, dict[str, float]] | None:
+    """:meth:`MisalignmentPlan.rounding_by_file` on the sample (``FILE_INDEX`` indexes
+    ``paths``): :func:`rounded_logprobs` of each file's rows, for all files at once (one
+    ``bincount`` per column and step: a loop over 2000 files' parts took 3 s); the files in
+    order of their first sampled row."""
+    fi = sample.get_column(FILE_INDEX).to_numpy().astype(np.int64)
+    n_f = int(fi.max()) + 1 if fi.size else 0
+    _, first = np.unique(fi, return_index=True)
+    order = [int(fi[j]) for j in np.sort(first)]  # files by first appearance
+    checked = np.zeros(n_f, dtype=bool)
+    steps: dict[str, np.ndarray] = {}
+    for col in ("train_logprob", "infer_logprob"):
+        if col not in sample.columns:
+            continue
+        xs = sample.get_column(col).cast(pl.Float64)
+        keep = (xs.is_finite() & (xs != 0) & (xs > IMPLAUSIBLE_LOGPROB)).fill_null(False)
+        keep = keep.to_numpy()
+        x, f = xs.to_numpy()[keep], fi[keep]
+        # a file's values as rounded_logprobs takes them: its own, in order, an evenly
+        # strided subsample of at most ROUNDED_MAX_VALUES
+        n_val = np.bincount(f, minlength=n_f)
+        checked |= np.bincount(f, weights=np.abs(x) >= 0.5, minlength=n_f) >= ROUNDED_MIN_VALUES
+        o = np.argsort(f, kind="stable")
+        rank = np.empty(f.size, dtype=np.int64)
+        rank[o] = np.arange(f.size) - np.repeat(np.cumsum(n_val) - n_val, n_val)
+        stride = np.maximum(1, -(-n_val // ROUNDED_MAX_VALUES))
+        sub = rank % stride[f] == 0
+        x, f = x[sub], f[sub]
+        step_of = np.full(n_f, np.nan)
+        for step in ROUNDING_STEPS:
+            y = x / step
+            big = np.abs(y) >= 0.5
+            on = np.abs(y - np.round(y)) <= 1e-3 + np.abs(y) * 2.5e-7
+            n_big = np.bincount(f, weights=big, minlength=n_f)
+            n_on = np.bincount(f, weights=big & on, minlength=n_f)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                hit = (n_big >= ROUNDED_MIN_VALUES) & (n_on / n_big >= ROUNDED_SHARE)
+            step_of = np.where(np.isnan(step_of) & hit, step, step_of)
+        steps[col] = step_of
+    found: dict[str, dict[str, float]] = {}
+    for i in order:
+        r = {c: float(v[i]) for c, v in steps.items() if np.isfinite(v[i])}
+        if r:
+            found[paths[i]] = r
+    return found if found and len(found) < int(checked.sum()) else None
 
 
 #: decimal steps a logprob column may have been rounded to, coarsest first (nats)

@@ -1049,6 +1049,39 @@ def test_rounded_logprobs_are_found_by_their_step(base):
     assert rounded_logprobs(r2.head(100)) is None
 
 
+@pytest.mark.parametrize("max_values", [400_000, 300])
+def test_rounding_by_file_equals_the_check_of_each_file(base, monkeypatch, max_values):
+    """The per-file rounding check (all files at once) names what rounded_logprobs says of
+    each file's own rows: files rounded to different steps, float32 storage, one file too
+    small to judge, full-precision files; with and without the strided subsample; files
+    in order of their first row. None when every file is rounded alike."""
+    from entr_diag.forensics import _rounded_by_file, rounded_logprobs
+    from entr_diag.passes import FILE_INDEX
+
+    monkeypatch.setattr(FX, "ROUNDED_MAX_VALUES", max_values)
+    n = base.height
+    fi = pl.Series(FILE_INDEX, np.random.default_rng(3).integers(0, 6, n) % 6, dtype=pl.UInt32)
+    f = pl.col(FILE_INDEX)
+    df = base.with_columns(fi).with_columns(
+        pl.when(f == 1).then(TL.round(2)).when(f == 3).then(TL.round(0))
+        .otherwise(TL).alias("train_logprob"),
+        pl.when(f == 1).then(IL.round(2)).when(f == 4).then(IL.round(3).cast(pl.Float32))
+        .otherwise(IL).alias("infer_logprob"))
+    df = pl.concat([df.filter(f != 5), df.filter(f == 5).head(50)])  # file 5: too few
+    paths = [f"part-{i}.parquet" for i in range(6)]
+    want = {}
+    for i in df[FILE_INDEX].unique(maintain_order=True).to_list():
+        r = rounded_logprobs(df.filter(f == i))
+        if r:
+            want[paths[i]] = r
+    assert sorted(want) == ["part-1.parquet", "part-3.parquet", "part-4.parquet"]
+    assert df.filter(f == 0).height > 3 * 300  # (the subsample is taken within files)
+    got = _rounded_by_file(df, paths)
+    assert got == want and list(got) == list(want)
+    alike = base.with_columns(TL.round(2), fi)
+    assert _rounded_by_file(alike, paths) is None
+
+
 def test_rounding_is_judged_on_a_strided_subsample(base, monkeypatch):
     """Past ROUNDED_MAX_VALUES values the share is taken on an even subsample: the same
     verdicts (a rounded column named, a full-precision one not); a column without a
