@@ -300,6 +300,18 @@ class Findings:
         }
 
 
+def _lf_schema(ds: Any) -> pl.Schema:
+    """The schema of ``ds.lf`` (a loaded dataset's, resolved once: ``Dataset.lf_schema``)."""
+    got = getattr(ds, "lf_schema", None)
+    return got if isinstance(got, pl.Schema) else ds.lf.collect_schema()
+
+
+def _raw_schema(ds: Any) -> pl.Schema:
+    """The schema of ``ds.raw`` (``Dataset.raw_schema``, resolved once)."""
+    got = getattr(ds, "raw_schema", None)
+    return got if isinstance(got, pl.Schema) else ds.raw.collect_schema()
+
+
 def _plain(v: Any) -> Any:
     if isinstance(v, (np.floating,)):
         return float(v)
@@ -715,7 +727,7 @@ class _Ctx:
     def __init__(self, ds: Any) -> None:
         self.ds = ds
         self.lf: pl.LazyFrame = ds.lf
-        self.names = set(self.lf.collect_schema().names())
+        self.names = set(_lf_schema(ds).names())
         self._cells: pl.DataFrame | None = None
         self._blocks: pl.DataFrame | None = None
         self._trend: _Trend | None = None
@@ -2690,7 +2702,7 @@ class MisalignmentPlan:
     def __init__(self, ds: Any) -> None:
         self.ds = ds
         self._res = _misalign_cached(ds)
-        names = ds.lf.collect_schema().names()
+        names = _lf_schema(ds).names()
         with_step = "step" in names
         self._sample = None if self._res is not None else _LagSample(
             _misalign_keep(ds), with_step=with_step, with_file=FILE_INDEX in names,
@@ -2704,7 +2716,7 @@ class MisalignmentPlan:
         """(status, finding) after the pass; cached for the Dataset object."""
         if self._res is None:
             assert self._sample is not None
-            sample = self._sample.frame(self.ds.lf.collect_schema())
+            sample = self._sample.frame(_lf_schema(self.ds))
             self._res = _misalignment(
                 sample, self._sample.keep, None if self._sums is None else self._sums.table(),
                 _paths(self.ds))
@@ -2719,14 +2731,14 @@ class MisalignmentPlan:
         sample was taken, the result being cached)."""
         if self._sample is None:
             return None
-        return rounded_logprobs(self._sample.frame(self.ds.lf.collect_schema()))
+        return rounded_logprobs(self._sample.frame(_lf_schema(self.ds)))
 
     def zero_prefix(self) -> dict[str, Any] | None:
         """:func:`zero_prefixes` of the sampled sequences, naming the input files (after
         the pass; None when no sample was taken)."""
         if self._sample is None:
             return None
-        return zero_prefixes(self._sample.frame(self.ds.lf.collect_schema()),
+        return zero_prefixes(self._sample.frame(_lf_schema(self.ds)),
                              _paths(self.ds))
 
     def rounding_by_file(self) -> dict[str, dict[str, float]] | None:
@@ -2737,7 +2749,7 @@ class MisalignmentPlan:
         files = getattr(self.ds, "files", ())
         if self._sample is None or len(files) < 2:
             return None
-        sample = self._sample.frame(self.ds.lf.collect_schema())
+        sample = self._sample.frame(_lf_schema(self.ds))
         if FILE_INDEX not in sample.columns:
             return None
         return _rounded_by_file(sample, [str(f.path) for f in files])
@@ -2893,7 +2905,7 @@ class ImplausiblePlan:
     report it (:func:`_check_implausible`)."""
 
     def __init__(self, ds: Any) -> None:
-        names = ds.lf.collect_schema().names()
+        names = _lf_schema(ds).names()
         self.has_entropy = "entropy" in names
         self.files = _paths(ds)
         self.tokens = _ImplausibleTokens()
@@ -3033,7 +3045,7 @@ class ForensicsPlan:
         self.checks = names
         self.ds = ds
         self.ctx = ctx = _Ctx(ds)
-        self._schema = ds.lf.collect_schema()
+        self._schema = _lf_schema(ds)
         need = {t for c in names for t in _NEEDS[c]}
         raw = getattr(ds, "raw", None)
         acc = getattr(ds, "accounting", None)
@@ -3156,7 +3168,7 @@ class ForensicsPlan:
         elif "misalignment" in self.checks:  # pragma: no cover - always planned
             ctx.misalign = _misalign_cached(self.ds)
         if self._bad is not None or self._last_ok is not None or self._zero is not None:
-            raw_empty = pl.DataFrame(schema=self.ds.raw.collect_schema())
+            raw_empty = pl.DataFrame(schema=_raw_schema(self.ds))
             if self._bad is not None:
                 ctx._bad = _bad_rows_table(self._bad, raw_empty)
             if self._last_ok is not None:
