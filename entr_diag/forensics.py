@@ -55,7 +55,6 @@ from entr_diag.passes import (
     PartialRows,
     add_counts,
     column,
-    frame_of,
     has_nulls,
     run_pass,
     run_rows,
@@ -912,10 +911,7 @@ class _LagSample:
                      *((FILE_INDEX,) if with_file else ()),
                      *(("entropy",) if with_entropy else ()))
         self.columns = list(self.cols)
-        #: per batch, the sampled rows: a frame, or columns (numpy arrays; polars Series
-        #: for a column with a null) made into one frame by :meth:`frame`
-        self.parts: list[pl.DataFrame | dict] = []
-        self._dtypes: dict[str, pl.DataType] = {}
+        self.parts: list[pl.DataFrame] = []
 
     def update(self, batch: pl.DataFrame) -> None:
         if self.keep >= 1000:
@@ -929,24 +925,16 @@ class _LagSample:
         if not runs.size:
             return
         idx = run_rows(starts, batch.height, runs)
-        # kept as numpy (a frame built here waits for that thread pool too): one frame of
-        # all the parts after the pass; a column holding a null is gathered by polars
-        self.parts.append({c: (batch.get_column(c).gather(pl.Series(idx))
-                               if batch.get_column(c).null_count() else column(batch, c)[idx])
-                           for c in self.cols})
-        for c in self.cols:
-            self._dtypes.setdefault(c, batch.schema[c])
+        self.parts.append(pl.DataFrame(
+            {c: (batch.get_column(c).gather(pl.Series(idx)) if batch.get_column(c).null_count()
+                 else pl.Series(c, column(batch, c)[idx], dtype=batch.schema[c]))
+             for c in self.cols}))
 
     def frame(self, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
         if not self.parts:
             return pl.DataFrame(schema={c: schema[c] for c in self.cols})
-        frames = [p for p in self.parts if isinstance(p, pl.DataFrame)]
-        dicts = [p for p in self.parts if isinstance(p, dict)]
-        if dicts:  # numpy columns, cast back to the batches' dtypes
-            f = frame_of(dicts)
-            frames.append(f.with_columns(pl.col(c).cast(self._dtypes[c]) for c in f.columns))
-        out = pl.concat(frames, how="vertical_relaxed") if len(frames) > 1 else frames[0]
-        self.parts = [out]  # (read several times after the pass: built once)
+        out = pl.concat(self.parts, how="vertical_relaxed")
+        self.parts = [out]  # (read several times after the pass: concatenated once)
         return out
 
 
