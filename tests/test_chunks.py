@@ -263,3 +263,41 @@ def test_a_later_shard_with_a_wrong_column_type_is_refused(tmp_path):
     assert r.exit_code == 2
     assert "part-2.parquet: column 'train_logprob' (train_logprob) has type" in r.stderr
     assert "string; train_logprob needs numeric values" in r.stderr
+
+
+def test_alike_small_files_are_read_by_one_scan(tmp_path, monkeypatch):
+    """Consecutive whole files with the same columns and types are read by one scan of them
+    all: every row keeps its own file's index (an empty file among them included), a file
+    with other columns, or under another partition folder value, is read on its own frame,
+    and the results equal those of the same tokens in one file."""
+    one = tmp_path / "one.parquet"
+    write_synth(one, SynthSpec(n_tokens=12_000, seed=6, dirty=True), layout="long")
+    t = pl.read_parquet(one)
+    d = tmp_path / "many"
+    for i in range(60):  # 200 rows each; sequences cut across files
+        part = t.slice(i * 200, 200)
+        sub = d / f"run={'a' if i < 40 else 'b'}"  # (an unmapped partition key)
+        sub.mkdir(parents=True, exist_ok=True)
+        if i == 7:  # an empty file among alike ones
+            part.head(0).write_parquet(sub / f"part-{i:03d}-empty.parquet")
+        if i == 21:  # an extra column: not alike
+            part = part.with_columns(pl.lit(1.0).alias("extra"))
+        part.write_parquet(sub / f"part-{i:03d}.parquet")
+    merged = []
+    orig = load._multi_file_frame
+    monkeypatch.setattr(load, "_multi_file_frame",
+                        lambda g, *a: merged.append(len(g)) or orig(g, *a))
+    monkeypatch.setattr(load, "CHUNK_TOKENS", 3_000)
+    ds = load_dataset([d])
+    assert len(merged) >= 4 and 50 <= sum(merged) < 61  # alike runs, by one scan each
+    per_file = (pl.concat([c.frame.select(load.FILE_INDEX) for c in chunks_of(ds.raw)])
+                .group_by(load.FILE_INDEX).len().collect())
+    got = dict(zip(per_file[load.FILE_INDEX].to_list(), per_file["len"].to_list(),
+                   strict=True))
+    want = {i: f.rows for i, f in enumerate(ds.files) if f.rows}
+    assert got == want
+    many, single = (_json(monkeypatch, tmp_path, a, 3_000)
+                    for a in (["fit", str(d)], ["fit", str(one)]))
+    for key in ("bins", "laws", "breakpoint", "regime", "strata", "verdict", "metrics"):
+        _close(many[key], single[key], key)
+    assert many["inputs"]["accounting"] == single["inputs"]["accounting"]
