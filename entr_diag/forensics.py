@@ -134,6 +134,9 @@ TEMP_MIN_CORR = 0.5
 #: policy tilts the slope like a temperature, a changing learning rate moves |delta| over
 #: steps) when they number at least this many, else on all tokens
 FRESH_MIN_TOKENS = 1000
+#: ... in at least this share of the steps (the drift check reads them alone: fresh tokens
+#: of the first steps only, e.g. a synchronous warm-up, say nothing of the later ones)
+FRESH_STEP_SHARE = 0.8
 
 #: truncated sampling: entropy (nats) above which the one-sided bias is measured
 TRUNC_H_MIN = 0.3
@@ -1735,75 +1738,157 @@ def _law_cells(ctx: _Ctx) -> pl.DataFrame:
     return ctx.cells.filter(lo >= ctx.law_h_star * (1 - 1e-9))
 
 
-def _joint_trend(ctx: _Ctx) -> _Trend:
-    """log(mean |delta|) per cell = a_bin + b_step * step/(run length) + b_stale * staleness
-    (used by the staleness check; drift has its own model, :func:`_drift_trend`).
+def _trend_cells(cells: pl.DataFrame) -> pl.DataFrame:
+    """The cells a trend model reads: known step and staleness, at least MIN_CELL_TOKENS
+    tokens, some |delta|; ``y`` = ln mean |delta|."""
+    return (cells.drop_nulls(["_step", "_stale"])
+            .filter(pl.col("n") >= MIN_CELL_TOKENS, pl.col("sad") > 0)
+            .with_columns((pl.col("sad") / pl.col("n")).log().alias("y")))
 
-    Cells are (entropy bin, step, staleness) with at least MIN_CELL_TOKENS tokens, weighted by
-    their token counts. Fixing the entropy bin keeps a sharpening / flattening policy from
-    passing for a trend (the law E[delta^2 | H] ~= k H moves |delta| with H); fitting step
-    and staleness jointly keeps one from passing for the other (async runs start with no lag).
+
+def _within_step(c: pl.DataFrame, with_step: bool) -> tuple[pl.DataFrame, np.ndarray]:
+    """The cells of ``c`` (:func:`_trend_cells`) whose (entropy bin, step) holds two
+    staleness values or more, and their group keys: only they say how |delta| depends on
+    the lag at fixed entropy and step (a step whose tokens all have one lag, e.g. a
+    synchronous warm-up, says nothing of it)."""
+    key = pl.col("bin").cast(pl.Int64) * 1_000_003 + (
+        pl.col("_step").cast(pl.Int64) if with_step else pl.lit(0, dtype=pl.Int64))
+    c = c.with_columns(key.alias("_g"))
+    c = c.filter(pl.col("_stale").n_unique().over("_g") >= 2)
+    return c, c["_g"].to_numpy()
+
+
+def _joint_trend(ctx: _Ctx) -> _Trend:
+    """ln mean |delta| per (bin, step, staleness) cell = a_(bin, step) + b_stale *
+    staleness, on the cells of the (bin, step) pairs that hold two staleness values or
+    more (used by the staleness check).
+
+    One intercept per entropy bin and step: a lag is compared with another only at equal
+    entropy (the law moves |delta| with H) and within one step, so a change of the engine
+    or of the policy over steps cannot pass for a staleness effect, whatever its shape
+    (async runs start with no lag: fitting the step as a linear trend let a jump at the
+    step the lag begins pass for staleness). Without a step column: one intercept per bin.
     """
     if ctx._trend is not None:
         return ctx._trend
-    use_step, use_stale = ctx.has("step"), ctx.has("staleness")
-    c = (
-        _law_cells(ctx).drop_nulls(["_step", "_stale"])
-        .filter(pl.col("n") >= MIN_CELL_TOKENS, pl.col("sad") > 0)
-        .with_columns((pl.col("sad") / pl.col("n")).log().alias("y"))
-    )
+    c = _trend_cells(_law_cells(ctx))
     if c.height == 0:
         ctx._trend = _Trend(False, f"no cell holds >= {MIN_CELL_TOKENS} tokens")
         return ctx._trend
     st = c["_step"].to_numpy().astype(float)
     s0, s1 = float(st.min()), float(st.max())
-    span = max(s1 - s0, 1.0)
-    cols, names = [], []
-    if use_step and s1 > s0:
-        cols.append((st - s0) / span)
-        names.append("step")
-    if use_stale and c["_stale"].n_unique() > 1:
-        cols.append(c["_stale"].to_numpy().astype(float))
-        names.append("stale")
-    if not cols:
-        ctx._trend = _Trend(False, "neither step nor staleness varies")
+    if c["_stale"].n_unique() < 2:
+        ctx._trend = _Trend(False, "staleness does not vary")
         return ctx._trend
-    X = np.column_stack(cols)
-    y = c["y"].to_numpy()
-    w = c["n"].to_numpy().astype(float)
-    grp = c["bin"].to_numpy().astype(np.int64)
-    beta, se, pv, df = _fe_ols(grp, X, y, w)
-    if not np.all(np.isfinite(beta)):
-        ctx._trend = _Trend(False, "no entropy bin is populated at several steps / lags")
+    fit = _stale_slope(c, ctx.has("step"))
+    if isinstance(fit, str):
+        ctx._trend = _Trend(False, fit)
         return ctx._trend
-    out: dict[str, Any] = {}
-    for i, nm in enumerate(names):
-        out[f"beta_{nm}"], out[f"se_{nm}"], out[f"p_{nm}"] = (
-            float(beta[i]), float(se[i]), float(pv[i]))
-    ctx._trend = _Trend(True, "", cells=int(c.height), step_span=(int(s0), int(s1)), **out)
+    cells, beta, se, p = fit
+    ctx._trend = _Trend(True, "", cells=cells, step_span=(int(s0), int(s1)),
+                        beta_stale=beta, se_stale=se, p_stale=p)
     return ctx._trend
 
 
-def _drift_trend(ctx: _Ctx) -> tuple[_Trend, str]:
-    """log(mean |delta|) per (bin, step, staleness) cell = a_(bin, staleness) + b * step / span.
+def _stale_slope(c: pl.DataFrame, with_step: bool) -> tuple[int, float, float, float] | str:
+    """ln mean |delta| = a_(bin, step) + b * staleness on the cells of ``c``
+    (:func:`_trend_cells`) whose (bin, step) holds two staleness values or more: (cells
+    used, b, its standard error, its p-value), or why it cannot be estimated."""
+    w_c, grp = _within_step(c, with_step)
+    if w_c.height == 0:
+        return ("staleness never varies within a step at fixed entropy: it cannot be "
+                "separated from changes over steps" if with_step
+                else "staleness does not vary within entropy bins")
+    beta, se, pv, _ = _fe_ols(grp, w_c["_stale"].to_numpy().astype(float)[:, None],
+                              w_c["y"].to_numpy(), w_c["n"].to_numpy().astype(float))
+    if not np.all(np.isfinite(beta)):
+        return "too few cells where staleness varies within a step"
+    return int(w_c.height), float(beta[0]), float(se[0]), float(pv[0])
 
-    On the freshest tokens when they number FRESH_MIN_TOKENS and cover DRIFT_MIN_STEPS steps
-    (engine mismatch proper), else on all tokens with one intercept per (bin, staleness).
-    Returns the trend (``beta_step`` etc.; ``step_level`` the per-step adjusted level) and a
-    description of the tokens used.
+
+def _stale_effects(c: pl.DataFrame, with_step: bool) -> tuple[dict[int, float], bool]:
+    """ln of mean |delta| per staleness value relative to a reference value, at equal
+    entropy bin and step (``c``: :func:`_trend_cells`): one fixed-effects fit with an
+    intercept per (bin, step) and a dummy per staleness value, on the (bin, step) pairs
+    holding two values or more. A value is compared with another only through steps where
+    both occur (or chains of them): the values that never share a step with the others
+    form another group, and only the group of values holding the most tokens is fitted,
+    relative to its smallest value. Returns ({value: effect, the reference 0.0}, whether
+    every staleness value of ``c`` is in it); ({}, False) when nothing is comparable."""
+    w_c, grp = _within_step(c, with_step)
+    if w_c.height == 0:
+        return {}, False
+    st = w_c["_stale"].to_numpy().astype(np.int64)
+    # the values compared through shared (bin, step) pairs: connected components
+    parent = {int(v): int(v) for v in np.unique(st)}
+
+    def root(v: int) -> int:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    order = np.argsort(grp, kind="stable")
+    g_s, s_s = grp[order], st[order]
+    first = np.flatnonzero(np.r_[True, g_s[1:] != g_s[:-1]])
+    for a, b in zip(first, np.r_[first[1:], g_s.size], strict=True):
+        r0 = root(int(s_s[a]))
+        for v in s_s[a + 1:b]:
+            r = root(int(v))
+            if r != r0:
+                parent[r] = r0
+    comp = np.array([root(int(v)) for v in st])
+    n = w_c["n"].to_numpy().astype(float)
+    roots = np.unique(comp)
+    best = roots[np.argmax([n[comp == r].sum() for r in roots])]
+    keep = comp == best
+    vals = sorted(int(v) for v in np.unique(st[keep]))
+    ref = vals[0]
+    X = np.column_stack([(st[keep] == v).astype(float) for v in vals[1:]])
+    beta, _, _, _ = _fe_ols(grp[keep], X, w_c["y"].to_numpy()[keep], n[keep])
+    if not np.all(np.isfinite(beta)):
+        return {}, False
+    out = {ref: 0.0, **{v: float(b) for v, b in zip(vals[1:], beta, strict=True)}}
+    every = set(out) == {int(v) for v in c["_stale"].unique().to_list()}
+    return out, every
+
+
+def _drift_trend(ctx: _Ctx) -> tuple[_Trend, str]:
+    """log(mean |delta|) per (bin, step, staleness) cell = a_g + b * step / span.
+
+    On the freshest tokens (engine mismatch proper, g = (bin, staleness)) when they number
+    FRESH_MIN_TOKENS and are in FRESH_STEP_SHARE of the steps (at least DRIFT_MIN_STEPS);
+    else on all tokens: with one intercept per bin after removing each staleness value's
+    effect at fixed entropy and step (:func:`_stale_effects`) when every value's is known;
+    with one intercept per bin when |delta| does not grow with the lag within steps (a run
+    whose lag begins at some step, where the engine changed too, would otherwise hide that
+    change); else with one per (bin, staleness). Returns the trend (``beta_step`` etc.;
+    ``step_level`` the per-step adjusted level) and a description of the tokens used.
     """
-    c = (
-        ctx.cells.drop_nulls(["_step", "_stale"])
-        .filter(pl.col("n") >= MIN_CELL_TOKENS, pl.col("sad") > 0)
-        .with_columns((pl.col("sad") / pl.col("n")).log().alias("y"))
-    )
-    used = "all tokens"
+    c = _trend_cells(ctx.cells)
+    used = "all tokens at fixed staleness"
+    by_bin = False
     if ctx.has("staleness") and c.height:
         s_min = c["_stale"].min()
         fresh = c.filter(pl.col("_stale") == s_min)
-        if (int(fresh["n"].sum()) >= FRESH_MIN_TOKENS
-                and fresh["_step"].n_unique() >= DRIFT_MIN_STEPS):
+        n_steps = c["_step"].n_unique()
+        if (int(fresh["n"].sum()) >= FRESH_MIN_TOKENS and fresh["_step"].n_unique()
+                >= max(DRIFT_MIN_STEPS, math.ceil(FRESH_STEP_SHARE * n_steps))):
             c, used = fresh, f"staleness {int(s_min)} tokens"  # type: ignore[arg-type]
+        elif c["_stale"].n_unique() > 1:
+            eff, every = _stale_effects(c, ctx.has("step"))
+            slope = _stale_slope(c, ctx.has("step"))
+            if every:
+                off = c["_stale"].replace_strict(eff, return_dtype=pl.Float64)
+                c = c.with_columns(pl.col("y") - off)
+                used, by_bin = ("all tokens, each staleness value's effect at fixed entropy "
+                                "and step removed"), True
+            elif not isinstance(slope, str) and (
+                    slope[3] >= STALENESS_P or math.exp(slope[1]) < STALENESS_MIN_GROWTH):
+                used, by_bin = ("all tokens: |delta| does not grow with the lag within "
+                                "steps"), True
+    elif not ctx.has("staleness"):
+        used = "all tokens"
     if c.height == 0:
         return _Trend(False, f"no cell holds >= {MIN_CELL_TOKENS} tokens"), used
     st = c["_step"].to_numpy().astype(float)
@@ -1813,8 +1898,9 @@ def _drift_trend(ctx: _Ctx) -> tuple[_Trend, str]:
     x = (st - s0) / (s1 - s0)
     y = c["y"].to_numpy()
     w = c["n"].to_numpy().astype(float)
-    grp = c["bin"].to_numpy().astype(np.int64) * 1_000_003 + c["_stale"].to_numpy().astype(
-        np.int64)
+    grp = c["bin"].to_numpy().astype(np.int64) * 1_000_003
+    if not by_bin:
+        grp = grp + c["_stale"].to_numpy().astype(np.int64)
     beta, se, pv, _ = _fe_ols(grp, x[:, None], y, w)
     if not np.isfinite(beta[0]):
         return _Trend(False, "no entropy bin is populated at several steps"), used
@@ -1829,6 +1915,27 @@ def _drift_trend(ctx: _Ctx) -> tuple[_Trend, str]:
         beta_step=float(beta[0]), se_step=float(se[0]), p_step=float(pv[0]),
         steps=tuple(int(u) for u in ust), step_level=level,
     ), used
+
+
+#: drift: a rise between two consecutive steps of the per-step level is called a jump when it
+#: holds at least this share of the rise from the lowest level to the highest after it
+DRIFT_JUMP_SHARE = 0.6
+
+
+def _step_jump(steps: np.ndarray, level: np.ndarray) -> tuple[int, int, float] | None:
+    """(step before, step after, factor) of the largest rise of mean |delta| between two
+    consecutive steps of the per-step adjusted log level, when it holds DRIFT_JUMP_SHARE of
+    the largest rise over the run (from a level to the highest level after it) and is at
+    least DRIFT_MIN_GROWTH; else None (a gradual drift, or none)."""
+    if len(level) < 3:
+        return None
+    lv = np.asarray(level, dtype=float)
+    rise = float(np.max(lv - np.minimum.accumulate(lv)))
+    d = np.diff(lv)
+    i = int(np.argmax(d))
+    if rise <= 0 or d[i] < DRIFT_JUMP_SHARE * rise or math.exp(d[i]) < DRIFT_MIN_GROWTH:
+        return None
+    return int(steps[i]), int(steps[i + 1]), float(math.exp(d[i]))
 
 
 def _check_drift(ctx: _Ctx) -> _Result:
@@ -1891,6 +1998,10 @@ def _check_drift(ctx: _Ctx) -> _Result:
         "mean_entropy_slope_per_step": _r(h_trend),
     }
     p = t.p_step
+    jump = _step_jump(ust, level)
+    if jump is not None:
+        ev["jump_between_steps"] = [jump[0], jump[1]]
+        ev["jump_growth"] = _r(jump[2])
     if t.beta_step > 0 and p < DRIFT_P and growth >= DRIFT_MIN_GROWTH and not (tau <= 0):
         f = Finding(
             kind=name,
@@ -1899,7 +2010,11 @@ def _check_drift(ctx: _Ctx) -> _Result:
             message=(
                 f"At fixed entropy ({used}), mean |delta| grows by a factor {growth:.2f} "
                 f"from step {s0} to {s1} ({_pval(p)}; Kendall tau of the per-step "
-                f"adjusted level {tau:.2f}, {_pval(ptau)}). Mean entropy went from "
+                f"adjusted level {tau:.2f}, {_pval(ptau)})"
+                + (f", most of it at once between step {jump[0]} and {jump[1]} "
+                   f"(x{jump[2]:.3g}): a change at that step (engine, weight push, dtype) "
+                   "rather than a slow drift" if jump is not None else "")
+                + f". Mean entropy went from "
                 f"{hs[0]:.3g} to {hs[-1]:.3g} nats, which the binning already accounts for."
             ),
             evidence=ev,
@@ -1929,10 +2044,13 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     bug, so it is reported as info: read the law per staleness bucket or on fresh tokens.
 
     Test: the staleness coefficient of :func:`_joint_trend` (log growth per version of lag,
-    at fixed entropy bin and step) gives the p-value; the evidence also gives, per staleness
-    value, the ratio of mean |delta| to the freshest tokens' at equal entropy bin and step
-    (one fixed-effects fit with a dummy per staleness value: the growth is rarely
-    log-linear, policy drift dominates from the first version of lag on).
+    at fixed entropy bin and step: one intercept per (bin, step), so only lags that share a
+    step are compared) gives the p-value; the evidence also gives, per staleness value, the
+    ratio of mean |delta| to the freshest value's it shares steps with, at equal entropy bin
+    and step (one fixed-effects fit with a dummy per staleness value, :func:`_stale_effects`:
+    the growth is rarely log-linear, policy drift dominates from the first version of lag
+    on). A value that never shares a step with the others is listed apart
+    (``staleness_values_not_compared``).
     """
     name = "staleness"
     if not ctx.has("staleness"):
@@ -1973,8 +2091,14 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     ratios = _staleness_ratios(ctx)
     ev["ratio_to_freshest_per_staleness"] = [_r(x, 3) for x in ratios.values()]
     ev["ratio_staleness_values"] = list(ratios)
+    ref = min(ratios) if ratios else smin
+    # the values never compared with the others within a step (e.g. lag 0 only in a
+    # synchronous warm-up): left out of the ratios
+    apart = [int(v) for v in vals.to_list() if ratios and int(v) not in ratios]
+    if apart:
+        ev["staleness_values_not_compared"] = apart
     if t.beta_stale > 0 and p < STALENESS_P and per_v >= STALENESS_MIN_GROWTH:
-        rtxt = ", ".join(f"x{v:.3g} at lag {k}" for k, v in ratios.items() if k != smin)
+        rtxt = ", ".join(f"x{v:.3g} at lag {k}" for k, v in ratios.items() if k != ref)
         f = Finding(
             kind=name,
             severity="info",
@@ -1984,7 +2108,11 @@ def _check_staleness(ctx: _Ctx) -> _Result:
                 + (f" (above the law's H* = {ctx.law_h_star:.3g} nats: the noise regime "
                    "below it is no policy drift)" if ctx.law_h_star is not None else "")
                 + ", mean |delta| grows with the version lag "
-                f"({_pval(p)}): {rtxt or 'see evidence'} relative to lag {smin}. Part of "
+                + (f"({_pval(p)}): {rtxt} relative to lag {ref}" if rtxt
+                   else f"({_pval(p)})")
+                + (f" (lag {', '.join(map(str, apart))} never shares a step with the others: "
+                   "not compared)" if apart else "")
+                + ". Part of "
                 "delta is policy change between sampling and training, not engine mismatch: "
                 "read the law and the gates per staleness bucket, or on the freshest tokens."
             ),
@@ -1996,29 +2124,18 @@ def _check_staleness(ctx: _Ctx) -> _Result:
             ),
         )
         return _found(f, f"x{per_v:.3g} per version, {_pval(p)}")
-    return _clear(name, f"mean |delta| changes by x{per_v:.3g} per version of lag ({_pval(p)})")
+    return _clear(name, f"mean |delta| changes by x{per_v:.3g} per version of lag at fixed "
+                        f"entropy and step ({_pval(p)})"
+                  + (f"; lag {', '.join(map(str, apart))} never shares a step with the others"
+                     if apart else ""))
 
 
 def _staleness_ratios(ctx: _Ctx) -> dict[int, float]:
-    """Mean |delta| per staleness value relative to the freshest tokens, at equal entropy bin
-    and step: exp of the dummy coefficients of a fixed-effects fit on the cells."""
-    c = (
-        _law_cells(ctx).drop_nulls(["_step", "_stale"])
-        .filter(pl.col("n") >= MIN_CELL_TOKENS, pl.col("sad") > 0)
-        .with_columns((pl.col("sad") / pl.col("n")).log().alias("y"))
-    )
-    vals = sorted(int(v) for v in c["_stale"].unique().to_list())
-    if len(vals) < 2:
-        return {}
-    st = c["_stale"].to_numpy()
-    X = np.column_stack([(st == v).astype(float) for v in vals[1:]])
-    grp = c["bin"].to_numpy().astype(np.int64) * 1_000_003 + c["_step"].to_numpy().astype(
-        np.int64)
-    beta, _, _, _ = _fe_ols(grp, X, c["y"].to_numpy(), c["n"].to_numpy().astype(float))
-    out = {vals[0]: 1.0}
-    for v, b in zip(vals[1:], beta, strict=True):
-        out[v] = float(math.exp(b)) if math.isfinite(b) else float("nan")
-    return out
+    """Mean |delta| per staleness value relative to the freshest value it can be compared
+    with, at equal entropy bin and step (:func:`_stale_effects` on the law cells); {} when
+    no two values share a step."""
+    eff, _ = _stale_effects(_trend_cells(_law_cells(ctx)), ctx.has("step"))
+    return {v: math.exp(b) for v, b in sorted(eff.items())}
 
 
 def _raw_masks() -> tuple[pl.Expr, pl.Expr, pl.Expr]:

@@ -473,6 +473,67 @@ def test_staleness_found(tmp_path):
     assert res.status("drift").status == "clear"
 
 
+def _lag_from_step(df: pl.DataFrame, first_stale_step: int, seed: int = 5) -> pl.DataFrame:
+    """Staleness 0 before ``first_stale_step`` (a synchronous warm-up), from then on a lag of
+    1 to 3 drawn per sequence: policy_version = train_version - lag."""
+    seqs = df["seq_id"].unique().sort()
+    lag = pl.DataFrame({"seq_id": seqs, "_lag": np.random.default_rng(seed).integers(
+        1, 4, size=seqs.len())})
+    return df.join(lag, on="seq_id").with_columns(
+        pl.when(pl.col("step") >= first_stale_step)
+        .then(pl.col("train_version") - pl.col("_lag"))
+        .otherwise(pl.col("train_version")).alias("policy_version")).drop("_lag")
+
+
+def test_staleness_onset_with_an_engine_change_is_drift(tmp_path):
+    """The lag begins at step 5, where the engine's mismatch jumps x3 whatever the lag: no
+    staleness finding (lags 1 to 3 within a step do not differ), the jump is drift at step 5
+    (a linear step trend let it pass for staleness, and lag-0 tokens, only in steps 0-4,
+    hid it from the drift check)."""
+    b = generate(SynthSpec(n_tokens=2 * N_TOKENS, seed=3, h_star=None))
+    df = _lag_from_step(_with_delta(b, DELTA * pl.when(pl.col("step") >= 5).then(3.0)
+                                    .otherwise(1.0)), 5)
+    res = run_forensics(_load(tmp_path, df), checks=["staleness", "drift"])
+    st = res.status("staleness")
+    assert st.status == "clear", st.reason
+    assert "lag 0 never shares a step with the others" in st.reason
+    f = res.by_kind("drift")
+    assert f is not None and f.severity == "warning"
+    assert f.evidence["jump_between_steps"] == [4, 5]
+    assert f.evidence["jump_growth"] == pytest.approx(3.0, rel=0.15)
+    assert "all tokens: |delta| does not grow with the lag within steps" in f.message
+    assert "most of it at once between step 4 and 5" in f.message
+
+
+def test_staleness_ratios_relative_to_the_lags_that_share_steps(tmp_path):
+    """A real staleness effect (|delta| x sqrt(1 + s)) in a run whose lag-0 tokens are all
+    in its first steps: the ratios are read against lag 1 (lag 0 shares no step with the
+    others: listed apart, never a NaN ratio in the message)."""
+    b = generate(SynthSpec(n_tokens=2 * N_TOKENS, seed=4, h_star=None))
+    df = _lag_from_step(b, 5)
+    df = _with_delta(df, DELTA * (1 + pl.col("train_version") - pl.col("policy_version")).sqrt())
+    f = run_forensics(_load(tmp_path, df), checks=["staleness"]).by_kind("staleness")
+    assert f is not None
+    assert f.evidence["ratio_staleness_values"] == [1, 2, 3]
+    assert f.evidence["staleness_values_not_compared"] == [0]
+    r = f.evidence["ratio_to_freshest_per_staleness"]
+    assert r[0] == 1.0
+    assert r[1:] == pytest.approx([math.sqrt(3 / 2), math.sqrt(4 / 2)], rel=0.1)
+    assert "relative to lag 1" in f.message and "nan" not in f.message.lower()
+    assert "lag 0 never shares a step with the others" in f.message
+
+
+def test_drift_reads_fresh_tokens_only_when_they_span_the_run(tmp_path):
+    """Fresh (lag-0) tokens in the first half of the run only do not stand for the run: a
+    mismatch that doubles in the second half is found on all tokens."""
+    b = generate(SynthSpec(n_tokens=2 * N_TOKENS, seed=6, h_star=None))
+    df = _lag_from_step(_with_delta(b, DELTA * (1 + 0.15 * pl.col("step"))), 5)
+    f = run_forensics(_load(tmp_path, df), checks=["drift"]).by_kind("drift")
+    assert f is not None
+    assert not f.evidence["tokens_selection"].startswith("staleness 0")
+    assert f.evidence.get("jump_between_steps") is None  # gradual: no single step holds it
+
+
 def test_staleness_cannot_tell_without_versions(tmp_path, base):
     """Without version columns the staleness confound cannot be separated, and says so."""
     res = run_forensics(_load(tmp_path, base.drop("policy_version", "train_version")),
