@@ -112,6 +112,50 @@ def implausible_caveat(findings: Mapping | None) -> str | None:
     return None
 
 
+#: what a forensic finding at warning or critical severity does to the law beside the verdict
+#: (:func:`findings_caveats`); the implausible-logprob and misalignment findings have
+#: caveats of their own
+FINDING_CONSEQUENCES: dict[str, str] = {
+    "one_sided_temperature": "delta holds the temperature's log-ratio as well as the engine "
+                             "mismatch: the law's k and alpha (and any H*) describe both",
+    "truncated_sampling": "delta holds the truncation's bias, which grows with entropy: the "
+                          "law's k and alpha, and any H* and noise regime, are distorted by it "
+                          "(the finding gives the law on de-biased delta)",
+    "sequence_outliers": "a few sequences carry much of sum delta^2: the finding gives the "
+                         "law's k without them",
+    "drift": "the mismatch changes over the run: the pooled law averages it (read the strata "
+             "per step range)",
+    "staleness": "delta mixes policy change with engine mismatch: read the law per staleness "
+                 "bucket",
+    "corrupt_rows": "the excluded rows form patterns of the dump or the mask, not noise: the "
+                    "law rests on the rows left",
+}
+#: findings whose caveat is written elsewhere (:func:`implausible_caveat`, the misalignment
+#: caveat of the CLI)
+_OWN_CAVEAT = ("implausible_logprobs", "misalignment")
+
+
+def findings_caveats(findings: Mapping | None) -> list[str]:
+    """One ``caveat:`` line per forensic finding at warning or critical severity (but the
+    implausible-logprob and misalignment findings, which have their own): its title, kind
+    and what it does to the law (:data:`FINDING_CONSEQUENCES`), so that the verdict never
+    stands alone beside a cause that distorts it (e.g. a top-k engine whose truncation bias
+    reads as a law with alpha 3 and a noise regime).
+
+    Args:
+        findings: the forensics' ``to_dict()`` (``findings``: kind, severity, title), or
+            None when the command ran no forensics.
+    """
+    out = []
+    for f in (findings or {}).get("findings", ()):
+        kind = f.get("kind")
+        if f.get("severity") not in ("warning", "critical") or kind in _OWN_CAVEAT:
+            continue
+        effect = FINDING_CONSEQUENCES.get(kind, "read the finding before the law")
+        out.append(f"caveat: {f.get('title', kind)} [{kind}]: {effect}.")
+    return out
+
+
 #: what a reason excluding most loss-masked tokens usually means
 MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
     "positive_logprob": "{logprob_columns} may hold probabilities rather than "

@@ -918,8 +918,9 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     (``rounded``: ``_fit``'s, column -> step, also kept as ``rounded_logprobs``), the
     unit-mistake-in-some-files caveat (``file_units``: ``_fit``'s, also kept as
     ``units_by_file``), the zero-prefix caveat (``zero_prefix``: ``_fit``'s, also kept
-    as ``zero_prefix``), then the small-sample and interval caveats (None when none
-    applies); first of all ``misaligned`` (``_fit``'s: the caveat of a shift let through by
+    as ``zero_prefix``), the caveat of each other forensic finding at warning or critical
+    severity (:func:`~entr_diag.caveats.findings_caveats`), then the small-sample and
+    interval caveats (None when none applies); first of all ``misaligned`` (``_fit``'s: the caveat of a shift let through by
     --allow-misaligned). ``findings``: a Findings, or its ``to_dict()`` shape
     (``{"findings": [...]}``, e.g. ``compare``'s implausible-logprob finding alone)."""
     from entr_diag.caveats import (
@@ -927,6 +928,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
         exclusion_caveat,
         file_exclusions_caveat,
         file_units_caveat,
+        findings_caveats,
         implausible_caveat,
         integer_caveat,
         interval_caveat,
@@ -940,6 +942,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
 
     acc = ds.accounting
     fd = fit_res.to_dict()
+    fdict = (None if findings is None else findings if isinstance(findings, dict)
+             else findings.to_dict())
     # what is wrong with the data first (it explains the statistical caveats after it)
     parts = [misaligned,
              unreadable_caveat(getattr(ds, "skipped_unreadable", ()), len(ds.files)),
@@ -952,8 +956,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              zero_prefix_caveat(zero_prefix, ds.mapping),
              units_caveat(fd.get("units"), ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
-             implausible_caveat(None if findings is None else
-                                findings if isinstance(findings, dict) else findings.to_dict()),
+             implausible_caveat(fdict),
+             *findings_caveats(fdict),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd)]
     caveats = [p for p in parts if p]
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats}

@@ -1085,6 +1085,44 @@ def test_fit_verdict_carries_a_caveat_when_impossible_logprobs_bias_the_law(tmp_
                                                "and without them")
 
 
+def test_fit_verdict_carries_a_caveat_per_warning_finding(tmp_path, base):
+    """A finding at warning level that distorts the law (here engine-side truncation, whose
+    bias reads as a steeper law) puts a caveat naming it beside fit's verdict (JSON and
+    terminal); info findings and the kinds with caveats of their own do not."""
+    from typer.testing import CliRunner
+
+    from entr_diag.caveats import findings_caveats
+    from entr_diag.cli import app
+
+    g = pl.min_horizontal(0.08 * H, -IL * 0.99)
+    path = tmp_path / "run.parquet"
+    base.with_columns((IL + g).alias("infer_logprob")).write_parquet(path)
+    out = tmp_path / "fit.json"
+    r = CliRunner().invoke(app, ["fit", str(path), "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    caveats = json.loads(out.read_text())["verdict"]["caveats"]
+    trunc = [c for c in caveats if "[truncated_sampling]" in c]
+    assert len(trunc) == 1 and "the law's k and alpha, and any H* and noise regime" in trunc[0]
+    assert "[truncated_sampling]" in r.output
+    clean = tmp_path / "clean.parquet"
+    base.write_parquet(clean)
+    out2 = tmp_path / "clean.json"
+    r = CliRunner().invoke(app, ["fit", str(clean), "--n-boot", "100", "-q", "--json", str(out2)])
+    assert r.exit_code == 0, r.output
+    assert not any("[" in c for c in json.loads(out2.read_text())["verdict"]["caveats"])
+    fs = {"findings": [
+        {"kind": "drift", "severity": "warning", "title": "Drift x2"},
+        {"kind": "staleness", "severity": "info", "title": "Stale"},
+        {"kind": "implausible_logprobs", "severity": "critical", "title": "Bad"},
+        {"kind": "misalignment", "severity": "critical", "title": "Shift"},
+        {"kind": "new_kind", "severity": "critical", "title": "New"}]}
+    assert findings_caveats(fs) == [
+        "caveat: Drift x2 [drift]: the mismatch changes over the run: the pooled law averages "
+        "it (read the strata per step range).",
+        "caveat: New [new_kind]: read the finding before the law."]
+    assert findings_caveats(None) == []
+
+
 def test_a_logprob_of_exactly_minus_50_is_flagged(tmp_path, base):
     """A clamp at exactly -50 nats is as impossible a sampled-token logprob as one below."""
     bad = pl.int_range(pl.len()) % 500 == 5
