@@ -738,6 +738,56 @@ def other_token(ratio: float, ratio_binned: float, train_ratio_binned: float, to
     return "infer_logprob" if infer_off else "train_logprob"
 
 
+#: the sampled tokens' binned surprisal / entropy of consistent logs lies within this factor
+#: of 1 (:func:`entropy_mismatch`)
+ENTROPY_MISMATCH_FACTOR = 1.18
+#: ... read over at least this many tokens (a few hundred scatter it by 10%)
+ENTROPY_MISMATCH_MIN_TOKENS = 20_000
+
+
+def entropy_mismatch(ratio_binned: float, tokens: int) -> bool:
+    """Whether the sampled tokens' surprisal and their entropy disagree beyond what the
+    logs of one sampling distribution allow: over at least ENTROPY_MISMATCH_MIN_TOKENS
+    tokens, the entropy-weighted median of the bins' mean(-infer_logprob) / mean(H) more
+    than ENTROPY_MISMATCH_FACTOR from 1 either way (for a token drawn from mu,
+    E[-log mu(y) | H] = H(mu): 0.99 to 1.01 on the bundled run, on synthetic runs and on
+    tiny real models in bf16, fp16 or fp8, stale or not, with temperature, top-p or top-k
+    logged as sampled). Read when no unit mistake and no other token's column explains the
+    ratio (:func:`unit_mistake`, :func:`other_token`): on a tiny real model, an entropy
+    over the top-20 logprobs only read 1.63, a temperature of 0.7 left out of the logged
+    logprobs and entropy 0.57; on toy softmaxes of 128 tokens, T = 0.5 left out reads
+    0.85 (random logits flatten less under a temperature than a trained model's)."""
+    return (tokens >= ENTROPY_MISMATCH_MIN_TOKENS and math.isfinite(ratio_binned)
+            and ratio_binned > 0
+            and abs(math.log(ratio_binned)) > math.log(ENTROPY_MISMATCH_FACTOR))
+
+
+def entropy_mismatch_caveat(units: Mapping, mapping: Mapping[str, str] | None = None) -> str:
+    """The caveat of :func:`entropy_mismatch` (``units``: a UnitsCheck's ``to_dict()``):
+    the ratio, which way it points and what usually makes it."""
+    r = units["ratio_binned"]
+    ent, inf = column_named("entropy", mapping), column_named("infer_logprob", mapping)
+    if r < 1:
+        why = ("the sampled tokens are less surprising than the entropy says: the sampler "
+               "applied a temperature below 1, top-p or top-k that the logged logprobs and "
+               f"entropy leave out (e.g. an engine's raw logprobs), so {inf} is not the "
+               "logprob of the sampling distribution and delta is not its log importance "
+               f"ratio; or {ent} is of another, flatter distribution")
+    else:
+        why = ("the sampled tokens are more surprising than the entropy says: the entropy "
+               "was computed over a truncated list (e.g. the top-k logprobs the engine "
+               f"returned) or of a sharper distribution than the one that sampled, so {ent} "
+               "understates H and the law's entropy axis is off")
+    return (
+        f"caveat: {ent} and {inf} do not describe one sampling distribution: the sampled "
+        f"tokens' surprisal (-infer_logprob) averages {r:.3g} times their entropy (the "
+        "entropy-weighted median over the entropy bins), where a token drawn from a "
+        "distribution has its entropy as mean surprisal (E[-log mu(y)] = H(mu), 0.99 to 1.01 "
+        f"on consistent logs); {why}. Check how the engine computes the entropy and which "
+        "logprobs it returns (before or after temperature and truncation)."
+    )
+
+
 def other_token_caveat(units: Mapping, mapping: Mapping[str, str] | None = None) -> str:
     """The caveat of :func:`other_token` (``units``: a UnitsCheck's ``to_dict()`` with
     ``other_token`` set): the two columns' mean surprisals against the mean entropy."""
@@ -770,7 +820,9 @@ def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
     log10...) and only the columns it concerns when the fit's units check (a fit result's
     ``to_dict()["units"]``) matched one of :data:`UNIT_SIGNATURES`; else the caveat of a
     logprob column that holds another token's logprob (:func:`other_token_caveat`, when
-    ``other_token`` is set); else None.
+    ``other_token`` is set); else the caveat of an entropy and logprobs that do not
+    describe one sampling distribution (:func:`entropy_mismatch_caveat`, when
+    ``entropy_mismatch`` is set); else None.
 
     Args:
         units: ``ratio_binned``, ``train_over_infer`` and ``likely_mistake`` of
@@ -779,7 +831,11 @@ def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
     """
     key = (units or {}).get("likely_mistake")
     if key not in UNIT_SIGNATURES:
-        return other_token_caveat(units, mapping) if (units or {}).get("other_token") else None
+        if (units or {}).get("other_token"):
+            return other_token_caveat(units, mapping)  # type: ignore[arg-type]
+        if (units or {}).get("entropy_mismatch"):
+            return entropy_mismatch_caveat(units, mapping)  # type: ignore[arg-type]
+        return None
     canon, unit, to_nats, f_ratio, f_train = UNIT_SIGNATURES[key]
     m = mapping or {}
     cols = " and ".join(column_named(c, m) for c in canon)

@@ -474,7 +474,11 @@ class UnitsCheck:
     -train_logprob), ``within_bin_corr`` (the two logprob columns' correlation within the
     entropy bins, pooled), ``other_token`` (``"infer_logprob"`` or ``"train_logprob"``: the column
     that does not hold the sampled token's logprob, or None:
-    :func:`entr_diag.caveats.other_token`).
+    :func:`entr_diag.caveats.other_token`), ``entropy_mismatch`` (no unit mistake and no
+    other token's column, but ``ratio_binned`` outside the window a sampled token's logprob
+    over the entropy of the distribution that sampled it reads in: the entropy column, or
+    the logged logprobs, are not of the distribution the tokens were drawn from;
+    :func:`entr_diag.caveats.entropy_mismatch`).
 
     The same identity tells a logprob of ANOTHER token apart: gathered at the wrong index
     (a vocabulary or tokenizer offset), or the argmax token's instead of the sampled one's.
@@ -494,6 +498,7 @@ class UnitsCheck:
     train_ratio_binned: float = math.nan
     within_bin_corr: float = math.nan
     other_token: str | None = None
+    entropy_mismatch: bool = False
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -507,7 +512,7 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
     infer_logprob * delta and delta^2, the pooled within-bin correlation of the two
     logprob columns (``within_bin_corr``; NaN without them). ``match_units=False``: no unit
     signature is matched (too few tokens for them), only the other-token check runs."""
-    from entr_diag.caveats import other_token, unit_mistake
+    from entr_diag.caveats import entropy_mismatch, other_token, unit_mistake
 
     tokens, surprisal, entropy = int(n.sum()), float(-s_lp.sum()), float(s_h.sum())
     ok = s_h > 0
@@ -537,6 +542,9 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
         sxx = np.where(m, s_lp2 + 2 * s_lpd + s_d2 - s_t**2 / nn, 0.0).sum()
         if sxx > 0 and syy > 0:
             corr = float(sxy / math.sqrt(sxx * syy))
+    other = None if mistake else other_token(
+        surprisal / entropy if entropy > 0 else math.nan, binned, train_binned, tokens,
+        t_over_i, corr)
     return UnitsCheck(
         tokens=tokens,
         mean_surprisal=surprisal / tokens if tokens else math.nan,
@@ -548,9 +556,9 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
         likely_mistake=mistake,
         train_ratio_binned=train_binned,
         within_bin_corr=corr,
-        other_token=None if mistake else other_token(
-            surprisal / entropy if entropy > 0 else math.nan, binned, train_binned, tokens,
-            t_over_i, corr),
+        other_token=other,
+        entropy_mismatch=bool(match_units and mistake is None and other is None
+                              and entropy_mismatch(binned, tokens)),
     )
 
 

@@ -1123,6 +1123,63 @@ def test_fit_verdict_carries_a_caveat_per_warning_finding(tmp_path, base):
     assert findings_caveats(None) == []
 
 
+def _entropy_run(kind: str, n_seq: int = 200, seq_len: int = 100, vocab: int = 128,
+                 seed: int = 1) -> pl.DataFrame:
+    """Toy softmaxes whose logs are consistent (``clean``), or whose engine sampled at T =
+    0.4 but logged the logprobs and entropy of T = 1 (``raw_temperature``), or whose
+    entropy sums -p log p over the 5 most likely tokens only (``topk_entropy``)."""
+    rng = np.random.default_rng(seed)
+    n = n_seq * seq_len
+    z = rng.standard_normal((n, vocab)) * np.exp(rng.uniform(np.log(0.3), np.log(8.0), n))[:, None]
+
+    def lsm(x):
+        m = x.max(1, keepdims=True)
+        return x - m - np.log(np.exp(x - m).sum(1, keepdims=True))
+
+    lp = lsm(z)
+    lp_eng = lsm(z + rng.standard_normal(z.shape) * 0.01)
+    p_sample = np.exp(lsm(z / 0.4) if kind == "raw_temperature" else lp_eng)
+    y = np.minimum((np.cumsum(p_sample, 1) < rng.random(n)[:, None]).sum(1), vocab - 1)
+    p = np.exp(lp_eng)
+    terms = -(p * lp_eng)
+    if kind == "topk_entropy":
+        terms = np.where(lp_eng >= np.sort(lp_eng, 1)[:, -5][:, None], terms, 0.0)
+    idx = np.arange(n)
+    return pl.DataFrame({
+        "seq_id": idx // seq_len, "position": idx % seq_len, "step": idx // seq_len % 4,
+        "train_logprob": lp[idx, y], "infer_logprob": np.minimum(lp_eng[idx, y], 0.0),
+        "entropy": terms.sum(1)})
+
+
+@pytest.mark.parametrize("kind,side", [("raw_temperature", "less surprising"),
+                                       ("topk_entropy", "more surprising"), ("clean", None)])
+def test_entropy_not_of_the_sampling_distribution_is_named(tmp_path, kind, side):
+    """The sampled tokens' surprisal is their entropy on average (E[-log mu(y)] = H(mu)):
+    an engine that sampled at T = 0.4 but logged T = 1 values, or an entropy over the top
+    5 tokens only, move the binned ratio beyond a factor 1.18 of 1 with no unit signature, and
+    fit names it (JSON units.entropy_mismatch, a warning, a caveat beside the verdict);
+    consistent logs do not."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    path = tmp_path / "run.parquet"
+    _entropy_run(kind).write_parquet(path)
+    out = tmp_path / "fit.json"
+    r = CliRunner().invoke(app, ["fit", str(path), "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    u = doc["units"]
+    assert u["likely_mistake"] is None and u["other_token"] is None
+    assert u["entropy_mismatch"] is (side is not None), u["ratio_binned"]
+    named = [c for c in doc["verdict"]["caveats"] if "do not describe one sampling" in c]
+    if side is None:
+        assert 0.9 < u["ratio_binned"] < 1.1 and not named
+    else:
+        assert len(named) == 1 and side in named[0]
+        assert "warning: entropy and infer_logprob do not describe one sampling" in r.output
+
+
 def test_a_logprob_of_exactly_minus_50_is_flagged(tmp_path, base):
     """A clamp at exactly -50 nats is as impossible a sampled-token logprob as one below."""
     bad = pl.int_range(pl.len()) % 500 == 5
