@@ -768,7 +768,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         elif not quiet and ("missing from" in note or "not used" in note
                             or "trainer-side" in note or "partition folder" in note
                             or "continue from one file" in note
-                            or "written by entr-diag" in note):
+                            or "written by entr-diag" in note
+                            or "one-token nuclei" in note):
             _notes.add(f"note: {escape(note)}")
     dup = ds.accounting.sequences_with_duplicate_positions
     if dup:

@@ -1494,10 +1494,15 @@ def _check_truncation(ctx: _Ctx) -> _Result:
     ev.update(_engine_zero_share(ctx))
     trend = math.isfinite(p) and tau > 0 and p < TRUNC_TREND_P
     if m_hi < 0 and share >= TRUNC_BIAS_SHARE and (trend or share >= TRUNC_STRONG_SHARE):
+        n_zero, kept = (ev.get("engine_logprob_exactly_zero_tokens") or 0,
+                        ev.get("engine_logprob_zero_kept_as_nuclei") or 0)
         zero_note = (
-            f" {ev['engine_logprob_exactly_zero_tokens']} loss-masked tokens have an engine "
-            "logprob of exactly 0.0 (a one-token nucleus), excluded as zero placeholders."
-            if ev.get("engine_logprob_exactly_zero_tokens") else ""
+            f" {n_zero:,} loss-masked tokens have an engine logprob of exactly 0.0 (a one-token "
+            "nucleus), "
+            + ("kept as valid tokens (their trainer logprobs all read as a nucleus's)"
+               if kept == n_zero else f"{kept:,} kept as valid tokens, the others excluded as "
+               "zero placeholders" if kept else "excluded as zero placeholders") + "."
+            if n_zero else ""
         )
         trend_txt = (
             f"-mean delta rises with entropy (Kendall tau {tau:.2f}, {_pval(p)})"
@@ -1538,8 +1543,10 @@ def _check_truncation(ctx: _Ctx) -> _Result:
 
 def _engine_zero_share(ctx: _Ctx) -> dict[str, Any]:
     """Loss-masked tokens whose engine logprob is exactly 0.0 while the trainer's is clearly
-    negative (the loader's ``zero_placeholder`` on the inference side): with truncated
-    sampling this is a nucleus of one token, renormalised to probability 1."""
+    negative (the loader's ``zero_placeholder`` on the inference side, or the zeros it read
+    as one-token nuclei and kept, ``Dataset.nucleus_zeros``, also given apart as
+    ``engine_logprob_zero_kept_as_nuclei``): with truncated sampling this is a nucleus of
+    one token, renormalised to probability 1."""
     if getattr(ctx.ds, "raw", None) is None:
         return {}
     acc = getattr(ctx.ds, "accounting", None)
@@ -1555,9 +1562,12 @@ def _engine_zero_share(ctx: _Ctx) -> dict[str, Any]:
     else:
         assert ctx.zero_counts is not None
         r = ctx.zero_counts
+    kept = int(getattr(ctx.ds, "nucleus_zeros", 0) or 0)
+    z = int(r[0] or 0) + kept
     return {
-        "engine_logprob_exactly_zero_tokens": int(r[0] or 0),
-        "engine_logprob_exactly_zero_share": _r((r[0] or 0) / r[1]) if r[1] else 0.0,
+        "engine_logprob_exactly_zero_tokens": z,
+        "engine_logprob_exactly_zero_share": _r(z / r[1]) if r[1] else 0.0,
+        "engine_logprob_zero_kept_as_nuclei": kept,
     }
 
 

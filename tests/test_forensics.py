@@ -391,6 +391,9 @@ def test_logit_level_top_p(tmp_path):
     assert ev["mean_delta_above_h_min"] == pytest.approx(math.log(0.9), abs=0.03)
     assert ev["bias_share_above_h_min"] > 0.8
     assert ev["engine_logprob_exactly_zero_tokens"] > 0
+    # one-token nuclei, kept as valid tokens (the loader's note says so)
+    assert ev["engine_logprob_zero_kept_as_nuclei"] == ev["engine_logprob_exactly_zero_tokens"]
+    assert "kept as valid tokens" in f.message
     assert ev["k_debiased"] < 0.1 * ev["k_raw"]
     assert res.by_kind("one_sided_temperature") is None
 

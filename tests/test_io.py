@@ -784,6 +784,60 @@ def test_dirty_synth_counts_match_planted(tmp_path):
     assert ds.accounting.tokens_unmasked == s["masked_tokens"]
 
 
+def _nucleus_run(n_seq: int = 200, seq_len: int = 50, seed: int = 0) -> pl.DataFrame:
+    """Tokens whose engine sampled with top-p 0.9: where the top token holds 90% or more of
+    the probability the engine renormalised a nucleus of one token and logged 0.0, while
+    the trainer's logprob of that token is ln p_top (-0.105 to 0) plus a little noise."""
+    rng = np.random.default_rng(seed)
+    n = n_seq * seq_len
+    p_top = rng.uniform(0.5, 1.0, n)
+    one = p_top >= 0.9
+    train = np.log(p_top) + rng.normal(0, 0.002, n)
+    infer = np.where(one, 0.0, np.log(p_top) + rng.normal(0, 0.01, n))
+    return pl.DataFrame({
+        "seq_id": np.arange(n) // seq_len, "position": np.arange(n) % seq_len,
+        "step": np.arange(n) // seq_len % 4,
+        "train_logprob": np.minimum(train, 0.0), "infer_logprob": np.minimum(infer, 0.0),
+        "entropy": np.where(one, 0.0, rng.uniform(0.1, 1.0, n)),
+        "loss_mask": np.ones(n, dtype=bool)})
+
+
+def test_engine_zeros_of_one_token_nuclei_are_valid_tokens(tmp_path):
+    """An engine logprob of exactly 0.0 where the trainer's lies between ln 0.5 and -0.05
+    (a top-p nucleus of one token) is kept when no such zero has a trainer logprob below
+    ln 0.5 (placeholders leave every size): the tokens count as valid, with a note; one
+    of them with a trainer logprob below ln 0.5 stays excluded."""
+    df = _nucleus_run()
+    zeros = df.filter((pl.col("infer_logprob") == 0) & (pl.col("train_logprob") < -0.05))
+    assert zeros.height >= 100
+    ds = load_dataset([_write(tmp_path, df)])
+    assert ds.accounting.excluded == {}
+    assert ds.accounting.tokens_valid == df.height
+    note = [n for n in ds.notes if "one-token nuclei" in n]
+    assert len(note) == 1 and f"{zeros.height:,} loss-masked tokens" in note[0]
+    # one zero whose trainer logprob says the token held under half the probability
+    odd = df.with_columns(pl.when(pl.int_range(pl.len()) == zeros["seq_id"][0] * 50
+                                  + zeros["position"][0])
+                          .then(-2.0).otherwise(pl.col("train_logprob")).alias("train_logprob"))
+    ds = load_dataset([_write(tmp_path, odd, "odd.parquet")])
+    assert ds.accounting.excluded == {"zero_placeholder": 1}
+    assert any("only 1 of them below ln 0.5" in n for n in ds.notes)
+
+
+def test_engine_zeros_as_placeholders_stay_excluded(tmp_path):
+    """Zeros where the engine returned no logprob (a whole step written as 0.0) leave
+    trainer logprobs of every size: they stay zero_placeholder exclusions, no note."""
+    df = _nucleus_run().with_columns(
+        pl.when(pl.col("step") == 1).then(pl.col("train_logprob") * 8)
+        .otherwise(pl.col("train_logprob")).alias("train_logprob"))
+    df = df.with_columns(pl.when(pl.col("step") == 1).then(0.0)
+                         .otherwise(pl.col("infer_logprob")).alias("infer_logprob"))
+    ds = load_dataset([_write(tmp_path, df)])
+    placeholders = df.filter((pl.col("infer_logprob") == 0) & (pl.col("train_logprob") < -0.05))
+    assert ds.accounting.excluded == {"zero_placeholder": placeholders.height}
+    assert not any("one-token nuclei" in n for n in ds.notes)
+
+
 def test_duplicate_shards_flagged(tmp_path):
     """The same tokens in two shards are counted, and the duplication is reported."""
     d = tmp_path / "dup"

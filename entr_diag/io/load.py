@@ -797,6 +797,10 @@ class Dataset:
     step_range: tuple[int, int] | None = None
     #: input files left out as unreadable (``skip_unreadable``): (path, why)
     skipped_unreadable: tuple[tuple[str, str], ...] = ()
+    #: loss-masked tokens whose engine logprob of exactly 0.0 (the trainer's below -0.05
+    #: nats) was read as a one-token nucleus of top-p / top-k sampling and kept as valid
+    #: (:data:`~entr_diag.io.schema.NUCLEUS_TRAIN_MIN`); 0 when the loader read none so
+    nucleus_zeros: int = 0
 
     def has(self, column: str) -> bool:
         """True when the canonical column ``column`` is present in :attr:`lf`."""
@@ -863,6 +867,7 @@ def load_dataset(
     entropy: str = "auto",
     skip_unreadable: bool = False,
     _unusable_entropy: tuple[str, ...] = (),
+    _nucleus_zeros: bool = False,
 ) -> Dataset:
     """Scan Parquet inputs lazily into a validated canonical token frame.
 
@@ -1237,12 +1242,12 @@ def load_dataset(
 
     def canonical_raw(fr: pl.LazyFrame) -> pl.LazyFrame:
         return fr.with_columns(_seq_key_expr(mapping)).with_columns(
-            _reason_expr(mapping).alias("reason"))
+            _reason_expr(mapping, nucleus=_nucleus_zeros).alias("reason"))
 
     def canonical_valid(fr: pl.LazyFrame) -> pl.LazyFrame:
         # the filter is the reason's conjunction (the same rows as reason null)
-        return (fr.with_columns(_seq_key_expr(mapping)).filter(_valid_expr(mapping))
-                .select(valid_cols))
+        return (fr.with_columns(_seq_key_expr(mapping))
+                .filter(_valid_expr(mapping, _nucleus_zeros)).select(valid_cols))
 
     valid_cols = _valid_columns(mapping)
     lf = canonical_valid(raw)
@@ -1268,7 +1273,24 @@ def load_dataset(
         chunks.append(Chunk(canonical_valid(fr), tokens, streamed, source, tuple(members)))
     register_chunks(raw, raw_chunks)
     register_chunks(lf, chunks)
-    accounting, fine = _account(raw, mapping, infos)
+    accounting, fine = _account(raw, mapping, infos, _nucleus_zeros)
+    if not _nucleus_zeros and accounting.excluded.get("zero_placeholder", 0) >= S.NUCLEUS_MIN_TOKENS:
+        nucleus = _nucleus_zeros_seen(raw_chunks)
+        if nucleus is not None:  # one-token nuclei, not placeholders: read again, kept
+            ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
+                              entropy=entropy, skip_unreadable=skip_unreadable,
+                              _unusable_entropy=_unusable_entropy, _nucleus_zeros=True)
+            n0, below = nucleus
+            note = (f"{n0:,} loss-masked tokens have an engine logprob of exactly 0.0 where the "
+                    f"trainer's is below {S.ZERO_PLACEHOLDER_OTHER_MAX:g} nats, and "
+                    + (f"only {below:,} of them" if below else "none of them")
+                    + f" below ln 0.5 = {S.NUCLEUS_TRAIN_MIN:.3f}: one-token nuclei of "
+                    "top-p / top-k sampling (the engine renormalised the kept token to "
+                    "probability 1), not placeholders, which leave trainer logprobs of every "
+                    "size: kept as valid tokens (their delta is the truncation's log-ratio)"
+                    + (", those below ln 0.5 excluded as zero_placeholder" if below else ""))
+            return dataclasses.replace(ds, notes=(note, *ds.notes), bundled=bundled,
+                                       nucleus_zeros=n0 - below)
     from entr_diag.caveats import hinted_reason
 
     hinted = hinted_reason(accounting.excluded, accounting.tokens_masked, mapping)
@@ -1280,7 +1302,7 @@ def load_dataset(
     if located:
         frames_raw = [canonical_raw(fr.select(order)) for fr, *_ in pieces]
         accounting = dataclasses.replace(accounting, excluded_where=_excluded_where(
-            frames_raw, piece_files, located, mapping))
+            frames_raw, piece_files, located, mapping, _nucleus_zeros))
     src = mapping.get("entropy")
     if (src and accounting.tokens_masked and not accounting.tokens_valid
             and accounting.excluded.get("invalid_entropy")
@@ -1290,7 +1312,8 @@ def load_dataset(
         # entropy can still be compared), or the trainer-side one instead
         ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
                           entropy=entropy, skip_unreadable=skip_unreadable,
-                          _unusable_entropy=(*_unusable_entropy, src))
+                          _unusable_entropy=(*_unusable_entropy, src),
+                          _nucleus_zeros=_nucleus_zeros)
         instead = ds.mapping.get("entropy")
         kinds = ((accounting.excluded_where or {}).get("invalid_entropy") or {}).get("kinds")
         what = (", ".join(f"{n:,} {k}" for k, n in kinds.items()) if kinds
@@ -1953,9 +1976,12 @@ def _either(sides: Mapping[str, pl.Expr]) -> pl.Expr:
     return sides["train_logprob"] | sides["infer_logprob"]
 
 
-def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
+def _reason_conditions(mapping: Mapping[str, str], nucleus: bool = False
+                       ) -> list[tuple[str, pl.Expr]]:
     """(reason, condition) in order of precedence: a row's reason is the first whose
-    condition is true (a null condition counts as false); no reason: a valid token."""
+    condition is true (a null condition counts as false); no reason: a valid token.
+    ``nucleus``: an engine logprob of exactly 0.0 is a one-token nucleus
+    (:func:`_side_conditions`)."""
     mask = pl.col("loss_mask") if "loss_mask" in mapping else pl.lit(True)
     out = [
         ("empty_row", pl.col("_empty")),
@@ -1966,7 +1992,7 @@ def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
         ("missing_seq_id", pl.col("seq_id").is_null()),
         *([("invalid_position", pl.col("position").is_null() | (pl.col("position") < 0))]
           if "position" in mapping else []),
-        *[(r, _either(_side_conditions(r))) for r in _LOGPROB_REASONS],
+        *[(r, _either(_side_conditions(r, nucleus))) for r in _LOGPROB_REASONS],
     ]
     if "entropy" in mapping:
         h = pl.col("entropy")
@@ -1981,10 +2007,11 @@ def _reason_conditions(mapping: Mapping[str, str]) -> list[tuple[str, pl.Expr]]:
     return out
 
 
-def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False) -> pl.Expr:
+def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False,
+                 nucleus: bool = False) -> pl.Expr:
     """The ``reason`` of each raw row (String, null for a valid loss-masked token); with
     ``codes``: its index in :func:`_reason_conditions` (UInt8; cheaper to group by)."""
-    conds = _reason_conditions(mapping)
+    conds = _reason_conditions(mapping, nucleus)
     e = None
     for i, (name, cond) in enumerate(conds):
         val = pl.lit(i, dtype=pl.UInt8) if codes else pl.lit(name)
@@ -1993,7 +2020,7 @@ def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False) -> pl.Expr:
     return e.otherwise(pl.lit(None, dtype=pl.UInt8 if codes else pl.String))
 
 
-def _valid_expr(mapping: Mapping[str, str]) -> pl.Expr:
+def _valid_expr(mapping: Mapping[str, str], nucleus: bool = False) -> pl.Expr:
     """True for a valid loss-masked token (``reason`` is null): no condition of
     :func:`_reason_conditions` holds (a null condition counting as false). Written as one
     term per column saying what a valid value is (a logprob in (SENTINEL_FLOOR,
@@ -2011,11 +2038,11 @@ def _valid_expr(mapping: Mapping[str, str]) -> pl.Expr:
         terms.append(pl.col("position") >= 0)
     for x in (tl, il):
         terms += [x > S.SENTINEL_FLOOR, x <= S.POSITIVE_LOGPROB_TOL]
-    terms.append(~_either(_side_conditions("zero_placeholder")))
+    terms.append(~_either(_side_conditions("zero_placeholder", nucleus)))
     if "entropy" in mapping:
         h = pl.col("entropy")
         terms += [h >= 0, h <= S.ENTROPY_MAX]
-    reasons = dict(_reason_conditions(mapping))
+    reasons = dict(_reason_conditions(mapping, nucleus))
     if "negative_version" in reasons:
         terms.append(~reasons["negative_version"])  # (never null)
     return pl.all_horizontal(terms).fill_null(False)
@@ -2061,7 +2088,8 @@ class _AccountingScan:
     the same at twice the cost of the engine's reading of the chunk; polars operations
     here would wait for the thread pool the engine reads the next chunk with.)"""
 
-    def __init__(self, mapping: Mapping[str, str], n_reasons: int) -> None:
+    def __init__(self, mapping: Mapping[str, str], n_reasons: int,
+                 nucleus: bool = False) -> None:
         from entr_diag.aggregate import N_FINE, fine_bin_expr
 
         self.has_pv, self.has_tv = "policy_version" in mapping, "train_version" in mapping
@@ -2074,7 +2102,7 @@ class _AccountingScan:
         code = pl.col("_rc").cast(i64).fill_null(
             n_reasons + pl.col("policy_version").is_null().cast(i64) if self.has_pv
             else pl.lit(n_reasons, i64))
-        self.stages = [[_reason_expr(mapping, codes=True).alias("_rc")]]
+        self.stages = [[_reason_expr(mapping, codes=True, nucleus=nucleus).alias("_rc")]]
 
         def ranged(col: str, name: str) -> list[pl.Expr]:
             v = pl.col(col).cast(i64)
@@ -2201,15 +2229,16 @@ class _AccountingScan:
         return t.select(out)
 
 
-def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo]
+def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo],
+             nucleus: bool = False
              ) -> tuple[Accounting, tuple[np.ndarray | None, tuple[int, int] | None]]:
     """Token and sequence counts in one streaming pass (chunk by chunk), memory
     O(sequences); with an entropy column, the same pass counts the valid tokens per fine
     entropy bin (returned with their step range, for the fit: a valid token is one the fit
     uses). See :class:`_AccountingScan`."""
     reasons = ["unmasked", "padding", "empty_row", *S.EXCLUSION_REASONS]
-    names = [name for name, _ in _reason_conditions(mapping)]
-    scan = _AccountingScan(mapping, len(names))
+    names = [name for name, _ in _reason_conditions(mapping, nucleus)]
+    scan = _AccountingScan(mapping, len(names), nucleus)
     try:
         run_pass(raw, [scan])
     except pl.exceptions.ComputeError as e:  # e.g. a value that does not cast
@@ -2363,14 +2392,17 @@ def _file_exclusions(t: pl.DataFrame, infos: Sequence[FileInfo]
     return out
 
 
-def _side_conditions(reason: str) -> dict[str, pl.Expr]:
+def _side_conditions(reason: str, nucleus: bool = False) -> dict[str, pl.Expr]:
     """A logprob exclusion reason's condition on each side (canonical column -> condition;
     the reason's condition in :func:`_reason_conditions` is their disjunction); {} for any
     other reason."""
     tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
     if reason == "zero_placeholder":
+        # (nucleus: the engine's 0.0 is a one-token nucleus of truncated sampling, valid
+        # unless the trainer gives its token less than half the probability)
         return {"train_logprob": (tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX),
-                "infer_logprob": (il == 0) & (tl < S.ZERO_PLACEHOLDER_OTHER_MAX)}
+                "infer_logprob": (il == 0) & (tl < (S.NUCLEUS_TRAIN_MIN if nucleus
+                                                    else S.ZERO_PLACEHOLDER_OTHER_MAX))}
     cond = {"positive_logprob": lambda c: c > S.POSITIVE_LOGPROB_TOL,
             "sentinel_logprob": lambda c: c <= S.SENTINEL_FLOOR,
             "non_finite_logprob": lambda c: c.is_null() | ~c.is_finite()}.get(reason)
@@ -2387,8 +2419,8 @@ def _entropy_kinds() -> dict[str, pl.Expr]:
 
 
 def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
-                    reasons: Sequence[str], mapping: Mapping[str, str]
-                    ) -> dict[str, dict[str, Any]]:
+                    reasons: Sequence[str], mapping: Mapping[str, str],
+                    nucleus: bool = False) -> dict[str, dict[str, Any]]:
     """Where the rows excluded for each of ``reasons`` are, ``{reason: {"columns":
     {canonical logprob column: excluded rows whose value on that side meets the reason's
     condition}, "files": {path: excluded rows}, "valid_left": {path: valid tokens},
@@ -2405,7 +2437,7 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
     rsn = pl.col("reason")
     # (rows at exactly +1.0: a sentinel value, not probabilities)
     one = (pl.col("train_logprob") == 1.0) | (pl.col("infer_logprob") == 1.0)
-    sides = {r: _side_conditions(r) for r in reasons}
+    sides = {r: _side_conditions(r, nucleus) for r in reasons}
     kinds = {r: (_entropy_kinds() if r == "invalid_entropy" else {}) for r in reasons}
     exprs = [(rsn.is_null() | ~rsn.is_in(["unmasked", "padding", "empty_row"])).sum()
              .alias("m"), rsn.is_null().sum().alias("v")]
@@ -2444,6 +2476,30 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
         "valid_left": {f: v for f, (n, m, v, o) in per[r].items()
                        if v and n > m / 2 and o <= n / 2},
         "input_files": len(per[r])} for r in reasons}
+
+
+def _nucleus_zeros_seen(chunks: Sequence[Chunk]) -> tuple[int, int] | None:
+    """Whether the rows excluded as ``zero_placeholder`` for an engine logprob of exactly
+    0.0 are one-token nuclei of truncated sampling (top-p / top-k renormalise a nucleus of
+    one token to probability 1: the token then holds at least top-p of the probability,
+    and the trainer's logprob of it lies above ln 0.5 but for mismatch noise) rather than
+    placeholders (an engine side not computed, zero-filled prompt rows: their trainer
+    logprobs take every size, a share of them far below ln 0.5). (rows, rows whose trainer
+    logprob is below ln 0.5) when at most NUCLEUS_MAX_BELOW_SHARE of them are, else None.
+    One more read of two columns of the input (the raw ``chunks``), only when the
+    accounting excluded NUCLEUS_MIN_TOKENS zero placeholders or more."""
+    rsn, il, tl = pl.col("reason"), pl.col("infer_logprob"), pl.col("train_logprob")
+    zero = ((rsn == "zero_placeholder") & (il == 0.0)).fill_null(False)
+    q = [c.frame.select(zero.sum().alias("n"),
+                        (zero & (tl < S.NUCLEUS_TRAIN_MIN)).fill_null(False).sum().alias("b"))
+         for c in chunks]
+    n = b = 0
+    for i in range(0, len(q), _MAX_FILES_PER_CHUNK):
+        for out in pl.collect_all(q[i:i + _MAX_FILES_PER_CHUNK], engine="streaming"):
+            n, b = n + int(out["n"][0] or 0), b + int(out["b"][0] or 0)
+    if n < S.NUCLEUS_MIN_TOKENS or b > S.NUCLEUS_MAX_BELOW_SHARE * n:
+        return None
+    return n, b
 
 
 def _pair(lo, hi) -> tuple[int, int] | None:
