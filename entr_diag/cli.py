@@ -1416,7 +1416,9 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                     bp = fr.breakpoint if fr is not None else None
                     units = fr.units if fr is not None else None
                     out[k] = p.finish(h_star=None if bp is None else bp.h_star,
-                                      other_token=None if units is None else units.other_token)
+                                      other_token=None if units is None else units.other_token,
+                                      unit_mistake=None if units is None
+                                      else units.likely_mistake)
                 else:
                     out[k] = p if k in ("profiles", "implausible") else p.finish()
             except FitError as e:

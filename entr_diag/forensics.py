@@ -739,6 +739,9 @@ class _Ctx:
         #: the logprob column the fit's units check found holding another token's logprob
         #: (None: none), set by ForensicsPlan.finish(other_token=...)
         self.other_token: str | None = None
+        #: the unit mistake the fit's units check names (None: none), set by
+        #: ForensicsPlan.finish(unit_mistake=...)
+        self.unit_mistake: str | None = None
         #: sequence outliers: per (seq_key, bin, _stale) partial rows (a key may repeat: sum
         #: over them) n, sh, sd2; per seq_key: seq_id, n, nh, sh, sd2, sad
         self.seqbins: pl.DataFrame | None = None
@@ -1322,6 +1325,20 @@ def _bias_trend(bins: pl.DataFrame) -> tuple[float, float, float]:
     return slope, float(y[0]), float(y[-1])
 
 
+def _logprob_unit_note(ctx: _Ctx, how: str) -> str:
+    """When the fit's units check names a unit mistake of a logprob column
+    (``ctx.unit_mistake``), the sentence that defers a finding to it (``how``: how the
+    mistake makes this finding's signature; the finding is then info); else ''."""
+    from entr_diag.caveats import UNIT_SIGNATURES
+
+    sig = UNIT_SIGNATURES.get(ctx.unit_mistake or "")
+    if sig is None or not any("logprob" in c for c in sig[0]):
+        return ""
+    cols, unit = " and ".join(sig[0]), sig[1]
+    return (f" But the units check finds {cols} in {unit}, not nats: {how}; see that warning "
+            "first (info only until the units are fixed).")
+
+
 def _check_temperature(ctx: _Ctx) -> _Result:
     """Sampling temperature applied on one side only.
 
@@ -1393,9 +1410,11 @@ def _check_temperature(ctx: _Ctx) -> _Result:
     above = lo - Z_CLEAR * se_lo > 1 + SLOPE_TOL
     below = hi + Z_CLEAR * se_hi < 1 - SLOPE_TOL
     if above or below:
+        unit = _logprob_unit_note(ctx, "a unit factor between the two columns is a slope "
+                                       "like a temperature's")
         f = Finding(
             kind=name,
-            severity="info" if stale_mixed else "warning",
+            severity="info" if stale_mixed or unit else "warning",
             title=f"infer_logprob scales with train_logprob at slope {mid:.3g}, not 1",
             message=(
                 f"Within entropy bins, infer_logprob ~= {mid:.3g} x train_logprob + c(H) "
@@ -1408,6 +1427,7 @@ def _check_temperature(ctx: _Ctx) -> _Result:
                     "sharpens between versions tilts the slope the same way: info only."
                     if stale_mixed else ""
                 )
+                + unit
             ),
             evidence=ev,
             check=(
@@ -1508,9 +1528,11 @@ def _check_truncation(ctx: _Ctx) -> _Result:
             f"-mean delta rises with entropy (Kendall tau {tau:.2f}, {_pval(p)})"
             if trend else f"the bias dominates the spread (Kendall tau {tau:.2f}, {_pval(p)})"
         )
+        unit = _logprob_unit_note(ctx, "a unit factor on one logprob column shifts delta "
+                                       "one way, more where the logprobs are larger")
         f = Finding(
             kind=name,
-            severity="warning",
+            severity="info" if unit else "warning",
             title="One-sided negative delta at high entropy: truncated sampling on the engine side?",
             message=(
                 f"Above {TRUNC_H_MIN:g} nats, mean delta is {m_hi:.3g} nats and carries "
@@ -1523,6 +1545,7 @@ def _check_truncation(ctx: _Ctx) -> _Result:
                    "token's logprob: the argmax (most likely) token's logprob gives the same "
                    "one-sided delta; see that warning first." if ctx.other_token ==
                    "infer_logprob" else "")
+                + unit
             ),
             evidence=ev,
             check=(
@@ -3299,14 +3322,20 @@ class ForensicsPlan:
             if self._zero is not None:
                 ctx.zero_counts = (self._zero.z, self._zero.m)
 
-    def finish(self, h_star: float | None = None, other_token: str | None = None) -> Findings:
+    def finish(self, h_star: float | None = None, other_token: str | None = None,
+               unit_mistake: str | None = None) -> Findings:
         """Run the raw pass if needed, then the checks on the merged tables. ``h_star``: the
         fitted law's breakpoint, when known (the staleness check then reads the entropy
         bins above it only). ``other_token``: the column the fit's units check found
         holding another token's logprob (the truncated-sampling finding then says that an
-        argmax token's logprob gives its signature too)."""
+        argmax token's logprob gives its signature too). ``unit_mistake``: the unit mistake
+        the fit's units check names (a key of
+        :data:`entr_diag.caveats.UNIT_SIGNATURES`): one about a logprob column makes the
+        temperature and truncated-sampling findings info, pointing at it (a column in
+        log10 scales like a temperature and shifts delta one way)."""
         self.ctx.law_h_star = h_star
         self.ctx.other_token = other_token
+        self.ctx.unit_mistake = unit_mistake
         self.run_raw()
         self._tables()
         statuses: list[CheckStatus] = []

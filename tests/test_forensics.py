@@ -1183,6 +1183,34 @@ def test_entropy_not_of_the_sampling_distribution_is_named(tmp_path, kind, side)
         assert "warning: entropy and infer_logprob do not describe one sampling" in r.output
 
 
+def test_temperature_and_truncation_defer_to_a_logprob_unit_mistake(tmp_path, base):
+    """infer_logprob in log10 scales like a temperature (slope ln 10) and shifts delta one
+    way: with the units check naming it, fit reports those two findings as info pointing at
+    it, and no caveat of theirs beside the verdict (the units caveat is there)."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    path = tmp_path / "run.parquet"
+    base.with_columns(IL / math.log(10)).write_parquet(path)
+    out = tmp_path / "fit.json"
+    r = CliRunner().invoke(app, ["fit", str(path), "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["units"]["likely_mistake"] == "infer_logprob_log10"
+    by = {f["kind"]: f for f in doc["forensics"]["findings"]}
+    assert by["one_sided_temperature"]["severity"] == "info"
+    assert "the units check finds infer_logprob in log10 values" in by[
+        "one_sided_temperature"]["message"]
+    for f in by.values():
+        assert f["severity"] == "info" or f["kind"] not in ("one_sided_temperature",
+                                                            "truncated_sampling")
+    caveats = doc["verdict"]["caveats"]
+    assert any("log10 values, not nats" in c for c in caveats)
+    assert not any("[one_sided_temperature]" in c or "[truncated_sampling]" in c
+                   for c in caveats)
+
+
 def test_a_logprob_of_exactly_minus_50_is_flagged(tmp_path, base):
     """A clamp at exactly -50 nats is as impossible a sampled-token logprob as one below."""
     bad = pl.int_range(pl.len()) % 500 == 5
