@@ -1723,6 +1723,17 @@ def _check_outliers(ctx: _Ctx) -> _Result:
             f"{share_d2:.2%} of sum delta^2 (e.g. seq_id {', '.join(ev['top_seq_ids'][:3])})",
         )
     sev = "warning" if share_d2 >= OUTLIER_SHARE_WARN else "info"
+    # flagged sequences holding impossible logprobs: placeholders, not routing (the
+    # implausible-logprobs finding reports them); all of them so: info here
+    n_impl = 0
+    if ctx.implausible is not None:
+        impl = ctx.implausible.seqs.result()
+        if impl.height:
+            n_impl = int(top_df["seq_key"].is_in(impl["seq_key"].implode()).sum())
+    if n_impl:
+        ev["flagged_with_impossible_logprobs"] = n_impl
+        if n_impl == n_out:
+            sev = "info"
     f = Finding(
         kind=name,
         severity=sev,
@@ -1732,6 +1743,10 @@ def _check_outliers(ctx: _Ctx) -> _Result:
             f"{OUTLIER_Z:g} robust standard deviations above what their tokens' entropies "
             f"predict; they carry {share_d2:.1%} of sum delta^2. Law k = {k_with:.3g} with "
             f"them, {k_without:.3g} without. Worst: {', '.join(ev['top_seq_ids'][:5])}."
+            + (f" {'All' if n_impl == n_out else n_impl} of them hold impossible logprobs (at "
+               f"or below {IMPLAUSIBLE_LOGPROB:g} nats, see implausible_logprobs): "
+               "placeholders or corrupt values rather than a routing difference"
+               + (" (info only)." if n_impl == n_out else ".") if n_impl else "")
         ),
         evidence=ev,
         check=(

@@ -416,6 +416,22 @@ def test_sequence_outliers(tmp_path, base):
     assert ev["k_without_flagged"] < ev["k_with_flagged"]
 
 
+def test_outliers_made_of_impossible_logprobs_defer_to_that_finding(tmp_path, base):
+    """Sequences flagged as outliers because they hold -500 placeholders are said to be
+    placeholders, not routing, and the outlier finding is info (the implausible-logprobs
+    finding is the warning)."""
+    seqs = base["seq_id"].unique().sort().head(3).to_list()
+    bad = pl.col("seq_id").is_in(seqs) & (pl.col("position") % 10 == 3)
+    df = base.with_columns(pl.when(bad).then(-500.0).otherwise(IL).alias("infer_logprob"))
+    res = run_forensics(_load(tmp_path, df), checks=["sequence_outliers",
+                                                     "implausible_logprobs"])
+    f = res.by_kind("sequence_outliers")
+    assert f is not None and f.severity == "info"
+    assert f.evidence["flagged_with_impossible_logprobs"] == f.evidence["sequences_flagged"]
+    assert "placeholders or corrupt values rather than a routing difference" in f.message
+    assert res.by_kind("implausible_logprobs").severity in ("warning", "critical")
+
+
 # ------------------------------------------------------------------ drift
 
 
