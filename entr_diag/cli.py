@@ -737,8 +737,23 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
 
     skipped: list[Path] = []
     repeated: list[Path] = []
-    if paths and not quiet:
-        resolve_paths([str(p) for p in paths], skipped=skipped, repeated=repeated)
+    others: list[Path] = []
+    if paths:
+        with contextlib.suppress(EntrDiagError):  # (load_dataset says what is wrong)
+            resolve_paths([str(p) for p in paths], skipped=skipped, repeated=repeated,
+                          others=others)
+        if quiet:
+            skipped, repeated = [], []
+    if others:  # e.g. a step dumped as CSV beside the Parquet shards: its tokens are missing
+        kinds = sorted({"".join(q.suffixes[-2:]) if q.suffix.lower() in (".gz", ".zst", ".bz2",
+                                                                        ".xz", ".zip")
+                        else q.suffix for q in others})
+        _notes.add(
+            f"[yellow]warning:[/yellow] {len(others):,} file(s) in input directories are not "
+            f"Parquet ({', '.join(kinds[:5])}) and were not read, e.g. "
+            f"{escape(str(others[0]))}: if they hold tokens (a step dumped in another "
+            "format), those tokens are missing from every result; convert them to Parquet "
+            "to include them.")
     if repeated:
         _notes.add(
             f"note: {len(repeated):,} input file(s) named more than once (or matched again "

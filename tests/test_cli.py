@@ -535,6 +535,26 @@ def test_successful_run_prints_its_notes_first(synth_file, tmp_path):
     assert "valid loss-masked tokens of" in lines[1] and lines[-1] == f"wrote {out}", lines
 
 
+def test_other_data_files_in_an_input_directory_are_named(synth_file, tmp_path):
+    """A step dumped as CSV (or gzipped JSON lines) beside the Parquet shards is not read:
+    a warning names it, also with --quiet (its tokens are missing from every result); a
+    README or a hidden file is not named."""
+    d = tmp_path / "d"
+    d.mkdir()
+    pl.read_parquet(synth_file).write_parquet(d / "a.parquet")
+    pl.read_parquet(synth_file).head(100).write_csv(d / "step6.csv")
+    (d / "step7.jsonl.gz").write_bytes(b"")
+    (d / "README.md").write_text("dump")
+    (d / ".step8.csv").write_text("x")
+    out = tmp_path / "fit.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    warn = [ln for ln in r.stderr.splitlines() if "are not Parquet" in ln]
+    assert len(warn) == 1 and warn[0].startswith("warning: 2 file(s) in input directories")
+    assert "(.csv, .jsonl.gz)" in warn[0] and "step6.csv" in warn[0]
+    assert any("are not Parquet" in w for w in json.loads(out.read_text())["warnings"])
+
+
 def test_flag_without_break_writes_empty_file(tmp_path):
     """With no noise regime, flag replaces any earlier output by an empty file (0 rows)."""
     out = tmp_path / "noise.parquet"

@@ -79,17 +79,25 @@ def bundled_sample_path() -> Path:
 OUTPUT_MARK = "entr_diag.output"
 #: the file name endings (any case) a directory search reads as Parquet
 PARQUET_SUFFIXES: tuple[str, ...] = (".parquet", ".pq", ".parq")
+#: other data files a directory of shards may hold (a step dumped as CSV or JSON lines):
+#: not read, but named (:func:`resolve_paths`, ``others``), as they may hold tokens
+OTHER_DATA_SUFFIXES: tuple[str, ...] = (
+    ".csv", ".tsv", ".json", ".jsonl", ".ndjson", ".arrow", ".feather", ".ipc", ".orc",
+    ".avro", ".pkl", ".pickle", ".npy", ".npz", ".pt", ".h5", ".hdf5")
 
 
 def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None,
                   walked: set[Path] | None = None,
-                  repeated: list[Path] | None = None) -> list[Path]:
+                  repeated: list[Path] | None = None,
+                  others: list[Path] | None = None) -> list[Path]:
     """Expand files, directories (recursively, the :data:`PARQUET_SUFFIXES`) and globs into
     Parquet files.
 
     A directory walk skips Parquet files whose names start with '.' or '_' (hidden,
     temporary or metadata files by the Spark/Hive convention); they are appended to
-    ``skipped`` when given; the files it finds are added to ``walked`` when given. Files
+    ``skipped`` when given; the files it finds are added to ``walked`` when given; the other
+    data files it meets (:data:`OTHER_DATA_SUFFIXES`, compressed or not, e.g. a step dumped
+    as ``.csv``), which it does not read, are appended to ``others`` when given. Files
     named explicitly or matched by a glob are always read.
 
     Returns the files in natural order (numbers in names compared as numbers:
@@ -118,6 +126,9 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                     found.append(q)
                 elif q.is_file() and _looks_parquet(q.with_name("x" + q.name)):
                     hidden.append(q)  # a Parquet name but for its leading '.' or '_'
+                elif (others is not None and q.is_file() and not q.name.startswith((".", "_"))
+                      and _data_suffix(q)):
+                    others.append(q)
             if skipped is not None:
                 skipped.extend(hidden)
             if walked is not None:
@@ -171,6 +182,15 @@ def _natural(p: Path) -> tuple:
     continues from one file into the next is numbered in it)."""
     return tuple((0, int(t), "") if t.isdigit() else (1, 0, t)
                  for t in re.split(r"(\d+)", str(p)) if t)
+
+
+def _data_suffix(p: Path) -> bool:
+    """Whether ``p`` is named like another data file (:data:`OTHER_DATA_SUFFIXES`, or one
+    of them compressed: ``step6.csv.gz``)."""
+    sfx = [x.lower() for x in p.suffixes]
+    if sfx and sfx[-1] in (".gz", ".zst", ".bz2", ".xz", ".zip"):
+        sfx = sfx[:-1]
+    return bool(sfx) and sfx[-1] in OTHER_DATA_SUFFIXES
 
 
 def _looks_parquet(p: Path) -> bool:
