@@ -340,8 +340,10 @@ def duplicates_caveat(acc: Any, n_files: int) -> str | None:
     where = files_listed(getattr(acc, "duplicate_position_files", None) or {}, n_files)
     return (f"caveat: {n:,} sequence(s) hold the same (step, seq_id, position) more than once"
             + (f" ({where})" if where else "")
-            + ": their tokens count more than once in every result (a copied shard, or "
-            "seq_ids shared by several sequences; see the warning).")
+            + ": either rows written twice (a copied shard), whose tokens then count twice "
+            "in every result, or a seq_id shared by several sequences (a prompt or group id "
+            "such as verl's uid), which merges them into one for every per-sequence "
+            "result (resampling, sequence gates, outliers); see the warning.")
 
 
 def file_exclusions_caveat(acc: Any, n_files: int,
