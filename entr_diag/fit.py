@@ -1846,7 +1846,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         f"{alpha:.2f} [{alpha_ci[0]:.2f}, {alpha_ci[1]:.2f}]: a few bins dominate the "
         "least-squares fit; inspect the bins with heavy tails"
         if disagrees
-        else "robust and least-squares estimates agree"
+        else "robust (Theil-Sen) and least-squares alpha agree"
     )
     robust = RobustPower(float(math.exp(ts.intercept)), rob_alpha,
                          (float(ts.low_slope), float(ts.high_slope)), disagrees, note)
