@@ -200,7 +200,10 @@ class Agreement:
     ``both_keep``, ``only_entr_keeps`` (ENTR keeps, the other gate drops), ``only_other_keeps``,
     ``both_drop``; ``by_entropy`` / ``by_p``: the same four counts per entropy bin / per bin
     of p = exp(infer_logprob), as ``{"keys", "edges", "both_keep", "only_entr_keeps",
-    "only_other_keeps", "both_drop"}`` with one entry per bin.
+    "only_other_keeps", "both_drop"}`` with one entry per bin. ``where_only_entr_keeps`` /
+    ``where_only_other_keeps``: the (entropy bin, p bin) labels of the joint cell holding
+    the most tokens of that kind (None when there are none): the two marginal modes can
+    name a cell that holds none of them.
     """
 
     both_keep: int
@@ -209,6 +212,8 @@ class Agreement:
     both_drop: int
     by_entropy: dict[str, Any]
     by_p: dict[str, Any]
+    where_only_entr_keeps: tuple[str, str] | None = None
+    where_only_other_keeps: tuple[str, str] | None = None
 
     @property
     def disagreements(self) -> int:
@@ -1868,6 +1873,10 @@ class ComparePlan:
         def total(col: str) -> float:
             return float(cells[col_index[col]].sum())
 
+        def joint(col: str) -> np.ndarray:
+            """Counts per (entropy bin, p bin), ``(n_eb, n_pb)``."""
+            return np.rint(grid[col_index[col]].sum(axis=(2, 3)))
+
         n_by_cat = cnt("n", 4)
         n_noise = None if h_star is None else int(n_by_cat[_CAT_NOISE])
         n_law = None if law_k is None else int(n_by_cat[_CAT_LAW])
@@ -1879,6 +1888,13 @@ class ComparePlan:
             null_reasons["exploration_discarded"] = "no token lies within the fitted law's scale"
         e_labels = _bin_labels(e_edges)
         p_labels = _bin_labels(p_e)
+
+        def mode(counts: np.ndarray) -> tuple[str, str] | None:
+            """The (entropy bin, p bin) labels of the cell holding the most tokens."""
+            if not counts.size or counts.max() <= 0:
+                return None
+            e, p_ = np.unravel_index(int(np.argmax(counts)), counts.shape)
+            return e_labels[int(e)], p_labels[int(p_)]
         n_by_e = cnt("n", 1)
         n_by_p = cnt("n", 2)
         n_by_s = cnt("n", 3)[: len(STALENESS_BUCKETS)] if self.has_stale else None
@@ -1946,6 +1962,8 @@ class ComparePlan:
                         "edges": p_e.tolist(),
                         **four(2, n_by_p, kept0_p),
                     },
+                    where_only_entr_keeps=mode(joint("kept0") - joint(bc)),
+                    where_only_other_keeps=mode(joint(kc) - joint(bc)),
                 )
             tis = None
             if isinstance(g, TIS):

@@ -10,6 +10,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from typer.testing import CliRunner
@@ -553,6 +554,48 @@ def test_other_data_files_in_an_input_directory_are_named(synth_file, tmp_path):
     assert len(warn) == 1 and warn[0].startswith("warning: 2 file(s) in input directories")
     assert "(.csv, .jsonl.gz)" in warn[0] and "step6.csv" in warn[0]
     assert any("are not Parquet" in w for w in json.loads(out.read_text())["warnings"])
+
+
+def test_where_gates_disagree_is_the_joint_cell_of_the_exported_decisions(synth_file,
+                                                                          tmp_path):
+    """compare's 'where they disagree' cell (JSON where_only_entr_keeps /
+    where_only_other_keeps) is the (entropy bin, p bin) cell holding the most such tokens,
+    recomputed from --export's per-token decisions: not the pair of the two marginal
+    modes, which can name a cell holding none of them."""
+    js, ex = tmp_path / "c.json", tmp_path / "x.parquet"
+    r = runner.invoke(app, ["compare", str(synth_file), "-q", "--n-boot", "100", "--json",
+                            str(js), "--export", str(ex)])
+    assert r.exit_code == 0, r.output
+    c = json.loads(js.read_text())["compare"]
+    e_edges, p_edges = c["entropy_edges"], c["p_edges"]
+    tok = pl.read_parquet(synth_file).filter(pl.col("loss_mask")).select(
+        "seq_id", "position", "step", "entropy", "infer_logprob")
+    dec = pl.read_parquet(ex).join(tok, on=["seq_id", "position", "step"])
+    eb = np.clip(np.searchsorted(e_edges[1:-1], dec["entropy"].to_numpy(), "right"), 0,
+                 len(e_edges) - 2)
+    pb = np.clip(np.searchsorted(p_edges[1:-1], np.exp(dec["infer_logprob"].to_numpy()),
+                                 "right"), 0, len(p_edges) - 2)
+    entr = dec[[col for col in dec.columns if col.startswith("keep[entr")][0]]
+    checked = 0
+    for g in c["gates"]:
+        a = g.get("agreement_vs_entr")
+        if not a or not (a["only_entr_keeps"] or a["only_other_keeps"]):
+            continue
+        col = f"keep[{g['spec']}]" if "spec" in g else None
+        if col not in dec.columns:
+            continue
+        keep = dec[col]
+        for key, mask in (("only_entr_keeps", entr & ~keep), ("only_other_keeps", ~entr & keep)):
+            m = mask.to_numpy()
+            if not m.any():
+                assert a[f"where_{key}"] is None
+                continue
+            counts = np.zeros((len(e_edges) - 1, len(p_edges) - 1))
+            np.add.at(counts, (eb[m], pb[m]), 1)
+            i, j = np.unravel_index(int(np.argmax(counts)), counts.shape)
+            assert a[f"where_{key}"] == [a["by_entropy"]["keys"][i], a["by_p"]["keys"][j]]
+            checked += 1
+    assert checked >= 3
 
 
 def test_flag_without_break_writes_empty_file(tmp_path):

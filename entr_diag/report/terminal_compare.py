@@ -39,13 +39,6 @@ def _int(x: Any) -> str:
     return "n/a" if x is None else f"{int(x):,}"
 
 
-def _argmax_label(keys: Sequence[str], counts: Sequence[int]) -> str:
-    if not counts or max(counts) <= 0:
-        return "-"
-    j = max(range(len(counts)), key=lambda i: counts[i])
-    return keys[j]
-
-
 def _table(
     title: str, header: Sequence[str], rows: Sequence[Sequence[str]], text_cols: int = 1
 ) -> Table:
@@ -150,12 +143,11 @@ def _agreement_tables(d: dict[str, Any]) -> list[Table]:
         a = g["agreement_vs_entr"]
         if a is None:
             continue
-        be, bp = a["by_entropy"], a["by_p"]
-
-        def where(key: str, n: int, be=be, bp=bp) -> str:
-            if not n:
+        def where(key: str, n: int, a=a) -> str:
+            cell = a.get(f"where_{key}")
+            if not n or not cell:
                 return "-"
-            return f"H {_argmax_label(be['keys'], be[key])}, p {_argmax_label(bp['keys'], bp[key])}"
+            return f"H {cell[0]}, p {cell[1]}"
 
         counts.append(
             [
@@ -180,7 +172,8 @@ def _agreement_tables(d: dict[str, Any]) -> list[Table]:
             counts,
         ),
         _table(
-            "Where they disagree: the entropy bin H (nats) and p bin holding most of the tokens",
+            "Where they disagree: the cell of entropy bin H (nats) and p bin holding most of "
+            "the tokens",
             ["gate", "only ENTR keeps", "only the gate keeps"],
             where_rows,
             text_cols=3,
