@@ -907,13 +907,16 @@ _SAMPLE_COLS: tuple[str, ...] = ("seq_key", "position", "train_logprob", "infer_
 
 class _LagSample:
     """Pass accumulator keeping the rows of a hash-sampled subset of sequences (whole
-    sequences: ``seq_key % 1000 < keep``), at most ~MISALIGN_MAX_TOKENS rows of 32 bytes;
+    sequences: ``seq_key % 1000 < keep``), at most ~MISALIGN_MAX_TOKENS rows of 40 bytes;
     the lags are taken after the pass, on the sequences put back together."""
+
+    #: seq_id may come as read (an integer; passes.NATIVE_SEQ_ID): named as text
+    native_seq_id = True
 
     def __init__(self, keep: int, with_step: bool = False, with_file: bool = False,
                  with_entropy: bool = False) -> None:
         self.keep = keep
-        self.cols = (*_SAMPLE_COLS, *(("step",) if with_step else ()),
+        self.cols = (*_SAMPLE_COLS, "seq_id", *(("step",) if with_step else ()),
                      *((FILE_INDEX,) if with_file else ()),
                      *(("entropy",) if with_entropy else ()))
         self.columns = list(self.cols)
@@ -955,18 +958,23 @@ class _LagSums:
     split across batches are summed."""
 
     COLS = ("_a-1", "_n-1", "_a1", "_n1", "_z", "_n0")
+    #: seq_id may come as read (an integer; passes.NATIVE_SEQ_ID): kept per sequence as
+    #: String, to name the shifted sequences
+    native_seq_id = True
 
     def __init__(self, with_step: bool, with_file: bool = False) -> None:
         self.keys = ["seq_key", "step"] if with_step else ["seq_key"]
-        self.columns = [*self.keys, "position", "train_logprob", "infer_logprob", "delta"]
+        self.columns = [*self.keys, "seq_id", "position", "train_logprob", "infer_logprob",
+                        "delta"]
         #: each sequence's input file (FILE_INDEX, the lowest if it spans several): the
         #: files holding shifted sequences are named
         self.with_file = with_file
         if with_file:
             self.columns.append(FILE_INDEX)
         self.rows = PartialRows(self.keys, [pl.col(c).sum() for c in self.COLS]
+                                + [pl.col("seq_id").first()]
                                 + ([pl.col(FILE_INDEX).min()] if with_file else []),
-                                2_000_000)
+                                2_000_000, cast={"seq_id": pl.String})
 
     def update(self, batch: pl.DataFrame) -> None:
         sk, pos = column(batch, "seq_key"), column(batch, "position")
@@ -979,6 +987,10 @@ class _LagSums:
         pair = np.zeros(n, dtype=bool)
         np.logical_and(sk[1:] == sk[:-1], pos[1:] == pos[:-1] + 1, out=pair[:-1])
         out: dict[str, Any] = {"seq_key": sk[starts]}
+        sid = batch.get_column("seq_id")  # (an integer one as numpy: made a String per frame)
+        out["seq_id"] = (column(batch, "seq_id")[starts]
+                         if sid.dtype.is_integer() and not sid.null_count()
+                         else sid.gather(pl.Series(starts)).cast(pl.String))
         if "step" in self.keys:
             step = batch.get_column("step")  # numpy: a polars gather here waits for the engine
             out["step"] = (step.gather(pl.Series(starts)) if step.null_count()
@@ -1118,7 +1130,8 @@ def _misalignment(sample: pl.DataFrame, keep: int,
     sums = [e for L in lags for e in (pl.col(f"_a{L}").sum(), pl.col(f"_z{L}").sum(),
                                       pl.col(f"_a{L}").count().alias(f"_n{L}"))]
     per_seq_q = s.group_by(["seq_key", "step"] if has_step else ["seq_key"]).agg(
-        *sums, *([pl.col(FILE_INDEX).min()] if FILE_INDEX in sample.columns else []))
+        *sums, *([pl.col(FILE_INDEX).min()] if FILE_INDEX in sample.columns else []),
+        *([pl.col("seq_id").first().cast(pl.String)] if "seq_id" in sample.columns else []))
     res_q = interior.select(
         pl.len().alias("n"),
         pl.col("_a-1").mean().alias("mad_m1"), d0.mean().alias("mad_0"),
@@ -1231,6 +1244,12 @@ def _misalignment(sample: pl.DataFrame, keep: int,
         if FILE_INDEX in hit.columns:  # which input files hold them
             listed = _files_evidence(ev, hit.group_by(FILE_INDEX).len().iter_rows(), files)
             where = f" They are {listed}." if listed else ""
+        if "seq_id" in hit.columns:  # the best-fitting ones first
+            ids = (hit.with_columns((pl.col(f"_a{lag}") / pl.col(f"_z{lag}")).alias("_r"))
+                   .sort("_r", "seq_id", nulls_last=True)["seq_id"].head(10).to_list())
+            ev["example_seq_ids"] = [str(x) for x in ids if x is not None]
+            if ev["example_seq_ids"]:
+                where += f" E.g. seq_id {', '.join(ev['example_seq_ids'][:5])}."
         f = Finding(
             kind=name,
             severity="critical",

@@ -205,6 +205,10 @@ def test_a_few_shifted_sequences_are_found_outside_the_sample(tmp_path, monkeypa
     assert f.evidence["sampled_share"] < 0.2
     assert f.evidence["sequences_tested"] > 0.9 * ids.len()
     assert f.evidence["shifted_sequences"] >= 5
+    # named by their seq_ids (the best-fitting first), in the message too
+    named = f.evidence["example_seq_ids"]
+    assert len(named) >= 5 and set(named) <= {str(x) for x in bad.to_list()}
+    assert f"E.g. seq_id {', '.join(named[:5])}." in f.message
 
 
 @pytest.mark.parametrize("n_bad", [1, 3])
@@ -222,6 +226,7 @@ def test_one_to_three_strongly_shifted_sequences_are_called(tmp_path, n_bad):
     assert n_bad < FX.MISALIGN_PARTIAL_MIN_SEQS
     assert f is not None and f.evidence["partial"] is True and f.evidence["likely_shift"] == -1
     assert f.evidence["shifted_sequences"] == n_bad
+    assert sorted(f.evidence["example_seq_ids"]) == sorted(str(x) for x in bad.to_list())
     assert f.evidence["ratio_in_shifted_sequences"] < FX.MISALIGN_PARTIAL_STRONG
 
 
