@@ -784,7 +784,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
                             or "trainer-side" in note or "partition folder" in note
                             or "continue from one file" in note
                             or "written by entr-diag" in note
-                            or "one-token nuclei" in note):
+                            or "one-token nuclei" in note
+                            or "holds floating-point values" in note):
             _notes.add(f"note: {escape(note)}")
     dup = ds.accounting.sequences_with_duplicate_positions
     if dup:

@@ -838,6 +838,26 @@ def test_engine_zeros_as_placeholders_stay_excluded(tmp_path):
     assert not any("one-token nuclei" in n for n in ds.notes)
 
 
+def test_integer_columns_written_as_floats_read_their_whole_values(tmp_path):
+    """step, versions and position written as float64 (pandas, for an integer column with a
+    missing value) are read as integers where whole: NaN and fractional values are null
+    (a null step, an invalid position), with a note; another shard's integer step joins
+    them."""
+    df = _long(step=[0.0, 0.0, 1.0, float("nan"), 2.0], policy_version=[1.0, 1.0, 2.0, 0.0, 0.0],
+               position=[0.0, 1.0, 0.0, 1.0, 2.5])
+    a = _write(tmp_path, df, "d/a.parquet")
+    _write(tmp_path, _long(seq_id=[10, 10, 11, 11, 11]), "d/b.parquet")
+    ds = load_dataset([a.parent])
+    v = ds.lf.collect()
+    assert v.schema["step"] == pl.Int64 and v.schema["policy_version"] == pl.Int64
+    assert ds.accounting.excluded == {"invalid_position": 1}
+    assert ds.accounting.tokens_without_step == 1
+    assert sorted(v.filter(pl.col("seq_id").is_in(["0", "1"]))["step"].drop_nulls().to_list()) == [0, 0, 1]
+    note = [n for n in ds.notes if "holds floating-point values" in n]
+    assert len(note) == 3 and any(n.startswith("step holds") and "in 1 of 2 files" in n
+                                  for n in note)
+
+
 def test_duplicate_shards_flagged(tmp_path):
     """The same tokens in two shards are counted, and the duplication is reported."""
     d = tmp_path / "dup"

@@ -378,8 +378,9 @@ class FileInfo:
 def _kind_ok(kind: str, t: pa.DataType) -> bool:
     if kind == S.FLOAT:
         return pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_decimal(t)
-    if kind == S.INT:
-        return pa.types.is_integer(t)
+    if kind == S.INT:  # floats holding whole numbers (pandas writes an integer column with
+        # a missing value as float64): read by _canonical_cast, the others as null
+        return pa.types.is_integer(t) or pa.types.is_floating(t)
     if kind == S.BOOL:  # a numeric mask holds 0/1 (other values: invalid_loss_mask rows)
         return pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
     if kind == S.ID:
@@ -1127,6 +1128,7 @@ def load_dataset(
         notes.append(f"entropy ('{src}') holds only nulls in every file: not used (as if "
                      "absent)")
         del mapping["entropy"]
+    notes += _float_int_notes(mapping, file_list, schemas)
     for canon in ("train_logprob", "infer_logprob", "entropy"):  # read, but say so
         src = mapping.get(canon)
         ints = [f for f in file_list if src in schemas[f].names
@@ -1509,12 +1511,39 @@ def _int_like(v: str) -> bool:
     return bool(re.fullmatch(r"-?\d+", v))
 
 
-def _canonical_cast(canon: str, expr: pl.Expr) -> pl.Expr:
+def _float_int_notes(mapping: Mapping[str, str], files: Sequence[Path],
+                     schemas: Mapping[Path, pa.Schema]) -> list[str]:
+    """A note per integer canonical column (step, position, versions, token_id) whose
+    source is floating-point in some input files: read as integers where whole, as null
+    elsewhere (:func:`_canonical_cast`)."""
+    out = []
+    for canon, src in mapping.items():
+        if canon not in S.BY_NAME or S.BY_NAME[canon].kind != S.INT:
+            continue
+        floats = [f for f in files if src in schemas[f].names
+                  and pa.types.is_floating(_value_type(schemas[f].field(src).type))]
+        if floats:
+            out.append(
+                f"{canon}{'' if src == canon else f' ({src!r})'} holds floating-point values "
+                f"in {len(floats)} of {len(files)} files (e.g. {floats[0]}; an integer column "
+                "with a missing value, as pandas writes it): whole values are read as "
+                "integers, NaN and fractional ones as null")
+    return out
+
+
+def _canonical_cast(canon: str, expr: pl.Expr, src_type: pa.DataType | None = None
+                    ) -> pl.Expr:
+    """``expr`` (a source column) as the canonical column ``canon``'s dtype. An integer
+    column written as floats (``src_type`` floating: pandas writes an integer column with a
+    missing value as float64) reads its whole values as integers and the others (NaN,
+    infinite, fractional) as null (:func:`_float_int_notes` says so)."""
     kind = S.BY_NAME[canon].kind
     if kind == S.BOOL:
         return expr.cast(pl.Boolean)
     if kind == S.ID:
         return expr.cast(pl.String)
+    if kind == S.INT and src_type is not None and pa.types.is_floating(_value_type(src_type)):
+        return pl.when(expr == expr.floor()).then(expr).cast(pl.Int64, strict=False)
     return expr.cast(_POLARS_DTYPE[kind])
 
 
@@ -1636,13 +1665,14 @@ def _file_frame(
         lf = lf.explode([*list_srcs, "_pos"], empty_as_null=True, keep_nulls=True)
         exprs = [pl.col("_seq_id").alias("seq_id"), pl.col("_empty"), pad.alias("_pad")]
         if "position" in srcs and srcs["position"] in list_srcs:
-            exprs.append(_canonical_cast("position", pl.col(srcs["position"])).alias("position"))
+            exprs.append(_canonical_cast("position", pl.col(srcs["position"]),
+                                         types.get(srcs["position"])).alias("position"))
         else:
             exprs.append(pl.col("_pos").cast(pl.Int64).alias("position"))
         for canon, src in srcs.items():
             if canon in ("seq_id", "position", "loss_mask"):
                 continue
-            exprs.append(_canonical_cast(canon, pl.col(src)).alias(canon))
+            exprs.append(_canonical_cast(canon, pl.col(src), types.get(src)).alias(canon))
         if "loss_mask" in mapping:
             exprs += _mask_exprs(srcs.get("loss_mask"), types.get(srcs.get("loss_mask", "")))
         return lf.select(exprs)
@@ -1661,7 +1691,7 @@ def _file_frame(
         if canon == "seq_id":
             exprs.append(pl.col(src).cast(sid_dtype).alias(canon))
         elif canon != "loss_mask":
-            exprs.append(_canonical_cast(canon, pl.col(src)).alias(canon))
+            exprs.append(_canonical_cast(canon, pl.col(src), types.get(src)).alias(canon))
     if "loss_mask" in mapping:
         exprs += _mask_exprs(srcs.get("loss_mask"), types.get(srcs.get("loss_mask", "")))
     lf = lf.select(*exprs, *keep)
@@ -1874,7 +1904,8 @@ def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
             continue
         cols = [pl.col(mapping["seq_id"]).cast(sid_dtype).alias("seq_id")]
         if "step" in mapping:
-            cols.append(_canonical_cast("step", pl.col(mapping["step"])).alias("step"))
+            cols.append(_canonical_cast("step", pl.col(mapping["step"]),
+                                        types.get(mapping["step"])).alias("step"))
         for j, (off, n, _t) in enumerate(ranges):
             part = _with_hive(scan.slice(off, n) if len(ranges) > 1 else scan, types, hive,
                               mapping)
