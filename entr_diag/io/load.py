@@ -1131,8 +1131,7 @@ def load_dataset(
     notes += _float_int_notes(mapping, file_list, schemas)
     for canon in ("train_logprob", "infer_logprob", "entropy"):  # read, but say so
         src = mapping.get(canon)
-        ints = [f for f in file_list if src in schemas[f].names
-                and pa.types.is_integer(_value_type(schemas[f].field(src).type))]
+        ints = _files_typed(file_list, schemas, src, pa.types.is_integer)
         if ints:
             notes.append(
                 f"warning: {canon}{'' if src == canon else f' ({src!r})'} holds integers in "
@@ -1511,6 +1510,14 @@ def _int_like(v: str) -> bool:
     return bool(re.fullmatch(r"-?\d+", v))
 
 
+def _files_typed(files: Sequence[Path], schemas: Mapping[Path, pa.Schema], src: str | None,
+                 pred: Callable[[pa.DataType], bool]) -> list[Path]:
+    """The ``files`` whose column ``src`` holds values of a type ``pred`` accepts (a list
+    column's elements; a dictionary column's values)."""
+    return [f for f in files if src in schemas[f].names
+            and pred(_value_type(schemas[f].field(src).type))]
+
+
 def _float_int_notes(mapping: Mapping[str, str], files: Sequence[Path],
                      schemas: Mapping[Path, pa.Schema]) -> list[str]:
     """A note per integer canonical column (step, position, versions, token_id) whose
@@ -1520,8 +1527,7 @@ def _float_int_notes(mapping: Mapping[str, str], files: Sequence[Path],
     for canon, src in mapping.items():
         if canon not in S.BY_NAME or S.BY_NAME[canon].kind != S.INT:
             continue
-        floats = [f for f in files if src in schemas[f].names
-                  and pa.types.is_floating(_value_type(schemas[f].field(src).type))]
+        floats = _files_typed(files, schemas, src, pa.types.is_floating)
         if floats:
             out.append(
                 f"{canon}{'' if src == canon else f' ({src!r})'} holds floating-point values "
