@@ -135,8 +135,9 @@ TEMP_MIN_CORR = 0.5
 #: steps) when they number at least this many, else on all tokens
 FRESH_MIN_TOKENS = 1000
 #: ... in at least this share of the steps (the drift check reads them alone: fresh tokens
-#: of the first steps only, e.g. a synchronous warm-up, say nothing of the later ones)
-FRESH_STEP_SHARE = 0.8
+#: of the first steps only, e.g. a synchronous warm-up, say nothing of the later ones, and
+#: an engine change in the last fifth of the steps went unseen at 0.8)
+FRESH_STEP_SHARE = 1.0
 
 #: truncated sampling: entropy (nats) above which the one-sided bias is measured
 TRUNC_H_MIN = 0.3
@@ -1613,6 +1614,34 @@ def _engine_zero_share(ctx: _Ctx) -> dict[str, Any]:
     }
 
 
+def _without_flagged(seqbins: pl.DataFrame, seqs: pl.DataFrame, cells: pl.DataFrame,
+                     flagged: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """The sequence-outlier tables (per (sequence, bin, staleness) counts, per sequence
+    sums, per (bin, staleness) sums) less the tokens with an impossible logprob
+    (``flagged``: their per (seq_key, bin, _stale) n, sh, sad, sd2, from
+    :class:`_ImplausibleTokens`)."""
+    keys = ["seq_key", "bin", "_stale"]
+    fb = flagged.select(*keys, pl.col("n").alias("_fn"))
+    seqbins = (seqbins.join(fb, on=keys, how="left", nulls_equal=True)
+               .with_columns((pl.col("n").cast(pl.Int64) - pl.col("_fn").fill_null(0))
+                             .cast(seqbins.schema["n"]).alias("n")).drop("_fn")
+               .filter(pl.col("n") > 0))
+    fs = flagged.group_by("seq_key").agg(pl.col("n", "sh", "sad", "sd2").sum().name.prefix("_f"))
+    sub = {c: pl.col(c) - pl.col(f"_f{c}").fill_null(0) for c in ("sh", "sad", "sd2")}
+    seqs = (seqs.join(fs, on="seq_key", how="left")
+            .with_columns(*(e.alias(c) for c, e in sub.items()),
+                          *((pl.col(c).cast(pl.Int64) - pl.col("_fn").fill_null(0))
+                            .cast(seqs.schema[c]).alias(c) for c in ("n", "nh")))
+            .drop("_fn", "_fsh", "_fsad", "_fsd2"))
+    fc = flagged.group_by("bin", "_stale").agg(pl.col("n", "sh", "sad", "sd2").sum()
+                                               .name.prefix("_f"))
+    cells = (cells.join(fc, on=["bin", "_stale"], how="left", nulls_equal=True)
+             .with_columns((pl.col(c) - pl.col(f"_f{c}").fill_null(0)).alias(c)
+                           for c in ("n", "sh", "sad", "sd2"))
+             .drop("_fn", "_fsh", "_fsad", "_fsd2").filter(pl.col("n") > 0))
+    return seqbins, seqs, cells
+
+
 def _check_outliers(ctx: _Ctx) -> _Result:
     """Sequence-level outliers (e.g. MoE routing differences between engine and trainer).
 
@@ -1629,15 +1658,19 @@ def _check_outliers(ctx: _Ctx) -> _Result:
     with the share of sum delta^2 they carry and the law (k) with and without them.
     """
     name = "sequence_outliers"
-    # expected |delta| per (entropy bin, staleness): a stale sequence is not an outlier
-    expect = (
-        ctx.cells.group_by("bin", "_stale")
-        .agg(pl.col("n", "sad").sum())
-        .select("bin", "_stale", (pl.col("sad") / pl.col("n")).alias("_ea"))
-    )
     has_h = ctx.has("entropy")
     seqbins, seqs = ctx.seqbins, ctx.seqs
     assert seqbins is not None and seqs is not None
+    # tokens with an impossible logprob (placeholders: implausible_logprobs reports them)
+    # are left out of every sum here: a sequence is scored on its other tokens, and they
+    # neither fill the outlier list nor raise the cells' expectations
+    flagged = (ctx.implausible.slots.result() if ctx.implausible is not None
+               else pl.DataFrame())
+    cells = ctx.cells.group_by("bin", "_stale").agg(pl.col("n", "sh", "sad", "sd2").sum())
+    if flagged.height:
+        seqbins, seqs, cells = _without_flagged(seqbins, seqs, cells, flagged)
+    # expected |delta| per (entropy bin, staleness): a stale sequence is not an outlier
+    expect = cells.select("bin", "_stale", (pl.col("sad") / pl.col("n")).alias("_ea"))
     # per sequence, from the merged per-sequence sums; the expectation of a sequence is the
     # sum over its tokens of their cell's mean |delta| (per (sequence, bin, staleness) counts)
     sea = (
@@ -1694,7 +1727,7 @@ def _check_outliers(ctx: _Ctx) -> _Result:
         # their rows of the (sequence, bin, staleness) table; "without" = all - flagged
         out_keys = top_df["seq_key"]
         sums = [pl.col("n").sum(), pl.col("sh").sum(), pl.col("sd2").sum()]
-        s_all = ctx.cells.group_by("bin").agg(sums)
+        s_all = cells.group_by("bin").agg(sums)
         s_out = (
             seqbins.filter(pl.col("seq_key").is_in(out_keys.implode()))
             .group_by("bin")
@@ -1742,17 +1775,11 @@ def _check_outliers(ctx: _Ctx) -> _Result:
             f"{share_d2:.2%} of sum delta^2 (e.g. seq_id {', '.join(ev['top_seq_ids'][:3])})",
         )
     sev = "warning" if share_d2 >= OUTLIER_SHARE_WARN else "info"
-    # flagged sequences holding impossible logprobs: placeholders, not routing (the
-    # implausible-logprobs finding reports them); all of them so: info here
-    n_impl = 0
-    if ctx.implausible is not None:
-        impl = ctx.implausible.seqs.result()
-        if impl.height:
-            n_impl = int(top_df["seq_key"].is_in(impl["seq_key"].implode()).sum())
+    # flagged sequences that also hold impossible logprobs (scored without them)
+    n_impl = (int(top_df["seq_key"].is_in(flagged["seq_key"].implode()).sum())
+              if flagged.height else 0)
     if n_impl:
         ev["flagged_with_impossible_logprobs"] = n_impl
-        if n_impl == n_out:
-            sev = "info"
     f = Finding(
         kind=name,
         severity=sev,
@@ -1762,10 +1789,10 @@ def _check_outliers(ctx: _Ctx) -> _Result:
             f"{OUTLIER_Z:g} robust standard deviations above what their tokens' entropies "
             f"predict; they carry {share_d2:.1%} of sum delta^2. Law k = {k_with:.3g} with "
             f"them, {k_without:.3g} without. Worst: {', '.join(ev['top_seq_ids'][:5])}."
-            + (f" {'All' if n_impl == n_out else n_impl} of them hold impossible logprobs (at "
-               f"or below {IMPLAUSIBLE_LOGPROB:g} nats, see implausible_logprobs): "
-               "placeholders or corrupt values rather than a routing difference"
-               + (" (info only)." if n_impl == n_out else ".") if n_impl else "")
+            + (f" {'All' if n_impl == n_out else n_impl} of them also hold impossible "
+               f"logprobs (at or below {IMPLAUSIBLE_LOGPROB:g} nats, see "
+               "implausible_logprobs), left out of their scores: they are outliers on their "
+               "other tokens." if n_impl else "")
         ),
         evidence=ev,
         check=(
@@ -1793,6 +1820,9 @@ class _Trend:
     p_stale: float = float("nan")
     steps: tuple[int, ...] = ()
     step_level: tuple[float, ...] = ()  # per-step level adjusted for entropy and staleness
+    #: the per-step levels compare across steps (one intercept per entropy bin); with one
+    #: per (bin, staleness), a lag present in some steps only is centred on its own steps
+    levels_comparable: bool = True
 
 
 def _law_cells(ctx: _Ctx) -> pl.DataFrame:
@@ -1920,7 +1950,7 @@ def _stale_effects(c: pl.DataFrame, with_step: bool) -> tuple[dict[int, float], 
     return out, every
 
 
-def _drift_trend(ctx: _Ctx) -> tuple[_Trend, str]:
+def _drift_trend(ctx: _Ctx, lag_free: bool = False) -> tuple[_Trend, str]:
     """log(mean |delta|) per (bin, step, staleness) cell = a_g + b * step / span.
 
     On the freshest tokens (engine mismatch proper, g = (bin, staleness)) when they number
@@ -1929,13 +1959,17 @@ def _drift_trend(ctx: _Ctx) -> tuple[_Trend, str]:
     effect at fixed entropy and step (:func:`_stale_effects`) when every value's is known;
     with one intercept per bin when |delta| does not grow with the lag within steps (a run
     whose lag begins at some step, where the engine changed too, would otherwise hide that
-    change); else with one per (bin, staleness). Returns the trend (``beta_step`` etc.;
-    ``step_level`` the per-step adjusted level) and a description of the tokens used.
+    change); else with one per (bin, staleness). ``lag_free``: on all tokens with one
+    intercept per bin, the lag not held fixed (:func:`_lag_onset_jump`). Returns the trend
+    (``beta_step`` etc.; ``step_level`` the per-step adjusted level) and a description of
+    the tokens used.
     """
     c = _trend_cells(ctx.cells)
     used = "all tokens at fixed staleness"
     by_bin = False
-    if ctx.has("staleness") and c.height:
+    if lag_free:
+        used, by_bin = "all tokens, the lag not held fixed", True
+    elif ctx.has("staleness") and c.height:
         s_min = c["_stale"].min()
         fresh = c.filter(pl.col("_stale") == s_min)
         n_steps = c["_step"].n_unique()
@@ -1971,6 +2005,7 @@ def _drift_trend(ctx: _Ctx) -> tuple[_Trend, str]:
     beta, se, pv, _ = _fe_ols(grp, x[:, None], y, w)
     if not np.isfinite(beta[0]):
         return _Trend(False, "no entropy bin is populated at several steps"), used
+    comparable = by_bin or c["_stale"].n_unique() <= 1
     adj = y.copy()
     for g in np.unique(grp):
         m = grp == g
@@ -1980,7 +2015,7 @@ def _drift_trend(ctx: _Ctx) -> tuple[_Trend, str]:
     return _Trend(
         True, "", cells=int(c.height), step_span=(int(s0), int(s1)),
         beta_step=float(beta[0]), se_step=float(se[0]), p_step=float(pv[0]),
-        steps=tuple(int(u) for u in ust), step_level=level,
+        steps=tuple(int(u) for u in ust), step_level=level, levels_comparable=comparable,
     ), used
 
 
@@ -2065,7 +2100,7 @@ def _check_drift(ctx: _Ctx) -> _Result:
         "mean_entropy_slope_per_step": _r(h_trend),
     }
     p = t.p_step
-    jump = _step_jump(ust, level)
+    jump = _step_jump(ust, level) if t.levels_comparable else None
     if jump is not None:
         ev["jump_between_steps"] = [jump[0], jump[1]]
         ev["jump_growth"] = _r(jump[2])
@@ -2073,7 +2108,10 @@ def _check_drift(ctx: _Ctx) -> _Result:
         f = Finding(
             kind=name,
             severity="warning",
-            title=f"Mismatch drifts up over training: mean |delta| x{growth:.2f} at fixed entropy",
+            title=(f"Mismatch jumps at step {jump[1]}: mean |delta| x{jump[2]:.2f} at fixed "
+                   "entropy" if jump is not None else
+                   f"Mismatch drifts up over training: mean |delta| x{growth:.2f} at fixed "
+                   "entropy"),
             message=(
                 f"At fixed entropy ({used}), mean |delta| grows by a factor {growth:.2f} "
                 f"from step {s0} to {s1} ({_pval(p)}; Kendall tau of the per-step "
@@ -2093,11 +2131,59 @@ def _check_drift(ctx: _Ctx) -> _Result:
             ),
         )
         return _found(f, f"growth x{growth:.2f} over the run, {_pval(p)}")
+    if not t.levels_comparable:  # a jump where the lag changes, between the lag groups
+        onset = _lag_onset_jump(ctx)
+        if onset is not None:
+            return onset
     return _clear(
         name,
         f"mean |delta| at fixed entropy changes by x{growth:.3g} over {len(ust)} steps "
         f"({_pval(p)}, {used})",
     )
+
+
+def _lag_onset_jump(ctx: _Ctx) -> _Result | None:
+    """The drift check when it held each staleness value apart (one intercept per (bin,
+    staleness)) and found nothing: a jump of mean |delta| between two steps whose version
+    lags differ entirely (e.g. lag 0 before step 5, lags 1 and 2 from it on) falls between
+    those groups and is unseen. Read on all tokens with the lag not held fixed, such a jump
+    (DRIFT_JUMP_SHARE of the rise, at least DRIFT_MIN_GROWTH, the trend at p < DRIFT_P) is
+    an info finding: an engine change at that step and the policy drift of the new lag read
+    alike, and no step holds both lags to tell them apart. None otherwise."""
+    t, used = _drift_trend(ctx, lag_free=True)
+    if not t.ok or not math.isfinite(t.beta_step) or not t.p_step < DRIFT_P:
+        return None
+    jump = _step_jump(np.array(t.steps), np.array(t.step_level))
+    if jump is None:
+        return None
+    lags = (ctx.cells.drop_nulls(["_step", "_stale"]).filter(pl.col("n") > 0)
+            .group_by("_step").agg(pl.col("_stale").unique().sort()))
+    by_step = {int(r[0]): [int(v) for v in r[1]] for r in lags.iter_rows()}
+    before, after = by_step.get(jump[0], []), by_step.get(jump[1], [])
+    if not before or not after or set(before) & set(after):
+        return None
+    ev = {"jump_between_steps": [jump[0], jump[1]], "jump_growth": _r(jump[2]),
+          "lags_before": before, "lags_after": after, "p_value": _r(t.p_step),
+          "tokens_selection": used}
+    f = Finding(
+        kind="drift",
+        severity="info",
+        title=f"Mismatch jumps at step {jump[1]}, where the version lag changes",
+        message=(
+            f"At fixed entropy, mean |delta| jumps by a factor {jump[2]:.3g} between step "
+            f"{jump[0]} (lag {', '.join(map(str, before))}) and step {jump[1]} (lag "
+            f"{', '.join(map(str, after))}) ({_pval(t.p_step)} for the trend over the run, "
+            "the lag not held fixed). No step holds both lags, so a change of the engine at "
+            f"step {jump[1]} and the policy drift of the new lag read alike: the data cannot "
+            "tell them apart (held apart by lag, the mismatch does not drift)."
+        ),
+        evidence=ev,
+        check=(f"what changed at step {jump[1]} besides the lag (engine or weight-push "
+               "settings, dtype, a resume); with one lag per step only a run mixing lags "
+               "within steps separates staleness from the engine."),
+    )
+    return _found(f, f"jump x{jump[2]:.3g} at step {jump[1]}, where the lag changes "
+                     f"({', '.join(map(str, before))} -> {', '.join(map(str, after))})")
 
 
 def _check_staleness(ctx: _Ctx) -> _Result:
@@ -2332,7 +2418,7 @@ class _ImplausibleTokens:
     range of the flagged values per side (a single value: a placeholder)."""
 
     columns = ("seq_key", "seq_id", "position", "entropy", "train_logprob", "infer_logprob",
-               "delta", FILE_INDEX)  # (the loader's file index, when there is one)
+               "delta", "staleness", FILE_INDEX)  # (those the frame has)
     #: seq_id may come as read (an integer): kept as String (passes.NATIVE_SEQ_ID)
     native_seq_id = True
 
@@ -2357,6 +2443,10 @@ class _ImplausibleTokens:
         self.bins = np.zeros((3, N_BINS))
         #: flagged tokens per input file (its index in Dataset.files)
         self.files: dict[int, int] = {}
+        #: per (seq_key, bin, _stale) of the forensic tables: n, sum H, sum |delta|, sum
+        #: delta^2 of the flagged tokens (the sequence-outlier scores leave them out)
+        self.slots = PartialRows(["seq_key", "bin", "_stale"], [
+            pl.col("n", "sh", "sad", "sd2").sum()])
 
     def update(self, batch: pl.DataFrame) -> None:
         if not batch.height:
@@ -2376,6 +2466,14 @@ class _ImplausibleTokens:
         self.seqs.add(f.group_by("seq_key").agg(self._aggs))
         if FILE_INDEX in f.columns:
             add_counts(self.files, f[FILE_INDEX].to_numpy())
+        d, h = pl.col("delta").cast(pl.Float64), pl.col("entropy").cast(pl.Float64)
+        has_h = "entropy" in f.columns
+        self.slots.add(f.group_by(
+            "seq_key", (_bin_expr() if has_h else pl.lit(0, dtype=pl.Int32)).alias("bin"),
+            (pl.col("staleness").cast(pl.Int64) if "staleness" in f.columns
+             else pl.lit(0, dtype=pl.Int64)).alias("_stale")).agg(
+            pl.len().cast(pl.Int64).alias("n"), (h.sum() if has_h else pl.lit(0.0)).alias("sh"),
+            d.abs().sum().alias("sad"), (d * d).sum().alias("sd2")))
         # (the filtered rows' arrays directly: column() caches the batch being processed)
         d2 = f["delta"].cast(pl.Float64).to_numpy() ** 2
         if "entropy" in f.columns:
@@ -2812,7 +2910,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "misalignment": ("lag_sample",),
     "one_sided_temperature": ("cells", "blocks"),
     "truncated_sampling": ("cells", "raw_zero"),
-    "sequence_outliers": ("cells", "seqbins"),
+    "sequence_outliers": ("cells", "seqbins", "implausible"),
     "drift": ("cells",),
     "staleness": ("cells",),
     "corrupt_rows": ("raw_bad",),

@@ -421,20 +421,43 @@ def test_sequence_outliers(tmp_path, base):
     assert ev["k_without_flagged"] < ev["k_with_flagged"]
 
 
-def test_outliers_made_of_impossible_logprobs_defer_to_that_finding(tmp_path, base):
-    """Sequences flagged as outliers because they hold -500 placeholders are said to be
-    placeholders, not routing, and the outlier finding is info (the implausible-logprobs
-    finding is the warning)."""
-    seqs = base["seq_id"].unique().sort().head(3).to_list()
-    bad = pl.col("seq_id").is_in(seqs) & (pl.col("position") % 10 == 3)
-    df = base.with_columns(pl.when(bad).then(-500.0).otherwise(IL).alias("infer_logprob"))
-    res = run_forensics(_load(tmp_path, df), checks=["sequence_outliers",
-                                                     "implausible_logprobs"])
+def test_outliers_are_scored_without_impossible_logprobs(tmp_path, base):
+    """Sequences holding -500 placeholders are no outliers once those tokens are left out
+    (the implausible-logprobs finding reports them), nor do they fill the list up to its
+    'broad tail' cap and hide real ones: routing-like outliers (|delta| x8 on every token)
+    are found beside them, and still when each holds one placeholder itself."""
+    ids = base["seq_id"].unique().sort()
+    moe, ph = ids.slice(0, 5).to_list(), ids.slice(5, 40).to_list()
+    df = _with_delta(base, pl.when(pl.col("seq_id").is_in(moe)).then(DELTA * 8).otherwise(DELTA))
+    control = run_forensics(_load(tmp_path, df, "control.parquet"),
+                            checks=["sequence_outliers"]).by_kind("sequence_outliers")
+    found = set(control.evidence["top_seq_ids"])
+    assert control.severity == "warning" and len(found) >= 4
+    assert found <= {str(x) for x in moe}
+    ph_rows = pl.col("seq_id").is_in(ph) & (pl.col("position") % 10 == 3)
+    res = run_forensics(_load(tmp_path, df.with_columns(
+        pl.when(ph_rows).then(-500.0).otherwise(IL).alias("infer_logprob"))),
+        checks=["sequence_outliers", "implausible_logprobs"])
     f = res.by_kind("sequence_outliers")
-    assert f is not None and f.severity == "info"
-    assert f.evidence["flagged_with_impossible_logprobs"] == f.evidence["sequences_flagged"]
-    assert "placeholders or corrupt values rather than a routing difference" in f.message
+    assert f is not None and f.severity == "warning"
+    assert set(f.evidence["top_seq_ids"]) == found
+    assert "flagged_with_impossible_logprobs" not in f.evidence
     assert res.by_kind("implausible_logprobs").severity in ("warning", "critical")
+    # each outlier holding one placeholder of its own: scored on its other tokens
+    one = pl.col("seq_id").is_in(moe) & (pl.col("position") == 2)
+    res = run_forensics(_load(tmp_path, df.with_columns(
+        pl.when(one).then(-500.0).otherwise(IL).alias("infer_logprob")), "one.parquet"),
+        checks=["sequence_outliers"])
+    f = res.by_kind("sequence_outliers")
+    assert f is not None and f.severity == "warning"
+    assert set(f.evidence["top_seq_ids"]) == found
+    assert f.evidence["flagged_with_impossible_logprobs"] == len(found)
+    assert "left out of their scores" in f.message
+    # placeholders alone make no outlier
+    only = run_forensics(_load(tmp_path, base.with_columns(
+        pl.when(ph_rows).then(-500.0).otherwise(IL).alias("infer_logprob")), "ph.parquet"),
+        checks=["sequence_outliers"])
+    assert only.by_kind("sequence_outliers") is None
 
 
 # ------------------------------------------------------------------ drift
@@ -556,6 +579,52 @@ def test_drift_reads_fresh_tokens_only_when_they_span_the_run(tmp_path):
     assert f is not None
     assert not f.evidence["tokens_selection"].startswith("staleness 0")
     assert f.evidence.get("jump_between_steps") is None  # gradual: no single step holds it
+
+
+def test_engine_change_at_the_onset_of_the_lag_is_an_info_jump(tmp_path):
+    """Lag 0 before step 5, lag 1 from it on, and the engine's mismatch x3 from step 5: no
+    step holds both lags, so staleness cannot tell and the drift held apart by lag sees
+    nothing; the jump where the lag changes is an info finding saying the two read alike."""
+    b = generate(SynthSpec(n_tokens=2 * N_TOKENS, seed=3, h_star=None))
+    df = _with_delta(b, DELTA * pl.when(pl.col("step") >= 5).then(3.0).otherwise(1.0))
+    df = df.with_columns((pl.col("train_version") - (pl.col("step") >= 5).cast(pl.Int64))
+                         .alias("policy_version"))
+    res = run_forensics(_load(tmp_path, df), checks=["staleness", "drift"])
+    assert res.status("staleness").status == "cannot_tell"
+    f = res.by_kind("drift")
+    assert f is not None and f.severity == "info"
+    assert f.evidence["jump_between_steps"] == [4, 5]
+    assert f.evidence["lags_before"] == [0] and f.evidence["lags_after"] == [1]
+    assert f.evidence["jump_growth"] == pytest.approx(3.0, rel=0.15)
+    assert "the data cannot tell them apart" in f.message
+
+
+def test_engine_change_in_the_steps_without_fresh_tokens_is_found(tmp_path):
+    """Lags 0 to 3 in steps 0-7, lags 1 to 3 only in steps 8-9, whose engine mismatch is x2:
+    the fresh tokens, absent from the last steps, do not stand for the run; the jump at
+    step 8 is found on all tokens (each lag's effect, known within steps, removed)."""
+    b = generate(SynthSpec(n_tokens=3 * N_TOKENS, seed=8, h_star=None))
+    late = pl.col("step") >= 8
+    df = _with_delta(b, DELTA * pl.when(late).then(2.0).otherwise(1.0)).with_columns(
+        pl.when(late & (pl.col("train_version") == pl.col("policy_version")))
+        .then(pl.col("train_version") - 1).otherwise(pl.col("policy_version"))
+        .alias("policy_version"))
+    f = run_forensics(_load(tmp_path, df), checks=["drift"]).by_kind("drift")
+    assert f is not None and f.severity == "warning"
+    assert f.evidence["jump_between_steps"] == [7, 8]
+    assert f.title.startswith("Mismatch jumps at step 8")
+    assert not f.evidence["tokens_selection"].startswith("staleness 0")
+
+
+def test_gradual_drift_with_one_lag_per_step_is_no_jump(tmp_path):
+    """One lag per step (lag = step // 3) and a mismatch growing by 15% a step: the drift
+    held apart by lag centres each lag's steps on their own, so no single step is called
+    a jump."""
+    b = generate(SynthSpec(n_tokens=2 * N_TOKENS, seed=9, h_star=None))
+    df = _with_delta(b, DELTA * (1 + 0.15 * pl.col("step"))).with_columns(
+        (pl.col("train_version") - pl.col("step") // 3).alias("policy_version"))
+    f = run_forensics(_load(tmp_path, df), checks=["drift"]).by_kind("drift")
+    assert f is None or f.evidence.get("jump_between_steps") is None
 
 
 def test_staleness_cannot_tell_without_versions(tmp_path, base):
