@@ -769,17 +769,21 @@ def entropy_mismatch_caveat(units: Mapping, mapping: Mapping[str, str] | None = 
     the ratio, which way it points and what usually makes it."""
     r = units["ratio_binned"]
     ent, inf = column_named("entropy", mapping), column_named("infer_logprob", mapping)
+    trainer = (" (a trainer-side entropy, as here, is of the policy being trained: one far "
+               "from the sampling one, many versions apart, reads so too)"
+               if (mapping or {}).get("entropy") and (mapping or {}).get("entropy") == (
+                   mapping or {}).get("train_entropy") else "")
     if r < 1:
         why = ("the sampled tokens are less surprising than the entropy says: the sampler "
                "applied a temperature below 1, top-p or top-k that the logged logprobs and "
                f"entropy leave out (e.g. an engine's raw logprobs), so {inf} is not the "
                "logprob of the sampling distribution and delta is not its log importance "
-               f"ratio; or {ent} is of another, flatter distribution")
+               f"ratio; or {ent} is of another, flatter distribution{trainer}")
     else:
         why = ("the sampled tokens are more surprising than the entropy says: the entropy "
                "was computed over a truncated list (e.g. the top-k logprobs the engine "
-               f"returned) or of a sharper distribution than the one that sampled, so {ent} "
-               "understates H and the law's entropy axis is off")
+               f"returned) or of a sharper distribution than the one that sampled{trainer}, "
+               f"so {ent} understates H and the law's entropy axis is off")
     return (
         f"caveat: {ent} and {inf} do not describe one sampling distribution: the sampled "
         f"tokens' surprisal (-infer_logprob) averages {r:.3g} times their entropy (the "

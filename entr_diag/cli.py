@@ -745,12 +745,12 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         if quiet:
             skipped, repeated = [], []
     if others:  # e.g. a step dumped as CSV beside the Parquet shards: its tokens are missing
-        kinds = sorted({"".join(q.suffixes[-2:]) if q.suffix.lower() in (".gz", ".zst", ".bz2",
-                                                                        ".xz", ".zip")
-                        else q.suffix for q in others})
+        kinds = sorted({("".join(q.suffixes[-2:]) if q.suffix.lower() in (
+            ".gz", ".zst", ".bz2", ".xz", ".zip") else q.suffix).lower() for q in others})
         _notes.add(
             f"[yellow]warning:[/yellow] {len(others):,} file(s) in input directories are not "
-            f"Parquet ({', '.join(kinds[:5])}) and were not read, e.g. "
+            f"Parquet ({', '.join(kinds[:6])}{', ...' if len(kinds) > 6 else ''}) and were "
+            "not read, e.g. "
             f"{escape(str(others[0]))}: if they hold tokens (a step dumped in another "
             "format), those tokens are missing from every result; convert them to Parquet "
             "to include them.")
@@ -971,7 +971,9 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              integer_caveat(ds.notes),
              rounding_caveat(rounded, ds.mapping, acc.excluded.get("zero_placeholder", 0)),
              zero_prefix_caveat(zero_prefix, ds.mapping),
-             units_caveat(fd.get("units"), ds.mapping),
+             # (a shift let through explains a surprisal / entropy gap: no second story)
+             units_caveat(fd.get("units") if not misaligned else
+                          {**(fd.get("units") or {}), "entropy_mismatch": False}, ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
              implausible_caveat(fdict),
              *findings_caveats(fdict),
@@ -1446,7 +1448,10 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if out.get("fit") is not None and out["fit"].units is not None:  # a unit mistake?
         from entr_diag.caveats import units_caveat
 
-        caveat = units_caveat(out["fit"].units.to_dict(), ds.mapping)
+        ud = out["fit"].units.to_dict()
+        if misaligned is not None:  # the shift explains a surprisal / entropy gap
+            ud["entropy_mismatch"] = False
+        caveat = units_caveat(ud, ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     file_units = None

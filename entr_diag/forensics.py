@@ -1848,9 +1848,9 @@ def _within_step(c: pl.DataFrame, with_step: bool) -> tuple[pl.DataFrame, np.nda
     staleness values or more, and their group keys: only they say how |delta| depends on
     the lag at fixed entropy and step (a step whose tokens all have one lag, e.g. a
     synchronous warm-up, says nothing of it)."""
-    key = pl.col("bin").cast(pl.Int64) * 1_000_003 + (
-        pl.col("_step").cast(pl.Int64) if with_step else pl.lit(0, dtype=pl.Int64))
-    c = c.with_columns(key.alias("_g"))
+    # one id per (bin, step) pair (a dense rank: no arithmetic key can collide)
+    key = (pl.struct("bin", "_step") if with_step else pl.struct("bin")).rank("dense")
+    c = c.with_columns(key.cast(pl.Int64).alias("_g"))
     c = c.filter(pl.col("_stale").n_unique().over("_g") >= 2)
     return c, c["_g"].to_numpy()
 
@@ -1999,9 +1999,8 @@ def _drift_trend(ctx: _Ctx, lag_free: bool = False) -> tuple[_Trend, str]:
     x = (st - s0) / (s1 - s0)
     y = c["y"].to_numpy()
     w = c["n"].to_numpy().astype(float)
-    grp = c["bin"].to_numpy().astype(np.int64) * 1_000_003
-    if not by_bin:
-        grp = grp + c["_stale"].to_numpy().astype(np.int64)
+    grp = c.select((pl.struct("bin") if by_bin else pl.struct("bin", "_stale"))
+                   .rank("dense").cast(pl.Int64)).to_series().to_numpy()
     beta, se, pv, _ = _fe_ols(grp, x[:, None], y, w)
     if not np.isfinite(beta[0]):
         return _Trend(False, "no entropy bin is populated at several steps"), used
@@ -2598,8 +2597,9 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
             f"inside the loss mask ({int(s['tok_run'])} tokens), e.g. "
             f"seq_id {', '.join(ev['placeholder_run_examples_seq_id'][:3])}"
             + (
-                f" ({int(s['tok_run_zero'])} of them exact 0.0 engine logprobs, which a "
-                "one-token top-p / top-k nucleus also produces: see truncated_sampling)"
+                f" ({int(s['tok_run_zero'])} of them exact 0.0 engine logprobs: the loader "
+                "keeps such zeros only when, 50 or more, their trainer logprobs read as "
+                "one-token top-p / top-k nuclei)"
                 if int(s["tok_run_zero"]) else ""
             )
         )

@@ -547,6 +547,12 @@ def test_other_data_files_in_an_input_directory_are_named(synth_file, tmp_path):
     (d / "step7.jsonl.gz").write_bytes(b"")
     (d / "README.md").write_text("dump")
     (d / ".step8.csv").write_text("x")
+    (d / "config.json").write_text("{}")  # configs and checkpoints beside a dump: not named
+    (d / "optimizer.pt").write_bytes(b"")
+    (d / ".cache").mkdir()
+    (d / ".cache" / "x.jsonl").write_text("{}")
+    (d / "_temporary").mkdir()
+    (d / "_temporary" / "part.CSV").write_text("a")
     out = tmp_path / "fit.json"
     r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "-q", "--json", str(out)])
     assert r.exit_code == 0, r.output

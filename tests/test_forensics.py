@@ -1301,6 +1301,30 @@ def test_temperature_and_truncation_defer_to_a_logprob_unit_mistake(tmp_path, ba
                    for c in caveats)
 
 
+def test_a_shift_let_through_gets_no_entropy_mismatch_caveat(tmp_path):
+    """Logprobs shifted by one token also move the surprisal / entropy ratio: with
+    --allow-misaligned the shift's caveat stands alone, without a second story blaming a
+    temperature or top-p (nor a warning saying so)."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    df = _entropy_run("clean").with_columns(
+        pl.col("infer_logprob").shift(1).over("seq_id", order_by="position").alias("sh"))
+    df = df.with_columns(pl.coalesce("sh", "infer_logprob").alias("infer_logprob")).drop("sh")
+    path = tmp_path / "run.parquet"
+    df.write_parquet(path)
+    out = tmp_path / "fit.json"
+    r = CliRunner().invoke(app, ["fit", str(path), "--n-boot", "100", "-q", "--json", str(out),
+                                 "--allow-misaligned"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["units"]["entropy_mismatch"] is True  # the check itself still says so
+    assert any("shifted" in c for c in doc["verdict"]["caveats"])
+    assert "do not describe one sampling" not in r.output
+    assert not any("do not describe one sampling" in c for c in doc["verdict"]["caveats"])
+
+
 def test_a_logprob_of_exactly_minus_50_is_flagged(tmp_path, base):
     """A clamp at exactly -50 nats is as impossible a sampled-token logprob as one below."""
     bad = pl.int_range(pl.len()) % 500 == 5

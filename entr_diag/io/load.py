@@ -79,11 +79,11 @@ def bundled_sample_path() -> Path:
 OUTPUT_MARK = "entr_diag.output"
 #: the file name endings (any case) a directory search reads as Parquet
 PARQUET_SUFFIXES: tuple[str, ...] = (".parquet", ".pq", ".parq")
-#: other data files a directory of shards may hold (a step dumped as CSV or JSON lines):
-#: not read, but named (:func:`resolve_paths`, ``others``), as they may hold tokens
+#: other tabular data files a directory of shards may hold (a step dumped as CSV or JSON
+#: lines): not read, but named (:func:`resolve_paths`, ``others``), as they may hold tokens
+#: (not configs or checkpoints: .json, .pt, .npy beside a dump are rarely its tokens)
 OTHER_DATA_SUFFIXES: tuple[str, ...] = (
-    ".csv", ".tsv", ".json", ".jsonl", ".ndjson", ".arrow", ".feather", ".ipc", ".orc",
-    ".avro", ".pkl", ".pickle", ".npy", ".npz", ".pt", ".h5", ".hdf5")
+    ".csv", ".tsv", ".jsonl", ".ndjson", ".arrow", ".feather", ".ipc", ".orc", ".avro")
 
 
 def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None,
@@ -126,9 +126,10 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                     found.append(q)
                 elif q.is_file() and _looks_parquet(q.with_name("x" + q.name)):
                     hidden.append(q)  # a Parquet name but for its leading '.' or '_'
-                elif (others is not None and q.is_file() and not q.name.startswith((".", "_"))
-                      and _data_suffix(q)):
-                    others.append(q)
+                elif (others is not None and q.is_file() and _data_suffix(q)
+                      and not any(part.startswith((".", "_"))
+                                  for part in q.relative_to(p).parts)):
+                    others.append(q)  # (not in a hidden or _temporary folder either)
             if skipped is not None:
                 skipped.extend(hidden)
             if walked is not None:
