@@ -806,7 +806,8 @@ def test_engine_zeros_of_one_token_nuclei_are_valid_tokens(tmp_path):
     """An engine logprob of exactly 0.0 where the trainer's lies between ln 0.5 and -0.05
     (a top-p nucleus of one token) is kept when no such zero has a trainer logprob below
     ln 0.5 (placeholders leave every size): the tokens count as valid, with a note; one
-    of them with a trainer logprob below ln 0.5 stays excluded."""
+    of them with a trainer logprob below ln 0.5 makes its sequence's zeros placeholders
+    (they stay excluded), the other sequences' zeros stay valid."""
     df = _nucleus_run()
     zeros = df.filter((pl.col("infer_logprob") == 0) & (pl.col("train_logprob") < -0.05))
     assert zeros.height >= 100
@@ -820,22 +821,52 @@ def test_engine_zeros_of_one_token_nuclei_are_valid_tokens(tmp_path):
                                   + zeros["position"][0])
                           .then(-2.0).otherwise(pl.col("train_logprob")).alias("train_logprob"))
     ds = load_dataset([_write(tmp_path, odd, "odd.parquet")])
-    assert ds.accounting.excluded == {"zero_placeholder": 1}
-    assert any("only 1 of them below ln 0.5" in n for n in ds.notes)
+    in_seq = zeros.filter(pl.col("seq_id") == zeros["seq_id"][0]).height
+    assert ds.accounting.excluded == {"zero_placeholder": in_seq}
+    assert ds.nucleus_zeros == zeros.height - in_seq
+    assert any(f"{in_seq:,} such zeros in 1 sequence(s) that read as placeholders" in n
+               for n in ds.notes)
+
+
+def test_engine_zeros_of_a_sequence_not_computed_beside_nuclei(tmp_path):
+    """One sequence whose engine side was not computed (every token 0.0) beside top-p
+    nuclei elsewhere: its zeros stay excluded, the nuclei of the others are kept (the rule
+    is per sequence: one such sequence turned every nucleus into an exclusion)."""
+    df = _nucleus_run()
+    df = df.with_columns(pl.when(pl.col("seq_id") == 7).then(0.0)
+                         .otherwise(pl.col("infer_logprob")).alias("infer_logprob"))
+    nuclei = df.filter((pl.col("seq_id") != 7) & (pl.col("infer_logprob") == 0)
+                       & (pl.col("train_logprob") < -0.05)).height
+    dead = df.filter((pl.col("seq_id") == 7) & (pl.col("train_logprob") < -0.05)).height
+    ds = load_dataset([_write(tmp_path, df)])
+    assert ds.accounting.excluded == {"zero_placeholder": dead}
+    assert ds.nucleus_zeros == nuclei
 
 
 def test_engine_zeros_as_placeholders_stay_excluded(tmp_path):
     """Zeros where the engine returned no logprob (a whole step written as 0.0) leave
-    trainer logprobs of every size: they stay zero_placeholder exclusions, no note."""
-    df = _nucleus_run().with_columns(
+    trainer logprobs of every size: they stay zero_placeholder exclusions, with no note in
+    a run without nuclei; beside top-p nuclei in the other steps, those are kept and the
+    placeholder step's zeros still excluded."""
+    run = _nucleus_run().with_columns(
         pl.when(pl.col("step") == 1).then(pl.col("train_logprob") * 8)
         .otherwise(pl.col("train_logprob")).alias("train_logprob"))
-    df = df.with_columns(pl.when(pl.col("step") == 1).then(0.0)
-                         .otherwise(pl.col("infer_logprob")).alias("infer_logprob"))
-    ds = load_dataset([_write(tmp_path, df)])
-    placeholders = df.filter((pl.col("infer_logprob") == 0) & (pl.col("train_logprob") < -0.05))
+    dead = pl.when(pl.col("step") == 1).then(0.0)
+    no_nuclei = run.with_columns(
+        dead.otherwise(pl.col("train_logprob") - 0.01).alias("infer_logprob"))
+    ds = load_dataset([_write(tmp_path, no_nuclei)])
+    placeholders = no_nuclei.filter((pl.col("infer_logprob") == 0)
+                                    & (pl.col("train_logprob") < -0.05))
+    assert placeholders.height > 1000
     assert ds.accounting.excluded == {"zero_placeholder": placeholders.height}
-    assert not any("one-token nuclei" in n for n in ds.notes)
+    assert not any("one-token nuclei" in n for n in ds.notes) and ds.nucleus_zeros == 0
+    mixed = run.with_columns(dead.otherwise(pl.col("infer_logprob")).alias("infer_logprob"))
+    ds = load_dataset([_write(tmp_path, mixed, "mixed.parquet")])
+    step1 = mixed.filter((pl.col("step") == 1) & (pl.col("train_logprob") < -0.05)).height
+    nuclei = mixed.filter((pl.col("step") != 1) & (pl.col("infer_logprob") == 0)
+                          & (pl.col("train_logprob") < -0.05)).height
+    assert ds.accounting.excluded == {"zero_placeholder": step1}
+    assert ds.nucleus_zeros == nuclei > 100
 
 
 def test_integer_columns_written_as_floats_read_their_whole_values(tmp_path):

@@ -889,7 +889,7 @@ def load_dataset(
     entropy: str = "auto",
     skip_unreadable: bool = False,
     _unusable_entropy: tuple[str, ...] = (),
-    _nucleus_zeros: bool = False,
+    _nucleus_zeros: bool | pl.Series = False,
 ) -> Dataset:
     """Scan Parquet inputs lazily into a validated canonical token frame.
 
@@ -1296,23 +1296,28 @@ def load_dataset(
     register_chunks(raw, raw_chunks)
     register_chunks(lf, chunks)
     accounting, fine = _account(raw, mapping, infos, _nucleus_zeros)
-    if not _nucleus_zeros and accounting.excluded.get("zero_placeholder", 0) >= S.NUCLEUS_MIN_TOKENS:
+    if (_nucleus_zeros is False
+            and accounting.excluded.get("zero_placeholder", 0) >= S.NUCLEUS_MIN_TOKENS):
         nucleus = _nucleus_zeros_seen(raw_chunks)
         if nucleus is not None:  # one-token nuclei, not placeholders: read again, kept
+            kept, other, keys = nucleus
             ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
                               entropy=entropy, skip_unreadable=skip_unreadable,
-                              _unusable_entropy=_unusable_entropy, _nucleus_zeros=True)
-            n0, below = nucleus
-            note = (f"{n0:,} loss-masked tokens have an engine logprob of exactly 0.0 where the "
-                    f"trainer's is below {S.ZERO_PLACEHOLDER_OTHER_MAX:g} nats, and "
-                    + (f"only {below:,} of them" if below else "none of them")
-                    + f" below ln 0.5 = {S.NUCLEUS_TRAIN_MIN:.3f}: one-token nuclei of "
-                    "top-p / top-k sampling (the engine renormalised the kept token to "
-                    "probability 1), not placeholders, which leave trainer logprobs of every "
-                    "size: kept as valid tokens (their delta is the truncation's log-ratio)"
-                    + (", those below ln 0.5 excluded as zero_placeholder" if below else ""))
+                              _unusable_entropy=_unusable_entropy,
+                              _nucleus_zeros=keys if keys.len() else True)
+            note = (f"{kept:,} loss-masked tokens have an engine logprob of exactly 0.0 where "
+                    f"the trainer's is below {S.ZERO_PLACEHOLDER_OTHER_MAX:g} nats but above "
+                    f"ln 0.5 = {S.NUCLEUS_TRAIN_MIN:.3f}, in sequences whose zeros all are and "
+                    "that hold other engine logprobs: one-token nuclei of top-p / top-k "
+                    "sampling (the engine renormalised the kept token to probability 1), "
+                    "not placeholders, which leave trainer logprobs of every size: kept as "
+                    "valid tokens (their delta is the truncation's log-ratio)"
+                    + (f"; {other:,} such zeros in {keys.len():,} sequence(s) that read as "
+                       "placeholders (a zero whose trainer logprob is below ln 0.5, or every "
+                       "token zero: an engine side not computed, zero-filled prompt rows) "
+                       "stay excluded as zero_placeholder" if other else ""))
             return dataclasses.replace(ds, notes=(note, *ds.notes), bundled=bundled,
-                                       nucleus_zeros=n0 - below)
+                                       nucleus_zeros=kept)
     from entr_diag.caveats import hinted_reason
 
     hinted = hinted_reason(accounting.excluded, accounting.tokens_masked, mapping)
@@ -2034,7 +2039,7 @@ def _either(sides: Mapping[str, pl.Expr]) -> pl.Expr:
     return sides["train_logprob"] | sides["infer_logprob"]
 
 
-def _reason_conditions(mapping: Mapping[str, str], nucleus: bool = False
+def _reason_conditions(mapping: Mapping[str, str], nucleus: bool | pl.Series = False
                        ) -> list[tuple[str, pl.Expr]]:
     """(reason, condition) in order of precedence: a row's reason is the first whose
     condition is true (a null condition counts as false); no reason: a valid token.
@@ -2066,7 +2071,7 @@ def _reason_conditions(mapping: Mapping[str, str], nucleus: bool = False
 
 
 def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False,
-                 nucleus: bool = False) -> pl.Expr:
+                 nucleus: bool | pl.Series = False) -> pl.Expr:
     """The ``reason`` of each raw row (String, null for a valid loss-masked token); with
     ``codes``: its index in :func:`_reason_conditions` (UInt8; cheaper to group by)."""
     conds = _reason_conditions(mapping, nucleus)
@@ -2078,7 +2083,7 @@ def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False,
     return e.otherwise(pl.lit(None, dtype=pl.UInt8 if codes else pl.String))
 
 
-def _valid_expr(mapping: Mapping[str, str], nucleus: bool = False) -> pl.Expr:
+def _valid_expr(mapping: Mapping[str, str], nucleus: bool | pl.Series = False) -> pl.Expr:
     """True for a valid loss-masked token (``reason`` is null): no condition of
     :func:`_reason_conditions` holds (a null condition counting as false). Written as one
     term per column saying what a valid value is (a logprob in (SENTINEL_FLOOR,
@@ -2147,7 +2152,7 @@ class _AccountingScan:
     here would wait for the thread pool the engine reads the next chunk with.)"""
 
     def __init__(self, mapping: Mapping[str, str], n_reasons: int,
-                 nucleus: bool = False) -> None:
+                 nucleus: bool | pl.Series = False) -> None:
         from entr_diag.aggregate import N_FINE, fine_bin_expr
 
         self.has_pv, self.has_tv = "policy_version" in mapping, "train_version" in mapping
@@ -2288,7 +2293,7 @@ class _AccountingScan:
 
 
 def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo],
-             nucleus: bool = False
+             nucleus: bool | pl.Series = False
              ) -> tuple[Accounting, tuple[np.ndarray | None, tuple[int, int] | None]]:
     """Token and sequence counts in one streaming pass (chunk by chunk), memory
     O(sequences); with an entropy column, the same pass counts the valid tokens per fine
@@ -2450,17 +2455,24 @@ def _file_exclusions(t: pl.DataFrame, infos: Sequence[FileInfo]
     return out
 
 
-def _side_conditions(reason: str, nucleus: bool = False) -> dict[str, pl.Expr]:
+def _side_conditions(reason: str, nucleus: bool | pl.Series = False) -> dict[str, pl.Expr]:
     """A logprob exclusion reason's condition on each side (canonical column -> condition;
     the reason's condition in :func:`_reason_conditions` is their disjunction); {} for any
     other reason."""
     tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
     if reason == "zero_placeholder":
         # (nucleus: the engine's 0.0 is a one-token nucleus of truncated sampling, valid
-        # unless the trainer gives its token less than half the probability)
+        # unless the trainer gives its token less than half the probability; a Series: but
+        # in these sequences (seq_key), whose zeros read as placeholders)
+        thr: float | pl.Expr = S.ZERO_PLACEHOLDER_OTHER_MAX
+        if isinstance(nucleus, pl.Series):
+            thr = (pl.when(pl.col("seq_key").is_in(nucleus.implode()))
+                   .then(pl.lit(S.ZERO_PLACEHOLDER_OTHER_MAX))
+                   .otherwise(pl.lit(S.NUCLEUS_TRAIN_MIN)))
+        elif nucleus:
+            thr = S.NUCLEUS_TRAIN_MIN
         return {"train_logprob": (tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX),
-                "infer_logprob": (il == 0) & (tl < (S.NUCLEUS_TRAIN_MIN if nucleus
-                                                    else S.ZERO_PLACEHOLDER_OTHER_MAX))}
+                "infer_logprob": (il == 0) & (tl < thr)}
     cond = {"positive_logprob": lambda c: c > S.POSITIVE_LOGPROB_TOL,
             "sentinel_logprob": lambda c: c <= S.SENTINEL_FLOOR,
             "non_finite_logprob": lambda c: c.is_null() | ~c.is_finite()}.get(reason)
@@ -2478,7 +2490,7 @@ def _entropy_kinds() -> dict[str, pl.Expr]:
 
 def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
                     reasons: Sequence[str], mapping: Mapping[str, str],
-                    nucleus: bool = False) -> dict[str, dict[str, Any]]:
+                    nucleus: bool | pl.Series = False) -> dict[str, dict[str, Any]]:
     """Where the rows excluded for each of ``reasons`` are, ``{reason: {"columns":
     {canonical logprob column: excluded rows whose value on that side meets the reason's
     condition}, "files": {path: excluded rows}, "valid_left": {path: valid tokens},
@@ -2536,28 +2548,38 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
         "input_files": len(per[r])} for r in reasons}
 
 
-def _nucleus_zeros_seen(chunks: Sequence[Chunk]) -> tuple[int, int] | None:
+def _nucleus_zeros_seen(chunks: Sequence[Chunk]) -> tuple[int, int, pl.Series] | None:
     """Whether the rows excluded as ``zero_placeholder`` for an engine logprob of exactly
     0.0 are one-token nuclei of truncated sampling (top-p / top-k renormalise a nucleus of
     one token to probability 1: the token then holds at least top-p of the probability,
     and the trainer's logprob of it lies above ln 0.5 but for mismatch noise) rather than
     placeholders (an engine side not computed, zero-filled prompt rows: their trainer
-    logprobs take every size, a share of them far below ln 0.5). (rows, rows whose trainer
-    logprob is below ln 0.5) when at most NUCLEUS_MAX_BELOW_SHARE of them are, else None.
-    One more read of two columns of the input (the raw ``chunks``), only when the
-    accounting excluded NUCLEUS_MIN_TOKENS zero placeholders or more."""
+    logprobs take every size, a share of them far below ln 0.5, and every token of such a
+    sequence is zero). Decided per sequence: a sequence reads as placeholders when one of
+    its zeros has a trainer logprob below ln 0.5 or every loss-masked token of it has an
+    engine logprob of 0.0; the zeros of the other sequences are nuclei. (nucleus zeros,
+    zero placeholders of the placeholder sequences, those sequences' seq_keys) when the
+    nucleus zeros number NUCLEUS_MIN_TOKENS, else None. One more read of three columns of
+    the input (the raw ``chunks``), only when the accounting excluded NUCLEUS_MIN_TOKENS
+    zero placeholders or more."""
     rsn, il, tl = pl.col("reason"), pl.col("infer_logprob"), pl.col("train_logprob")
+    masked = ~rsn.is_in(["unmasked", "padding", "empty_row"]).fill_null(False)
     zero = ((rsn == "zero_placeholder") & (il == 0.0)).fill_null(False)
-    q = [c.frame.select(zero.sum().alias("n"),
-                        (zero & (tl < S.NUCLEUS_TRAIN_MIN)).fill_null(False).sum().alias("b"))
-         for c in chunks]
-    n = b = 0
+    q = [c.frame.filter(masked).group_by("seq_key").agg(
+        pl.len().alias("m"), (il == 0.0).fill_null(False).sum().alias("z0"),
+        zero.sum().alias("z"), (zero & (tl < S.NUCLEUS_TRAIN_MIN)).fill_null(False).sum()
+        .alias("zb")) for c in chunks]
+    parts = []
     for i in range(0, len(q), _MAX_FILES_PER_CHUNK):
-        for out in pl.collect_all(q[i:i + _MAX_FILES_PER_CHUNK], engine="streaming"):
-            n, b = n + int(out["n"][0] or 0), b + int(out["b"][0] or 0)
-    if n < S.NUCLEUS_MIN_TOKENS or b > S.NUCLEUS_MAX_BELOW_SHARE * n:
+        parts += pl.collect_all(q[i:i + _MAX_FILES_PER_CHUNK], engine="streaming")
+    per = (pl.concat(parts).group_by("seq_key").agg(pl.col("m", "z0", "z", "zb").sum())
+           .filter(pl.col("z") > 0))
+    ph = (pl.col("zb") > 0) | (pl.col("z0") >= pl.col("m"))
+    kept = int(per.filter(~ph)["z"].sum())
+    if kept < S.NUCLEUS_MIN_TOKENS:
         return None
-    return n, b
+    placeholders = per.filter(ph)
+    return kept, int(placeholders["z"].sum()), placeholders["seq_key"]
 
 
 def _pair(lo, hi) -> tuple[int, int] | None:

@@ -183,12 +183,11 @@ ZERO_PLACEHOLDER_OTHER_MAX = -0.05
 #: ... unless the engine's exact 0.0s are one-token nuclei of top-p / top-k sampling (the
 #: kept token renormalised to probability 1): the trainer's logprob of such a token is
 #: above ln 0.5 (it holds at least top-p of the probability, top-p >= 0.5) but for
-#: mismatch noise. When at most NUCLEUS_MAX_BELOW_SHARE of the engine-side zero
-#: placeholders (at least NUCLEUS_MIN_TOKENS) have a trainer logprob below it, they are
-#: read as valid tokens, and only those below it excluded (a placeholder 0.0, an engine
-#: side not computed, leaves trainer logprobs of every size: 10% to 50% below ln 0.5)
+#: mismatch noise. The zeros of a sequence none of whose zeros has a trainer logprob below
+#: it, and which holds other engine logprobs, are read as valid tokens when there are at
+#: least NUCLEUS_MIN_TOKENS of them (a placeholder 0.0, an engine side not computed, leaves
+#: trainer logprobs of every size, 10% to 50% below ln 0.5, and zeros every token)
 NUCLEUS_TRAIN_MIN = -0.6931471805599453
-NUCLEUS_MAX_BELOW_SHARE = 0.01
 NUCLEUS_MIN_TOKENS = 50
 #: a logprob above 0 but at most this (nats) is float rounding of a near-certain token
 #: (log-softmax in fp32 gives +1e-7): kept as it is; above it, ``positive_logprob``
