@@ -36,6 +36,7 @@ entropy-ratio law of arXiv:2607.22186: E[delta^2 | H] ~= k H, METHOD.md).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -1343,6 +1344,33 @@ def _bias_trend(bins: pl.DataFrame) -> tuple[float, float, float]:
     sxx = np.sum(w * (x - xm) ** 2)
     slope = float(np.sum(w * (x - xm) * (y - ym)) / sxx) if sxx > 0 else float("nan")
     return slope, float(y[0]), float(y[-1])
+
+
+#: a one-sided temperature finding whose slope lies within this factor of 1, beside a
+#: truncated-sampling warning, is info: the renormalisation of a top-k / top-p support tilts
+#: the slope too (a top-k 50 engine alone read as a temperature of 1.09)
+TEMPERATURE_DEFER_FACTOR = 1.15
+
+
+def _defer_temperature_to_truncation(found: list[tuple[int, Finding]]
+                                     ) -> list[tuple[int, Finding]]:
+    """``found`` with a one-sided temperature warning made info, and saying why, when the
+    truncated-sampling check warns too and the slope lies within TEMPERATURE_DEFER_FACTOR
+    of 1: one cause, not two (a real temperature beside truncation, e.g. 0.7, stays a
+    warning)."""
+    kinds = {f.kind: f for _, f in found}
+    t, tr = kinds.get("one_sided_temperature"), kinds.get("truncated_sampling")
+    if t is None or tr is None or t.severity != "warning" or tr.severity != "warning":
+        return found
+    slope = t.evidence.get("slope_geometric_mean")
+    if not isinstance(slope, (int, float)) or not (
+            1 / TEMPERATURE_DEFER_FACTOR <= slope <= TEMPERATURE_DEFER_FACTOR):
+        return found
+    note = (" But the truncated-sampling check warns too, and the renormalisation of a "
+            "top-k / top-p support on the engine side tilts this slope as much: it may be "
+            "that, not a temperature (info only).")
+    return [(i, dataclasses.replace(f, severity="info", message=f.message + note)
+             if f is t else f) for i, f in found]
 
 
 def _logprob_unit_note(ctx: _Ctx, how: str) -> str:
@@ -3485,6 +3513,7 @@ class ForensicsPlan:
             statuses.append(st)
             if f is not None:
                 found.append((i, f))
+        found = _defer_temperature_to_truncation(found)
         found.sort(key=lambda t: (-_SEV_RANK[t[1].severity], t[0]))
         return Findings(findings=tuple(f for _, f in found), checks=tuple(statuses))
 

@@ -403,6 +403,26 @@ def test_logit_level_top_p(tmp_path):
     assert res.by_kind("one_sided_temperature") is None
 
 
+def test_a_small_temperature_slope_beside_truncation_is_info():
+    """A top-k engine alone tilts the within-bin slope a little (0.92: 'temperature 1.09')
+    while the truncated-sampling check warns: the temperature finding is info, saying so; a
+    real temperature (slope 1.4) beside truncation, or a small slope alone, stays a
+    warning."""
+    def f(kind, slope=None, sev="warning"):
+        ev = {} if slope is None else {"slope_geometric_mean": slope}
+        return Finding(kind, sev, kind, "m.", ev, "c")
+
+    trunc = f("truncated_sampling")
+    out = dict(FX._defer_temperature_to_truncation([(1, f("one_sided_temperature", 0.92)),
+                                                    (2, trunc)]))
+    assert out[1].severity == "info" and "may be that, not a temperature" in out[1].message
+    assert out[2] is trunc
+    for pair in ([(1, f("one_sided_temperature", 1.4)), (2, trunc)],
+                 [(1, f("one_sided_temperature", 0.92))],
+                 [(1, f("one_sided_temperature", 0.92)), (2, f("truncated_sampling", sev="info"))]):
+        assert FX._defer_temperature_to_truncation(pair)[0][1].severity == "warning"
+
+
 # ------------------------------------------------------------------ sequence outliers
 
 
