@@ -2248,8 +2248,12 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     if not t.ok or not math.isfinite(t.beta_stale):
         return _cannot(name, t.why or "staleness does not vary within entropy bins")
     smin, smax = int(vals.min()), int(vals.max())
-    per_v = math.exp(t.beta_stale)
+    # the lag's unit: versions counted in steps of 1000 (a version per sample, per token)
+    # make a lag of one "version" 1000 apart; the growth is read per unit
+    unit = int(np.gcd.reduce(np.abs(vals.to_numpy().astype(np.int64) - smin))) or 1
+    per_v = math.exp(t.beta_stale * unit)
     total = math.exp(t.beta_stale * (smax - smin))
+    per_txt = "per version of lag" if unit == 1 else f"per {unit:,} versions of lag"
     by_s = (_law_cells(ctx).group_by("_stale").agg(pl.col("n", "sad").sum()).sort("_stale")
             .drop_nulls())
     p = t.p_stale
@@ -2260,6 +2264,7 @@ def _check_staleness(ctx: _Ctx) -> _Result:
             _r(a / n) for a, n in zip(by_s["sad"].to_list(), by_s["n"].to_list(), strict=True)
         ],
         "growth_per_version": _r(per_v),
+        "versions_per_lag_unit": unit,
         "growth_lag_min_to_max": _r(total),
         "log_slope": _r(t.beta_stale),
         "log_slope_se": _r(t.se_stale),
@@ -2282,7 +2287,7 @@ def _check_staleness(ctx: _Ctx) -> _Result:
         f = Finding(
             kind=name,
             severity="info",
-            title=f"|delta| grows with staleness (x{per_v:.3g} per version of lag)",
+            title=f"|delta| grows with staleness (x{per_v:.3g} {per_txt})",
             message=(
                 "At fixed entropy and step"
                 + (f" (above the law's H* = {ctx.law_h_star:.3g} nats: the noise regime "
@@ -2303,8 +2308,8 @@ def _check_staleness(ctx: _Ctx) -> _Result:
                 "engine mismatch."
             ),
         )
-        return _found(f, f"x{per_v:.3g} per version, {_pval(p)}")
-    return _clear(name, f"mean |delta| changes by x{per_v:.3g} per version of lag at fixed "
+        return _found(f, f"x{per_v:.3g} {per_txt.removesuffix(' of lag')}, {_pval(p)}")
+    return _clear(name, f"mean |delta| changes by x{per_v:.3g} {per_txt} at fixed "
                         f"entropy and step ({_pval(p)})"
                   + (f"; lag {', '.join(map(str, apart))} never shares a step with the others"
                      if apart else ""))

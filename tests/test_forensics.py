@@ -647,6 +647,22 @@ def test_gradual_drift_with_one_lag_per_step_is_no_jump(tmp_path):
     assert f is None or f.evidence.get("jump_between_steps") is None
 
 
+def test_staleness_growth_is_read_per_unit_of_lag(tmp_path):
+    """Versions counted in steps of 1000 (a lag of one version is 1000 apart) give the same
+    growth per unit of lag as versions counted by one, and the finding says per how many
+    versions (per version, x1.0005 passed for no growth)."""
+    df = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, staleness_gain=1.0, h_star=None))
+    one = run_forensics(_load(tmp_path, df), checks=["staleness"]).by_kind("staleness")
+    big = df.with_columns(pl.col("policy_version", "train_version") * 1000)
+    f = run_forensics(_load(tmp_path, big, "big.parquet"),
+                      checks=["staleness"]).by_kind("staleness")
+    assert f is not None and f.evidence["versions_per_lag_unit"] == 1000
+    assert one.evidence["versions_per_lag_unit"] == 1
+    assert f.evidence["growth_per_version"] == pytest.approx(
+        one.evidence["growth_per_version"], rel=1e-6)
+    assert "per 1,000 versions of lag" in f.title
+
+
 def test_staleness_cannot_tell_without_versions(tmp_path, base):
     """Without version columns the staleness confound cannot be separated, and says so."""
     res = run_forensics(_load(tmp_path, base.drop("policy_version", "train_version")),
