@@ -1863,10 +1863,16 @@ def _law_cells(ctx: _Ctx) -> pl.DataFrame:
     return ctx.cells.filter(lo >= ctx.law_h_star * (1 - 1e-9))
 
 
-def _trend_cells(cells: pl.DataFrame) -> pl.DataFrame:
-    """The cells a trend model reads: known step and staleness, at least MIN_CELL_TOKENS
-    tokens, some |delta|; ``y`` = ln mean |delta|."""
-    return (cells.drop_nulls(["_step", "_stale"])
+def _steps_known(ctx: _Ctx) -> bool:
+    """Whether the tokens have steps (a step column holding only nulls has none)."""
+    return ctx.has("step") and ctx.cells["_step"].drop_nulls().len() > 0
+
+
+def _trend_cells(cells: pl.DataFrame, need_step: bool = True) -> pl.DataFrame:
+    """The cells a trend model reads: known staleness (and step, with ``need_step``), at
+    least MIN_CELL_TOKENS tokens, some |delta|; ``y`` = ln mean |delta|."""
+    return (cells.drop_nulls(["_step", "_stale"] if need_step else ["_stale"])
+            .with_columns(pl.col("_step").fill_null(0))
             .filter(pl.col("n") >= MIN_CELL_TOKENS, pl.col("sad") > 0)
             .with_columns((pl.col("sad") / pl.col("n")).log().alias("y")))
 
@@ -1896,7 +1902,8 @@ def _joint_trend(ctx: _Ctx) -> _Trend:
     """
     if ctx._trend is not None:
         return ctx._trend
-    c = _trend_cells(_law_cells(ctx))
+    with_step = _steps_known(ctx)
+    c = _trend_cells(_law_cells(ctx), with_step)
     if c.height == 0:
         ctx._trend = _Trend(False, f"no cell holds >= {MIN_CELL_TOKENS} tokens")
         return ctx._trend
@@ -1905,7 +1912,7 @@ def _joint_trend(ctx: _Ctx) -> _Trend:
     if c["_stale"].n_unique() < 2:
         ctx._trend = _Trend(False, "staleness does not vary")
         return ctx._trend
-    fit = _stale_slope(c, ctx.has("step"))
+    fit = _stale_slope(c, with_step)
     if isinstance(fit, str):
         ctx._trend = _Trend(False, fit)
         return ctx._trend
@@ -2319,7 +2326,8 @@ def _staleness_ratios(ctx: _Ctx) -> dict[int, float]:
     """Mean |delta| per staleness value relative to the freshest value it can be compared
     with, at equal entropy bin and step (:func:`_stale_effects` on the law cells); {} when
     no two values share a step."""
-    eff, _ = _stale_effects(_trend_cells(_law_cells(ctx)), ctx.has("step"))
+    with_step = _steps_known(ctx)
+    eff, _ = _stale_effects(_trend_cells(_law_cells(ctx), with_step), with_step)
     return {v: math.exp(b) for v, b in sorted(eff.items())}
 
 

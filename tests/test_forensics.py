@@ -663,6 +663,20 @@ def test_staleness_growth_is_read_per_unit_of_lag(tmp_path):
     assert "per 1,000 versions of lag" in f.title
 
 
+def test_staleness_with_a_step_column_of_nulls_reads_as_without_steps(tmp_path):
+    """A step column holding only nulls compares lags within entropy bins, as a dump
+    without the column does (it read 'no cell holds >= 20 tokens')."""
+    df = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, staleness_gain=1.0, h_star=None))
+    nulls = run_forensics(_load(tmp_path, df.with_columns(pl.lit(None, dtype=pl.Int64)
+                                                          .alias("step"))),
+                          checks=["staleness"]).by_kind("staleness")
+    none = run_forensics(_load(tmp_path, df.drop("step"), "nostep.parquet"),
+                         checks=["staleness"]).by_kind("staleness")
+    assert nulls is not None and none is not None
+    assert nulls.evidence["growth_per_version"] == pytest.approx(
+        none.evidence["growth_per_version"], rel=1e-6)
+
+
 def test_staleness_cannot_tell_without_versions(tmp_path, base):
     """Without version columns the staleness confound cannot be separated, and says so."""
     res = run_forensics(_load(tmp_path, base.drop("policy_version", "train_version")),
