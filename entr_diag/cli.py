@@ -1436,7 +1436,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                     out[k] = p.finish(h_star=None if bp is None else bp.h_star,
                                       other_token=None if units is None else units.other_token,
                                       unit_mistake=None if units is None
-                                      else units.likely_mistake)
+                                      else units.likely_mistake,
+                                      units_checked=units is not None)
                 else:
                     out[k] = p if k in ("profiles", "implausible") else p.finish()
             except FitError as e:

@@ -742,8 +742,9 @@ class _Ctx:
         #: (None: none), set by ForensicsPlan.finish(other_token=...)
         self.other_token: str | None = None
         #: the unit mistake the fit's units check names (None: none), set by
-        #: ForensicsPlan.finish(unit_mistake=...)
+        #: ForensicsPlan.finish(unit_mistake=...); whether that check ran (units_checked)
         self.unit_mistake: str | None = None
+        self.units_checked = False
         #: sequence outliers: per (seq_key, bin, _stale) partial rows (a key may repeat: sum
         #: over them) n, sh, sd2; per seq_key: seq_id, n, nh, sh, sd2, sad
         self.seqbins: pl.DataFrame | None = None
@@ -1376,9 +1377,13 @@ def _defer_temperature_to_truncation(found: list[tuple[int, Finding]]
 def _logprob_unit_note(ctx: _Ctx, how: str) -> str:
     """When the fit's units check names a unit mistake of a logprob column
     (``ctx.unit_mistake``), the sentence that defers a finding to it (``how``: how the
-    mistake makes this finding's signature; the finding is then info); else ''."""
+    mistake makes this finding's signature; it begins ' But': the finding is then info);
+    when no units check ran (``ctx.units_checked`` false), a pointer to ``fit``; else ''."""
     from entr_diag.caveats import UNIT_SIGNATURES
 
+    if not ctx.units_checked:
+        return (" (No units check ran here: `entr-diag fit` tells this apart from a logprob "
+                "column in log10 or log2, which gives the same signature.)")
     sig = UNIT_SIGNATURES.get(ctx.unit_mistake or "")
     if sig is None or not any("logprob" in c for c in sig[0]):
         return ""
@@ -1462,7 +1467,7 @@ def _check_temperature(ctx: _Ctx) -> _Result:
                                        "like a temperature's")
         f = Finding(
             kind=name,
-            severity="info" if stale_mixed or unit else "warning",
+            severity="info" if stale_mixed or unit.startswith(" But") else "warning",
             title=f"infer_logprob scales with train_logprob at slope {mid:.3g}, not 1",
             message=(
                 f"Within entropy bins, infer_logprob ~= {mid:.3g} x train_logprob + c(H) "
@@ -1580,7 +1585,7 @@ def _check_truncation(ctx: _Ctx) -> _Result:
                                        "one way, more where the logprobs are larger")
         f = Finding(
             kind=name,
-            severity="info" if unit else "warning",
+            severity="info" if unit.startswith(" But") else "warning",
             title="One-sided negative delta at high entropy: truncated sampling on the engine side?",
             message=(
                 f"Above {TRUNC_H_MIN:g} nats, mean delta is {m_hi:.3g} nats and carries "
@@ -3496,7 +3501,7 @@ class ForensicsPlan:
                 ctx.zero_counts = (self._zero.z, self._zero.m)
 
     def finish(self, h_star: float | None = None, other_token: str | None = None,
-               unit_mistake: str | None = None) -> Findings:
+               unit_mistake: str | None = None, units_checked: bool = False) -> Findings:
         """Run the raw pass if needed, then the checks on the merged tables. ``h_star``: the
         fitted law's breakpoint, when known (the staleness check then reads the entropy
         bins above it only). ``other_token``: the column the fit's units check found
@@ -3505,10 +3510,13 @@ class ForensicsPlan:
         the fit's units check names (a key of
         :data:`entr_diag.caveats.UNIT_SIGNATURES`): one about a logprob column makes the
         temperature and truncated-sampling findings info, pointing at it (a column in
-        log10 scales like a temperature and shifts delta one way)."""
+        log10 scales like a temperature and shifts delta one way). ``units_checked``: the
+        fit's units check ran (without it, e.g. in ``inspect``, those two findings say that
+        ``fit`` tells them apart from a unit mistake)."""
         self.ctx.law_h_star = h_star
         self.ctx.other_token = other_token
         self.ctx.unit_mistake = unit_mistake
+        self.ctx.units_checked = units_checked
         self.run_raw()
         self._tables()
         statuses: list[CheckStatus] = []

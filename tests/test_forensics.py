@@ -1349,6 +1349,11 @@ def test_temperature_and_truncation_defer_to_a_logprob_unit_mistake(tmp_path, ba
     assert any("log10 values, not nats" in c for c in caveats)
     assert not any("[one_sided_temperature]" in c or "[truncated_sampling]" in c
                    for c in caveats)
+    assert "No units check ran here" not in by["one_sided_temperature"]["message"]
+    # without the fit (inspect, run_forensics): a warning pointing at fit's units check
+    t = run_forensics(load_dataset([path]), checks=["one_sided_temperature"]).by_kind(
+        "one_sided_temperature")
+    assert t.severity == "warning" and "No units check ran here" in t.message
 
 
 def test_a_shift_let_through_gets_no_entropy_mismatch_caveat(tmp_path):
