@@ -745,8 +745,9 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         if quiet:
             skipped, repeated = [], []
     if others:  # e.g. a step dumped as CSV beside the Parquet shards: its tokens are missing
-        kinds = sorted({("".join(q.suffixes[-2:]) if q.suffix.lower() in (
-            ".gz", ".zst", ".bz2", ".xz", ".zip") else q.suffix).lower() for q in others})
+        from entr_diag.io.load import data_kind
+
+        kinds = sorted({data_kind(q) for q in others})
         _notes.add(
             f"[yellow]warning:[/yellow] {len(others):,} file(s) in input directories are not "
             f"Parquet ({', '.join(kinds[:6])}{', ...' if len(kinds) > 6 else ''}) and were "
@@ -971,9 +972,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              integer_caveat(ds.notes),
              rounding_caveat(rounded, ds.mapping, acc.excluded.get("zero_placeholder", 0)),
              zero_prefix_caveat(zero_prefix, ds.mapping),
-             # (a shift let through explains a surprisal / entropy gap: no second story)
-             units_caveat(fd.get("units") if not misaligned else
-                          {**(fd.get("units") or {}), "entropy_mismatch": False}, ds.mapping),
+             units_caveat(_shown_units(fd.get("units"), misaligned), ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
              implausible_caveat(fdict),
              *findings_caveats(fdict),
@@ -985,6 +984,15 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     fd["units_by_file"] = ([{"file": f, **c.to_dict()} for f, c in file_units]
                            if file_units else None)
     return fd
+
+
+def _shown_units(units: dict | None, misaligned) -> dict | None:
+    """The units check as its warning and caveat read it: with a shift let through
+    (``misaligned``), no entropy mismatch (the shift explains the surprisal / entropy
+    gap: no second story)."""
+    if not misaligned or not units:
+        return units
+    return {**units, "entropy_mismatch": False}
 
 
 def _implausible_note(finding) -> dict | None:
@@ -1449,10 +1457,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if out.get("fit") is not None and out["fit"].units is not None:  # a unit mistake?
         from entr_diag.caveats import units_caveat
 
-        ud = out["fit"].units.to_dict()
-        if misaligned is not None:  # the shift explains a surprisal / entropy gap
-            ud["entropy_mismatch"] = False
-        caveat = units_caveat(ud, ds.mapping)
+        caveat = units_caveat(_shown_units(out["fit"].units.to_dict(), misaligned),
+                              ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     file_units = None

@@ -84,6 +84,8 @@ PARQUET_SUFFIXES: tuple[str, ...] = (".parquet", ".pq", ".parq")
 #: (not configs or checkpoints: .json, .pt, .npy beside a dump are rarely its tokens)
 OTHER_DATA_SUFFIXES: tuple[str, ...] = (
     ".csv", ".tsv", ".jsonl", ".ndjson", ".arrow", ".feather", ".ipc", ".orc", ".avro")
+#: compression endings such a file may carry on top (``step6.csv.gz``)
+COMPRESSED_SUFFIXES: tuple[str, ...] = (".gz", ".zst", ".bz2", ".xz", ".zip")
 
 
 def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None,
@@ -185,11 +187,20 @@ def _natural(p: Path) -> tuple:
                  for t in re.split(r"(\d+)", str(p)) if t)
 
 
+def data_kind(p: Path) -> str:
+    """The data-format ending of ``p``, lower case, with its compression ending if any
+    (``.csv``, ``.csv.gz``); '' when the name has none."""
+    sfx = [x.lower() for x in p.suffixes]
+    if len(sfx) >= 2 and sfx[-1] in COMPRESSED_SUFFIXES:
+        return "".join(sfx[-2:])
+    return sfx[-1] if sfx else ""
+
+
 def _data_suffix(p: Path) -> bool:
     """Whether ``p`` is named like another data file (:data:`OTHER_DATA_SUFFIXES`, or one
     of them compressed: ``step6.csv.gz``)."""
     sfx = [x.lower() for x in p.suffixes]
-    if sfx and sfx[-1] in (".gz", ".zst", ".bz2", ".xz", ".zip"):
+    if sfx and sfx[-1] in COMPRESSED_SUFFIXES:
         sfx = sfx[:-1]
     return bool(sfx) and sfx[-1] in OTHER_DATA_SUFFIXES
 
