@@ -2018,16 +2018,19 @@ def _drift_trend(ctx: _Ctx, lag_free: bool = False) -> tuple[_Trend, str]:
             c, used = fresh, f"staleness {int(s_min)} tokens"  # type: ignore[arg-type]
         elif c["_stale"].n_unique() > 1:
             eff, every = _stale_effects(c, ctx.has("step"))
-            slope = _stale_slope(c, ctx.has("step"))
             if every:
                 off = c["_stale"].replace_strict(eff, return_dtype=pl.Float64)
                 c = c.with_columns(pl.col("y") - off)
                 used, by_bin = ("all tokens, each staleness value's effect at fixed entropy "
                                 "and step removed"), True
-            elif not isinstance(slope, str) and (
-                    slope[3] >= STALENESS_P or math.exp(slope[1]) < STALENESS_MIN_GROWTH):
-                used, by_bin = ("all tokens: |delta| does not grow with the lag within "
-                                "steps"), True
+            else:
+                slope = _stale_slope(c, ctx.has("step"))
+                unit = _lag_unit(c["_stale"])
+                if not isinstance(slope, str) and (
+                        slope[3] >= STALENESS_P
+                        or math.exp(slope[1] * unit) < STALENESS_MIN_GROWTH):
+                    used, by_bin = ("all tokens: |delta| does not grow with the lag within "
+                                    "steps"), True
     elif not ctx.has("staleness"):
         used = "all tokens"
     if c.height == 0:
@@ -2260,9 +2263,7 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     if not t.ok or not math.isfinite(t.beta_stale):
         return _cannot(name, t.why or "staleness does not vary within entropy bins")
     smin, smax = int(vals.min()), int(vals.max())
-    # the lag's unit: versions counted in steps of 1000 (a version per sample, per token)
-    # make a lag of one "version" 1000 apart; the growth is read per unit
-    unit = int(np.gcd.reduce(np.abs(vals.to_numpy().astype(np.int64) - smin))) or 1
+    unit = _lag_unit(vals)
     per_v = math.exp(t.beta_stale * unit)
     total = math.exp(t.beta_stale * (smax - smin))
     per_txt = "per version of lag" if unit == 1 else f"per {unit:,} versions of lag"
@@ -2325,6 +2326,14 @@ def _check_staleness(ctx: _Ctx) -> _Result:
                         f"entropy and step ({_pval(p)})"
                   + (f"; lag {', '.join(map(str, apart))} never shares a step with the others"
                      if apart else ""))
+
+
+def _lag_unit(stale: pl.Series) -> int:
+    """The unit of lag of the staleness values: their greatest common difference (versions
+    counted in steps of 1000, a version per sample or per token, make a lag of one
+    "version" 1000 apart); growth per version of lag is read per unit; 1 when unknown."""
+    v = stale.drop_nulls().unique().to_numpy().astype(np.int64)
+    return int(np.gcd.reduce(np.abs(v - v.min()))) or 1 if v.size else 1
 
 
 def _staleness_ratios(ctx: _Ctx) -> dict[int, float]:

@@ -663,6 +663,20 @@ def test_staleness_growth_is_read_per_unit_of_lag(tmp_path):
     assert "per 1,000 versions of lag" in f.title
 
 
+def test_drift_reads_the_lag_growth_per_unit_of_lag(tmp_path):
+    """A real staleness effect (|delta| x sqrt(1 + lag)) in a run whose lag begins at step
+    5, with versions counted in steps of 1000: the drift check reads the growth within
+    steps per unit of lag too, so the lag's effect is no drift warning (per raw version it
+    read x1.0003, 'no growth', and the lag's onset passed for an engine drift)."""
+    b = generate(SynthSpec(n_tokens=2 * N_TOKENS, seed=4, h_star=None))
+    df = _lag_from_step(b, 5)
+    df = _with_delta(df, DELTA * (1 + pl.col("train_version") - pl.col("policy_version")).sqrt())
+    for scale, name in ((1, "one.parquet"), (1000, "big.parquet")):
+        d = df.with_columns(pl.col("policy_version", "train_version") * scale)
+        f = run_forensics(_load(tmp_path, d, name), checks=["drift"]).by_kind("drift")
+        assert f is None or f.severity == "info", (scale, f.title)
+
+
 def test_staleness_with_a_step_column_of_nulls_reads_as_without_steps(tmp_path):
     """A step column holding only nulls compares lags within entropy bins, as a dump
     without the column does (it read 'no cell holds >= 20 tokens')."""
