@@ -1648,17 +1648,22 @@ def _engine_zero_share(ctx: _Ctx) -> dict[str, Any]:
 
 
 def _without_flagged(seqbins: pl.DataFrame, seqs: pl.DataFrame, cells: pl.DataFrame,
-                     flagged: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    """The sequence-outlier tables (per (sequence, bin, staleness) counts, per sequence
-    sums, per (bin, staleness) sums) less the tokens with an impossible logprob
-    (``flagged``: their per (seq_key, bin, _stale) n, sh, sad, sd2, from
-    :class:`_ImplausibleTokens`)."""
+                     flagged: pl.DataFrame) -> tuple[pl.LazyFrame, pl.DataFrame, pl.DataFrame]:
+    """The sequence-outlier tables less the tokens with an impossible logprob (``flagged``:
+    their per (seq_key, bin, _stale) n, sh, sad, sd2, from :class:`_ImplausibleTokens`).
+
+    Returns the per (sequence, bin, staleness) rows as a lazy frame of signed rows (the
+    table's rows, then the flagged ones with their n, sh, sd2 negated: every use of the table
+    is a sum, so the flagged tokens cancel without a copy of the table, which holds a row per
+    (sequence, bin) and is the largest the forensics keep), the per-sequence sums and the
+    per (bin, staleness) sums, less the flagged tokens."""
     keys = ["seq_key", "bin", "_stale"]
-    fb = flagged.select(*keys, pl.col("n").alias("_fn"))
-    seqbins = (seqbins.join(fb, on=keys, how="left", nulls_equal=True)
-               .with_columns((pl.col("n").cast(pl.Int64) - pl.col("_fn").fill_null(0))
-                             .cast(seqbins.schema["n"]).alias("n")).drop("_fn")
-               .filter(pl.col("n") > 0))
+    cols = ["n", "sh", "sd2"]
+    own = seqbins.lazy().select(*keys, pl.col("n").cast(pl.Int64), "sh", "sd2")
+    neg = flagged.lazy().select(
+        *(pl.col(k).cast(seqbins.schema[k]) for k in keys),
+        *(-pl.col(c).cast(pl.Int64 if c == "n" else pl.Float64) for c in cols))
+    rows = pl.concat([own, neg], how="vertical")
     fs = flagged.group_by("seq_key").agg(pl.col("n", "sh", "sad", "sd2").sum().name.prefix("_f"))
     sub = {c: pl.col(c) - pl.col(f"_f{c}").fill_null(0) for c in ("sh", "sad", "sd2")}
     seqs = (seqs.join(fs, on="seq_key", how="left")
@@ -1672,7 +1677,7 @@ def _without_flagged(seqbins: pl.DataFrame, seqs: pl.DataFrame, cells: pl.DataFr
              .with_columns((pl.col(c) - pl.col(f"_f{c}").fill_null(0)).alias(c)
                            for c in ("n", "sh", "sad", "sd2"))
              .drop("_fn", "_fsh", "_fsad", "_fsd2").filter(pl.col("n") > 0))
-    return seqbins, seqs, cells
+    return rows, seqs, cells
 
 
 def _check_outliers(ctx: _Ctx) -> _Result:
@@ -1692,8 +1697,8 @@ def _check_outliers(ctx: _Ctx) -> _Result:
     """
     name = "sequence_outliers"
     has_h = ctx.has("entropy")
-    seqbins, seqs = ctx.seqbins, ctx.seqs
-    assert seqbins is not None and seqs is not None
+    assert ctx.seqbins is not None and ctx.seqs is not None
+    seqbins, seqs = ctx.seqbins.lazy(), ctx.seqs
     # tokens with an impossible logprob (placeholders: implausible_logprobs reports them)
     # are left out of every sum here: a sequence is scored on its other tokens, and they
     # neither fill the outlier list nor raise the cells' expectations
@@ -1701,13 +1706,13 @@ def _check_outliers(ctx: _Ctx) -> _Result:
                else pl.DataFrame())
     cells = ctx.cells.group_by("bin", "_stale").agg(pl.col("n", "sh", "sad", "sd2").sum())
     if flagged.height:
-        seqbins, seqs, cells = _without_flagged(seqbins, seqs, cells, flagged)
+        seqbins, seqs, cells = _without_flagged(ctx.seqbins, seqs, cells, flagged)
     # expected |delta| per (entropy bin, staleness): a stale sequence is not an outlier
     expect = cells.select("bin", "_stale", (pl.col("sad") / pl.col("n")).alias("_ea"))
     # per sequence, from the merged per-sequence sums; the expectation of a sequence is the
     # sum over its tokens of their cell's mean |delta| (per (sequence, bin, staleness) counts)
     sea = (
-        seqbins.lazy()
+        seqbins
         .join(expect.lazy(), on=["bin", "_stale"], how="left", nulls_equal=True)
         .group_by("seq_key")
         .agg((pl.col("n") * pl.col("_ea")).sum().alias("sea"))
@@ -1766,6 +1771,7 @@ def _check_outliers(ctx: _Ctx) -> _Result:
             .group_by("bin")
             .agg(pl.col("n").cast(pl.Int64).sum().alias("n_o"), pl.col("sh").sum().alias("sh_o"),
                  pl.col("sd2").sum().alias("sd2_o"))
+            .collect()
         )
         ba = s_all.select("bin", "n", (pl.col("sh") / pl.col("n")).alias("h"),
                           (pl.col("sd2") / pl.col("n")).alias("q")).sort("bin")

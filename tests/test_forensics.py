@@ -473,6 +473,9 @@ def test_outliers_are_scored_without_impossible_logprobs(tmp_path, base):
     assert set(f.evidence["top_seq_ids"]) == found
     assert f.evidence["flagged_with_impossible_logprobs"] == len(found)
     assert "left out of their scores" in f.message
+    # the law with and without the outliers leaves the placeholders out of both sums
+    for k in ("k_with_flagged", "k_without_flagged"):
+        assert f.evidence[k] == pytest.approx(control.evidence[k], rel=0.02)
     # placeholders alone make no outlier
     only = run_forensics(_load(tmp_path, base.with_columns(
         pl.when(ph_rows).then(-500.0).otherwise(IL).alias("infer_logprob")), "ph.parquet"),
