@@ -523,8 +523,7 @@ def resolve_m2po_cut(lf: pl.LazyFrame, gate: M2PO, *, tot: Mapping[str, Any] | N
     :class:`~entr_diag.gates.M2PO`). Streaming histogram refinement, memory bounded.
     ``tot``: totals of delta^2 known from another pass (see :func:`_first_value_where`)."""
     lf = token_frame(lf, "resolve_m2po_cut")
-    thr = gate.max_mean_sq
-    u = _first_value_where(lf, _m2po_value(), lambda n, s: s / n > thr, tot=tot)
+    u = _first_value_where(lf, _m2po_value(), gate.drops_prefix, tot=tot)
     return math.inf if u is None else float(u)
 
 
@@ -1723,8 +1722,7 @@ class ComparePlan:
         cuts = [m]
         for i, g in enumerate(self.gates):
             if isinstance(g, M2PO):
-                thr = g.max_mean_sq
-                c = _Cut(i, "d2", strict=True, pred=lambda n, s, thr=thr: s / n > thr)
+                c = _Cut(i, "d2", strict=True, pred=g.drops_prefix)
                 cuts.append(self._bracket(c, f.hist_q, f.hist_qs, math.inf))
         self._cuts = cuts
         per_seq = f.seq.result()

@@ -16,12 +16,13 @@ gate (aliases)     level            keep rule (defaults)
 ``fixed``          token            ``|delta| <= c`` (c = log 2)
 ``icepop``         token            ``low <= r <= high`` (0.5, 5.0)
 ``mis``            token            ``low <= r <= high`` (0.5, 2.0)
+``areal``          token            ``floor <= r <= cap`` (cap 5.0, floor 0: none)
 ``tis``            token (weight)   keeps every token; weight ``min(r, cap)`` (cap = 2)
 ``seq-is``         sequence         ``lower <= exp(sum_t delta_t) <= upper`` (upper 2, lower 1/2)
 ``geo-rs``         sequence         ``low <= exp(mean_t delta_t) <= high`` (0.999, 1.001)
 ``k3``             sequence         ``mean_t (r_t - 1 - delta_t) <= threshold`` (0.01)
 ``veto``           sequence         every token has ``r_t >= min_ratio`` (1e-4)
-``m2po``           batch (global)   drop largest ``delta^2`` first until mean of rest <= 0.04
+``m2po``           batch (global)   drop largest ``delta^2`` first until mean of rest < 0.04
 =================  ===============  ==========================================================
 
 Sequence gates compare in log space (``sum_t delta_t`` against ``log(upper)``), which equals
@@ -58,6 +59,7 @@ __all__ = [
     "FixedBand",
     "IcePop",
     "TokenMIS",
+    "AReaLCap",
     "TIS",
     "SeqIS",
     "GeoRS",
@@ -233,8 +235,9 @@ class _RatioBand(TokenGate):
 
     def _validate(self) -> None:
         self._check(
-            math.isfinite(self.low) and math.isfinite(self.high) and 0 < self.low <= self.high,
-            "need 0 < low <= high (importance-ratio bounds)",
+            math.isfinite(self.low) and math.isfinite(self.high) and 0 <= self.low <= self.high
+            and self.high > 0,
+            "need 0 <= low <= high, high > 0 (importance-ratio bounds; low 0: none)",
         )
 
     def keep_expr(self) -> pl.Expr:
@@ -247,7 +250,9 @@ class IcePop(_RatioBand):
     """IcePop: keep iff ``low <= r <= high`` (Ring-1T's alpha = 0.5, beta = 5.0).
 
     Source: Ring-1T technical report (inclusionAI, 2025), IcePop token masking: tokens whose
-    train/inference probability ratio leaves ``[alpha, beta]`` are masked from the gradient.
+    train/inference probability ratio leaves ``[alpha, beta]`` are masked from the gradient;
+    verl's ``decoupled_token_icepop`` preset uses the same bounds. slime's IcePop reads its
+    bounds from ``--tis-clip-low`` / ``--tis-clip`` (0 and 2 unless set): ``icepop:low=0,high=2``.
     """
 
     low: float = 0.5
@@ -275,11 +280,49 @@ class TokenMIS(_RatioBand):
 
 
 @dataclass(frozen=True)
+class AReaLCap(TokenGate):
+    """AReaL's behaviour importance-weight cap: keep iff ``floor <= r <= cap`` (cap 5, no
+    floor).
+
+    Source: AReaL decoupled PPO (``ppo_actor_loss_fn``, ``areal/utils/functional.py``): the
+    behaviour weight ``exp(proximal_logprob - behaviour_logprob)`` (trainer over engine,
+    ``r`` here) masks the tokens above ``behav_imp_weight_cap`` (upper bound only, inclusive;
+    off by default, 5.0 in AReaL's example configs) and, where set, below
+    ``behav_imp_weight_floor`` (newer versions; off by default). Kept tokens keep their
+    untruncated weight ``r``. ``floor = 0`` is no lower bound.
+    """
+
+    cap: float = 5.0
+    floor: float = 0.0
+
+    name: ClassVar[str] = "areal"
+    aliases: ClassVar[tuple[str, ...]] = ("behav-cap", "behav-imp-weight-cap")
+    source: ClassVar[str] = (
+        "AReaL decoupled PPO: mask tokens with behaviour weight r > behav_imp_weight_cap "
+        "(5.0 in its examples) or below behav_imp_weight_floor (off)"
+    )
+    summary: ClassVar[str] = "keep iff floor <= r <= cap"
+
+    def _validate(self) -> None:
+        self._check(math.isfinite(self.cap) and self.cap > 0, "cap must be a positive ratio")
+        self._check(math.isfinite(self.floor) and 0 <= self.floor <= self.cap,
+                    "need 0 <= floor <= cap (importance-ratio bounds; floor 0: none)")
+
+    def keep_expr(self) -> pl.Expr:
+        r = _DELTA.exp()
+        keep = r <= self.cap
+        return keep & (r >= self.floor) if self.floor > 0 else keep
+
+
+@dataclass(frozen=True)
 class TIS(TokenGate):
     """Truncated importance sampling: keeps every token, weight ``min(r, cap)`` (cap = 2).
 
     Source: truncated IS of the "off-policy RL in efficient RL frameworks" fix (Yao et al.,
-    2025), verl ``tis_imp_ratio_cap = 2``, slime ``--use-tis``. Not a mask: reports report
+    2025; cap 2), verl's token-level ``tis_imp_ratio_cap`` (off by default), slime
+    ``--use-tis`` (``--tis-clip`` 2). Token level only: verl's rollout correction also
+    weights whole sequences (``min(exp(sum_t delta_t), cap)``), not simulated here. Not a
+    mask: reports report
     the share of tokens truncated (``r > cap``) and the share of weight mass removed
     ``sum(max(r - cap, 0)) / sum(r)`` instead of a keep rate.
     """
@@ -288,7 +331,7 @@ class TIS(TokenGate):
 
     name: ClassVar[str] = "tis"
     aliases: ClassVar[tuple[str, ...]] = ("truncated-is",)
-    source: ClassVar[str] = "truncated IS (verl tis_imp_ratio_cap = 2, slime --use-tis)"
+    source: ClassVar[str] = "token-level truncated IS, cap 2 (verl tis_imp_ratio_cap, slime --use-tis)"
     summary: ClassVar[str] = "keeps all; weight min(r, cap)"
     weights_only: ClassVar[bool] = True
 
@@ -469,15 +512,16 @@ class K3SeqRS(SequenceGate):
 class CatastrophicVeto(SequenceGate):
     """Catastrophic-token veto: drop the sequence if any token has ``r < min_ratio`` (1e-4).
 
-    Source: verl rollout correction ``rollout_is_veto_threshold = 1e-4``. Compared in log
-    space: ``min_t delta_t >= log(min_ratio)``.
+    Source: verl rollout correction's ``rollout_is_veto_threshold`` (off by default; 1e-4 in
+    its documented examples) and slime's ``mis_veto_threshold`` (1e-4 in its mismatch-helper
+    example). Compared in log space: ``min_t delta_t >= log(min_ratio)``.
     """
 
     min_ratio: float = 1e-4
 
     name: ClassVar[str] = "veto"
     aliases: ClassVar[tuple[str, ...]] = ("catastrophic", "catastrophic-veto")
-    source: ClassVar[str] = "verl catastrophic-token veto: drop seq if any r < 1e-4"
+    source: ClassVar[str] = "verl/slime catastrophic-token veto: drop seq if any r < 1e-4"
     summary: ClassVar[str] = "drop seq if any r < min_ratio"
 
     def _validate(self) -> None:
@@ -502,17 +546,20 @@ class CatastrophicVeto(SequenceGate):
 @dataclass(frozen=True)
 class M2PO(GateSpec):
     """M2PO second-moment trust region: drop tokens with the largest ``delta^2`` first until
-    the mean ``delta^2`` of the kept tokens is at most ``max_mean_sq`` (0.04).
+    the mean ``delta^2`` of the kept tokens is below ``max_mean_sq`` (0.04).
 
     Source: M2PO (Zheng et al., 2025, "Prosperity before Collapse"), which masks per training
-    batch; here the batch is the whole input (global over the frame).
+    batch; here the batch is the whole input (global over the frame). AReaL's implementation
+    (``_get_m2po_loss_mask``) masks per micro-batch, stops at the first point where the mean
+    of the rest is strictly below the threshold (as here), splits tied values by their sort
+    position and keeps one token when no point satisfies the bound.
 
     Ties: tokens with equal ``delta^2`` are dropped together, so the kept set depends on the
     values only, never on row order. Exactly: a token with value ``v = delta^2`` is kept iff
-    ``mean{delta^2 : delta^2 <= v} <= max_mean_sq``; the left side grows with ``v`` (adding
+    ``mean{delta^2 : delta^2 <= v} < max_mean_sq``; the left side grows with ``v`` (adding
     values at least as large as all previous ones never lowers a mean), so this is "drop the
     largest first, tie groups whole, stop at the first point the rest satisfies the bound".
-    If even the smallest value exceeds ``max_mean_sq`` nothing is kept.
+    If even the smallest value reaches ``max_mean_sq`` nothing is kept.
 
     :meth:`keep_expr` is a whole-frame window expression (rank + sorted cumulative sum): fine
     in memory. :func:`entr_diag.compare.resolve_m2po_cut` finds the same cut on a
@@ -526,9 +573,9 @@ class M2PO(GateSpec):
     aliases: ClassVar[tuple[str, ...]] = ("m2",)
     level: ClassVar[str] = "batch"
     source: ClassVar[str] = (
-        "M2PO (Zheng et al. 2025): mask largest delta^2 until mean delta^2 <= 0.04"
+        "M2PO (Zheng et al. 2025): mask largest delta^2 until mean delta^2 < 0.04"
     )
-    summary: ClassVar[str] = "drop largest delta^2 until mean(delta^2) <= max"
+    summary: ClassVar[str] = "drop largest delta^2 until mean(delta^2) < max"
 
     def _validate(self) -> None:
         self._check(
@@ -539,7 +586,14 @@ class M2PO(GateSpec):
         d2 = _DELTA * _DELTA
         n_le = d2.rank(method="max").cast(pl.Int64)
         s_le = d2.sort().cum_sum().gather(n_le - 1)
-        return (s_le / n_le) <= self.max_mean_sq
+        return (s_le / n_le) < self.max_mean_sq
+
+    def drops_prefix(self, n: int, s: float) -> bool:
+        """True when ``n`` tokens, the smallest ``delta^2`` values up to some ``v`` (their
+        sum ``s``), break the bound: their mean is not below ``max_mean_sq``, so tokens with
+        ``delta^2 = v`` are dropped (the predicate of
+        :func:`entr_diag.compare.resolve_m2po_cut`)."""
+        return s / n >= self.max_mean_sq
 
     def keep_expr_with_cut(self, cut: float) -> pl.Expr:
         """Keep iff ``delta^2 < cut`` where ``cut`` is the smallest dropped value (``inf``:
@@ -556,6 +610,7 @@ GATE_TYPES: dict[str, type[GateSpec]] = {
         FixedBand,
         IcePop,
         TokenMIS,
+        AReaLCap,
         TIS,
         SeqIS,
         GeoRS,
@@ -572,6 +627,7 @@ DEFAULT_PANEL: tuple[GateSpec, ...] = (
     FixedBand(),
     IcePop(),
     TokenMIS(),
+    AReaLCap(),
     TIS(),
     SeqIS(),
     GeoRS(),

@@ -17,6 +17,7 @@ from entr_diag.gates import (
     GATE_TYPES,
     M2PO,
     TIS,
+    AReaLCap,
     CatastrophicVeto,
     EntrGate,
     FixedBand,
@@ -71,6 +72,16 @@ class TestTokenGates:
     def test_mis(self):
         """Token MIS keeps 0.5 <= r <= 2: r = e (delta 1) and e^-10 are masked."""
         assert keeps(TokenMIS()) == [T, T, T, F, T, F, T, T]
+
+    def test_areal_cap(self):
+        """AReaL's behaviour-weight cap keeps r <= cap (upper only, inclusive: r = e^1 stays
+        at cap = e), and with a floor also r >= floor; r = e^-10 passes with no floor."""
+        assert keeps(AReaLCap()) == [T] * 8
+        assert keeps(AReaLCap(cap=2.0)) == [T, T, T, F, T, T, T, T]
+        df = pl.DataFrame({"delta": [1.0, 1.0 + 1e-9, -0.5, -0.5 - 1e-9]})
+        assert keeps(AReaLCap(cap=math.exp(1.0)), df) == [T, F, T, T]
+        assert keeps(AReaLCap(cap=5.0, floor=math.exp(-0.5)), df) == [T, T, T, F]
+        assert keeps(AReaLCap(cap=2.0, floor=0.2)) == [T, T, T, F, T, F, T, T]
 
     def test_tis_keeps_all(self):
         """TIS keeps every token and truncates the weight at cap."""
@@ -163,6 +174,23 @@ class TestM2PO:
         df = pl.DataFrame({"delta": [1.0, 2.0]})
         assert keeps(M2PO(max_mean_sq=0.5), df) == [F, F]
 
+    def test_the_rest_must_be_below_the_bound(self):
+        """'until the mean of the rest is below max_mean_sq' (METHOD.md, AReaL's strict <):
+        a rest whose mean equals the bound is dropped too, in memory and streaming."""
+        df = pl.DataFrame({"delta": [1.0, 0.5, -0.5, 0.0]})  # delta^2 = 1, .25, .25, 0
+        g = M2PO(max_mean_sq=0.125)  # dropping the 1 leaves mean 0.5 / 3 = 0.1667: go on;
+        # dropping the 0.25s leaves 0 < 0.125: keep only the 0
+        assert keeps(g, df) == [F, F, F, T]
+        g = M2PO(max_mean_sq=1.5 / 4 + 1e-12)  # the whole frame: mean 0.375 < bound
+        assert keeps(g, df) == [T] * 4
+        g = M2PO(max_mean_sq=0.375)  # equal: not below, the 1 goes
+        assert keeps(g, df) == [F, T, T, T]
+        for thr in (0.125, 0.375, 0.5 / 3):
+            g = M2PO(max_mean_sq=thr)
+            cut = resolve_m2po_cut(df.lazy(), g)
+            assert df.select(g.keep_expr_with_cut(cut))["delta"].to_list() == keeps(g, df)
+        assert keeps(M2PO(max_mean_sq=0.5 / 3), df) == [F, F, F, T]  # 0.1667 not below itself
+
     def test_streaming_cut_matches_window(self):
         """resolve_m2po_cut on a LazyFrame gives the window expression's decisions."""
         for thr in (0.04, 0.06, 0.2, 20.0):
@@ -184,7 +212,7 @@ def test_m2po_refinement_exact(vals, thr):
     df = pl.DataFrame({"delta": vals})
     g = M2PO(max_mean_sq=thr)
     u = _first_value_where(
-        df.lazy(), pl.col("delta") ** 2, lambda n, s: s / n > thr, bins=3, small=2
+        df.lazy(), pl.col("delta") ** 2, g.drops_prefix, bins=3, small=2
     )
     cut = math.inf if u is None else u
     assert df.select(g.keep_expr_with_cut(cut))["delta"].to_list() == keeps(g, df)
@@ -265,6 +293,10 @@ class TestParse:
             ("m2po:max_mean_sq=0.1", M2PO(max_mean_sq=0.1)),
             (" mis : low = 0.4 , high = 2.5 ", TokenMIS(low=0.4, high=2.5)),
             ("tis:cap=3", TIS(cap=3.0)),
+            ("icepop:low=0,high=2", IcePop(low=0.0, high=2.0)),
+            ("areal", AReaLCap()),
+            ("areal:cap=5,floor=0.2", AReaLCap(cap=5.0, floor=0.2)),
+            ("behav-cap:cap=10", AReaLCap(cap=10.0)),
         ],
     )
     def test_valid(self, spec, expected):
@@ -291,9 +323,13 @@ class TestParse:
             ("fixed:c", "expected param=value"),
             ("fixed:c=-1", "c must be >= 0"),
             ("entr:tau=0", "tau must be a positive number"),
-            ("icepop:low=5,high=1", "0 < low <= high"),
+            ("icepop:low=5,high=1", "0 <= low <= high"),
+            ("mis:low=-1,high=2", "0 <= low <= high"),
+            ("icepop:low=0,high=0", "high > 0"),
             ("seq-is:upper=0.5", "lower <= upper"),
             ("m2po:max_mean_sq=0", "max_mean_sq must be > 0"),
+            ("areal:cap=2,floor=3", "0 <= floor <= cap"),
+            ("areal:cap=inf", "cap must be a positive ratio"),
             ("fixed:c=1,c=2", "given twice"),
         ],
     )

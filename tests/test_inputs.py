@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from entr_diag.cli import app
 from entr_diag.errors import InputError
+from entr_diag.gates import DEFAULT_PANEL
 from entr_diag.io.load import resolve_paths
 
 runner = CliRunner()
@@ -407,7 +408,8 @@ def test_compare_without_entropy_compares_the_other_gates(tmp_path):
     cmp = doc["compare"]
     assert [u["spec"] for u in cmp["unavailable"]] == ["entr:tau=4,eps=0.01"]
     assert cmp["matched"] is None and "tau" not in cmp["sweep"]
-    assert len(cmp["gates"]) == 9 and all(g["kept_tokens"] > 0 for g in cmp["gates"])
+    assert len(cmp["gates"]) == len(DEFAULT_PANEL) and all(g["kept_tokens"] > 0
+                                                     for g in cmp["gates"])
     dec = pl.read_parquet(ex)
     assert dec["keep[entr:tau=4,eps=0.01]"].null_count() == dec.height == cmp["n_tokens"]
     assert dec["keep[fixed:c=0.6931471805599453]"].sum() == cmp["gates"][0]["kept_tokens"]
