@@ -241,8 +241,8 @@ EntropyOpt = Annotated[
     str, typer.Option(help="Which entropy: auto (inference-side, else trainer-side), infer, train.")
 ]
 _GATE_HELP = ("A gate to compare (repeatable), e.g. fixed:c=0.5, icepop:low=0.5,high=5, mis, "
-              "areal:cap=5, tis:cap=2, seq-is, geo-rs, k3, veto, m2po, entr:tau=4. Default: the "
-              "panel.")
+              "areal:cap=5, tis:cap=2, seq-is, seq-tis:cap=2, geo-rs, k3, veto, m2po, entr:tau=4. "
+              "Default: the panel.")
 
 
 def _output_path(value) -> Path | str:

@@ -68,6 +68,7 @@ from entr_diag.gates import (
     EntrGate,
     FixedBand,
     GateSpec,
+    SeqTIS,
     SequenceGate,
     entr_score_expr,
 )
@@ -92,6 +93,7 @@ __all__ = [
     "ComparePlan",
     "decisions_frame",
     "decision_column",
+    "weight_column",
     "export_frame",
     "resolve_m2po_cut",
     "matched_fixed_c",
@@ -228,12 +230,16 @@ class Agreement:
 @dataclass(frozen=True)
 class TisExtras:
     """TIS weight statistics: ``truncated_tokens`` (``r > cap``), ``truncated_share``
-    (of all tokens), ``weight_mass_removed`` = ``sum max(r - cap, 0) / sum r``."""
+    (of all tokens), ``weight_mass_removed`` = ``sum max(r - cap, 0) / sum r``. For
+    sequence-level TIS (:class:`~entr_diag.gates.SeqTIS`) ``truncated_sequences`` (those
+    with ``exp(sum_t delta_t) > cap``) is set, the tokens are theirs, and each token's
+    ``r`` is its sequence's weight ``exp(sum_t delta_t)``."""
 
     cap: float
     truncated_tokens: int
     truncated_share: float
     weight_mass_removed: float
+    truncated_sequences: int | None = None
 
     def to_dict(self) -> dict:
         return _plain(self)
@@ -577,11 +583,14 @@ def _token_keep_exprs(
     return exprs, cuts
 
 
-def _seq_stat_aggs(gates: Sequence[GateSpec]) -> tuple[list[pl.Expr], dict[int, pl.Expr]]:
-    """Aggregations over one sequence for every sequence gate, and each gate's keep rule on
-    the aggregated columns (``{gate index: expr}``, evaluated on the per-sequence table)."""
+def _seq_stat_aggs(gates: Sequence[GateSpec]
+                   ) -> tuple[list[pl.Expr], dict[int, pl.Expr], dict[int, pl.Expr]]:
+    """Aggregations over one sequence for every sequence gate, each gate's keep rule on
+    the aggregated columns (``{gate index: expr}``, evaluated on the per-sequence table),
+    and the sequence weight of the weighting ones (:class:`~entr_diag.gates.SeqTIS`)."""
     aggs: list[pl.Expr] = []
     rules: dict[int, pl.Expr] = {}
+    weights: dict[int, pl.Expr] = {}
     for i, g in enumerate(gates):
         if isinstance(g, SequenceGate):
             stats = {}
@@ -590,7 +599,9 @@ def _seq_stat_aggs(gates: Sequence[GateSpec]) -> tuple[list[pl.Expr], dict[int, 
                 aggs.append(e.alias(col))
                 stats[k] = pl.col(col)
             rules[i] = g.keep_from(stats)
-    return aggs, rules
+            if isinstance(g, SeqTIS):
+                weights[i] = g.weight_from(stats)
+    return aggs, rules, weights
 
 
 def _attach_decisions(
@@ -604,13 +615,14 @@ def _attach_decisions(
     (:func:`resolve_m2po_cut`), then compared per token.
     """
     tok, cuts = _token_keep_exprs(lf, gates)
-    aggs, rules = _seq_stat_aggs(gates)
+    aggs, rules, weights = _seq_stat_aggs(gates)
     out = lf
     if rules:
         seq = (
             lf.group_by("seq_key")
             .agg(aggs)
-            .select("seq_key", *[r.alias(names[i]) for i, r in rules.items()])
+            .select("seq_key", *[r.alias(names[i]) for i, r in rules.items()],
+                    *[w.alias(weight_column(gates[i])) for i, w in weights.items()])
             .collect(engine="streaming")
         )
         out = out.join(
@@ -629,7 +641,8 @@ def decisions_frame(lf: pl.LazyFrame, gates: Sequence[GateSpec]) -> pl.LazyFrame
     Returns a LazyFrame, one row per input token: ``seq_id``, ``seq_key``, ``position``,
     ``step`` (if present), in input row order, then one Boolean column per gate named
     :func:`decision_column` (``"keep[entr:tau=4,eps=0.01]"``; True = kept), and for TIS
-    also ``"weight[<spec>]"`` = ``min(r, cap)``. Duplicate specs get one column. M2PO cuts
+    also ``"weight[<spec>]"`` = ``min(r, cap)`` (for sequence TIS the sequence's weight
+    ``min(exp(sum_t delta_t), cap)``). Duplicate specs get one column. M2PO cuts
     are resolved eagerly (a few streaming passes over ``delta``); everything else stays lazy,
     so the caller can ``sink_parquet`` it.
     """
@@ -645,8 +658,39 @@ def decisions_frame(lf: pl.LazyFrame, gates: Sequence[GateSpec]) -> pl.LazyFrame
     names = [decision_column(g) for g in uniq]
     out, _ = _attach_decisions(lf, uniq, names, keep_order=True)
     keys = [c for c in ("seq_id", "seq_key", "position", "step") if c in schema]
-    extra = [g.weight_expr().alias(f"weight[{g.spec()}]") for g in uniq if isinstance(g, TIS)]
+    extra = [g.weight_expr().alias(weight_column(g)) if isinstance(g, TIS)
+             else pl.col(weight_column(g))  # (joined per sequence)
+             for g in uniq if isinstance(g, (TIS, SeqTIS))]
     return out.select([*keys, *names, *extra])
+
+
+def _seq_tis_extras(gate: SeqTIS, per_seq: pl.DataFrame, n_tok: int) -> TisExtras:
+    """Sequence TIS's statistics from the per-sequence partials (``__p_sum_delta``,
+    ``__p_n_tokens``): the sequences with ``sum_t delta_t > log(cap)``, their tokens, and
+    the weight mass removed ``sum_s n_s max(w_s - cap, 0) / sum_s n_s w_s`` with ``w_s =
+    exp(sum_t delta_t)``, summed with every weight scaled by ``exp(-max_s sum_t delta_t)``
+    (a long sequence's product of ratios overflows a float)."""
+    t = per_seq.select(pl.col("__p_sum_delta").alias("s"), pl.col("__p_n_tokens").alias("n"))
+    t = t.filter(pl.col("s").is_finite() & (pl.col("n") > 0))
+    s_ = t["s"].to_numpy().astype(np.float64)
+    n_ = t["n"].to_numpy().astype(np.float64)
+    log_cap = math.log(gate.cap)
+    trunc = s_ > log_cap
+    removed = 0.0 if s_.size else float("nan")
+    if trunc.any():  # (then the largest sum exceeds log(cap): exp(log_cap - top) < 1)
+        top = float(s_.max())
+        w = np.exp(s_ - top)
+        over = np.where(trunc, w - math.exp(log_cap - top), 0.0)
+        removed = _ratio(float((n_ * over).sum()), float((n_ * w).sum()))
+    tr_tok = int(n_[trunc].sum())
+    return TisExtras(cap=gate.cap, truncated_tokens=tr_tok,
+                     truncated_share=tr_tok / n_tok if n_tok else float("nan"),
+                     weight_mass_removed=removed, truncated_sequences=int(trunc.sum()))
+
+
+def weight_column(gate: GateSpec) -> str:
+    """The ``--export`` column of a weighting gate's per-token weight: ``weight[<spec>]``."""
+    return f"weight[{gate.spec()}]"
 
 
 def export_frame(lf: pl.LazyFrame, result: CompareResult) -> pl.LazyFrame:
@@ -1964,6 +2008,8 @@ class ComparePlan:
                     where_only_other_keeps=mode(joint(kc) - joint(bc)),
                 )
             tis = None
+            if isinstance(g, SeqTIS):
+                tis = _seq_tis_extras(g, per_seq, n_tok)
             if isinstance(g, TIS):
                 tr = int(round(total(f"trunc{i}")))
                 tis = TisExtras(

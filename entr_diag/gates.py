@@ -19,6 +19,7 @@ gate (aliases)     level            keep rule (defaults)
 ``areal``          token            ``floor <= r <= cap`` (cap 5.0, floor 0: none)
 ``tis``            token (weight)   keeps every token; weight ``min(r, cap)`` (cap = 2)
 ``seq-is``         sequence         ``lower <= exp(sum_t delta_t) <= upper`` (upper 2, lower 1/2)
+``seq-tis``        sequence (wt.)   keeps every token; weight ``min(exp(sum_t delta_t), cap)`` (2)
 ``geo-rs``         sequence         ``low <= exp(mean_t delta_t) <= high`` (0.999, 1.001)
 ``k3``             sequence         ``mean_t (r_t - 1 - delta_t) <= threshold`` (0.01)
 ``veto``           sequence         every token has ``r_t >= min_ratio`` (1e-4)
@@ -62,6 +63,7 @@ __all__ = [
     "AReaLCap",
     "TIS",
     "SeqIS",
+    "SeqTIS",
     "GeoRS",
     "K3SeqRS",
     "CatastrophicVeto",
@@ -436,6 +438,54 @@ class SeqIS(SequenceGate):
 
 
 @dataclass(frozen=True)
+class SeqTIS(SequenceGate):
+    """Sequence-level truncated IS: keeps every token; every token of a sequence gets the
+    weight ``min(exp(sum_t delta_t), cap)`` (cap = 2).
+
+    Source: verl rollout correction, sequence level (``rollout_is="sequence"``, threshold
+    2): the product of the sequence's importance ratios, truncated from above, weights all
+    its tokens. Not a mask: reports report the sequences truncated (``sum_t delta_t >
+    log(cap)``), the share of tokens in them and the share of weight mass removed
+    ``sum_s n_s max(w_s - cap, 0) / sum_s n_s w_s`` (``w_s = exp(sum_t delta_t)``, ``n_s``
+    the sequence's tokens) instead of a keep rate.
+    """
+
+    cap: float = 2.0
+
+    name: ClassVar[str] = "seq-tis"
+    aliases: ClassVar[tuple[str, ...]] = ("seqtis", "seq_tis", "sequence-tis")
+    source: ClassVar[str] = (
+        "verl sequence-level truncated IS (rollout_is='sequence'): weight min(prod_t r_t, 2)"
+    )
+    summary: ClassVar[str] = "keeps all; weight min(exp(sum delta), cap) per sequence"
+    weights_only: ClassVar[bool] = True
+
+    def _validate(self) -> None:
+        self._check(math.isfinite(self.cap) and self.cap > 0, "cap must be a positive ratio")
+
+    def seq_aggs(self) -> dict[str, pl.Expr]:
+        return {"sum_delta": _DELTA.sum(), "n_tokens": _DELTA.count()}
+
+    def seq_partials(self) -> dict[str, tuple[pl.Expr, str]]:
+        return {"sum_delta": (_DELTA, "sum"), "n_tokens": (_DELTA, "count")}
+
+    def stats_from_partials(self, partials: Mapping[str, pl.Expr]) -> dict[str, pl.Expr]:
+        return {"sum_delta": partials["sum_delta"], "n_tokens": partials["n_tokens"]}
+
+    def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
+        s = stats["sum_delta"]
+        return s.is_null() | s.is_not_null()  # every sequence kept
+
+    def weight_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
+        """The sequence's weight ``min(exp(sum_t delta_t), cap)`` (every token's)."""
+        return pl.min_horizontal(stats["sum_delta"].exp(), pl.lit(self.cap))
+
+    def weight_expr(self) -> pl.Expr:
+        """Per-token weight, a window over ``seq_key``."""
+        return self.weight_from({"sum_delta": _DELTA.sum().over("seq_key")})
+
+
+@dataclass(frozen=True)
 class GeoRS(SequenceGate):
     """Geometric-mean sequence rejection: drop the sequence if ``exp(mean_t delta_t)``
     leaves ``[low, high]`` (0.999, 1.001).
@@ -613,6 +663,7 @@ GATE_TYPES: dict[str, type[GateSpec]] = {
         AReaLCap,
         TIS,
         SeqIS,
+        SeqTIS,
         GeoRS,
         K3SeqRS,
         CatastrophicVeto,
@@ -630,6 +681,7 @@ DEFAULT_PANEL: tuple[GateSpec, ...] = (
     AReaLCap(),
     TIS(),
     SeqIS(),
+    SeqTIS(),
     GeoRS(),
     K3SeqRS(),
     CatastrophicVeto(),

@@ -31,6 +31,7 @@ from entr_diag.gates import (
     IcePop,
     K3SeqRS,
     SeqIS,
+    SeqTIS,
 )
 from entr_diag.report.terminal_compare import render_compare
 
@@ -148,6 +149,38 @@ class TestHandCase:
         assert t.tis.truncated_tokens == 1
         rs = np.exp(TINY["delta"].to_numpy())
         assert t.tis.weight_mass_removed == pytest.approx((math.e - 2) / rs.sum())
+
+    def test_sequence_tis(self, tmp_path):
+        """Sequence TIS keeps every token; its weights are the sequences' exp(sum delta)
+        capped at 2 (A: e^-0.05, B: e^0.5, C: e^-10, D: 1; none above 2 at cap 2, B at cap
+        1.5), as a straightforward computation gives them, in the result and the export."""
+        sums = TINY.group_by("seq_key").agg(pl.col("delta").sum().alias("s"), pl.len().alias("n"))
+        w, n = np.exp(sums["s"].to_numpy()), sums["n"].to_numpy()
+        for cap in (2.0, 1.5, 0.5):
+            g = SeqTIS(cap=cap)
+            r = run_tiny(panel=(g,))
+            t = by_name(r, g.spec())
+            assert t.kept_tokens == 8 and t.kept_sequences == 4
+            over = w > cap
+            assert t.tis.truncated_sequences == int(over.sum())
+            assert t.tis.truncated_tokens == int(n[over].sum())
+            assert t.tis.weight_mass_removed == pytest.approx(
+                (n * np.maximum(w - cap, 0)).sum() / (n * w).sum(), rel=1e-12)
+            out = decisions_frame(TINY.lazy(), [g]).collect()
+            want = TINY.join(sums, on="seq_key").select(
+                pl.min_horizontal(pl.col("s").exp(), pl.lit(cap)))
+            np.testing.assert_allclose(out[f"weight[{g.spec()}]"].to_numpy(),
+                                       want.to_series().to_numpy(), rtol=1e-12)
+            assert out[f"keep[{g.spec()}]"].all()
+
+    def test_sequence_tis_long_sequences_do_not_overflow(self):
+        """A sequence whose ratios multiply past a float (sum delta = 750) is truncated
+        with the removed mass computed with scaled weights: not inf / inf."""
+        df = TINY.with_columns(delta=pl.Series([250.0] * 3 + [-1.0] * 5))
+        res = compare_gates(df.lazy(), entr=EntrGate(), panel=(SeqTIS(),))
+        t = by_name(res, "seq-tis:cap=2").tis
+        assert t.truncated_sequences == 1 and t.truncated_tokens == 3
+        assert t.weight_mass_removed == pytest.approx(1.0)
 
     def test_matched(self):
         """ENTR drops 1 token; the 7th smallest |delta| is 1.0: the band drops only C."""

@@ -25,6 +25,7 @@ from entr_diag.gates import (
     IcePop,
     K3SeqRS,
     SeqIS,
+    SeqTIS,
     TokenMIS,
     parse_gate_spec,
 )
@@ -117,7 +118,7 @@ class TestSequenceGates:
         """Window decisions follow the rows when the frame is shuffled."""
         perm = [5, 2, 7, 0, 3, 1, 6, 4]
         shuffled = TINY[perm]
-        for g in (SeqIS(), GeoRS(), K3SeqRS(), CatastrophicVeto()):
+        for g in (SeqIS(), SeqTIS(), GeoRS(), K3SeqRS(), CatastrophicVeto()):
             assert keeps(g, shuffled) == [keeps(g)[i] for i in perm]
 
 
@@ -129,7 +130,7 @@ class TestSequenceGates:
         merge = {"sum": pl.Expr.sum, "count": pl.Expr.sum, "min": pl.Expr.min,
                  "max": pl.Expr.max}
         halves = [TINY[[0, 3, 5, 6]], TINY[[1, 2, 4, 7]]]
-        for g in (SeqIS(), GeoRS(), K3SeqRS(), CatastrophicVeto()):
+        for g in (SeqIS(), SeqTIS(), GeoRS(), K3SeqRS(), CatastrophicVeto()):
             parts = g.seq_partials()
             merged = (
                 pl.concat(
@@ -295,6 +296,8 @@ class TestParse:
             ("tis:cap=3", TIS(cap=3.0)),
             ("icepop:low=0,high=2", IcePop(low=0.0, high=2.0)),
             ("areal", AReaLCap()),
+            ("seq-tis:cap=3", SeqTIS(cap=3.0)),
+            ("sequence-tis", SeqTIS()),
             ("areal:cap=5,floor=0.2", AReaLCap(cap=5.0, floor=0.2)),
             ("behav-cap:cap=10", AReaLCap(cap=10.0)),
         ],

@@ -1250,10 +1250,12 @@ def _gate_summary_html(compare: dict | None) -> str:
         tis = g.get("tis")
         note = ""
         if isinstance(tis, Mapping):
+            seqs = tis.get("truncated_sequences")
             note = (
                 f"weights truncated at C={_f(tis.get('cap'))}: "
-                f"{_pct(tis.get('truncated_share'))} of tokens, "
-                f"{_pct(tis.get('weight_mass_removed'))} of weight mass removed"
+                + (f"{seqs:,} sequences ({_pct(tis.get('truncated_share'))} of tokens), "
+                   if isinstance(seqs, int) else f"{_pct(tis.get('truncated_share'))} of tokens, ")
+                + f"{_pct(tis.get('weight_mass_removed'))} of weight mass removed"
             )
         rows.append(
             (

@@ -104,9 +104,11 @@ def _gate_notes(d: dict[str, Any]) -> list[str]:
     for g in d["gates"]:
         if g.get("tis"):
             x = g["tis"]
+            what = (f"{x['truncated_sequences']:,} sequences ({_pct(x['truncated_share'], 2)} "
+                    "of tokens) truncated" if x.get("truncated_sequences") is not None
+                    else f"{_pct(x['truncated_share'], 2)} of tokens truncated")
             notes.append(
-                f"{g['label']}: keeps every token (weights only); "
-                f"{_pct(x['truncated_share'], 2)} of tokens truncated, "
+                f"{g['label']}: keeps every token (weights only); {what}, "
                 f"{_pct(x['weight_mass_removed'], 2)} of the weight mass removed."
             )
         elif g["name"] == "m2po":
