@@ -48,6 +48,7 @@ from entr_diag.passes import Accumulator, PartialRows, column, has_nulls, run_pa
 __all__ = [
     "METRIC_NAMES",
     "SAFETY_BOUND",
+    "clamp_note_of",
     "MetricSet",
     "MetricsPlan",
     "MismatchMetrics",
@@ -87,6 +88,11 @@ class MetricSet:
     log_ppl_diff: float
     ess: float
     share_abs_delta_gt_log2: float
+    #: tokens with |delta| > SAFETY_BOUND (chi2_token and ess read them at the bound) and
+    #: sequences with |sum_t delta| > SAFETY_BOUND (chi2_seq reads them at the bound): where
+    #: there are any, those metrics are saturated (a lower bound when the excess is upward)
+    tokens_clamped: int = 0
+    sequences_clamped: int = 0
     step: int | None = None
 
     def to_dict(self) -> dict:
@@ -125,6 +131,7 @@ def _token_aggs() -> list[pl.Expr]:
         (2.0 * dc).exp().sum().alias("s_r2"),
         dc.exp().sum().alias("s_r"),
         (d.abs() > math.log(2.0)).sum().cast(pl.Int64).alias("n_gt_log2"),
+        (d.abs() > SAFETY_BOUND).sum().cast(pl.Int64).alias("n_clamped"),
     ]
 
 
@@ -136,6 +143,7 @@ def _seq_aggs() -> list[pl.Expr]:
         (-pl.col("m_train")).exp().sum().alias("s_tppl"),
         (-pl.col("m_infer")).exp().sum().alias("s_rppl"),
         (pl.col("m_infer") - pl.col("m_train")).sum().alias("s_lpd"),
+        (sd.abs() > SAFETY_BOUND).sum().cast(pl.Int64).alias("n_seq_clamped"),
     ]
 
 
@@ -156,7 +164,7 @@ _LOG2 = math.log(2.0)
 
 
 _SUM_COLS: tuple[str, ...] = (
-    "n", "s_k1", "s_k3", "s_r2", "s_r", "n_gt_log2",
+    "n", "s_k1", "s_k3", "s_r2", "s_r", "n_gt_log2", "n_clamped",
     "s_d", "s_train", "n_train", "s_infer", "n_infer",
 )
 
@@ -196,6 +204,8 @@ def _make(tok: dict, seq: dict, step: int | None = None) -> MetricSet:
         log_ppl_diff=s("s_lpd"),
         ess=ess,
         share_abs_delta_gt_log2=t("n_gt_log2"),
+        tokens_clamped=int(tok.get("n_clamped") or 0),
+        sequences_clamped=int(seq.get("n_seq_clamped") or 0),
         step=step,
     )
 
@@ -227,9 +237,11 @@ class _SeqSums:
         d = column(batch, "delta")
         e = column(batch, _EXP)
         r = e  # exp(clip(delta, -20, 20)): exp(delta) unless some |delta| > 20
+        n = np.diff(np.append(starts, d.size)).astype(np.int64)
+        clamped = np.zeros(starts.size, dtype=np.int64)
         if np.abs(d).max() > SAFETY_BOUND:
             r = np.exp(np.clip(d, -SAFETY_BOUND, SAFETY_BOUND))
-        n = np.diff(np.append(starts, d.size)).astype(np.int64)
+            clamped = np.add.reduceat((np.abs(d) > SAFETY_BOUND).astype(np.int64), starts)
         s_d = np.add.reduceat(d, starts)
 
         def red(v: np.ndarray) -> np.ndarray:
@@ -243,6 +255,7 @@ class _SeqSums:
             "s_r2": red(r * r),
             "s_r": red(r),
             "n_gt_log2": red((np.abs(d) > _LOG2).astype(np.int64)),
+            "n_clamped": clamped,
             "s_d": s_d,
             "s_train": red(column(batch, "train_logprob")),
             "n_train": n,
@@ -278,7 +291,7 @@ class MetricsPlan:
         if per_seq.height == 0:
             raise FitError("No token to compute mismatch metrics on: the token frame is empty.")
         per_seq = per_seq.with_columns(_seq_means())
-        tok_cols = ["n", "s_k1", "s_k3", "s_r2", "s_r", "n_gt_log2"]
+        tok_cols = ["n", "s_k1", "s_k3", "s_r2", "s_r", "n_gt_log2", "n_clamped"]
         tok_sums = [pl.col(c).sum() for c in tok_cols]
         tok = per_seq.select(tok_sums).row(0, named=True)
         if not tok["n"]:
@@ -296,6 +309,23 @@ class MetricsPlan:
                 per_step.append(_make(r, r, step=int(r["step"])))
         return MismatchMetrics(overall=overall, per_step=tuple(per_step),
                                tokens_without_step=no_step)
+
+
+def clamp_note_of(tokens: int, sequences: int) -> str | None:
+    """The note saying chi2 / ess are saturated at the +-20 clamp, or None (no value
+    clamped). ``tokens``: tokens with |delta| > 20; ``sequences``: with |sum delta| > 20."""
+    parts = []
+    if sequences:
+        parts.append(f"{sequences:,} sequence(s) have |sum delta| > 20, so chi2_seq reads "
+                     "them at the bound")
+    if tokens:
+        parts.append(f"{tokens:,} token(s) have |delta| > 20, so chi2_token and ess read "
+                     "them at the bound")
+    if not parts:
+        return None
+    return ("Saturated: " + "; ".join(parts) + " (verl's clamp; the unclamped value is "
+            "larger for an upward excess).")
+
 
 
 def metrics_plan(lf: pl.LazyFrame) -> MetricsPlan:

@@ -147,6 +147,24 @@ def test_safety_bound_clamps_chi2_like_verl():
     assert m.k3_kl == pytest.approx(math.exp(50.0) - 1 - 50.0)
 
 
+def test_clamped_tokens_and_sequences_are_counted():
+    """Where the clamp bites, the metrics say how often: tokens with |delta| > 20 and
+    sequences with |sum delta| > 20 (a long sequence of small log-ratios reaches it too:
+    40 tokens at delta 0.6 sum to 24), overall and per step; the terminal says so."""
+    from entr_diag.metrics import clamp_note_of
+
+    rows = ([("a", 0, -0.0, -50.0)] + [("b", 0, -0.4, -1.0)] * 40
+            + [("c", 1, -1.0, -1.1)] * 3 + [("d", 1, -30.0, -1.0)])
+    m = compute_metrics(_frame(rows))
+    assert (m.overall.tokens_clamped, m.overall.sequences_clamped) == (2, 3)
+    by = {s.step: (s.tokens_clamped, s.sequences_clamped) for s in m.per_step}
+    assert by == {0: (1, 2), 1: (1, 1)}
+    assert m.to_dict()["overall"]["sequences_clamped"] == 3
+    note = clamp_note_of(2, 3)
+    assert "3 sequence(s) have |sum delta| > 20" in note and "2 token(s)" in note
+    assert clamp_note_of(0, 0) is None
+
+
 def test_row_order_does_not_change_metrics():
     """Shuffling the token rows gives the same metrics."""
     a = compute_metrics(_frame(ROWS)).to_dict()
@@ -224,3 +242,5 @@ def test_numpy_runs_equal_the_group_by(monkeypatch):
             assert (a["tokens"], a["sequences"]) == (b["tokens"], b["sequences"])
             for k in METRIC_NAMES:
                 assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-15), k
+            assert (a["tokens_clamped"], a["sequences_clamped"]) == (
+                b["tokens_clamped"], b["sequences_clamped"])

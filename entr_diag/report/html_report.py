@@ -28,6 +28,7 @@ import plotly.offline
 from plotly.subplots import make_subplots
 
 from entr_diag.compare import noise_by_definition
+from entr_diag.metrics import clamp_note_of
 
 __all__ = ["build_report_html", "write_report", "ReportUnavailable"]
 
@@ -2002,7 +2003,10 @@ def build_report_html(
             "of KL(infer‖train), token χ², IS effective sample size); spikes mark the steps to "
             "inspect."
             + (f" {metrics['tokens_without_step']:,} token(s) with a null step are in no step."
-               if (metrics or {}).get("tokens_without_step") else ""),
+               if (metrics or {}).get("tokens_without_step") else "")
+            + (" " + note if (note := clamp_note_of(
+                int(_get(metrics, "overall", "tokens_clamped") or 0),
+                int(_get(metrics, "overall", "sequences_clamped") or 0))) else ""),
             "Mismatch metrics per step",
         )
     )

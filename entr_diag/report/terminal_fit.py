@@ -196,3 +196,12 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
         if metrics.tokens_without_step:
             console.print(f"{metrics.tokens_without_step:,} token(s) have a null step: counted "
                           "in 'all', in no step row.", soft_wrap=True)
+        clamp = _clamp_note(metrics.overall)
+        if clamp:
+            console.print(clamp, soft_wrap=True)
+
+
+def _clamp_note(m) -> str | None:
+    from entr_diag.metrics import clamp_note_of
+
+    return clamp_note_of(m.tokens_clamped, m.sequences_clamped)
