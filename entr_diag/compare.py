@@ -52,6 +52,7 @@ Definitions (also returned in ``CompareResult.definitions``):
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
@@ -485,7 +486,9 @@ def _refine(
         if lo == hi:
             return lo
         cand = src.filter((pl.col("x") >= lo) & (pl.col("x") <= hi))
-        if n_in <= small:
+        # (a bracket narrower than a normal float, e.g. [0, 4e-311] around delta = 0 when the
+        # two logprob columns are equal, cannot be cut into bins: its values are listed)
+        if n_in <= small or hi - lo < sys.float_info.min * bins:
             t = (
                 cand.group_by("x")
                 .agg(c=pl.len(), s=pl.col("x").sum())

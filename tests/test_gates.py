@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entr_diag.compare import _first_value_where, matched_fixed_c, resolve_m2po_cut
+from entr_diag.compare import _first_value_where, _refine, matched_fixed_c, resolve_m2po_cut
 from entr_diag.errors import ParameterError
 from entr_diag.gates import (
     DEFAULT_PANEL,
@@ -357,3 +357,12 @@ class TestParse:
         assert set(names) == set(GATE_TYPES) - {"entr"}
         assert all(g.source for g in DEFAULT_PANEL)
         assert FixedBand().c == pytest.approx(math.log(2))
+
+
+def test_refinement_of_a_bracket_narrower_than_a_normal_float():
+    """A bracket [0, 4e-311] (|delta| = 0 everywhere: train and infer logprobs identical)
+    cannot be cut into bins (its width divides to NaN): its values are listed instead (the
+    matched band's search failed as 'cannot read the input' on such a run)."""
+    src = pl.DataFrame({"x": [0.0] * 50}).lazy()
+    got = _refine(src, lambda n, s: n >= 30, 0.0, 4.3458e-311, 0, 0.0, 50, bins=4, small=2)
+    assert got == 0.0

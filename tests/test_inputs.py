@@ -295,6 +295,28 @@ def _no_entropy_run(tmp_path: Path) -> Path:
     return p
 
 
+def test_compare_and_report_on_identical_logprobs(tmp_path):
+    """A bitwise on-policy run (train_logprob == infer_logprob): no law to fit, but the
+    gates are compared (every one keeps everything, the matched band at c = 0)."""
+    import json
+
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "same.parquet"
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=1))
+    pl.read_parquet(p).with_columns(pl.col("infer_logprob").alias("train_logprob")
+                                    ).write_parquet(p)
+    js = tmp_path / "c.json"
+    r = runner.invoke(app, ["compare", str(p), "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    assert "is 0 for every token" in re.sub(r"\s+", " ", r.stdout)
+    cmp = json.loads(js.read_text())["compare"]
+    assert all(g["kept_tokens"] == cmp["n_tokens"] for g in cmp["gates"])
+    assert cmp["matched"]["c"] == 0
+    r = runner.invoke(app, ["report", str(p), "-o", str(tmp_path / "r.html"), "-q"])
+    assert r.exit_code == 0, r.output
+
+
 def test_an_all_null_entropy_column_counts_as_absent(tmp_path):
     """An engine that writes the entropy column but fills it with nulls: the column is not
     used (a note), so compare compares the gates that need no entropy as without the column
