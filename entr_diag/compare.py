@@ -142,6 +142,9 @@ STALENESS_BUCKETS: tuple[tuple[str, float, float], ...] = (
 _MAX_SWEEP = 512
 _HIST_BINS = 1024
 _SMALL_DISTINCT = 65_536
+#: TIS's weights exp(delta) are summed as exp(delta - shift) with the largest below e^this
+#: (a sum of 1e40 of them fits a float; :class:`_SecondPass`)
+_WEIGHT_LOG_MAX = 600.0
 
 
 # ----------------------------------------------------------------------------- results
@@ -1269,12 +1272,13 @@ class _SecondPass:
         else:
             ex["sc"] = sc
             self.exprs = list(words)
-        for i in self.tis:
-            g = gates[i]
-            assert isinstance(g, TIS)
-            # null weights add nothing (as polars' sum skips them)
-            ex[f"rmass{i}"] = g.removed_mass_expr().fill_null(0.0)
-            ex[f"rsum{i}"] = pl.col("delta").exp().fill_null(0.0)
+        if self.tis:  # TIS's log weights (a null one weighs nothing: exp(-inf) = 0)
+            ex["tisd"] = pl.col("delta").cast(pl.Float64).fill_null(-math.inf)
+        #: TIS's weight sums are of exp(delta - tis_shift): raised, and the sums so far
+        #: scaled down, when a delta above tis_shift + _WEIGHT_LOG_MAX comes (a placeholder's
+        #: +999 made exp(delta) inf, the removed share inf / inf); the share, a ratio of two
+        #: sums scaled alike, is unchanged
+        self.tis_shift = 0.0
         for j, c in enumerate(self.bracketed):
             ex[f"v{j}"] = _cut_value(c.kind)
         # the sweeps: token counts by (sweep index, category); a token is kept at every
@@ -1415,11 +1419,20 @@ class _SecondPass:
                        step: pl.Series | None) -> None:
         """TIS's weight sums per cell; the tokens of the bracketed bins by exact value.
         ``bits``: per token, an integer whose lowest bit is ENTR's keep bit."""
-        for t, i in enumerate(self.tis):
-            for s, name in enumerate(("rmass", "rsum")):
-                self.tis_sums[t, s] += np.bincount(
-                    code, weights=batch.get_column(f"{_P2}{name}{i}").to_numpy(),
-                    minlength=self.n_cells)
+        if self.tis:
+            d = batch.get_column(f"{_P2}tisd").to_numpy()
+            top = float(np.nanmax(d)) if d.size else -math.inf
+            if top - self.tis_shift > _WEIGHT_LOG_MAX:
+                new = top - _WEIGHT_LOG_MAX
+                self.tis_sums *= math.exp(self.tis_shift - new)
+                self.tis_shift = new
+            w = np.exp(d - self.tis_shift)
+            for t, i in enumerate(self.tis):
+                g = self.plan.all_gates[i]
+                assert isinstance(g, TIS)
+                removed = np.maximum(w - g.cap * math.exp(-self.tis_shift), 0.0)
+                for s_, wt in enumerate((removed, w)):
+                    self.tis_sums[t, s_] += np.bincount(code, weights=wt, minlength=self.n_cells)
         for j, c in enumerate(self.bracketed):
             v = batch.get_column(f"{_P2}v{j}").to_numpy()
             inside = (v >= c.lo) & (v <= c.hi)

@@ -150,6 +150,30 @@ class TestHandCase:
         rs = np.exp(TINY["delta"].to_numpy())
         assert t.tis.weight_mass_removed == pytest.approx((math.e - 2) / rs.sum())
 
+    def test_tis_mass_with_a_ratio_beyond_a_float(self):
+        """A placeholder's delta of +999 (exp overflows) leaves TIS's removed mass a number:
+        the weights are summed scaled, in any batch order (here the huge one in the last
+        batch and in the first), and equal the exact share where the float holds."""
+        from entr_diag.compare import compare_plan
+        from entr_diag.passes import run_pass
+
+        def tis(df):
+            plan = compare_plan(df.lazy(), entr=EntrGate(), panel=(TIS(),))
+            run_pass(df.lazy(), plan.accumulators, chunk_size=3)
+            run_pass(df.lazy(), plan.followup(), chunk_size=3)
+            return by_name(plan.finish(), "tis:cap=2").tis
+
+        big = TINY.with_columns(delta=pl.Series([0.1, -0.2, 0.05, 1.0, -0.5, -10.0, 5e-4, 999.0]))
+        for df in (big, big.reverse()):
+            t = tis(df)
+            assert t.truncated_tokens == 2
+            assert t.weight_mass_removed == pytest.approx(1.0)
+        mid = TINY.with_columns(delta=pl.Series([0.1, -0.2, 0.05, 1.0, -0.5, -10.0, 650.0, 1.0]))
+        for df in (mid, mid.reverse()):
+            r = np.exp(df["delta"].to_numpy() - 650.0)
+            want = np.maximum(r - 2 * math.exp(-650.0), 0).sum() / r.sum()
+            assert tis(df).weight_mass_removed == pytest.approx(want, rel=1e-12)
+
     def test_sequence_tis(self, tmp_path):
         """Sequence TIS keeps every token; its weights are the sequences' exp(sum delta)
         capped at 2 (A: e^-0.05, B: e^0.5, C: e^-10, D: 1; none above 2 at cap 2, B at cap
