@@ -626,12 +626,37 @@ class TestSynth:
         assert max(len(line) for line in lines) <= 80
         assert "…" not in narrow.getvalue()  # numbers are never truncated
         assert f"{r.entr.kept_tokens:,}" in narrow.getvalue()
+        # every keep-rate column is shown at 80 columns: the tables split, never cropped
+        # (rich crops a table of unwrappable number columns on the right, silently)
+        text = narrow.getvalue()
+        part = text[text.index("Keep rate by entropy bin"):text.index("Keep rate by staleness")]
+        heads = " ".join(part.split())
+        for g in r.to_dict()["gates"]:
+            if not g.get("tis"):
+                assert f" {g['name']} " in heads or g["label"] in heads, g["name"]
+        assert "matched" in heads and "(2 of " in part
+
         # also renders from the plain dict (e.g. JSON read back)
         buf2 = io.StringIO()
         render_compare(
             json.loads(json.dumps(r.to_dict())), Console(file=buf2, width=120, color_system=None)
         )
         assert buf2.getvalue() == out
+
+    def test_keep_rate_columns_of_two_gates_of_one_name_say_which(self, planted):
+        """--gate areal --gate areal:cap=2: the keep-rate tables head them by their labels
+        (the names alone read 'areal | areal')."""
+        from entr_diag.gates import AReaLCap
+
+        lf = planted[1]
+        r = compare_gates(lf, entr=EntrGate(), panel=(AReaLCap(), AReaLCap(cap=2, floor=0.5)),
+                          h_star=0.03, law_k=0.02)
+        buf = io.StringIO()
+        render_compare(r, Console(file=buf, width=200, color_system=None))
+        part = buf.getvalue()
+        part = part[part.index("Keep rate by entropy bin"):]
+        flat = " ".join(part.split())
+        assert "areal cap=5 floor=0" in flat and "areal cap=2 floor=0.5" in flat
 
 
 # ----------------------------------------------------------------------- the pass plan

@@ -236,21 +236,47 @@ def _matched_tables(d: dict[str, Any]) -> list[Table]:
     return [summary, *(t for t in (by_h, by_p) if t.row_count)]
 
 
-def _keep_by_table(d: dict[str, Any], field: str, title: str, first: str) -> Table | None:
+def _keep_by_tables(d: dict[str, Any], field: str, title: str, first: str,
+                    width: int) -> list[Table]:
+    """The keep rate per bin of every token gate (and the matched band by entropy), as one
+    table, or as several with the gates split between them where one would be wider than
+    ``width`` (rich crops a table of unwrappable number columns on the right, silently).
+    A gate's column is headed by its name, or by its label with its parameters where two
+    gates share a name (``--gate areal --gate areal:cap=2``)."""
     if not d["gates"] or d["gates"][0].get(field) is None:
-        return None
+        return []
     gates = [g for g in d["gates"] if not g.get("tis")]
-    cols = [g["name"] for g in gates]
+    names = [g["name"] for g in gates]
+    cols = [g["label"] if names.count(g["name"]) > 1 or g["name"] == "fixed" and
+            field == "keep_by_entropy" else g["name"] for g in gates]
     if field == "keep_by_entropy":
         gates.append(d["matched"]["fixed"])
         cols.append("matched")
     kb = d["gates"][0][field]
-    rows = [
-        [str(key), _int(kb["n"][j]), *[_pct(g[field]["keep_rate"][j], 0) for g in gates]]
-        for j, key in enumerate(kb["keys"])
-        if kb["n"][j]
-    ]
-    return _table(title, [first, "tokens", *cols], rows)
+    keep = [j for j, _ in enumerate(kb["keys"]) if kb["n"][j]]
+    keys = [str(kb["keys"][j]) for j in keep]
+    counts = [_int(kb["n"][j]) for j in keep]
+    cells = [[_pct(g[field]["keep_rate"][j], 0) for j in keep] for g in gates]
+
+    def w(header: str, values: Sequence[str]) -> int:  # a column's width with its padding
+        return max([len(x) for x in header.split()] + [len(v) for v in values] + [1]) + 3
+
+    fixed = max(w(first, keys), 15) + w("tokens", counts) + 1
+    groups: list[list[int]] = [[]]
+    used = fixed
+    for i, c in enumerate(cols):
+        cw = w(c, cells[i])
+        if groups[-1] and used + cw > width:
+            groups.append([])
+            used = fixed
+        groups[-1].append(i)
+        used += cw
+    out = []
+    for n, grp in enumerate(groups):
+        part = f" ({n + 1} of {len(groups)})" if len(groups) > 1 else ""
+        rows = [[keys[r], counts[r], *[cells[i][r] for i in grp]] for r in range(len(keep))]
+        out.append(_table(title + part, [first, "tokens", *[cols[i] for i in grp]], rows))
+    return out
 
 
 def _sweep_table(s: dict[str, Any]) -> Table:
@@ -294,8 +320,7 @@ def render_compare(result: Any, console: Console) -> None:
         ("keep_by_entropy", "Keep rate by entropy bin", "entropy (nats)"),
         ("keep_by_staleness", "Keep rate by staleness (policy versions)", "staleness"),
     ):
-        t = _keep_by_table(d, field, title, first)
-        if t is not None:
+        for t in _keep_by_tables(d, field, title, first, console.width):
             console.print(t)
     for key in ("tau", "c"):
         if key in d.get("sweep", {}):
