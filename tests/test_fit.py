@@ -386,6 +386,27 @@ def test_render_fit_terminal():
         assert text in out, text
 
 
+def test_render_fit_at_80_columns_cuts_no_number():
+    """At 80 columns the wide tables (bins, metrics, strata) are split over several tables
+    with their key columns repeated: every number whole (they read '0.00…') and every
+    column shown; at 200 columns nothing is split."""
+    _, lf = synth(n_tokens=50_000, seed=0, h_star=0.03)
+    r = fit_scaling_law(lf, n_boot=200)
+    m = compute_metrics(lf)
+    narrow = Console(file=io.StringIO(), width=80, color_system=None)
+    render_fit(r, m, narrow)
+    out = narrow.file.getvalue()
+    assert "…" not in out, [ln for ln in out.splitlines() if "…" in ln]
+    assert "Entropy bins (H in nats; 95% intervals: sequence-block bootstrap) (1 of" in " ".join(
+        out.split())
+    for head in ("mean z^2", "p95 |d|", "|d|>log2", "ess", "k3_kl", "k 95% CI", "note"):
+        assert head in out, head
+    assert max(len(line) for line in out.splitlines() if "─" in line) <= 80  # the tables
+    wide = Console(file=io.StringIO(), width=200, color_system=None)
+    render_fit(r, m, wide)
+    assert " of 2)" not in wide.file.getvalue()
+
+
 def test_render_fit_without_break_or_metrics():
     """No-break results render the reason; metrics are optional."""
     _, lf = synth(n_tokens=20_000, seed=5, h_star=None)

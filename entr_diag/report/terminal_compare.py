@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from entr_diag.compare import noise_by_definition
+from entr_diag.report.tables import split_table
 
 __all__ = ["render_compare", "READING_NOTES"]
 
@@ -240,43 +241,25 @@ def _keep_by_tables(d: dict[str, Any], field: str, title: str, first: str,
                     width: int) -> list[Table]:
     """The keep rate per bin of every token gate (and the matched band by entropy), as one
     table, or as several with the gates split between them where one would be wider than
-    ``width`` (rich crops a table of unwrappable number columns on the right, silently).
-    A gate's column is headed by its name, or by its label with its parameters where two
-    gates share a name (``--gate areal --gate areal:cap=2``)."""
+    ``width`` (:func:`~entr_diag.report.tables.split_table`). A gate's column is headed by
+    its name, or by its label with its parameters where two gates share a name (``--gate
+    areal --gate areal:cap=2``)."""
     if not d["gates"] or d["gates"][0].get(field) is None:
         return []
     gates = [g for g in d["gates"] if not g.get("tis")]
     names = [g["name"] for g in gates]
-    cols = [g["label"] if names.count(g["name"]) > 1 or g["name"] == "fixed" and
-            field == "keep_by_entropy" else g["name"] for g in gates]
-    if field == "keep_by_entropy":
+    matched = field == "keep_by_entropy"
+    cols = [g["label"] if names.count(g["name"]) > 1 else g["name"] for g in gates]
+    if matched:
         gates.append(d["matched"]["fixed"])
         cols.append("matched")
     kb = d["gates"][0][field]
-    keep = [j for j, _ in enumerate(kb["keys"]) if kb["n"][j]]
-    keys = [str(kb["keys"][j]) for j in keep]
-    counts = [_int(kb["n"][j]) for j in keep]
-    cells = [[_pct(g[field]["keep_rate"][j], 0) for j in keep] for g in gates]
-
-    def w(header: str, values: Sequence[str]) -> int:  # a column's width with its padding
-        return max([len(x) for x in header.split()] + [len(v) for v in values] + [1]) + 3
-
-    fixed = max(w(first, keys), 15) + w("tokens", counts) + 1
-    groups: list[list[int]] = [[]]
-    used = fixed
-    for i, c in enumerate(cols):
-        cw = w(c, cells[i])
-        if groups[-1] and used + cw > width:
-            groups.append([])
-            used = fixed
-        groups[-1].append(i)
-        used += cw
-    out = []
-    for n, grp in enumerate(groups):
-        part = f" ({n + 1} of {len(groups)})" if len(groups) > 1 else ""
-        rows = [[keys[r], counts[r], *[cells[i][r] for i in grp]] for r in range(len(keep))]
-        out.append(_table(title + part, [first, "tokens", *[cols[i] for i in grp]], rows))
-    return out
+    rows = [
+        [str(key), _int(kb["n"][j]), *[_pct(g[field]["keep_rate"][j], 0) for g in gates]]
+        for j, key in enumerate(kb["keys"])
+        if kb["n"][j]
+    ]
+    return split_table(_table(title, [first, "tokens", *cols], rows), width, keys=2)
 
 
 def _sweep_table(s: dict[str, Any]) -> Table:

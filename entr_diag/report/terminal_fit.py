@@ -16,6 +16,7 @@ from rich.text import Text
 
 from entr_diag.fit import FitResult
 from entr_diag.metrics import METRIC_NAMES, MismatchMetrics
+from entr_diag.report.tables import print_fitting
 
 __all__ = ["render_fit"]
 
@@ -80,7 +81,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
             _g(b.mean_z2),
             "*" if b.in_fit else "",
         )
-    console.print(t)
+    print_fitting(console, t)
     console.print("d = delta = train_logprob - infer_logprob (nats; d^2 in nats^2, k of "
                   "k H^alpha in nats^(2 - alpha)); z = d / sqrt(H + eps) (no unit); "
                   "p<1e-3: share of tokens whose sampled-token probability is below 1e-3; "
@@ -108,7 +109,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     r = w.robust
     lt.add_row("  robust (Theil-Sen)", _g(r.k), "", f"alpha = {_g(r.alpha)}", _ci(r.alpha_ci),
                "", "")
-    console.print(lt)
+    print_fitting(console, lt)
     console.print(f"Robust check: {r.note}.", style="yellow" if r.disagrees else None,
                   soft_wrap=True, markup=False)
     console.print(f"Robust k of delta^2 = k H (median of the bins' mean delta^2 / mean H): "
@@ -143,7 +144,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
         for pb in g.by_p:
             pt.add_row(pb.label, str(pb.tokens), _pct(pb.share_of_flagged),
                        _pct(pb.share_of_delta2_mass))
-        console.print(pt)
+        print_fitting(console, pt)
     else:
         console.print(f"Noise regime: {g.rule}.", soft_wrap=True, markup=False)
 
@@ -159,7 +160,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
             tt.add_row(Text(f"{x.kind} {x.label}"), str(x.tokens), str(x.n_bins), _g(x.alpha),
                        _ci(x.alpha_ci), _ci(x.alpha_random_ci), _g(x.k), _ci(x.k_ci),
                        _g(x.k_proportional), Text(x.note or ""))
-        console.print(tt)
+        print_fitting(console, tt)
         console.print("Strata: 'random size' is the 95% range of alpha on random samples of "
                       "the run as large as the stratum (whole sequences): a smaller sample "
                       "reads another alpha on heavy-tailed bins, beyond the stratum's own "
@@ -185,7 +186,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
         sets += [(str(m.step), m) for m in ps]
         for label, m in sets:
             mt.add_row(label, str(m.tokens), *[_g(getattr(m, n), 4) for n in METRIC_NAMES])
-        console.print(mt)
+        print_fitting(console, mt, keys=2)
         console.print("|d|>log2 = share_abs_delta_gt_log2; ess = 1/mean((w/mean w)^2), w = r "
                       "per token; chi2 and ess clamp log-ratios to +/-20 before exp (verl), "
                       "k3_kl does not (a huge k3_kl: look for placeholder logprobs).",
