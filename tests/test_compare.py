@@ -174,6 +174,29 @@ class TestHandCase:
             want = np.maximum(r - 2 * math.exp(-650.0), 0).sum() / r.sum()
             assert tis(df).weight_mass_removed == pytest.approx(want, rel=1e-12)
 
+    def test_matched_band_on_tied_values_says_both_budgets(self):
+        """Quantised log-ratios (bf16) tie at c: the tightest band keeping as many tokens as
+        ENTR keeps the whole tie group and drops fewer; the terminal note and the HTML say
+        both counts (the HTML said 'drops as many tokens as ENTR')."""
+        from entr_diag.report.html_report import _matched_budget
+
+        df = pl.DataFrame({
+            "seq_key": pl.Series(list(range(10)), dtype=pl.UInt64),
+            "delta": [0.5] * 4 + [0.1] * 6,
+            "entropy": [0.001, 0.001, 2.0, 2.0] + [1.0] * 6,
+            "infer_logprob": [-1.0] * 10,
+        }).with_columns(train_logprob=pl.col("infer_logprob") + pl.col("delta"))
+        r = compare_gates(df.lazy(), entr=EntrGate(tau=4), panel=(FixedBand(),))
+        assert (r.matched.entr_dropped, r.matched.fixed_dropped, r.matched.c) == (2, 0, 0.5)
+        buf = io.StringIO()
+        render_compare(r, Console(file=buf, width=200, color_system=None))
+        flat = " ".join(buf.getvalue().split())
+        assert "so the band drops 2 fewer" in flat
+        assert _matched_budget(r.to_dict()) == (
+            "drops 0 tokens against ENTR's 2: the tightest band keeping as many, tied |delta| "
+            "values kept together")
+        assert "drops as many" in _matched_budget(run_tiny().to_dict())
+
     def test_sequence_tis(self, tmp_path):
         """Sequence TIS keeps every token; its weights are the sequences' exp(sum delta)
         capped at 2 (A: e^-0.05, B: e^0.5, C: e^-10, D: 1; none above 2 at cap 2, B at cap

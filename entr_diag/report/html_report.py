@@ -1135,6 +1135,17 @@ def _entr_missing(compare: dict | None) -> str | None:
     return None
 
 
+def _matched_budget(compare: Mapping) -> str:
+    """How the matched band's drops compare with ENTR's: equal, or (tied |delta| values at
+    c, e.g. bf16 logprobs, are kept or dropped together) both counts."""
+    m = compare.get("matched") or {}
+    fd, ed = m.get("fixed_dropped"), m.get("entr_dropped")
+    if not isinstance(fd, int) or not isinstance(ed, int) or fd == ed:
+        return "drops as many tokens as ENTR"
+    return (f"drops {fd:,} tokens against ENTR's {ed:,}: the tightest band keeping as many, "
+            "tied |delta| values kept together")
+
+
 def _agreement_html(compare: dict | None) -> str:
     if why := _entr_missing(compare):
         return _unavail(why)
@@ -1160,7 +1171,7 @@ def _agreement_html(compare: dict | None) -> str:
         a = m["agreement_vs_entr"]
         rows.append(
             (
-                f"{_gate_name(m)} (matched: drops as many tokens as ENTR)",
+                f"{_gate_name(m)} (matched: {_matched_budget(compare)})",
                 a.get("both_keep"),
                 a.get("only_entr_keeps"),
                 a.get("only_other_keeps"),
@@ -1978,7 +1989,8 @@ def build_report_html(
     doc.add(
         doc.figure_block(
             lambda: _disagreement_fig(compare),
-            "tokens on which ENTR and the fixed band with the same number of drops disagree, per "
+            "tokens on which ENTR and the fixed band with (as near as ties allow) the same "
+            "number of drops disagree, per "
             "entropy bin: ENTR should keep the high-entropy tokens the band drops, and drop the "
             "low-entropy noise the band keeps.",
             "Where ENTR and the matched fixed band disagree",

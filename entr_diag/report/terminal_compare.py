@@ -121,10 +121,13 @@ def _gate_notes(d: dict[str, Any]) -> list[str]:
                 )
     m = d.get("matched")
     if m:
+        fd, ed = m["fixed_dropped"], m["entr_dropped"]
         notes.append(
             f"(matched): the fixed band |delta| <= c = {m['c']:.4g} nats, the tightest band "
-            f"keeping as many tokens as ENTR (drops {m['fixed_dropped']:,}; ENTR drops "
-            f"{m['entr_dropped']:,})."
+            f"keeping as many tokens as ENTR (drops {fd:,}; ENTR drops {ed:,})"
+            + (": the tokens sharing |delta| = c are kept together (quantised logprobs, "
+               f"e.g. bf16), so the band drops {ed - fd:,} fewer: the budgets differ by that."
+               if ed != fd else ".")
         )
     p = d["parameters"]
     if any(noise_by_definition(g, p) for g in d["gates"]) and p.get("h_star") is not None:
