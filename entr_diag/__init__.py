@@ -7,11 +7,18 @@ simulation, on Parquet dumps of per-token rollout logs.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("entr-diag")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without install
-    __version__ = "0.0.0+unknown"
-
 __all__ = ["__version__"]
+
+
+def __getattr__(name: str) -> str:
+    """``__version__``, read from the installed package's metadata when first asked for
+    (importing the package stays instant: the console script catches a Ctrl-C only once
+    its own module is loaded)."""
+    if name != "__version__":
+        raise AttributeError(f"module 'entr_diag' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("entr-diag")
+    except PackageNotFoundError:  # pragma: no cover - a source tree without install
+        return "0.0.0+unknown"

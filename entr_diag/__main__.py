@@ -1,3 +1,3 @@
-from entr_diag.cli import main
+from entr_diag._entry import main
 
 main()

@@ -1945,3 +1945,25 @@ def test_a_file_named_twice_is_read_once_with_a_note(tmp_path):
     pl.read_parquet(src).filter(pl.col("seq_id") == pl.col("seq_id").first()).write_parquet(one)
     r = runner.invoke(app, ["compare", str(one), "-q"])
     assert "/ 1 sequence (" in r.stdout, r.output
+
+
+def test_ctrl_c_while_the_cli_loads_exits_130_quietly(monkeypatch):
+    """The console script (entr_diag._entry) catches a Ctrl-C during the imports of the
+    CLI (half a second of polars, rich, typer) and exits 130, no traceback."""
+    import builtins
+    import sys as _sys
+
+    from entr_diag import _entry
+
+    real = builtins.__import__
+
+    def interrupted(name, *a, **k):
+        if name == "entr_diag.cli":
+            raise KeyboardInterrupt
+        return real(name, *a, **k)
+
+    monkeypatch.delitem(_sys.modules, "entr_diag.cli", raising=False)
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(SystemExit) as ei:
+        _entry.main()
+    assert ei.value.code == 130
