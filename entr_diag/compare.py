@@ -1430,7 +1430,8 @@ class _SecondPass:
             for t, i in enumerate(self.tis):
                 g = self.plan.all_gates[i]
                 assert isinstance(g, TIS)
-                removed = np.maximum(w - g.cap * math.exp(-self.tis_shift), 0.0)
+                cap = g.cap * math.exp(-self.tis_shift) if math.isfinite(g.cap) else math.inf
+                removed = np.maximum(w - cap, 0.0)
                 for s_, wt in enumerate((removed, w)):
                     self.tis_sums[t, s_] += np.bincount(code, weights=wt, minlength=self.n_cells)
         for j, c in enumerate(self.bracketed):

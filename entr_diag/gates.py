@@ -237,9 +237,10 @@ class _RatioBand(TokenGate):
 
     def _validate(self) -> None:
         self._check(
-            math.isfinite(self.low) and math.isfinite(self.high) and 0 <= self.low <= self.high
+            math.isfinite(self.low) and not math.isnan(self.high) and 0 <= self.low <= self.high
             and self.high > 0,
-            "need 0 <= low <= high, high > 0 (importance-ratio bounds; low 0: none)",
+            "need 0 <= low <= high, high > 0 (importance-ratio bounds; low 0 or high inf: "
+            "none)",
         )
 
     def keep_expr(self) -> pl.Expr:
@@ -306,7 +307,8 @@ class AReaLCap(TokenGate):
     summary: ClassVar[str] = "keep iff floor <= r <= cap"
 
     def _validate(self) -> None:
-        self._check(math.isfinite(self.cap) and self.cap > 0, "cap must be a positive ratio")
+        self._check(not math.isnan(self.cap) and self.cap > 0,
+                    "cap must be a positive ratio (inf: none)")
         self._check(math.isfinite(self.floor) and 0 <= self.floor <= self.cap,
                     "need 0 <= floor <= cap (importance-ratio bounds; floor 0: none)")
 
@@ -338,7 +340,8 @@ class TIS(TokenGate):
     weights_only: ClassVar[bool] = True
 
     def _validate(self) -> None:
-        self._check(math.isfinite(self.cap) and self.cap > 0, "cap must be a positive ratio")
+        self._check(not math.isnan(self.cap) and self.cap > 0,
+                    "cap must be a positive ratio (inf: no truncation)")
 
     def keep_expr(self) -> pl.Expr:
         return _DELTA.is_not_null() | _DELTA.is_null()  # all True, same length as the frame
@@ -461,7 +464,8 @@ class SeqTIS(SequenceGate):
     weights_only: ClassVar[bool] = True
 
     def _validate(self) -> None:
-        self._check(math.isfinite(self.cap) and self.cap > 0, "cap must be a positive ratio")
+        self._check(not math.isnan(self.cap) and self.cap > 0,
+                    "cap must be a positive ratio (inf: no truncation)")
 
     def seq_aggs(self) -> dict[str, pl.Expr]:
         return {"sum_delta": _DELTA.sum(), "n_tokens": _DELTA.count()}
