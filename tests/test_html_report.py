@@ -707,3 +707,14 @@ def test_strata_figure_shows_alpha_beside_its_random_size_range():
     alpha = [t for t in fig.data if t.yaxis == grey[0].yaxis and t is not grey[0]]
     assert alpha[0].y[0] == 1.2 and alpha[0].y[1] is None  # (no alpha for stratum 1)
     assert list(alpha[0].error_y.arrayminus)[0] == pytest.approx(0.1)
+
+
+def test_a_share_short_of_one_never_reads_100_percent():
+    """47 tokens dropped of 700,000 read '100%' kept beside the terminal's 99.99%: a share
+    below 1 keeps the digits that show it, one above 0 never reads 0%."""
+    from entr_diag.report.html_report import _pct
+
+    assert _pct(1.0) == "100%" and _pct(0.0) == "0%" and _pct(0.5) == "50%"
+    assert _pct(1 - 47 / 700_000) == "99.9933%"
+    assert _pct(0.9995) == "99.950%" and _pct(0.99949) == "99.9%"
+    assert _pct(1e-7) == "1e-05%"
