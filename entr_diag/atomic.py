@@ -212,7 +212,8 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
         return
     directory = target.parent
     if not directory.is_dir():
-        raise InputError(f"cannot write {shown}: directory {directory} does not exist.")
+        why = "is a file, not a directory" if directory.exists() else "does not exist"
+        raise InputError(f"cannot write {shown}: {directory} {why}.")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     except OSError as e:

@@ -547,7 +547,8 @@ def _check_output(path: Path | None, what: str) -> None:
         return
     parent = target.parent
     if not parent.is_dir():
-        raise InputError(f"cannot write {what} {path}: directory {parent} does not exist.")
+        why = "is a file, not a directory" if parent.exists() else "does not exist"
+        raise InputError(f"cannot write {what} {path}: {parent} {why}.")
     import tempfile
 
     try:  # a real write test (os.access says yes to root everywhere)

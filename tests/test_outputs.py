@@ -821,3 +821,18 @@ def test_a_parquet_output_named_otherwise_gets_a_note(run_file, tmp_path):
     r = runner.invoke(app, ["flag", str(run_file), "-o", str(tmp_path / "n.parquet"),
                             "--n-boot", "100"])
     assert r.exit_code == 0 and "written as Parquet" not in r.stderr
+
+
+def test_an_output_whose_parent_is_a_file_says_so(tmp_path):
+    """-o notes.txt/run.html: the parent is a file, not a missing directory."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    f = tmp_path / "notes.txt"
+    f.write_text("x")
+    r = CliRunner().invoke(app, ["fit", "--json", str(f / "fit.json"), "-q"])
+    assert r.exit_code == 2
+    assert f"{f} is a file, not a directory." in " ".join(r.output.split())
+    r = CliRunner().invoke(app, ["fit", "--json", str(tmp_path / "no" / "fit.json"), "-q"])
+    assert r.exit_code == 2 and "does not exist" in r.output
