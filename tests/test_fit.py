@@ -371,11 +371,16 @@ def test_log_edges_work():
 # ----------------------------------------------------------------------------- rendering
 
 
-def test_render_fit_terminal():
-    """The terminal rendering starts with the verdict and shows every section."""
+@pytest.fixture(scope="module")
+def rendered_run():
+    """A fit and the metrics of a 50k-token synthetic run with a noise regime, to render."""
     _, lf = synth(n_tokens=50_000, seed=0, h_star=0.03)
-    r = fit_scaling_law(lf, n_boot=200)
-    m = compute_metrics(lf)
+    return fit_scaling_law(lf, n_boot=200), compute_metrics(lf)
+
+
+def test_render_fit_terminal(rendered_run):
+    """The terminal rendering starts with the verdict and shows every section."""
+    r, m = rendered_run
     console = Console(file=io.StringIO(), width=120, color_system=None)
     render_fit(r, m, console)
     out = console.file.getvalue()
@@ -386,13 +391,11 @@ def test_render_fit_terminal():
         assert text in out, text
 
 
-def test_render_fit_at_80_columns_cuts_no_number():
+def test_render_fit_at_80_columns_cuts_no_number(rendered_run):
     """At 80 columns the wide tables (bins, metrics, strata) are split over several tables
     with their key columns repeated: every number whole (they read '0.00…') and every
     column shown; at 200 columns nothing is split."""
-    _, lf = synth(n_tokens=50_000, seed=0, h_star=0.03)
-    r = fit_scaling_law(lf, n_boot=200)
-    m = compute_metrics(lf)
+    r, m = rendered_run
     narrow = Console(file=io.StringIO(), width=80, color_system=None)
     render_fit(r, m, narrow)
     out = narrow.file.getvalue()
