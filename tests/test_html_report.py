@@ -718,3 +718,21 @@ def test_a_share_short_of_one_never_reads_100_percent():
     assert _pct(1 - 47 / 700_000) == "99.9933%"
     assert _pct(0.9995) == "99.950%" and _pct(0.99949) == "99.9%"
     assert _pct(1e-7) == "1e-05%"
+
+
+def test_gates_on_one_point_of_the_tradeoff_name_each_other():
+    """Gates at the same (exploration discarded, noise admitted), e.g. every gate keeping
+    everything at (0%, 100%), hide each other's markers: each hover names the others."""
+    from entr_diag.report.html_report import _noise_vs_expl_fig
+
+    def g(name, ed, na):
+        return {"name": name, "label": name, "spec": name, "level": "token",
+                "exploration_discarded": ed, "noise_admitted": na}
+
+    compare = {"gates": [g("entr", 0.0, 0.0), g("tis", 0.0, 1.0), g("veto", 0.0, 1.0),
+                         g("m2po", 0.0, 1.0), g("fixed", 0.2, 0.3)]}
+    fig = _noise_vs_expl_fig(compare)
+    hover = {t.name: t.hovertemplate for t in fig.data}
+    assert "at the same point: veto, m2po" in hover["tis"]
+    assert "at the same point: tis, m2po" in hover["veto"]
+    assert "same point" not in hover["entr"] and "same point" not in hover["fixed"]

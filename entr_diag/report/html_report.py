@@ -1376,7 +1376,14 @@ def _noise_vs_expl_fig(compare: dict | None) -> go.Figure:
             why or "the gates carry no noise-admitted / exploration-discarded shares"
         )
     fig = _fig_base(height=430)
+    # gates on one point (e.g. every gate keeping everything at (0%, 100%)) hide each
+    # other: each one's hover names the others there
+    at: dict[tuple[float, float], list[str]] = {}
+    for name, ed, na, *_ in pts:
+        at.setdefault((ed, na), []).append(name)
     for name, ed, na, entr, color, symbol in pts:
+        others = [o for o in at[(ed, na)] if o != name]
+        also = ("<br>at the same point: " + _e(", ".join(others))) if others else ""
         fig.add_trace(
             go.Scatter(
                 x=[ed],
@@ -1390,7 +1397,7 @@ def _noise_vs_expl_fig(compare: dict | None) -> go.Figure:
                     line=dict(width=1, color="white"),
                 ),
                 hovertemplate=_e(name) + "<br>exploration discarded %{x:.3%}"
-                "<br>noise admitted %{y:.3%}<extra></extra>",
+                "<br>noise admitted %{y:.3%}" + also + "<extra></extra>",
             )
         )
     # pad both axes so markers at 0 (ENTR often sits at the origin) are not cut by the axes
