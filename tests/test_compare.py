@@ -658,6 +658,12 @@ class TestSynth:
             if not g.get("tis"):
                 assert f" {g['name']} " in heads or g["label"] in heads, g["name"]
         assert "matched" in heads and "(2 of " in part
+        # no table is cropped at the right edge (every row ends with its border), and no
+        # gate label wraps inside a number ('threshold=0' / '.01')
+        rows = [ln.rstrip() for ln in lines if ln.startswith(("┏", "┃", "┡", "│", "└"))]
+        assert rows and all(ln.endswith(("┓", "┃", "┩", "│", "┘")) for ln in rows)
+        gate_tables = text[:text.index("tis cap=2: keeps every token")]
+        assert "max_mean_sq=0.04" in gate_tables and "threshold=0.01" in gate_tables
 
         # also renders from the plain dict (e.g. JSON read back)
         buf2 = io.StringIO()

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from entr_diag.compare import noise_by_definition
-from entr_diag.report.tables import split_table
+from entr_diag.report.tables import print_fitting, split_table
 
 __all__ = ["render_compare", "READING_NOTES"]
 
@@ -49,7 +49,10 @@ def _table(
     for j, h in enumerate(header):
         words = max([len(x) for x in h.split()] or [0])
         if j < text_cols:
-            t.add_column(Text(h), justify="left", overflow="fold", min_width=min(12, words))
+            # wide enough for its longest word ('max_mean_sq=0.04'), up to 24: a gate label
+            # wraps at its spaces, never inside a number ('threshold=0' / '.01')
+            longest = max([words, *(len(x) for r in rows for x in str(r[j]).split())])
+            t.add_column(Text(h), justify="left", overflow="fold", min_width=min(24, longest))
         else:
             w = max([len(r[j]) for r in rows] + [words])
             t.add_column(Text(h), justify="right", min_width=w)
@@ -295,13 +298,11 @@ def render_compare(result: Any, console: Console) -> None:
     ``result``: a :class:`~entr_diag.compare.CompareResult` or its ``to_dict()``.
     """
     d = result.to_dict() if hasattr(result, "to_dict") else result
-    console.print(_gate_table(d))
+    print_fitting(console, _gate_table(d))
     for line in _gate_notes(d):
         console.print(Text(line, style="dim"))
-    for t in _agreement_tables(d):
-        console.print(t)
-    for t in _matched_tables(d):
-        console.print(t)
+    for t in (*_agreement_tables(d), *_matched_tables(d)):
+        print_fitting(console, t)
     for field, title, first in (
         ("keep_by_entropy", "Keep rate by entropy bin", "entropy (nats)"),
         ("keep_by_staleness", "Keep rate by staleness (policy versions)", "staleness"),
@@ -310,7 +311,7 @@ def render_compare(result: Any, console: Console) -> None:
             console.print(t)
     for key in ("tau", "c"):
         if key in d.get("sweep", {}):
-            console.print(_sweep_table(d["sweep"][key]))
+            print_fitting(console, _sweep_table(d["sweep"][key]))
     defs = d.get("definitions", {})
     for key in ("noise_token", "law_scale_token"):
         if key in defs:
