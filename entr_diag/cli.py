@@ -226,7 +226,7 @@ ColumnOpt = Annotated[
     typer.Option(
         "--column", "-c", metavar="CANONICAL=SOURCE",
         help="Map a source column to a canonical one (repeatable), e.g. "
-        "--column infer_logprob=rollout_log_probs.",
+        "--column entropy=entropys (verl's name).",
     ),
 ]
 FrameworkOpt = Annotated[
@@ -320,9 +320,17 @@ class _Phases:
     def begin(self, quiet: bool) -> None:
         if quiet or not stderr.is_terminal:
             return
+        from rich.table import Column
+
+        # on a narrow terminal the phase's description gives way (cut with "…"), never the
+        # rows read and their total
         self.bar = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=24),
+            SpinnerColumn(),
+            TextColumn("{task.description}",
+                       table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+            BarColumn(bar_width=24 if stderr.width >= 110 else 10),
             _RowsColumn(), TimeElapsedColumn(), console=stderr, transient=True,
+            expand=stderr.width < 110,
         )
         self.bar.start()
         self.task = self.bar.add_task("starting", total=None)

@@ -1967,3 +1967,27 @@ def test_ctrl_c_while_the_cli_loads_exits_130_quietly(monkeypatch):
     with pytest.raises(SystemExit) as ei:
         _entry.main()
     assert ei.value.code == 130
+
+
+def test_progress_bar_at_80_columns_keeps_the_counts(monkeypatch):
+    """On an 80-column terminal the phase's description is cut ('…'), never the rows read
+    and their total (they were cut to '972,008/…')."""
+    import io
+
+    from rich.console import Console
+
+    import entr_diag.cli as cli
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cli, "stderr", Console(file=buf, force_terminal=True, width=80))
+    ph = cli._Phases()
+    ph.begin(quiet=False)
+    ph.phase("one pass (fit, metrics, forensics, profiles, gates)", 48_600_000)
+    ph.advance(12_500_000)
+    ph.bar.refresh()
+    line = ph.bar.make_tasks_table(ph.bar.tasks)
+    ph.bar.stop()
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(line)
+    text = out.getvalue()
+    assert "12.5/48.6M tokens" in text and "one pass (fit, metrics" in text
