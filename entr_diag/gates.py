@@ -222,7 +222,7 @@ class FixedBand(TokenGate):
     summary: ClassVar[str] = "keep iff |delta| <= c"
 
     def _validate(self) -> None:
-        self._check(not math.isnan(self.c) and self.c >= 0, "c must be >= 0 (nats)")
+        self._check(not math.isnan(self.c) and self.c >= 0, "c must be a number >= 0 (nats)")
 
     def keep_expr(self) -> pl.Expr:
         return _DELTA.abs() <= self.c
@@ -754,7 +754,7 @@ def parse_gate_spec(spec: str) -> GateSpec:
         raise TypeError(f"parse_gate_spec: expected the spec as a str (e.g. 'fixed:c=0.5'), "
                         f"got {type(spec).__qualname__}.")
     if not spec.strip():
-        raise _bad("Empty gate spec.")
+        raise _bad("empty gate spec.")
     name, sep, rest = spec.strip().partition(":")
     key = name.strip().lower().replace("_", "-")
     key = _ALIASES.get(key, _ALIASES.get(name.strip().lower(), key))
