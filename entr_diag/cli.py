@@ -432,9 +432,13 @@ def _errors(quiet: bool = True) -> Iterator[None]:
     except pl.exceptions.PolarsError as e:
         _phases.end()
         _notes.drop()
+        # (the loader names the file of a read or cast failure itself: a polars error that
+        # gets here came from the analysis, a damaged file its metadata hides, or a bug)
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        stderr.print(f"[bold red]error:[/bold red] cannot read the input: {escape(msg[:300])}",
-                     soft_wrap=True)
+        stderr.print(f"[bold red]error:[/bold red] polars failed ({type(e).__name__}: "
+                     f"{escape(msg[:300])}). If every input file reads with "
+                     "polars.read_parquet, this is a bug of entr-diag: please report it "
+                     "with the command.", soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as e:
         _phases.end()

@@ -1991,3 +1991,24 @@ def test_progress_bar_at_80_columns_keeps_the_counts(monkeypatch):
     Console(file=out, width=80, color_system=None).print(line)
     text = out.getvalue()
     assert "12.5/48.6M tokens" in text and "one pass (fit, metrics" in text
+
+
+def test_a_polars_failure_in_the_analysis_is_not_called_an_unreadable_input(monkeypatch):
+    """A polars error the loader did not name (the analysis, or a bug: a threshold search
+    once divided a subnormal width to NaN) reads 'polars failed' with the error's type and
+    where to report it, one line and exit 2; it read 'cannot read the input', blaming the
+    data."""
+    import polars as pl
+
+    import entr_diag.fit as fit_mod
+
+    def boom(*a, **k):
+        raise pl.exceptions.InvalidOperationError("conversion from `f64` to `i32` failed")
+
+    monkeypatch.setattr(fit_mod, "fit_plan", boom)
+    r = CliRunner().invoke(app, ["fit", "-q"])
+    assert r.exit_code == 2
+    err = " ".join(r.output.split())
+    assert "error: polars failed (InvalidOperationError: conversion from `f64` to `i32` " \
+           "failed)" in err and "bug of entr-diag" in err
+    assert "cannot read the input" not in err and "Traceback" not in r.output
