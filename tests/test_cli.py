@@ -2012,3 +2012,17 @@ def test_a_polars_failure_in_the_analysis_is_not_called_an_unreadable_input(monk
     assert "error: polars failed (InvalidOperationError: conversion from `f64` to `i32` " \
            "failed)" in err and "bug of entr-diag" in err
     assert "cannot read the input" not in err and "Traceback" not in r.output
+
+
+def test_inspect_all_masked_says_why_it_counts_no_step(tmp_path):
+    """Rows carrying steps 3 and 4, every one outside the loss mask: 'steps: 0' says that
+    steps are counted over the valid tokens, of which there are none."""
+    p = tmp_path / "masked.parquet"
+    pl.DataFrame({"seq_id": [1, 1, 2, 2], "position": [0, 1, 0, 1], "step": [3, 3, 4, 4],
+                  "train_logprob": [-1.0, -2.0, -1.0, -2.0],
+                  "infer_logprob": [-1.0, -2.0, -1.0, -2.0], "entropy": [1.0] * 4,
+                  "loss_mask": [False] * 4}).write_parquet(p)
+    r = runner.invoke(app, ["inspect", str(p), "-q"])
+    assert r.exit_code == 0, r.output
+    assert "steps: 0 (steps are counted over the valid tokens: this input has none)" in " ".join(
+        r.stdout.split())

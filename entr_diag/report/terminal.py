@@ -69,7 +69,9 @@ def render_inspect(desc: dict, console: Console) -> None:
     lines = []
     if st:
         lines.append(f"steps: {st['count']}" + (
-            f" ({st['min']}..{st['max']})" if st.get("min") is not None else ""))
+            f" ({st['min']}..{st['max']})" if st.get("min") is not None else "")
+            + (" (steps are counted over the valid tokens: this input has none)"
+               if not st["count"] and not acc.get("tokens_valid") else ""))
     if acc.get("policy_versions"):
         lo, hi = acc["policy_versions"]
         lines.append(f"policy_version: {lo}..{hi}")
