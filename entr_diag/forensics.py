@@ -2088,6 +2088,57 @@ def _step_jump(steps: np.ndarray, level: np.ndarray) -> tuple[int, int, float] |
     return int(steps[i]), int(steps[i + 1]), float(math.exp(d[i]))
 
 
+#: a step spikes when its adjusted level is at least this factor above the median step's...
+SPIKE_MIN_RATIO = 2.0
+#: ... and this many robust standard deviations (1.4826 MAD of the other steps) above it
+SPIKE_Z = 5.0
+
+
+def _step_spikes(steps: np.ndarray, level: np.ndarray) -> list[tuple[int, float]]:
+    """(step, factor over the median step) of the steps whose per-step adjusted log level
+    stands SPIKE_MIN_RATIO above the median of all steps and SPIKE_Z robust standard
+    deviations of the other steps above it, when at most a quarter of the steps (at least
+    one) do: a short-lived rise (a failed or half-applied weight sync, an engine restart),
+    which a trend over the run or a lasting jump does not describe. [] otherwise."""
+    lv = np.asarray(level, dtype=float)
+    if lv.size < DRIFT_MIN_STEPS or not np.isfinite(lv).all():
+        return []
+    med = float(np.median(lv))
+    high = np.flatnonzero(lv - med >= math.log(SPIKE_MIN_RATIO))
+    if not high.size or high.size > max(1, lv.size // 4):
+        return []
+    rest = np.delete(lv, high)
+    scale = 1.4826 * float(np.median(np.abs(rest - np.median(rest))))
+    out = [(int(steps[i]), float(math.exp(lv[i] - med))) for i in high
+           if lv[i] - med >= SPIKE_Z * scale]
+    return out if len(out) == high.size else []
+
+
+def _spike_finding(spikes: list[tuple[int, float]], ev: dict, used: str) -> _Result:
+    """The warning for one-step spikes of the adjusted level (:func:`_step_spikes`)."""
+    at = ", ".join(f"step {s} (x{r:.2f})" for s, r in spikes)
+    ev = {**ev, "spike_steps": [s for s, _ in spikes],
+          "spike_factor_over_median_step": [_r(r) for _, r in spikes]}
+    f = Finding(
+        kind="drift",
+        severity="warning",
+        title=(f"Mismatch spikes at {'step' if len(spikes) == 1 else 'steps'} "
+               f"{', '.join(str(s) for s, _ in spikes)}: mean |delta| "
+               f"x{max(r for _, r in spikes):.2f} the other steps' at fixed entropy"),
+        message=(
+            f"At fixed entropy ({used}), mean |delta| at {at} stands above the median step "
+            f"by at least x{SPIKE_MIN_RATIO:g} and {SPIKE_Z:g} robust standard deviations of "
+            "the other steps, which do not drift: a short-lived mismatch, not a trend over "
+            "training. The per-step metrics (kl, ess) of those steps show it too."
+        ),
+        evidence=ev,
+        check=("what happened at those steps: a weight sync that failed or was half applied, "
+               "an engine restart or fallback (another dtype, kernel or quantisation), a "
+               "resume from another checkpoint; their tokens weigh in every pooled number."),
+    )
+    return _found(f, f"spike {at}")
+
+
 def _check_drift(ctx: _Ctx) -> _Result:
     """Mismatch drift over training.
 
@@ -2183,10 +2234,13 @@ def _check_drift(ctx: _Ctx) -> _Result:
         onset = _lag_onset_jump(ctx)
         if onset is not None:
             return onset
+    spikes = _step_spikes(ust, level) if t.levels_comparable else []
+    if spikes:
+        return _spike_finding(spikes, ev, used)
     return _clear(
         name,
         f"mean |delta| at fixed entropy changes by x{growth:.3g} over {len(ust)} steps "
-        f"({_pval(p)}, {used})",
+        f"({_pval(p)}, {used}), with no steady rise",
     )
 
 

@@ -497,6 +497,25 @@ def test_drift(tmp_path, base):
     assert res.status("staleness").status == "clear"
 
 
+
+def test_a_one_step_spike_is_a_drift_warning(tmp_path, base):
+    """One step whose mismatch is 3x the others' (a failed weight sync): neither a trend
+    over the run nor a lasting jump, it read 'clear' beside x1.73 at p = 3e-9; now a
+    warning naming the step and its factor. The clean run has no spike."""
+    df = _with_delta(base, pl.when(pl.col("step") == 5).then(DELTA * 3).otherwise(DELTA))
+    res = run_forensics(_load(tmp_path, df), checks=["drift"])
+    f = res.by_kind("drift")
+    assert f is not None and f.severity == "warning", res.status("drift")
+    assert f.evidence["spike_steps"] == [5]
+    assert f.evidence["spike_factor_over_median_step"][0] == pytest.approx(3.0, rel=0.15)
+    assert "Mismatch spikes at step 5" in f.title and "weight sync" in f.check
+    clean = run_forensics(_load(tmp_path, base, "clean.parquet"), checks=["drift"])
+    assert clean.by_kind("drift") is None and clean.status("drift").status == "clear"
+    # two steps of eight are a quarter: still spikes; three are a pattern, not a spike
+    levels = np.log([1, 1, 1.1, 0.9, 3, 1, 1, 1.05])
+    assert FX._step_spikes(np.arange(8), levels) == [(4, pytest.approx(3 / 1.0, rel=0.1))]
+    assert FX._step_spikes(np.arange(8), np.log([1, 3, 1, 3, 1, 3, 1, 1])) == []
+
 @pytest.mark.parametrize("gain", [0.0, 0.15])
 def test_drift_with_few_steps(tmp_path, gain):
     """With 5 steps a planted drift (x1.6) is found and a clean run is not."""
