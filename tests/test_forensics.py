@@ -758,6 +758,22 @@ def test_corrupt_rows_per_sequence(tmp_path):
     assert all(int(s) % 17 == 1 for s in ev["placeholder_run_examples_seq_id"])
 
 
+def test_a_corrupt_run_in_a_handful_of_tokens_is_info(tmp_path):
+    """One sequence ending in 4 non-finite engine logprobs among ~20k tokens: listed (the
+    sequence named) at info, with its share, not a warning and a caveat beside the verdict
+    sending the reader after a mask bug the fit does not feel."""
+    base = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, masked_share=0.0))
+    first = base["seq_id"].min()
+    n_tok = pl.len().over("seq_id")
+    suf = (pl.col("seq_id") == first) & (pl.col("position") >= n_tok - 4)
+    df = base.with_columns(pl.when(suf).then(float("nan")).otherwise(IL).alias("infer_logprob"))
+    f = run_forensics(_load(tmp_path, df), checks=["corrupt_rows"]).by_kind("corrupt_rows")
+    assert f is not None and f.severity == "info"
+    assert f.evidence["sequences_with_nonfinite_suffix"] == 1
+    assert f.evidence["pattern_token_share"] == pytest.approx(4 / base.height, rel=0.01)
+    assert "too few to move the fit" in f.message and str(first) in f.message
+
+
 def test_nonfinite_bursts_inside_sequences_are_described(tmp_path):
     """Runs of 4 -inf engine logprobs in the middle of some sequences (not their end):
     counted apart from suffixes, with examples; scattered single NaNs stay scattered."""
