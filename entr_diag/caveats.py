@@ -865,7 +865,15 @@ def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
            if mixed else "The fitted law and the ENTR gate's budget are then off by a "
            "constant factor")
         + f": multiply the {'column' if one else 'columns'} by {to_nats}"
-        + ("." if mixed else " (unless the engine sampled with a temperature or top-p that "
+        + (f" (unless that side's logprobs were divided by a sampling temperature of "
+           f"{_TEMPERATURE_ALIKE[to_nats]}, which scales them alike: check the sampler's "
+           "temperature before rescaling)." if mixed
+           else " (unless the engine sampled with a temperature or top-p that "
            "the logged values leave out).")
     )
+
+
+#: the temperature T whose logprobs / T one side's column in another base reads like
+#: (log2 values are ln p / ln 2: ln p divided by T = ln 2)
+_TEMPERATURE_ALIKE: dict[str, str] = {"ln 2": "ln 2 = 0.69", "ln 10": "ln 10 = 2.3"}
 

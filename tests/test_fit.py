@@ -626,7 +626,10 @@ def test_unit_mistake_rule():
     only = units_caveat({"likely_mistake": "infer_logprob_log10", "ratio_binned": 0.435,
                          "train_over_infer": 2.3}, {"infer_logprob": "lp"})
     assert only.startswith("caveat: infer_logprob ('lp') probably holds log10 values")
-    assert "train_logprob is in nats" in only and "multiply the column by ln 10." in only
+    assert "train_logprob is in nats" in only
+    # one side's column scaled alike by a temperature (logprobs / T): the hedge names it
+    assert ("multiply the column by ln 10 (unless that side's logprobs were divided by a "
+            "sampling temperature of ln 10 = 2.3") in only
     train = units_caveat({"likely_mistake": "train_logprob_log10", "ratio_binned": 1.0,
                           "train_over_infer": 0.434})
     assert train.startswith("caveat: train_logprob probably holds log10 values")
