@@ -1166,6 +1166,8 @@ def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSear
     poor = np.isfinite(power.r2) and power.r2 < R2_MIN
     if np.isfinite(lo) and (lo <= 1.0 <= hi or abs(power.alpha - 1.0) <= ALPHA_EXACT) and not poor:
         law, head = "holds", f"law holds: {a_txt}"
+        if not lo <= 1.0 <= hi:  # (a narrow interval: the tolerance, not the interval, decides)
+            head += f" (interval excludes 1, alpha within {ALPHA_EXACT:g} of it)"
     elif (np.isfinite(lo) and (hi < 1 - ALPHA_TOL or lo > 1 + ALPHA_TOL)) or poor:
         why = []
         if poor:

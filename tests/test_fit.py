@@ -550,6 +550,14 @@ def test_verdict_prints_enough_decimals_to_show_the_interval():
     power.r2 = 0.85
     assert "(poor fit, weighted R^2 = 0.85 < 0.9)" in \
         _make_verdict(power, None, search, regime).text
+    # holds by the tolerance around 1 while the narrow interval misses 1: it says so
+    power.alpha, power.alpha_ci, power.r2 = 1.04, (1.03, 1.05), 0.99
+    v = _make_verdict(power, None, search, regime)
+    assert v.law == "holds"
+    assert "law holds: alpha = 1.04 [1.03, 1.05] (interval excludes 1, alpha within 0.05 of " \
+           "it)" in v.text
+    power.alpha_ci = (0.99, 1.05)
+    assert "excludes" not in _make_verdict(power, None, search, regime).text
 
 
 # ----------------------------------------------------------------------------- units check
