@@ -72,6 +72,7 @@ from entr_diag.gates import (
     SeqTIS,
     SequenceGate,
     entr_score_expr,
+    scaled_truncation,
 )
 from entr_diag.passes import GroupAgg, column, frame_of, run_pass, run_starts
 
@@ -680,13 +681,10 @@ def _seq_tis_extras(gate: SeqTIS, per_seq: pl.DataFrame, n_tok: int) -> TisExtra
     t = t.filter(pl.col("s").is_finite() & (pl.col("n") > 0))
     s_ = t["s"].to_numpy().astype(np.float64)
     n_ = t["n"].to_numpy().astype(np.float64)
-    log_cap = math.log(gate.cap)
-    trunc = s_ > log_cap
+    trunc = s_ > math.log(gate.cap)
     removed = 0.0 if s_.size else float("nan")
-    if trunc.any():  # (then the largest sum exceeds log(cap): exp(log_cap - top) < 1)
-        top = float(s_.max())
-        w = np.exp(s_ - top)
-        over = np.where(trunc, w - math.exp(log_cap - top), 0.0)
+    if trunc.any():  # (then the largest sum exceeds log(cap): the cap scaled stays finite)
+        w, over = scaled_truncation(s_, gate.cap, float(s_.max()))
         removed = _ratio(float((n_ * over).sum()), float((n_ * w).sum()))
     tr_tok = int(n_[trunc].sum())
     return TisExtras(cap=gate.cap, truncated_tokens=tr_tok,
@@ -1426,12 +1424,10 @@ class _SecondPass:
                 new = top - _WEIGHT_LOG_MAX
                 self.tis_sums *= math.exp(self.tis_shift - new)
                 self.tis_shift = new
-            w = np.exp(d - self.tis_shift)
             for t, i in enumerate(self.tis):
                 g = self.plan.all_gates[i]
                 assert isinstance(g, TIS)
-                cap = g.cap * math.exp(-self.tis_shift) if math.isfinite(g.cap) else math.inf
-                removed = np.maximum(w - cap, 0.0)
+                w, removed = scaled_truncation(d, g.cap, self.tis_shift)
                 for s_, wt in enumerate((removed, w)):
                     self.tis_sums[t, s_] += np.bincount(code, weights=wt, minlength=self.n_cells)
         for j, c in enumerate(self.bracketed):

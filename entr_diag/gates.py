@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+import numpy as np
 import polars as pl
 
 from entr_diag.errors import ParameterError
@@ -73,6 +74,7 @@ __all__ = [
     "parse_gate_spec",
     "gate_help",
     "entr_score_expr",
+    "scaled_truncation",
 ]
 
 _DELTA = pl.col("delta")
@@ -357,6 +359,18 @@ class TIS(TokenGate):
     def removed_mass_expr(self) -> pl.Expr:
         """Per-token weight removed by truncation ``max(r - cap, 0)``."""
         return (_DELTA.exp() - self.cap).clip(lower_bound=0.0)
+
+
+def scaled_truncation(log_w: np.ndarray, cap: float, shift: float
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Weights ``w = exp(log_w)`` and the weight truncation at ``cap`` removes,
+    ``max(w - cap, 0)``, both times ``exp(-shift)`` (float64 arrays shaped as ``log_w``).
+
+    A ratio of sums of them (TIS's share of weight mass removed) is unchanged by the
+    scaling, which keeps a weight beyond a float finite (``log_w`` of 999 with ``shift`` =
+    399). ``cap`` may be ``inf`` (nothing removed)."""
+    w = np.exp(log_w - shift)
+    return w, np.maximum(w - math.exp(math.log(cap) - shift), 0.0)
 
 
 # ------------------------------------------------------------------------ sequence gates
