@@ -1055,6 +1055,45 @@ def test_row_order_does_not_change_results(tmp_path, base):
                 assert fb["evidence"][k] == pytest.approx(v, rel=1e-3, abs=1e-9), k
 
 
+
+def test_sequence_order_sorts_only_when_needed():
+    """The lag checks read rows as they are when each sequence is one run of ascending
+    positions, and sort by (seq_key, position) otherwise (a sequence split over two runs,
+    positions out of order or repeated)."""
+    def frame(keys, pos):
+        return pl.DataFrame({"seq_key": keys, "position": pos, "v": list(range(len(keys)))},
+                            schema={"seq_key": pl.UInt64, "position": pl.Int64, "v": pl.Int64})
+
+    grouped = frame([5, 5, 5, 2, 2], [0, 1, 3, 0, 1])
+    assert FX._by_sequence_order(grouped).collect().equals(grouped)
+    for bad in (frame([5, 5, 2, 5], [0, 1, 0, 2]),  # sequence 5 in two runs
+                frame([5, 5, 2], [1, 0, 0]),  # descending positions
+                frame([5, 5, 2], [0, 0, 0])):  # a repeated position
+        out = FX._by_sequence_order(bad).collect()
+        assert out.equals(bad.sort("seq_key", "position")), bad
+
+
+def test_misalignment_same_on_grouped_and_scattered_sample(base):
+    """The shift test gives the same evidence on a sample whose sequences are grouped (read
+    as is) and on the same rows scattered (sorted first)."""
+    df = base.with_columns(pl.col("seq_id").hash().alias("seq_key"))
+    shifted = df.with_columns(  # every 7th sequence shifted by one token
+        pl.when(pl.col("seq_id") % 7 == 0).then(pl.col("infer_logprob").shift(1).over("seq_id"))
+        .otherwise(pl.col("infer_logprob")).alias("infer_logprob")).drop_nulls("infer_logprob")
+    for frame in (df, shifted):
+        a = FX._misalignment(frame, 1000)
+        b = FX._misalignment(frame.sample(fraction=1.0, shuffle=True, seed=3), 1000)
+        assert a[0] == b[0]
+        ea = a[1].evidence if a[1] is not None else {}
+        eb = b[1].evidence if b[1] is not None else {}
+        assert ea.keys() == eb.keys()
+        for k, v in ea.items():
+            if isinstance(v, float):
+                assert eb[k] == pytest.approx(v, rel=1e-9, abs=1e-12), k
+            elif k != "example_seq_ids":
+                assert eb[k] == v, k
+    assert FX._misalignment(shifted, 1000)[1] is not None  # (the planted shift is found)
+
 def test_nested_layout_matches_long(tmp_path):
     """The same synthetic run in the nested layout gives the same statuses as the long one."""
     from entr_diag.synth import write_synth
