@@ -696,6 +696,38 @@ OTHER_TOKEN_FACTOR = 1.3
 OTHER_TOKEN_MAX_CORR = 0.5
 
 
+#: the entropy column's unit, by the key of :data:`UNIT_SIGNATURES` that names it: (its
+#: name, the factor that turns it into nats)
+ENTROPY_UNITS: dict[str, tuple[str, float]] = {
+    "entropy_bits": ("bits", math.log(2)),
+    "entropy_log10": ("log10 units", math.log(10)),
+}
+
+
+def entropy_unit(units: Mapping | None) -> tuple[str, float] | None:
+    """(unit, factor to nats) when the fit's units check (a fit result's
+    ``to_dict()["units"]``, or None) names the entropy column's unit as another than nats
+    (``likely_mistake`` ``entropy_bits``: ``("bits", ln 2)``; ``entropy_log10``:
+    ``("log10 units", ln 10)``), else None. Every entropy the tool prints (bin edges,
+    H*) is then in that unit, as the column reads, not in nats."""
+    key = units.get("likely_mistake") if isinstance(units, Mapping) else None
+    return ENTROPY_UNITS.get(key) if isinstance(key, str) else None
+
+
+def entropy_text(value: str, interval: str, units: Mapping | None,
+                 nats: str | None = None) -> str:
+    """An entropy printed with its unit and interval: ``"<value> nats <interval>"``, or,
+    when the units check names the entropy column's unit (:func:`entropy_unit`),
+    ``"<value> <interval> in the entropy column's unit (probably bits; <nats> nats)"``.
+    ``value``, ``interval``: the entropy and its interval (e.g. ``"[0.029, 0.041]"``) as
+    the column reads, formatted; ``nats``: the same converted to nats, formatted (left out
+    when None)."""
+    unit = entropy_unit(units)
+    if unit is None:
+        return f"{value} nats {interval}".rstrip()
+    conv = f"; {nats} nats" if nats else ""
+    return f"{value} {interval}".rstrip() + f" in the entropy column's unit (probably {unit[0]}{conv})"
+
 def other_token(ratio: float, ratio_binned: float, train_ratio_binned: float, tokens: int,
                 train_over_infer: float, within_bin_corr: float = math.nan) -> str | None:
     """The logprob column that does not hold the SAMPLED token's logprob, else None.

@@ -1605,7 +1605,11 @@ def flag(
             n = pl.scan_parquet(output, glob=False).select(pl.len()).collect().item()
         else:  # written to a device or a pipe: nothing to read back
             n = lf.select(pl.len()).collect().item()
-        out.print(f"{n:,} low-entropy noise tokens (H < H* = {h_star:.4g} nats and "
+        from entr_diag.caveats import entropy_text
+
+        units = res.to_dict().get("units")
+        out.print(f"{n:,} low-entropy noise tokens (H < H* = "
+                  f"{entropy_text(f'{h_star:.4g}', '', units)} and "
                   f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True,
                   markup=False)
 

@@ -1157,7 +1157,7 @@ def _fmt(x: float, digits: int = 3) -> str:
 
 
 def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSearch,
-                  regime: RegimeResult) -> Verdict:
+                  regime: RegimeResult, units: UnitsCheck | None = None) -> Verdict:
     lo, hi = power.alpha_ci
     d = 2  # decimals: more when the interval would print as one number (1.30 [1.30, 1.30])
     while d < 4 and np.isfinite(lo) and f"{lo:.{d}f}" == f"{hi:.{d}f}":
@@ -1188,8 +1188,15 @@ def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSear
         head += (f" (robust Theil-Sen alpha = {power.robust.alpha:.2f} disagrees: heavy-tailed "
                  "bins dominate least squares)")
     if bp is not None:
-        where = (f"noise regime below H* = {_fmt(bp.h_star, 2)} nats "
-                 f"[{_fmt(bp.h_star_ci[0], 2)}, {_fmt(bp.h_star_ci[1], 2)}]: ")
+        from entr_diag.caveats import entropy_text, entropy_unit
+
+        # (an entropy column the units check reads as bits: H* as it reads, and in nats)
+        unit = entropy_unit(None if units is None else units.to_dict())
+        f = 1.0 if unit is None else unit[1]
+        h_txt = entropy_text(
+            _fmt(bp.h_star, 2), f"[{_fmt(bp.h_star_ci[0], 2)}, {_fmt(bp.h_star_ci[1], 2)}]",
+            None if units is None else units.to_dict(), _fmt(bp.h_star * f, 2))
+        where = f"noise regime below H* = {h_txt}: "
         if regime.flagged_tokens:
             tail = (where + f"{_pct(regime.share_flagged)} of tokens flagged as noise "
                     f"(delta^2/(H+{regime.eps:g}) > {regime.tau:g} below H*), "
@@ -1947,6 +1954,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         "r2_min": R2_MIN,
         "source": "arXiv:2607.22186 (ENTR / ESTR)",
     }
+    units = _fit_units(per_bin, reg, point, S, fs)
     return FitResult(
         parameters=params,
         bins=tuple(bins_out),
@@ -1955,13 +1963,18 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         breakpoint_search=search,
         regime=regime,
         strata=Strata(tuple(staleness_fits), tuple(step_fits), tuple(notices)),
-        verdict=_make_verdict(power, bp, search, regime),
-        # (the tokens with an impossible logprob left out: fs.units_out)
-        units=_units_check(per_bin(reg["s_lp"].sum(axis=(1, 2))) - fs.units_out[1],
-                           point["s_d"] - fs.units_out[2],
-                           S["s_h"].sum(axis=1) - fs.units_out[3],
-                           S["n"].sum(axis=1) - fs.units_out[0],
-                           per_bin(reg["s_lp2"].sum(axis=(1, 2))) - fs.units_out[4],
-                           per_bin(reg["s_lpd"].sum(axis=(1, 2))) - fs.units_out[5],
-                           per_bin(reg["s_d2"].sum(axis=(1, 2))) - fs.units_out[6]),
+        verdict=_make_verdict(power, bp, search, regime, units),
+        units=units,
     )
+
+
+def _fit_units(per_bin, reg: dict, point: dict, S: dict, fs) -> UnitsCheck:
+    """The fit's :class:`UnitsCheck` from its sums per bin, the tokens with an impossible
+    logprob left out (``fs.units_out``)."""
+    return _units_check(per_bin(reg["s_lp"].sum(axis=(1, 2))) - fs.units_out[1],
+                        point["s_d"] - fs.units_out[2],
+                        S["s_h"].sum(axis=1) - fs.units_out[3],
+                        S["n"].sum(axis=1) - fs.units_out[0],
+                        per_bin(reg["s_lp2"].sum(axis=(1, 2))) - fs.units_out[4],
+                        per_bin(reg["s_lpd"].sum(axis=(1, 2))) - fs.units_out[5],
+                        per_bin(reg["s_d2"].sum(axis=(1, 2))) - fs.units_out[6])

@@ -734,6 +734,8 @@ def test_entropy_in_bits_is_warned_about_and_reaches_the_verdict(synth_file, tmp
     doc = json.loads(js.read_text())
     assert doc["units"]["likely_mistake"] is None and "bits" not in (doc["verdict"]["caveat"] or "")
     assert doc["units"]["ratio_binned"] == pytest.approx(1.0, abs=0.05)
+    assert re.search(r"noise regime below H\* = [0-9.]+ nats \[", doc["verdict"]["text"])
+    assert "Entropy bins (H in nats;" in r.stdout
     p = tmp_path / "bits.parquet"
     pl.read_parquet(synth_file).with_columns(pl.col("entropy") / math.log(2)).write_parquet(p)
     r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--json", str(js)])
@@ -748,6 +750,14 @@ def test_entropy_in_bits_is_warned_about_and_reaches_the_verdict(synth_file, tmp
     assert doc["units"]["ratio_binned"] == pytest.approx(math.log(2), rel=0.05)
     assert "entropy probably holds bits" in doc["verdict"]["caveat"]
     assert "probably holds bits" in " ".join(r.stdout.split())
+    # H* as the column reads (bits), said so, and in nats beside it
+    h = doc["breakpoint"]["h_star"]
+    lo, hi = doc["breakpoint"]["h_star_ci"]
+    assert (f"noise regime below H* = {h:.2g} [{lo:.2g}, {hi:.2g}] in the entropy column's "
+            f"unit (probably bits; {h * math.log(2):.2g} nats)") in doc["verdict"]["text"]
+    out = " ".join(r.stdout.split())
+    assert "Entropy bins (H in the entropy column's unit, probably bits, not nats;" in out
+    assert f"Breakpoint: H* = {h:.3g} [" in out and f"(probably bits; {h * math.log(2):.3g} [" in out
     r = runner.invoke(app, ["compare", str(p), "--n-boot", "100", "-q", "--json", str(js)])
     assert r.exit_code == 0 and "probably holds bits" in r.stderr
     fit = json.loads(js.read_text())["fit"]

@@ -604,6 +604,24 @@ def test_units_check_ignores_a_low_entropy_noise_regime():
     assert u["likely_mistake"] is None
 
 
+def test_entropy_unit_names_the_column_unit_only_for_an_entropy_mistake():
+    """Entropies print in nats, or, when the units check reads the entropy column as bits
+    or log10, as the column reads, said so, with their value in nats beside them; a
+    logprob-side mistake and a malformed units record leave them in nats."""
+    from entr_diag.caveats import entropy_text, entropy_unit
+
+    assert entropy_unit({"likely_mistake": "entropy_bits"}) == ("bits", math.log(2))
+    assert entropy_unit({"likely_mistake": "entropy_log10"}) == ("log10 units", math.log(10))
+    for units in (None, {}, {"likely_mistake": None}, {"likely_mistake": "logprob_log10"},
+                  ["entropy_bits"], {"likely_mistake": ["entropy_bits"]}):
+        assert entropy_unit(units) is None
+        assert entropy_text("0.034", "[0.029, 0.041]", units, "x") == "0.034 nats [0.029, 0.041]"
+    assert entropy_text("0.05", "", {"likely_mistake": "entropy_bits"}) == (
+        "0.05 in the entropy column's unit (probably bits)")
+    assert entropy_text("0.05", "[0.04, 0.06]", {"likely_mistake": "entropy_log10"},
+                        "0.12") == ("0.05 [0.04, 0.06] in the entropy column's unit "
+                                    "(probably log10 units; 0.12 nats)")
+
 def test_unit_mistake_rule():
     """A signature matches within 7% of its factor and from 200 tokens; the normal range
     around 1 (temperature, top-p) and anything between the signatures match nothing."""

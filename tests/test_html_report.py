@@ -295,6 +295,22 @@ def test_summary_carries_inputs_and_verdicts(full_html):
     assert _has(full_html, "inference")
 
 
+def test_entropy_in_bits_says_so_beside_h_star():
+    """When the fit's units check reads the entropy column as bits, H* (summary, scaling
+    figure) and the scaling figure's entropy axis say the column's unit, with H* in nats."""
+    import math
+
+    fit = _fit()
+    fit["units"] = {"likely_mistake": "entropy_bits"}
+    h = build_report_html(summary=_summary(), fit=fit, metrics=_metrics(), compare=_compare(),
+                          profiles=_profiles(), findings=[])
+    text = html_mod.unescape(h)
+    nats = f"{0.02 * math.log(2):.3g}"
+    assert _has(text, "H* = 0.02 [0.015, 0.03] in the entropy column's unit (probably bits; "
+                      f"{nats} [")
+    assert _has(text, "entropy H (probably bits, as the column reads, bin mean)")
+    assert not _has(text, "H* = 0.02 nats")
+
 def test_entr_noise_admitted_is_marked_as_by_definition():
     """The ENTR gate that defines the noise tokens (same tau and eps as the flag) admits
     none of them by definition: the summary and the gate table say so instead of

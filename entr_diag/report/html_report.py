@@ -27,6 +27,7 @@ import plotly.io as pio
 import plotly.offline
 from plotly.subplots import make_subplots
 
+from entr_diag.caveats import entropy_text, entropy_unit
 from entr_diag.compare import noise_by_definition
 from entr_diag.metrics import clamp_note_of
 
@@ -475,6 +476,27 @@ def _fit_sentence(fit: dict | None, unavailable: str | None = None) -> str:
     return "Scaling law: the fit result carries no verdict."
 
 
+def _h_unit(fit: Mapping) -> str:
+    """The unit of the fit's entropies: nats, or the entropy column's as its units check
+    names it (:func:`~entr_diag.caveats.entropy_unit`: ``probably bits``)."""
+    unit = entropy_unit(fit.get("units"))
+    return "nats" if unit is None else f"probably {unit[0]}, as the column reads"
+
+
+def _h_text(fit: Mapping, h: Any, lo: Any, hi: Any) -> str:
+    """An entropy with its interval and unit (``0.034 nats [0.029, 0.041]``), with its
+    value in nats beside it when the units check names the entropy column's unit bits or
+    log10 (:func:`~entr_diag.caveats.entropy_text`)."""
+    units = fit.get("units")
+    unit = entropy_unit(units)
+    nats = None
+    if unit is not None and _is_num(h):
+        f = unit[1]
+        nats = f"{_f(h * f)}" + (f" [{_f(lo * f)}, {_f(hi * f)}]"
+                                 if _is_num(lo) and _is_num(hi) else "")
+    return entropy_text(_f(h), f"[{_f(lo)}, {_f(hi)}]", units, nats)
+
+
 def _regime_sentence(fit: dict | None) -> str:
     if not fit:
         return "Noise regime: not assessed (no fit result)."
@@ -485,7 +507,7 @@ def _regime_sentence(fit: dict | None) -> str:
         reason = str(reason).rstrip(".") if reason else ""
         return "Noise regime: no low-entropy break detected" + (f": {reason}." if reason else ".")
     lo, hi = _interval(bp, "h_star")
-    s = f"Noise regime: below H* = {_f(bp['h_star'])} nats [{_f(lo)}, {_f(hi)}]"
+    s = f"Noise regime: below H* = {_h_text(fit, bp['h_star'], lo, hi)}"
     if _is_num(reg.get("share_below_h_star")):
         s += (
             f", {_pct(reg['share_below_h_star'])} of tokens carry "
@@ -793,7 +815,7 @@ def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
             xanchor="left",
             yanchor="bottom",
             showarrow=False,
-            text=f" H* = {_f(h_star)} nats [{_f(lo)}, {_f(hi)}]",
+            text=f" H* = {_h_text(fit, h_star, lo, hi)}",
             font=dict(color="#b91c1c", size=12),
         )
         fig.add_annotation(
@@ -808,7 +830,7 @@ def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
         )
     fig.update_xaxes(
         type="log",
-        title_text="entropy H (nats, bin mean)",
+        title_text=f"entropy H ({_h_unit(fit)}, bin mean)",
         exponentformat="power",
         dtick=1,
         range=[min(lx) - 0.3, max(lx) + 0.2],

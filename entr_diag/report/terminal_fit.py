@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from entr_diag.fit import FitResult
+from entr_diag.caveats import entropy_text, entropy_unit
+from entr_diag.fit import Breakpoint, FitResult
 from entr_diag.metrics import METRIC_NAMES, MismatchMetrics
 from entr_diag.report.tables import print_fitting
 
@@ -46,14 +47,27 @@ def _pct(x: float) -> str:
     return "-" if not math.isfinite(x) else f"{100 * x:.3g}%"
 
 
+def _nats(bp: Breakpoint, unit: tuple[str, float] | None) -> str | None:
+    """H* and its interval converted to nats (None when the entropy column is in nats)."""
+    if unit is None:
+        return None
+    f = unit[1]
+    lo, hi = bp.h_star_ci
+    return f"{_g(bp.h_star * f)} {_ci((lo * f, hi * f))}"
+
+
 def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Console, *,
                caveat: str | None = None) -> None:
     """Print the fit (and the mismatch metrics, when given) to ``console``.
 
     Order: verdict (and ``caveat`` under it, e.g.
     :func:`~entr_diag.caveats.small_sample_caveat`), bins table, laws table,
-    breakpoint and regime lines, strata table, metrics table. Entropies and deltas in nats.
+    breakpoint and regime lines, strata table, metrics table. Entropies and deltas in nats
+    (entropies as the column reads, said so, when the units check names its unit bits or
+    log10: :func:`~entr_diag.caveats.entropy_unit`).
     """
+    units = result.units.to_dict() if result.units is not None else None
+    unit = entropy_unit(units)
     v = result.verdict
     style = {"holds": "bold green", "holds_approximately": "bold yellow"}.get(v.law, "bold red")
     console.print(f"Verdict: {v.text}", style=style, soft_wrap=True, markup=False)
@@ -62,7 +76,9 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     console.print()
 
     # ---- bins
-    t = _table("Entropy bins (H in nats; 95% intervals: sequence-block bootstrap)")
+    t = _table("Entropy bins (H in " + ("nats" if unit is None else
+                                        f"the entropy column's unit, probably {unit[0]}, not nats")
+               + "; 95% intervals: sequence-block bootstrap)")
     for col in ("H from", "tokens", "seqs", "mean H", "mean d", "mean d^2",
                 "95% CI", "mean |d|", "p95 |d|", "p<1e-3", "mean z^2", "fit"):
         t.add_column(col, justify="left" if col == "fit" else "right", no_wrap=True)
@@ -124,7 +140,8 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
         console.print(f"Breakpoint: none ({s.reason}).", soft_wrap=True, markup=False)
     else:
         console.print(
-            f"Breakpoint: H* = {_g(bp.h_star)} nats {_ci(bp.h_star_ci)}; "
+            f"Breakpoint: H* = "
+            f"{entropy_text(_g(bp.h_star), _ci(bp.h_star_ci), units, _nats(bp, unit))}; "
             f"delta BIC = {bp.delta_bic:.1f}; low-entropy excess x{_g(bp.excess_ratio)} "
             f"{_ci(bp.excess_ratio_ci)}; bootstrap support {_pct(bp.support)}.",
             soft_wrap=True,
