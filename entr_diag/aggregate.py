@@ -37,6 +37,8 @@ whole sequences (tokens inside a sequence are correlated; never resample tokens)
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +65,9 @@ __all__ = [
     "fine_edges",
     "fine_query",
     "joint_binning",
+    "staleness_labels",
+    "staleness_step",
+    "staleness_unit",
     "usable",
 ]
 
@@ -435,3 +440,43 @@ def coarse_block_sums(agg: BlockAggregate, binning: CoarseBinning) -> dict[str, 
         v = t[c].to_numpy().astype(np.float64)[ok]
         out[c] = np.bincount(flat, weights=v, minlength=nb * B).reshape(nb, B)
     return out
+
+
+#: a common step of the staleness values at least this large is read as the unit of lag
+#: of the staleness buckets (:func:`staleness_unit`): smaller steps (lags 0, 2, 4 of a
+#: schedule that syncs every other version) are real lags in versions
+STALENESS_UNIT_MIN: int = 8
+
+
+def staleness_step(values: Iterable[int] | np.ndarray) -> int:
+    """The greatest common difference of integer staleness values (``train_version -
+    policy_version``): a version counted in steps of 1000, or one per sample, makes a lag
+    of one version 1000 apart; 1 with fewer than two distinct values."""
+    v = np.unique(np.asarray(list(values) if not isinstance(values, np.ndarray) else values,
+                             dtype=np.int64))
+    if v.size < 2:
+        return 1
+    return int(np.gcd.reduce(np.abs(v - v.min()))) or 1
+
+
+def staleness_unit(values: Iterable[int] | np.ndarray | None) -> int:
+    """The unit of lag the staleness buckets count in: :func:`staleness_step` when it is at
+    least :data:`STALENESS_UNIT_MIN` (versions counted in 1000s: the buckets 0, 1, 2-3, 4-7,
+    8+ are lags of 0, 1000, 2000-3000, ... versions, where raw versions would put every
+    stale token in 8+), else 1 (``values`` None or empty: 1)."""
+    if values is None:
+        return 1
+    step = staleness_step(values)
+    return step if step >= STALENESS_UNIT_MIN else 1
+
+
+def staleness_labels(labels: Sequence[str], unit: int) -> tuple[str, ...]:
+    """Bucket labels (``"0"``, ``"2-3"``, ``"8+"``, ``"<0"``) in versions for buckets counted in
+    lags of ``unit`` versions (``"2000-3000"``, ``"8000+"``); unchanged for ``unit`` 1."""
+    if unit == 1:
+        return tuple(labels)
+
+    def scale(m: re.Match) -> str:
+        return str(int(m.group(0)) * unit) if m.group(0) != "0" else "0"
+
+    return tuple(re.sub(r"\d+", scale, lab) for lab in labels)

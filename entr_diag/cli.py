@@ -1401,7 +1401,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             plans["fit"] = fit_plan(ds.lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau,
                                     n_boot=n_boot, seed=seed, with_strata=full,
                                     fine_counts=ds.entropy_fine_counts,
-                                    step_range=ds.step_range)
+                                    step_range=ds.step_range,
+                                    staleness_unit=_staleness_unit(ds))
         except FitError as e:
             unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(ds, e)
     elif not entropy_optional or _dropped(ds, "entropy"):  # some files have it: to fix
@@ -1681,7 +1682,16 @@ def _gate_plan(ds, entr, panel, sweeps):
         ds.lf, entr=entr, panel=panel,
         sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
         sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
+        staleness_unit=_staleness_unit(ds),
     )
+
+
+def _staleness_unit(ds) -> int:
+    """The unit of lag of the input's staleness buckets, from the accounting's staleness
+    values (:func:`~entr_diag.aggregate.staleness_unit`; 1 without version columns)."""
+    from entr_diag.aggregate import staleness_unit
+
+    return staleness_unit(ds.accounting.staleness)
 
 
 def _compare(ds, fit_res, plan, quiet, *, with_plans=(), no_fit=None):

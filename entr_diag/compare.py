@@ -52,6 +52,7 @@ Definitions (also returned in ``CompareResult.definitions``):
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -60,6 +61,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from entr_diag.aggregate import staleness_labels
 from entr_diag.errors import InputError, ParameterError, SchemaError
 from entr_diag.frames import given, number, number_array, token_frame
 from entr_diag.gates import (
@@ -1234,6 +1236,8 @@ class _SecondPass:
         self.packed = self.n_words == 1 and self.n_cells << self.n_bits < 1 << 62
         if plan.has_stale:
             s = pl.col("staleness")
+            if plan.staleness_unit != 1:  # (lags counted in units of that many versions)
+                s = s // plan.staleness_unit
             chain = None
             for j, (_lab, lo_, hi_) in enumerate(STALENESS_BUCKETS):
                 cond = (s >= lo_) & (s <= hi_)
@@ -1564,8 +1568,15 @@ class ComparePlan:
         sweep_tau: np.ndarray | Sequence[float] | None = None,
         sweep_c: np.ndarray | Sequence[float] | None = None,
         no_fit: str | None = None,
+        staleness_unit: int = 1,
     ) -> None:
         entr = entr if entr is not None else EntrGate()
+        if (isinstance(staleness_unit, bool) or not isinstance(staleness_unit, numbers.Integral)
+                or staleness_unit < 1):
+            raise ParameterError("compare_gates: staleness_unit must be an integer >= 1, got "
+                                 f"{staleness_unit!r}.")
+        #: the staleness buckets count lags of this many versions (labels in versions)
+        self.staleness_unit = int(staleness_unit)
         if not isinstance(entr, EntrGate):
             raise TypeError("compare_gates: expected entr as an EntrGate (e.g. EntrGate(tau=4) "
                             f"or parse_gate_spec('entr:tau=4')), got {given(entr)}.")
@@ -1966,8 +1977,10 @@ class ComparePlan:
                 assert n_by_s is not None
                 ks = cnt(kc, 3)
                 idx = [j for j in range(len(STALENESS_BUCKETS)) if n_by_s[j] > 0 or j > 0]
+                labels = staleness_labels([b[0] for b in STALENESS_BUCKETS],
+                                          self.staleness_unit)
                 stale = BinnedKeep(
-                    keys=tuple(STALENESS_BUCKETS[j][0] for j in idx),
+                    keys=tuple(labels[j] for j in idx),
                     n=tuple(int(n_by_s[j]) for j in idx),
                     kept=tuple(int(ks[j]) for j in idx),
                 )
@@ -2153,6 +2166,7 @@ class ComparePlan:
             "law_alpha": law_alpha,
             "flag_tau": flag_tau,
             "flag_eps": flag_eps,
+            "staleness_unit": self.staleness_unit,
             "law_scale_quantile": 0.99,
             "law_scale_factor": CHI2_1_99,
             "m2po_cuts": {
@@ -2204,6 +2218,7 @@ def compare_gates(
     sweep_tau: np.ndarray | Sequence[float] | None = None,
     sweep_c: np.ndarray | Sequence[float] | None = None,
     no_fit: str | None = None,
+    staleness_unit: int = 1,
 ) -> CompareResult:
     """Simulate ENTR and a panel of gates on a token frame and compare what they keep.
 
@@ -2227,6 +2242,9 @@ def compare_gates(
     no_fit : why no law was fitted (a phrase, e.g. a FitError's message), with ``h_star``
         and ``law_k`` None: ``null_reasons`` and ``definitions`` say it instead of "not
         given".
+    staleness_unit : the staleness buckets count lags of this many versions (an integer >=
+        1; :func:`~entr_diag.aggregate.staleness_unit` of the staleness values, e.g. 1000
+        for versions counted in 1000s); their labels stay in versions (``"2000-3000"``).
 
     Returns a :class:`CompareResult`. Raises SchemaError (missing column; a panel gate
     needing the missing entropy), InputError (no token, or null entropy), ParameterError
@@ -2242,7 +2260,7 @@ def compare_gates(
     plan = compare_plan(
         lf, entr=entr, panel=panel, h_star=h_star, law_k=law_k, law_alpha=law_alpha,
         flag_tau=flag_tau, flag_eps=flag_eps, entropy_edges=entropy_edges, p_edges=p_edges,
-        sweep_tau=sweep_tau, sweep_c=sweep_c, no_fit=no_fit,
+        sweep_tau=sweep_tau, sweep_c=sweep_c, no_fit=no_fit, staleness_unit=staleness_unit,
     )
     run_pass(lf, plan.accumulators)
     return plan.finish()

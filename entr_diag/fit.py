@@ -101,6 +101,7 @@ from entr_diag.aggregate import (
     fine_bin_expr,
     fine_query,
     joint_binning,
+    staleness_labels,
     usable,
 )
 from entr_diag.errors import FitError, ParameterError
@@ -988,13 +989,18 @@ def _collect_each(queries: list[pl.LazyFrame]) -> list[pl.DataFrame]:
     return [q.collect(engine="streaming") for q in queries]
 
 
-def _staleness_expr(names: list[str]) -> pl.Expr | None:
+def _staleness_expr(names: list[str], unit: int = 1) -> pl.Expr | None:
+    """The staleness bucket (index of STALENESS_BUCKETS, Int32; null outside every bucket)
+    of a token, its staleness counted in lags of ``unit`` versions (floor division); None
+    without a staleness column (nor both version columns)."""
     if "staleness" in names:
         s = pl.col("staleness")
     elif "policy_version" in names and "train_version" in names:
         s = pl.col("train_version") - pl.col("policy_version")
     else:
         return None
+    if unit != 1:
+        s = s // unit
     out = pl.lit(None, dtype=pl.Int32)
     for i in range(len(STALENESS_BUCKETS) - 1, -1, -1):
         _, lo, hi = STALENESS_BUCKETS[i]
@@ -1237,6 +1243,7 @@ def fit_scaling_law(
     n_blocks: int = 200,
     seed: int = 0,
     with_strata: bool = True,
+    staleness_unit: int = 1,
 ) -> FitResult:
     """Fit the entropy-ratio scaling law E[delta^2 | H] ~ k H^alpha (arXiv:2607.22186).
 
@@ -1250,6 +1257,9 @@ def fit_scaling_law(
     ``bins``/``bin_edges``: number of coarse entropy bins, ``"quantile"`` or ``"log"``.
     ``eps``, ``tau``: the noise-token flag ``H < H*`` and ``delta^2/(H + eps) > tau`` (nats).
     ``n_boot`` bootstrap replicates over ``n_blocks`` sequence blocks, ``seed`` fixed.
+    ``staleness_unit``: the staleness strata count lags in this many versions
+    (:func:`~entr_diag.aggregate.staleness_unit` of the staleness values, e.g. 1000 for
+    versions counted in 1000s; their labels stay in versions: ``"2000-3000"``).
     Returns a :class:`FitResult` (see the module docstring for every rule).
 
     Raises :class:`FitError` when the frame has no entropy column, no token with a finite
@@ -1266,7 +1276,8 @@ def fit_scaling_law(
     _check_numbers("fit_scaling_law", bins=bins, eps=eps, tau=tau, n_boot=n_boot,
                    n_blocks=n_blocks, seed=seed, with_strata=with_strata)
     plan = fit_plan(lf, bins=bins, bin_edges=bin_edges, eps=eps, tau=tau, n_boot=n_boot,
-                    n_blocks=n_blocks, seed=seed, with_strata=with_strata)
+                    n_blocks=n_blocks, seed=seed, with_strata=with_strata,
+                    staleness_unit=staleness_unit)
     run_pass(lf, plan.accumulators)
     return plan.finish()
 
@@ -1601,6 +1612,7 @@ def fit_plan(
     with_strata: bool = True,
     fine_counts: np.ndarray | None = None,
     step_range: tuple[int, int] | None = None,
+    staleness_unit: int = 1,
 ) -> FitPlan:
     """Check the parameters, run pass 1 (tokens per fine entropy bin and the step range; one
     light streaming scan) and choose the bins; returns the :class:`FitPlan` whose
@@ -1609,12 +1621,17 @@ def fit_plan(
 
     ``fine_counts`` (int array of length ``N_FINE + 1``, tokens of ``lf`` per fine bin of
     :func:`~entr_diag.aggregate.fine_bin_expr`, e.g. ``Dataset.entropy_fine_counts``) and
-    ``step_range`` (lowest, highest step of ``lf``) skip pass 1 when they are known."""
+    ``step_range`` (lowest, highest step of ``lf``) skip pass 1 when they are known.
+    ``staleness_unit``: as :func:`fit_scaling_law`'s (an integer >= 1)."""
     lf = token_frame(lf, "fit_plan")
     _check_numbers("fit_plan", bins=bins, eps=eps, tau=tau, n_boot=n_boot, n_blocks=n_blocks,
                    seed=seed, with_strata=with_strata)
     check_fit_parameters(eps, tau, n_boot, bins)
     _check_blocks(n_blocks)
+    if (isinstance(staleness_unit, bool) or not isinstance(staleness_unit, numbers.Integral)
+            or staleness_unit < 1):
+        raise ParameterError(f"staleness_unit must be an integer >= 1, got {staleness_unit!r}.")
+    staleness_unit = int(staleness_unit)
     if int(seed) != seed or seed < 0:
         raise ParameterError(f"seed must be an integer >= 0, got {seed!r}.")
     lfu = usable(lf)
@@ -1647,13 +1664,16 @@ def fit_plan(
     cells = joint_binning(binning, brk)
 
     notices: list[str] = []
-    stale_key = _staleness_expr(names) if with_strata else None
+    stale_key = _staleness_expr(names, staleness_unit) if with_strata else None
     step_labels: list[str] = []
     step_key = None
     if with_strata:
         if stale_key is None:
             notices.append("staleness strata skipped: no staleness (or policy_version and "
                            "train_version) column")
+        elif staleness_unit != 1:
+            notices.append(f"staleness strata count lags of {staleness_unit:,} versions (the "
+                           "staleness values' common step; labels in versions)")
         if want_steps and step_range is not None:
             s_lo, s_hi = step_range
             n_steps = s_hi - s_lo + 1
@@ -1670,7 +1690,8 @@ def fit_plan(
         notices.append("strata not computed (with_strata=False)")
     sums = _FitSums(names, binning, cells, B, eps, tau, stale_key, step_key, len(step_labels))
     params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau, "n_boot": n_boot,
-              "n_blocks": B, "seed": seed, "with_strata": with_strata}
+              "n_blocks": B, "seed": seed, "with_strata": with_strata,
+              "staleness_unit": staleness_unit}
     return FitPlan(n_tokens=int(counts.sum()), binning=binning, brk=brk, cells=cells, sums=sums, params=params,
                    notices=notices, step_labels=step_labels, has_stale=stale_key is not None)
 
@@ -1900,7 +1921,9 @@ def _finish_fit(plan: FitPlan) -> FitResult:
     step_fits: list[StratumFit] = []
     if with_strata:
         if plan.has_stale:
-            staleness_fits = _stratum_fits(fs.st, [b[0] for b in STALENESS_BUCKETS],
+            labels = staleness_labels([b[0] for b in STALENESS_BUCKETS],
+                                      int(plan.params.get("staleness_unit", 1)))
+            staleness_fits = _stratum_fits(fs.st, list(labels),
                                            "staleness", law_bins, nb, boot, B, S, seed)
         if step_labels:
             step_fits = _stratum_fits(fs.sr, step_labels, "step", law_bins, nb, boot, B, S,
@@ -1941,6 +1964,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         "blocks_nonempty": int(boot.blocks.size),
         "seed": seed,
         "with_strata": with_strata,
+        "staleness_unit": int(plan.params.get("staleness_unit", 1)),
         "tokens": int(plan.n_tokens),
         "fine_grid": {"bins": N_FINE, "h_min": H_MIN, "h_max": H_MAX},
         "min_bin_tokens": MIN_BIN_TOKENS,

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from entr_diag.aggregate import staleness_step
 from entr_diag.errors import ParameterError
 from entr_diag.frames import dataset
 from entr_diag.io import schema as S
@@ -2415,8 +2416,7 @@ def _lag_unit(stale: pl.Series) -> int:
     """The unit of lag of the staleness values: their greatest common difference (versions
     counted in steps of 1000, a version per sample or per token, make a lag of one
     "version" 1000 apart); growth per version of lag is read per unit; 1 when unknown."""
-    v = stale.drop_nulls().unique().to_numpy().astype(np.int64)
-    return int(np.gcd.reduce(np.abs(v - v.min()))) or 1 if v.size else 1
+    return staleness_step(stale.drop_nulls().unique().to_numpy().astype(np.int64))
 
 
 def _staleness_ratios(ctx: _Ctx) -> dict[int, float]:

@@ -765,6 +765,32 @@ def test_entropy_in_bits_is_warned_about_and_reaches_the_verdict(synth_file, tmp
     assert "probably holds bits" in fit["verdict"]["caveat"]
 
 
+def test_versions_counted_in_thousands_keep_their_staleness_buckets(synth_file, tmp_path):
+    """policy_version and train_version counted in 1000s: fit's staleness strata and
+    compare's keep rate by staleness count lags of 1000 versions (labels in versions, the
+    unit in the JSON parameters), the same tokens per bucket as the run in versions."""
+    p = tmp_path / "v1000.parquet"
+    pl.read_parquet(synth_file).with_columns(
+        pl.col("policy_version") * 1000, pl.col("train_version") * 1000).write_parquet(p)
+    docs = {}
+    for name, path in (("raw", synth_file), ("big", p)):
+        js = tmp_path / f"{name}.json"
+        r = runner.invoke(app, ["compare", str(path), "--n-boot", "100", "-q", "--json",
+                                str(js)])
+        assert r.exit_code == 0, r.output
+        docs[name] = json.loads(js.read_text())
+    raw, big = docs["raw"], docs["big"]
+    assert big["fit"]["parameters"]["staleness_unit"] == 1000
+    assert big["compare"]["parameters"]["staleness_unit"] == 1000
+    assert raw["compare"]["parameters"]["staleness_unit"] == 1
+    scale = {"0": "0", "1": "1000", "2-3": "2000-3000", "4-7": "4000-7000", "8+": "8000+"}
+    sr, sb = raw["compare"]["gates"][0]["keep_by_staleness"], big["compare"]["gates"][0][
+        "keep_by_staleness"]
+    assert [scale[k] for k in sr["keys"]] == sb["keys"] and sr["n"] == sb["n"]
+    assert sum(sb["n"][1:]) > 0  # (stale tokens, not all in 8000+)
+    fr = [(scale[s["label"]], s["tokens"]) for s in raw["fit"]["strata"]["staleness"]]
+    assert fr == [(s["label"], s["tokens"]) for s in big["fit"]["strata"]["staleness"]]
+
 def test_tiny_run_fits_without_a_breakpoint_search(tmp_path):
     """A run too small for the finer breakpoint bins (400 tokens) is fitted and says why no
     breakpoint was searched, instead of crashing."""

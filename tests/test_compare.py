@@ -244,6 +244,24 @@ class TestHandCase:
         st_ = e.keep_by_step
         assert st_.keys == (0, 1) and st_.n == (5, 3) and st_.kept == (5, 2)
 
+    def test_staleness_in_units_of_versions(self):
+        """Versions counted in 1000s with staleness_unit 1000: the same buckets' counts, the
+        labels in versions and the unit in the parameters; raw, every stale token is 8+."""
+        tiny = TINY.with_columns(pl.col("staleness") * 1000).lazy()
+        r = compare_gates(tiny, **{**dict(entr=EntrGate(tau=4, eps=0.01), panel=PANEL,
+                                          h_star=0.2, law_k=0.1, flag_tau=1.0),
+                                   "staleness_unit": 1000})
+        s = r.entr.keep_by_staleness
+        assert s.keys == ("0", "1000", "2000-3000", "4000-7000", "8000+")
+        assert s.n == (3, 2, 1, 2, 0) and s.kept == (3, 2, 0, 2, 0)
+        assert r.parameters["staleness_unit"] == 1000
+        raw = compare_gates(tiny, entr=EntrGate(tau=4, eps=0.01), panel=PANEL, h_star=0.2,
+                            law_k=0.1, flag_tau=1.0).entr.keep_by_staleness
+        assert raw.keys[-1] == "8+" and raw.n[-1] == 5
+        for bad in (0, -1, 2.5, True, "1000"):
+            with pytest.raises(ParameterError, match="staleness_unit"):
+                compare_gates(tiny, staleness_unit=bad)
+
     def test_sweeps(self):
         """Sweeps: ENTR keeps 5/8 at tau 1 and 7/8 at tau 4; the band 6/8 and 7/8."""
         r = run_tiny()

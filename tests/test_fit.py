@@ -309,7 +309,39 @@ def test_strata_by_staleness_and_step():
     assert r.strata.notices == ()
 
 
-def test_strata_skipped_with_notice_when_columns_absent():
+def test_staleness_strata_in_lags_of_a_version_unit():
+    """Versions counted in 1000s, fitted with staleness_unit 1000, give the raw run's
+    staleness strata (tokens, k) under labels in versions, with a notice and the unit in
+    the parameters."""
+    _, lf = synth(n_tokens=100_000, seed=1, h_star=None, staleness_gain=0.5, max_staleness=3)
+    raw = fit_scaling_law(lf, n_boot=100)
+    big = lf.with_columns(pl.col("staleness") * 1000)
+    r = fit_scaling_law(big, n_boot=100, staleness_unit=1000)
+    scale = {"0": "0", "1": "1000", "2-3": "2000-3000", "4-7": "4000-7000", "8+": "8000+"}
+    assert [scale[s.label] for s in raw.strata.staleness] == [s.label for s in r.strata.staleness]
+    for a, b in zip(raw.strata.staleness, r.strata.staleness, strict=True):
+        assert (a.tokens, a.k) == (b.tokens, b.k)
+    assert r.parameters["staleness_unit"] == 1000 and raw.parameters["staleness_unit"] == 1
+    assert any("lags of 1,000 versions" in n for n in r.strata.notices)
+    unscaled = fit_scaling_law(big, n_boot=100)  # (raw versions: every stale token is 8+)
+    assert [s.label for s in unscaled.strata.staleness] == ["0", "8+"]
+    with pytest.raises(ParameterError, match="staleness_unit"):
+        fit_scaling_law(lf, n_boot=100, staleness_unit=0)
+
+
+def test_staleness_unit_rule():
+    """The unit of lag: the staleness values' greatest common difference when it is at
+    least 8 (versions in 1000s), else 1 (lags 0, 2, 4 are real lags); labels scale with it."""
+    from entr_diag.aggregate import staleness_labels, staleness_step, staleness_unit
+
+    assert staleness_step([0, 1000, 3000]) == 1000 and staleness_step([5]) == 1
+    assert staleness_unit([0, 1000, 3000]) == 1000
+    assert staleness_unit({0: 10, 512: 3, 1024: 1}) == 512  # (a dict: its keys)
+    assert staleness_unit([0, 2, 4]) == 1 and staleness_unit([0, 1, 1000]) == 1
+    assert staleness_unit(None) == 1 and staleness_unit([]) == 1 and staleness_unit([7]) == 1
+    assert staleness_labels(("<0", "0", "1", "2-3", "8+"), 1000) == (
+        "<0", "0", "1000", "2000-3000", "8000+")
+    assert staleness_labels(("0", "2-3"), 1) == ("0", "2-3")
     """Without step / version columns the strata are skipped with a notice each."""
     _, lf = synth(n_tokens=20_000, seed=5, h_star=None)
     lf = lf.drop("step", "staleness", "policy_version", "train_version")
