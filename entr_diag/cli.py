@@ -429,7 +429,7 @@ def _errors(quiet: bool = True) -> Iterator[None]:
         if str(e):  # an OutputClosedError for stdout alone says nothing, as the tables
             stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
-    except pl.exceptions.PolarsError as e:
+    except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as e:
         _phases.end()
         _notes.drop()
         # (the loader names the file of a read or cast failure itself: a polars error that

@@ -310,10 +310,13 @@ def _batches(frame: pl.DataFrame, size: int) -> Iterator[pl.DataFrame]:
 @contextlib.contextmanager
 def _naming(chunk: Chunk) -> Iterator[None]:
     """A decode or cast error while reading ``chunk`` becomes an :class:`InputError` naming
-    the file and rows (with a thousand shards, polars' message alone names neither)."""
+    the file and rows (with a thousand shards, polars' message alone names neither); so
+    does a panic of the Parquet reader (a ``PanicException``, which is no ``Exception``:
+    damaged data pages behind a valid footer made it assert on their row counts)."""
     try:
         yield
-    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError) as e:
+    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError,
+            pl.exceptions.PanicException) as e:
         if not chunk.source:
             raise
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -324,6 +327,12 @@ def _naming(chunk: Chunk) -> Iterator[None]:
             except type(e):
                 source = part
                 break
+        if isinstance(e, pl.exceptions.PanicException):
+            raise InputError(
+                f"cannot read {source}: the Parquet reader failed on its data pages (polars "
+                f"panicked: {msg[:200]}); the file is probably damaged (overwritten or "
+                "partly written pages behind a valid footer): write it again, or leave it "
+                "out of the input.") from None
         raise InputError(f"cannot read {source} ({msg[:300]}).") from None
 
 

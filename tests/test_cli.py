@@ -1919,6 +1919,44 @@ def test_a_step_with_one_side_written_as_zeros_is_no_shift(side, tmp_path):
             in err), err
 
 
+def test_a_panic_of_the_parquet_reader_names_the_file(tmp_path, monkeypatch):
+    """Damaged data pages behind a valid footer made polars' reader panic (a
+    PanicException, which is no Exception): every command stops with one error line
+    naming the file, exit 2, no traceback; a panic outside a pass over the input reads as
+    polars failing, also exit 2."""
+    from entr_diag.io.load import bundled_sample_path
+
+    p = tmp_path / "run.parquet"
+    pl.read_parquet(bundled_sample_path()).write_parquet(p)
+    real = pl.collect_all
+    calls = {"n": 0}
+
+    def panicking(*a, **k):  # the first chunk's read panics, as on a damaged page
+        calls["n"] += 1
+        raise pl.exceptions.PanicException("assertion `left == right` failed")
+
+    monkeypatch.setattr(pl, "collect_all", panicking)
+    for cmd in ("inspect", "fit", "compare"):
+        r = runner.invoke(app, [cmd, str(p), "-q"])
+        assert r.exit_code == 2, (cmd, r.output)
+        err = " ".join(r.stderr.split())
+        assert err.startswith(f"error: cannot read {p}"), err
+        assert "the Parquet reader failed on its data pages (polars panicked: assertion" in err
+        assert "Traceback" not in r.output
+    assert calls["n"] >= 3
+    monkeypatch.setattr(pl, "collect_all", real)
+
+    def panics(*a, **k):
+        raise pl.exceptions.PanicException("index out of bounds")
+
+    from entr_diag import cli as cli_mod
+
+    monkeypatch.setattr(cli_mod, "_load", panics)
+    r = runner.invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert " ".join(r.stderr.split()).startswith(
+        "error: polars failed (PanicException: index out of bounds).")
+
 def test_skip_unreadable_leaves_out_a_truncated_shard(tmp_path):
     """A shard cut short by a killed writer refuses the input, saying how to go on; with
     --skip-unreadable every command leaves it out with a warning, the verdict's caveat and
