@@ -120,6 +120,11 @@ MISALIGN_PARTIAL_STRONG = 0.1
 MISALIGN_FEW_MIN_PAIRS = 50
 #: off-by-one: tokens of the hash-sampled subset of sequences used for the lag join
 MISALIGN_MAX_TOKENS = 2_000_000
+#: the pass's pairs of consecutive rows must be at least this share of the pairs the sorted
+#: sample finds in the same sequences for the partial test at lags +-1 to read every
+#: sequence (rows in position order give 1); below it the sample decides (rows not in
+#: position order within their sequences)
+MISALIGN_PASS_PAIRED = 0.5
 #: lag 0 must fit at least this much better than lags +-1 (pooled ratio of mean |diff|)
 #: for the check to say "clear": aligned runs give 40 to 120 (the bundled run 120); two
 #: columns of unrelated tokens give about 1 at every lag
@@ -1234,6 +1239,19 @@ def _misalignment(sample: pl.DataFrame, keep: int,
         better = (f"{1 / pooled[best]:.1f}x better than lag 0" if pooled[best] > 0
                   else "exactly (mean |difference| 0), lag 0 does not")
         return _found(f, f"lag {best:+d} fits {better}")
+    if every is not None and per_seq.height:
+        # the pass pairs rows that follow each other at consecutive positions: rows not in
+        # position order within their sequence (shuffled, descending) leave it few of the
+        # pairs the sorted sample finds in the same sequences; the sample then decides the
+        # lags +-1 too (a partial shift of 20% of the sequences went unseen)
+        keys = ["seq_key", "step"] if has_step and "step" in every.columns else ["seq_key"]
+        both = per_seq.select(*keys, pl.col("_n1").alias("_ns")).join(
+            every.select(*keys, pl.col("_n1").alias("_ne")), on=keys, how="inner",
+            nulls_equal=True)
+        n_s, n_e = int(both["_ns"].sum() or 0), int(both["_ne"].sum() or 0)
+        if n_s and n_e < MISALIGN_PASS_PAIRED * n_s:
+            every = None
+            ev["pass_pair_share"] = _r(n_e / n_s)
     # partial: sequences that are shifted on their own (lags +-1 on every sequence when
     # the pass summed them; the lag-0 reference is then the sequence's mean over all tokens)
     shifted: dict[int, pl.DataFrame] = {}
@@ -1284,7 +1302,8 @@ def _misalignment(sample: pl.DataFrame, keep: int,
                   f"in {_share(share)} of sequences",
             message=(
                 f"{hit.height:,} of {tested_at[lag].height:,} "
-                f"{'' if every is not None and abs(lag) == 1 else 'sampled '}sequences "
+                f"{'' if (every is not None and abs(lag) == 1) or keep >= 1000 else 'sampled '}"
+                "sequences "
                 f"match train_logprob[t] with "
                 f"infer_logprob[t{lag:+d}]: their mean |difference| at lag {lag:+d} is "
                 f"{ev['ratio_in_shifted_sequences']:.2g} times that at lag 0 (aligned sequences "

@@ -175,6 +175,32 @@ def test_shift_in_some_steps_only_is_detected_and_names_the_steps(tmp_path, base
     assert f"in {ev['shifted_share']:.1%} of sequences" in f.title
 
 
+@pytest.mark.parametrize("order", ["shuffled", "descending", "within_sequence"])
+def test_shift_in_some_steps_is_found_whatever_the_row_order(tmp_path, base, order):
+    """The same partial shift with rows out of position order (the whole file shuffled,
+    each sequence written backwards, or shuffled within its sequence): the pass pairs few
+    consecutive rows, so the sorted sample decides the lags +-1, and finds it."""
+    steps = sorted(base["step"].unique().to_list())[-2:]
+    moved = IL.shift(-1).over("seq_id", order_by="position")
+    df = base.with_columns(pl.when(pl.col("step").is_in(steps)).then(moved).otherwise(IL)
+                           .alias("infer_logprob"))
+    rng = np.random.default_rng(4)
+    if order == "shuffled":
+        df = df.sample(fraction=1.0, shuffle=True, seed=4)
+    elif order == "descending":
+        df = df.sort(["seq_id", "position"], descending=[False, True])
+    else:
+        df = df.with_columns(pl.Series("_r", rng.random(df.height))).sort("seq_id", "_r").drop("_r")
+    f = detect_misalignment(_load(tmp_path, df))
+    assert f is not None and f.severity == "critical"
+    ev = f.evidence
+    assert ev["partial"] is True and ev["likely_shift"] == -1
+    assert 0.1 < ev["shifted_share"] < 0.35 and ev["pass_pair_share"] < FX.MISALIGN_PASS_PAIRED
+    assert set(ev["shifted_steps"]) == {str(s) for s in steps}
+    ordered = detect_misalignment(_load(tmp_path, df.sort("seq_id", "position"), "o.parquet"))
+    assert "pass_pair_share" not in ordered.evidence
+    assert ordered.evidence["shifted_sequences"] == ev["shifted_sequences"]
+
 def test_shift_in_under_one_percent_of_sequences_is_detected(tmp_path):
     """A handful of shifted sequences (0.8% here; 0.5% already flips the fitted law) fit
     their lag so much better than lag 0 that they are called without the 1% share."""
