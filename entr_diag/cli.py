@@ -1606,11 +1606,13 @@ def flag(
             n = pl.scan_parquet(output, glob=False).select(pl.len()).collect().item()
         else:  # written to a device or a pipe: nothing to read back
             n = lf.select(pl.len()).collect().item()
-        from entr_diag.caveats import entropy_text
+        from entr_diag.caveats import entropy_text, entropy_unit
 
         units = res.to_dict().get("units")
+        unit = entropy_unit(units)
+        nats = None if unit is None else f"{h_star * unit[1]:.4g}"
         out.print(f"{n:,} low-entropy noise tokens (H < H* = "
-                  f"{entropy_text(f'{h_star:.4g}', '', units)} and "
+                  f"{entropy_text(f'{h_star:.4g}', '', units, nats)} and "
                   f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True,
                   markup=False)
 
@@ -1714,6 +1716,11 @@ def _compare(ds, fit_res, plan, quiet, *, with_plans=(), no_fit=None):
                "law_alpha": power.get("alpha", 1.0) or 1.0,
                "flag_tau": fd["parameters"].get("tau", 4.0),
                "flag_eps": fd["parameters"].get("eps", 0.01), "entropy_edges": edges}
+        from entr_diag.caveats import entropy_unit
+
+        unit = entropy_unit(fd.get("units"))  # (an entropy column read as bits: said so)
+        if unit is not None:
+            law["entropy_unit"] = unit[0]
     plan.set_law(**law, no_fit=no_fit)
     rows = ds.accounting.tokens_valid
     second = plan.followup() + [a for p in with_plans for a in p.followup()]

@@ -1653,6 +1653,13 @@ class ComparePlan:
         self._per_seq: pl.DataFrame | None = None
         self.set_law(**law, entropy_edges=entropy_edges)
 
+    def _h(self, h: float) -> str:
+        """An entropy with its unit: ``0.034 nats``, or ``0.048 in the entropy column's
+        unit (probably bits)`` (:attr:`entropy_unit`)."""
+        if self.entropy_unit is None:
+            return f"{h:.4g} nats"
+        return f"{h:.4g} in the entropy column's unit (probably {self.entropy_unit})"
+
     def set_law(
         self,
         *,
@@ -1663,13 +1670,18 @@ class ComparePlan:
         flag_eps: float = 0.01,
         entropy_edges: np.ndarray | Sequence[float] | None = None,
         no_fit: str | None = None,
+        entropy_unit: str | None = None,
     ) -> None:
         """Set (replace) the scaling law, the noise-token flag and the entropy bin edges:
         the parameters of :func:`compare_gates` that only the second pass uses. The first
         pass (:attr:`accumulators`) depends on none of them, so it can run before the law
         is fitted, e.g. in the same pass as the fit; call this between the passes, before
         :meth:`followup` (ParameterError after it). Same checks and errors as the
-        constructor's."""
+        constructor's. ``entropy_unit``: the entropy column's unit when the fit's units
+        check reads it as another than nats (``"bits"``, ``"log10 units"``:
+        :func:`~entr_diag.caveats.entropy_unit`); the entropies are then as the column
+        reads, and the result's ``parameters["entropy_unit"]`` and definitions say so
+        (default: nats)."""
         if self._second is not None:
             raise ParameterError("compare_gates: set_law after the second pass was built "
                                  "(followup): its token categories are fixed.")
@@ -1685,6 +1697,10 @@ class ComparePlan:
                     f"compare_gates: {', '.join(named)} given, but the token frame has no "
                     "entropy column: they are entropies or a law of the entropy."
                 )
+        if entropy_unit is not None and entropy_unit not in ("bits", "log10 units"):
+            raise ParameterError("compare_gates: entropy_unit must be None, 'bits' or "
+                                 f"'log10 units', got {entropy_unit!r}.")
+        self.entropy_unit = entropy_unit
         self.e_edges = e_edges
         self.h_star, self.law_k, self.law_alpha = h_star, law_k, law_alpha
         self.flag_tau, self.flag_eps = flag_tau, flag_eps
@@ -2109,7 +2125,7 @@ class ComparePlan:
 
         definitions = {
             "noise_token": (
-                f"a token below the entropy breakpoint (H < H* = {h_star:.4g} nats) whose "
+                f"a token below the entropy breakpoint (H < H* = {self._h(h_star)}) whose "
                 "log-ratio breaks "
                 f"the entropy-normalized bound: delta^2 / (H + {flag_eps:g}) > {flag_tau:g}"
                 if h_star is not None
@@ -2166,6 +2182,7 @@ class ComparePlan:
             "law_alpha": law_alpha,
             "flag_tau": flag_tau,
             "flag_eps": flag_eps,
+            "entropy_unit": self.entropy_unit or "nats",
             "staleness_unit": self.staleness_unit,
             "law_scale_quantile": 0.99,
             "law_scale_factor": CHI2_1_99,

@@ -758,11 +758,23 @@ def test_entropy_in_bits_is_warned_about_and_reaches_the_verdict(synth_file, tmp
     out = " ".join(r.stdout.split())
     assert "Entropy bins (H in the entropy column's unit, probably bits, not nats;" in out
     assert f"Breakpoint: H* = {h:.3g} [" in out and f"(probably bits; {h * math.log(2):.3g} [" in out
+    assert "Laws fitted on " in out and "in the entropy column's unit, probably bits)" in out
     r = runner.invoke(app, ["compare", str(p), "--n-boot", "100", "-q", "--json", str(js)])
     assert r.exit_code == 0 and "probably holds bits" in r.stderr
-    fit = json.loads(js.read_text())["fit"]
+    doc = json.loads(js.read_text())
+    fit = doc["fit"]
     assert fit["units"]["likely_mistake"] == "entropy_bits"
     assert "probably holds bits" in fit["verdict"]["caveat"]
+    assert doc["compare"]["parameters"]["entropy_unit"] == "bits"
+    assert (f"H < H* = {h:.4g} in the entropy column's unit (probably bits)"
+            in doc["compare"]["definitions"]["noise_token"])
+    out = " ".join(r.stdout.split())
+    assert "entropy (probably bits)" in out and "entropy (nats)" not in out
+    flagged = tmp_path / "noise.parquet"
+    r = runner.invoke(app, ["flag", str(p), "--n-boot", "100", "-q", "-o", str(flagged)])
+    assert r.exit_code == 0, r.output
+    assert (f"(H < H* = {h:.4g} in the entropy column's unit (probably bits; "
+            f"{h * math.log(2):.4g} nats)") in " ".join(r.stdout.split())
 
 
 def test_versions_counted_in_thousands_keep_their_staleness_buckets(synth_file, tmp_path):

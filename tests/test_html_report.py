@@ -302,14 +302,19 @@ def test_entropy_in_bits_says_so_beside_h_star():
 
     fit = _fit()
     fit["units"] = {"likely_mistake": "entropy_bits"}
-    h = build_report_html(summary=_summary(), fit=fit, metrics=_metrics(), compare=_compare(),
+    compare = _compare()
+    compare["parameters"]["entropy_unit"] = "bits"
+    h = build_report_html(summary=_summary(), fit=fit, metrics=_metrics(), compare=compare,
                           profiles=_profiles(), findings=[])
     text = html_mod.unescape(h)
     nats = f"{0.02 * math.log(2):.3g}"
     assert _has(text, "H* = 0.02 [0.015, 0.03] in the entropy column's unit (probably bits; "
                       f"{nats} [")
     assert _has(text, "entropy H (probably bits, as the column reads, bin mean)")
-    assert not _has(text, "H* = 0.02 nats")
+    assert _has(text, "entropy H (probably bits, as the column reads)")  # keep vs entropy
+    assert _has(text, "entropy H (probably bits, as the column reads, log scale")  # density
+    assert _has(text, "H* = 0.02 (probably bits, as the column reads)")
+    assert not _has(text, "H* = 0.02 nats") and not _has(text, "entropy H (nats")
 
 def test_entr_noise_admitted_is_marked_as_by_definition():
     """The ENTR gate that defines the noise tokens (same tau and eps as the flag) admits

@@ -483,6 +483,15 @@ def _h_unit(fit: Mapping) -> str:
     return "nats" if unit is None else f"probably {unit[0]}, as the column reads"
 
 
+def _compare_h_unit(compare: Mapping | None) -> str:
+    """The unit of the comparison's entropies (``parameters["entropy_unit"]``): ``nats``,
+    or ``probably bits, as the column reads``."""
+    unit = _get(compare, "parameters", "entropy_unit") if isinstance(compare, Mapping) else None
+    if not isinstance(unit, str) or unit == "nats":
+        return "nats"
+    return f"probably {unit}, as the column reads"
+
+
 def _h_text(fit: Mapping, h: Any, lo: Any, hi: Any) -> str:
     """An entropy with its interval and unit (``0.034 nats [0.029, 0.041]``), with its
     value in nats beside it when the units check names the entropy column's unit bits or
@@ -860,7 +869,8 @@ def _decade_ticks(
     return vals, texts
 
 
-def _density_fig(prof: dict, params: Mapping[str, Any], h_star: Any = None) -> go.Figure:
+def _density_fig(prof: dict, params: Mapping[str, Any], h_star: Any = None,
+                 h_unit: str = "nats") -> go.Figure:
     d = _pick(prof, "density_2d", "density")
     if not d:
         raise ReportUnavailable("no density profile was computed")
@@ -934,7 +944,7 @@ def _density_fig(prof: dict, params: Mapping[str, Any], h_star: Any = None) -> g
             xanchor="left",
             yanchor="bottom",
             showarrow=False,
-            text=f" H* = {_f(h_star)}",
+            text=f" H* = {_f(h_star)}" + ("" if h_unit == "nats" else f" ({h_unit})"),
             font=dict(color="#b91c1c", size=12),
         )
     xt = _decade_ticks(
@@ -944,7 +954,7 @@ def _density_fig(prof: dict, params: Mapping[str, Any], h_star: Any = None) -> g
         ye[1] if j0 == 0 else ye[0], ye[-1], (ye[0] + ye[1]) / 2 if j0 == 0 else None
     )
     fig.update_xaxes(
-        title_text=f"entropy H (nats, log scale; '0' = below {_f(he[1])})",
+        title_text=f"entropy H ({h_unit}, log scale; '0' = below {_f(he[1])})",
         tickvals=xt[0],
         ticktext=xt[1],
         range=[xe[0], xe[-1]],
@@ -1157,7 +1167,8 @@ def _keep_vs_entropy_fig(compare: dict | None) -> go.Figure:
     if not drawn:
         raise ReportUnavailable(_entr_missing(compare) or "the gates carry no keep rate per "
                                 "entropy bin")
-    fig.update_xaxes(type="log", title_text="entropy H (nats)", exponentformat="power", dtick=1)
+    fig.update_xaxes(type="log", title_text=f"entropy H ({_compare_h_unit(compare)})",
+                     exponentformat="power", dtick=1)
     fig.update_yaxes(title_text="keep rate (share of tokens kept)", tickformat=".1~%")
     fig.update_layout(legend=_gate_legend(len(fig.data)), margin=dict(b=200, t=20), height=560)
     return fig
@@ -1278,7 +1289,8 @@ def _disagreement_fig(compare: dict | None) -> go.Figure:
         legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0), margin=dict(t=40)
     )
     fig.update_xaxes(
-        title_text="entropy H (nats, bin centre)", type="log", exponentformat="power", dtick=1
+        title_text=f"entropy H ({_compare_h_unit(compare)}, bin centre)", type="log",
+        exponentformat="power", dtick=1
     )
     fig.update_yaxes(title_text="tokens", rangemode="tozero")
     return fig
@@ -1760,7 +1772,7 @@ def _strata_alpha_traces(fig: go.Figure, rows: list, c: int) -> None:
 # ----------------------------------------------------------------------------- 6 switches
 
 
-def _switch_fig(prof: dict) -> go.Figure:
+def _switch_fig(prof: dict, h_unit: str = "nats") -> go.Figure:
     d = _pick(prof, "version_switch", "version_switch_profile")
     if not d:
         raise ReportUnavailable("no version-switch profile was computed")
@@ -1811,7 +1823,7 @@ def _switch_fig(prof: dict) -> go.Figure:
     )
     fig.update_yaxes(title_text="mean |δ| (nats)", secondary_y=False, rangemode="tozero")
     fig.update_yaxes(
-        title_text="mean entropy H (nats)",
+        title_text=f"mean entropy H ({h_unit})",
         secondary_y=True,
         showgrid=False,
         rangemode="tozero",
@@ -1841,7 +1853,7 @@ def _switch_caption(prof: dict) -> str:
 # ----------------------------------------------------------------------------- 7 offenders
 
 
-def _offenders_html(prof: dict) -> str:
+def _offenders_html(prof: dict, h_unit: str = "nats") -> str:
     d = _pick(prof, "offenders")
     if not d:
         return _unavail("no offender tables were computed")
@@ -1884,7 +1896,8 @@ def _offenders_html(prof: dict) -> str:
            "are ranked by their squared log-ratio alone (ENTR's score needs H); small p marks "
            "off-mode samples. Keys join back to the input.</p>")
         + _table(
-            ["#", "seq_id", "position", "step", "token_id", "H (nats)", "p", "δ (nats)", "score"],
+            ["#", "seq_id", "position", "step", "token_id",
+             f"H ({h_unit})", "p", "δ (nats)", "score"],
             tok_rows,
             {0, 2, 3, 4, 5, 6, 7, 8},
         )
@@ -1946,6 +1959,8 @@ def build_report_html(
                 v = _get(src, "parameters", key)
                 if v is not None:
                     params[key] = v
+    # the unit of the entropies shown: nats, or the column's as the units check reads it
+    hu = _h_unit(fit) if isinstance(fit, Mapping) else "nats"
     doc = _Doc()
     created = summary.get("created_at") or _dt.datetime.now(_dt.timezone.utc).isoformat(
         timespec="seconds"
@@ -1982,7 +1997,8 @@ def build_report_html(
     doc.add("</div><div>")
     doc.add(
         doc.figure_block(
-            lambda: _density_fig(profiles, params, _get(fit, "breakpoint", "h_star")),
+            lambda: _density_fig(profiles, params, _get(fit, "breakpoint", "h_star"),
+                                 h_unit=hu),
             "token counts (color, log scale) of entropy H against |δ|; the bulk should rise "
             "with H; a cloud of large |δ| at tiny H is the noise regime. The dashed line is the "
             "ENTR bound |δ| = √(τ(H+ε)), the red line H*.",
@@ -2097,7 +2113,7 @@ def build_report_html(
     doc.add('<section class="card" id="switches"><h2>6. In-flight version switches</h2>')
     doc.add(
         doc.figure_block(
-            lambda: _switch_fig(profiles),
+            lambda: _switch_fig(profiles, h_unit=hu),
             "mean |δ| and mean entropy by token offset from a policy-version switch inside a "
             f"sequence ({PAPER}, fig. 3); a jump at offset 0 means tokens after the weight push "
             "mismatch more.",
@@ -2108,7 +2124,7 @@ def build_report_html(
 
     # 7 offenders
     doc.add('<section class="card" id="offenders"><h2>7. Worst offenders</h2>')
-    doc.add(_safe(lambda: _offenders_html(profiles)))
+    doc.add(_safe(lambda: _offenders_html(profiles, h_unit=hu)))
     doc.add("</section>")
     doc.add(
         f"</main><footer>entr-diag {_e(summary.get('tool_version', '?'))} · "

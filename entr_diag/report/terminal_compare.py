@@ -135,8 +135,10 @@ def _gate_notes(d: dict[str, Any]) -> list[str]:
     p = d["parameters"]
     if any(noise_by_definition(g, p) for g in d["gates"]) and p.get("h_star") is not None:
         notes.append(
-            f"noise admitted: the share of the noise tokens (H < H* = {p['h_star']:.4g} nats "
-            f"and delta^2/(H+{p['flag_eps']:g}) > {p['flag_tau']:g}: those ENTR drops below "
+            f"noise admitted: the share of the noise tokens (H < H* = {p['h_star']:.4g} "
+            + ("nats " if _h_unit(d) == "nats"
+               else f"in the entropy column's unit, {_h_unit(d)}, ")
+            + f"and delta^2/(H+{p['flag_eps']:g}) > {p['flag_tau']:g}: those ENTR drops below "
             "H*) that each gate keeps; ENTR keeps none of them by definition (def.), so the "
             "column compares the other gates. seqs kept: for a token gate, the sequences "
             "with at least one token kept."
@@ -181,8 +183,8 @@ def _agreement_tables(d: dict[str, Any]) -> list[Table]:
             counts,
         ),
         _table(
-            "Where they disagree: the cell of entropy bin H (nats) and p bin holding most of "
-            "the tokens",
+            f"Where they disagree: the cell of entropy bin H ({_h_unit(d)}) and p bin holding "
+            "most of the tokens",
             ["gate", "only ENTR keeps", "only the gate keeps"],
             where_rows,
             text_cols=3,
@@ -223,7 +225,7 @@ def _matched_tables(d: dict[str, Any]) -> list[Table]:
     n_by = e["keep_by_entropy"]["n"]
     by_h = _table(
         "Where the matched pair disagrees, by entropy",
-        ["entropy (nats)", "tokens", "only ENTR keeps", "only fixed keeps"],
+        [f"entropy ({_h_unit(d)})", "tokens", "only ENTR keeps", "only fixed keeps"],
         [
             [key, _int(n_by[j]), _int(be["only_entr_keeps"][j]), _int(be["only_other_keeps"][j])]
             for j, key in enumerate(be["keys"])
@@ -288,6 +290,13 @@ def _sweep_table(s: dict[str, Any]) -> Table:
     )
 
 
+def _h_unit(d: dict[str, Any]) -> str:
+    """The unit of the comparison's entropies: ``nats``, or the entropy column's as the
+    fit's units check reads it (``parameters["entropy_unit"]``: ``probably bits``)."""
+    unit = (d.get("parameters") or {}).get("entropy_unit") or "nats"
+    return "nats" if unit == "nats" else f"probably {unit}"
+
+
 def render_compare(result: Any, console: Console) -> None:
     """Print the comparison: panel summary (with notes), agreement with ENTR, the
     matched-budget comparison, keep rate by entropy / staleness, the sweeps, the
@@ -304,7 +313,7 @@ def render_compare(result: Any, console: Console) -> None:
     for t in (*_agreement_tables(d), *_matched_tables(d)):
         print_fitting(console, t)
     for field, title, first in (
-        ("keep_by_entropy", "Keep rate by entropy bin", "entropy (nats)"),
+        ("keep_by_entropy", "Keep rate by entropy bin", f"entropy ({_h_unit(d)})"),
         ("keep_by_staleness", "Keep rate by staleness (policy versions)", "staleness"),
     ):
         for t in _keep_by_tables(d, field, title, first, console.width):

@@ -68,6 +68,7 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     """
     units = result.units.to_dict() if result.units is not None else None
     unit = entropy_unit(units)
+    h_unit = "nats" if unit is None else f"in the entropy column's unit, probably {unit[0]}"
     v = result.verdict
     style = {"holds": "bold green", "holds_approximately": "bold yellow"}.get(v.law, "bold red")
     console.print(f"Verdict: {v.text}", style=style, soft_wrap=True, markup=False)
@@ -105,13 +106,14 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
                      "fit *: bin inside the law regime (it spans fewer than 3 of these bins, "
                      "so the laws are fitted on the breakpoint search's finer bins)")
                   + "; a bin spans H from its 'H from' to the next "
-                  f"bin's (last bin up to {_g(result.bins[-1].h_hi, 2)} nats).", soft_wrap=True)
+                  f"bin's (last bin up to {_g(result.bins[-1].h_hi, 2)} {h_unit}).",
+                  soft_wrap=True)
 
     # ---- laws
     laws = result.laws
     lt = _table(f"Laws fitted on {laws.power.n_bins} law-regime bins"
                 + (" of the breakpoint search" if laws.grid == "breakpoint" else "")
-                + f" (H {_g(laws.power.h_min, 2)}-{_g(laws.power.h_max, 2)} nats)")
+                + f" (H {_g(laws.power.h_min, 2)}-{_g(laws.power.h_max, 2)} {h_unit})")
     for col in ("law", "k", "k 95% CI", "alpha / c", "95% CI", "weighted R^2", "chi2/dof"):
         lt.add_column(col)
     p = laws.proportional
