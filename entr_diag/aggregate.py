@@ -442,7 +442,7 @@ def coarse_block_sums(agg: BlockAggregate, binning: CoarseBinning) -> dict[str, 
     return out
 
 
-#: a common step of the staleness values at least this large is read as the unit of lag
+#: a common divisor of the staleness values at least this large is read as the unit of lag
 #: of the staleness buckets (:func:`staleness_unit`): smaller steps (lags 0, 2, 4 of a
 #: schedule that syncs every other version) are real lags in versions
 STALENESS_UNIT_MIN: int = 8
@@ -460,14 +460,21 @@ def staleness_step(values: Iterable[int] | np.ndarray) -> int:
 
 
 def staleness_unit(values: Iterable[int] | np.ndarray | None) -> int:
-    """The unit of lag the staleness buckets count in: :func:`staleness_step` when it is at
-    least :data:`STALENESS_UNIT_MIN` (versions counted in 1000s: the buckets 0, 1, 2-3, 4-7,
-    8+ are lags of 0, 1000, 2000-3000, ... versions, where raw versions would put every
-    stale token in 8+), else 1 (``values`` None or empty: 1)."""
+    """The unit of lag the staleness buckets count in: the greatest common divisor of the
+    non-zero staleness values (their absolute values) when it is at least
+    :data:`STALENESS_UNIT_MIN` (versions counted in 1000s: the buckets 0, 1, 2-3, 4-7, 8+
+    are lags of 0, 1000, 2000-3000, ... versions, where raw versions would put every stale
+    token in 8+; a constant lag of 1000 is one lag), else 1 (``values`` None, empty or all
+    0: 1). A mapping counts by its keys."""
     if values is None:
         return 1
-    step = staleness_step(values)
-    return step if step >= STALENESS_UNIT_MIN else 1
+    v = np.abs(np.asarray(list(values) if not isinstance(values, np.ndarray) else values,
+                          dtype=np.int64))
+    v = np.unique(v[v > 0])
+    if v.size == 0:
+        return 1
+    g = int(np.gcd.reduce(v))
+    return g if g >= STALENESS_UNIT_MIN else 1
 
 
 def staleness_labels(labels: Sequence[str], unit: int) -> tuple[str, ...]:

@@ -1673,7 +1673,7 @@ def fit_plan(
                            "train_version) column")
         elif staleness_unit != 1:
             notices.append(f"staleness strata count lags of {staleness_unit:,} versions (the "
-                           "staleness values' common step; labels in versions)")
+                           "staleness values' greatest common divisor; labels in versions)")
         if want_steps and step_range is not None:
             s_lo, s_hi = step_range
             n_steps = s_hi - s_lo + 1

@@ -791,6 +791,8 @@ def test_versions_counted_in_thousands_keep_their_staleness_buckets(synth_file, 
                                 str(js)])
         assert r.exit_code == 0, r.output
         docs[name] = json.loads(js.read_text())
+        said = "staleness: the buckets count lags of 1,000 versions" in " ".join(r.stdout.split())
+        assert said == (name == "big")
     raw, big = docs["raw"], docs["big"]
     assert big["fit"]["parameters"]["staleness_unit"] == 1000
     assert big["compare"]["parameters"]["staleness_unit"] == 1000
@@ -802,6 +804,15 @@ def test_versions_counted_in_thousands_keep_their_staleness_buckets(synth_file, 
     assert sum(sb["n"][1:]) > 0  # (stale tokens, not all in 8000+)
     fr = [(scale[s["label"]], s["tokens"]) for s in raw["fit"]["strata"]["staleness"]]
     assert fr == [(s["label"], s["tokens"]) for s in big["fit"]["strata"]["staleness"]]
+    const = tmp_path / "const.parquet"  # every token one lag (of 1000 versions) stale
+    pl.read_parquet(synth_file).with_columns(
+        (pl.col("train_version") * 1000).alias("policy_version"),
+        (pl.col("train_version") * 1000 + 1000).alias("train_version")).write_parquet(const)
+    js = tmp_path / "const.json"
+    r = runner.invoke(app, ["fit", str(const), "--n-boot", "100", "-q", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    st = json.loads(js.read_text())["strata"]["staleness"]
+    assert [s["label"] for s in st] == ["1000"]
 
 def test_tiny_run_fits_without_a_breakpoint_search(tmp_path):
     """A run too small for the finer breakpoint bins (400 tokens) is fitted and says why no

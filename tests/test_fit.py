@@ -330,8 +330,9 @@ def test_staleness_strata_in_lags_of_a_version_unit():
 
 
 def test_staleness_unit_rule():
-    """The unit of lag: the staleness values' greatest common difference when it is at
-    least 8 (versions in 1000s), else 1 (lags 0, 2, 4 are real lags); labels scale with it."""
+    """The unit of lag: the greatest common divisor of the non-zero staleness values when
+    it is at least 8 (versions in 1000s), else 1 (lags 0, 2, 4 are real lags); labels
+    scale with it."""
     from entr_diag.aggregate import staleness_labels, staleness_step, staleness_unit
 
     assert staleness_step([0, 1000, 3000]) == 1000 and staleness_step([5]) == 1
@@ -339,6 +340,8 @@ def test_staleness_unit_rule():
     assert staleness_unit({0: 10, 512: 3, 1024: 1}) == 512  # (a dict: its keys)
     assert staleness_unit([0, 2, 4]) == 1 and staleness_unit([0, 1, 1000]) == 1
     assert staleness_unit(None) == 1 and staleness_unit([]) == 1 and staleness_unit([7]) == 1
+    assert staleness_unit([1000]) == 1000 and staleness_unit([0]) == 1  # (a constant lag)
+    assert staleness_unit([-1000, 0, 2000]) == 1000 and staleness_unit([5, 1005]) == 1
     assert staleness_labels(("<0", "0", "1", "2-3", "8+"), 1000) == (
         "<0", "0", "1000", "2000-3000", "8000+")
     assert staleness_labels(("0", "2-3"), 1) == ("0", "2-3")

@@ -483,6 +483,13 @@ def _h_unit(fit: Mapping) -> str:
     return "nats" if unit is None else f"probably {unit[0]}, as the column reads"
 
 
+def _staleness_unit_of(fit: Mapping | None) -> int:
+    """The fit's unit of lag of the staleness strata (``parameters["staleness_unit"]``, 1
+    when absent or malformed)."""
+    u = _get(fit, "parameters", "staleness_unit") if isinstance(fit, Mapping) else None
+    return u if isinstance(u, int) and not isinstance(u, bool) and u > 1 else 1
+
+
 def _compare_h_unit(compare: Mapping | None) -> str:
     """The unit of the comparison's entropies (``parameters["entropy_unit"]``): ``nats``,
     or ``probably bits, as the column reads``."""
@@ -1727,7 +1734,10 @@ def _strata_fig(fit: dict | None, why: str | None = None) -> go.Figure:
             type="category",
             row=1,
             col=c,
-            title_text="staleness bucket" if kind == "staleness" else "steps",
+            title_text=(("staleness bucket" + (f" (versions; lags of {unit:,})"
+                                               if (unit := _staleness_unit_of(fit)) > 1
+                                               else ""))
+                        if kind == "staleness" else "steps"),
         )
         fig.update_yaxes(
             rangemode="tozero",

@@ -133,6 +133,9 @@ def _gate_notes(d: dict[str, Any]) -> list[str]:
                if ed != fd else ".")
         )
     p = d["parameters"]
+    if (p.get("staleness_unit") or 1) > 1:
+        notes.append(f"staleness: the buckets count lags of {p['staleness_unit']:,} versions "
+                     "(the staleness values' greatest common divisor; labels in versions).")
     if any(noise_by_definition(g, p) for g in d["gates"]) and p.get("h_star") is not None:
         notes.append(
             f"noise admitted: the share of the noise tokens (H < H* = {p['h_star']:.4g} "
