@@ -169,8 +169,11 @@ ALPHA_TOL: float = 0.2
 ALPHA_EXACT: float = 0.05
 #: Verdict: weighted R^2 (log-log power law) below this means the law does not hold.
 R2_MIN: float = 0.9
-#: Staleness buckets (label, lowest, highest or None); staleness = train - policy version.
-STALENESS_BUCKETS: tuple[tuple[str, int, int | None], ...] = (
+#: Staleness buckets (label, lowest or None, highest or None); staleness = train - policy
+#: version. "<0": a policy newer than the one trained on it (swapped version columns: a
+#: warning says so), its own stratum as in compare's keep rate by staleness.
+STALENESS_BUCKETS: tuple[tuple[str, int | None, int | None], ...] = (
+    ("<0", None, -1),
     ("0", 0, 0),
     ("1", 1, 1),
     ("2-3", 2, 3),
@@ -1004,7 +1007,8 @@ def _staleness_expr(names: list[str], unit: int = 1) -> pl.Expr | None:
     out = pl.lit(None, dtype=pl.Int32)
     for i in range(len(STALENESS_BUCKETS) - 1, -1, -1):
         _, lo, hi = STALENESS_BUCKETS[i]
-        cond = (s >= lo) if hi is None else ((s >= lo) & (s <= hi))
+        cond = (s <= hi) if lo is None else (s >= lo) if hi is None else (
+            (s >= lo) & (s <= hi))
         out = pl.when(cond).then(pl.lit(i, dtype=pl.Int32)).otherwise(out)
     return out
 

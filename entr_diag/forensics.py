@@ -1459,7 +1459,7 @@ def _check_temperature(ctx: _Ctx) -> _Result:
     used = "all tokens"
     stale_mixed = False  # stale tokens in the fit: policy sharpening also tilts the slope
     if ctx.has("staleness") and blk["_stale"].drop_nulls().len():
-        s_min = int(blk["_stale"].drop_nulls().min())
+        s_min = _freshest(blk["_stale"])
         fresh = blk.filter(pl.col("_stale") == s_min)
         if int(fresh["n"].sum()) >= FRESH_MIN_TOKENS:
             blk, used = fresh, f"staleness {s_min} tokens"
@@ -2059,7 +2059,7 @@ def _drift_trend(ctx: _Ctx, lag_free: bool = False) -> tuple[_Trend, str]:
     if lag_free:
         used, by_bin = "all tokens, the lag not held fixed", True
     elif ctx.has("staleness") and c.height:
-        s_min = c["_stale"].min()
+        s_min = _freshest(c["_stale"])
         fresh = c.filter(pl.col("_stale") == s_min)
         n_steps = c["_step"].n_unique()
         if (int(fresh["n"].sum()) >= FRESH_MIN_TOKENS and fresh["_step"].n_unique()
@@ -2429,6 +2429,17 @@ def _check_staleness(ctx: _Ctx) -> _Result:
                         f"entropy and step ({_pval(p)})"
                   + (f"; lag {', '.join(map(str, apart))} never shares a step with the others"
                      if apart else ""))
+
+
+def _freshest(stale: pl.Series) -> int | None:
+    """The freshest staleness value: the smallest non-negative one (a negative staleness, a
+    policy newer than the one trained on it, is swapped version columns, not fresher
+    tokens: the loader warns of them), else the smallest; None when all are null."""
+    v = stale.drop_nulls()
+    if not v.len():
+        return None
+    ok = v.filter(v >= 0)
+    return int((ok if ok.len() else v).min())
 
 
 def _lag_unit(stale: pl.Series) -> int:
@@ -2994,7 +3005,7 @@ def _check_floor(ctx: _Ctx) -> _Result:
     used = "all tokens"
     if ctx.has("staleness"):
         # engine mismatch proper: the freshest tokens (policy drift adds to delta, not floor)
-        s_min = fl["_stale"].drop_nulls().min()
+        s_min = _freshest(fl["_stale"])
         if s_min is not None:
             fresh = fl.filter(pl.col("_stale") == s_min)
             if int(fresh["n"].sum()) >= FRESH_MIN_TOKENS:

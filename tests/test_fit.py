@@ -329,6 +329,16 @@ def test_staleness_strata_in_lags_of_a_version_unit():
         fit_scaling_law(lf, n_boot=100, staleness_unit=0)
 
 
+def test_negative_staleness_is_its_own_stratum():
+    """Tokens with policy_version > train_version (swapped columns) form the "<0" stratum,
+    as in compare's keep rate by staleness, instead of leaving the strata unsaid."""
+    _, lf = synth(n_tokens=100_000, seed=1, h_star=None, max_staleness=1)
+    neg = lf.with_columns(pl.when(pl.col("staleness") == 1).then(-1)
+                          .otherwise(pl.col("staleness")).alias("staleness"))
+    raw = {s.label: s.tokens for s in fit_scaling_law(lf, n_boot=100).strata.staleness}
+    got = {s.label: s.tokens for s in fit_scaling_law(neg, n_boot=100).strata.staleness}
+    assert "<0" not in raw and got == {"<0": raw["1"], "0": raw["0"]}
+
 def test_staleness_unit_rule():
     """The unit of lag: the greatest common divisor of the non-zero staleness values when
     it is at least 8 (versions in 1000s), else 1 (lags 0, 2, 4 are real lags); labels

@@ -1120,6 +1120,14 @@ def test_misalignment_same_on_grouped_and_scattered_sample(base):
                 assert eb[k] == v, k
     assert FX._misalignment(shifted, 1000)[1] is not None  # (the planted shift is found)
 
+def test_freshest_staleness_is_the_smallest_non_negative_lag():
+    """The engine-side checks read the freshest tokens: the smallest lag >= 0, never a
+    negative one (swapped version columns); all negative: the smallest; all null: None."""
+    assert FX._freshest(pl.Series([-1, 0, 2, None])) == 0
+    assert FX._freshest(pl.Series([-1000, 1000, 2000])) == 1000
+    assert FX._freshest(pl.Series([-3, -1])) == -3
+    assert FX._freshest(pl.Series([None, None], dtype=pl.Int64)) is None
+
 def test_nested_layout_matches_long(tmp_path):
     """The same synthetic run in the nested layout gives the same statuses as the long one."""
     from entr_diag.synth import write_synth
