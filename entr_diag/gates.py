@@ -777,7 +777,10 @@ def parse_gate_spec(spec: str) -> GateSpec:
         raise _bad(f"unknown gate {name.strip()!r} in spec {spec!r}.")
     allowed = _param_names(cls)
     kwargs: dict[str, Any] = {}
-    if sep and rest.strip():
+    if sep and not rest.strip():  # ('fixed:' is a spec cut short, not the defaults)
+        raise _bad(f"gate spec {spec!r}: nothing after ':'; give param=value, or the name "
+                   "alone for the defaults.", cls)
+    if sep:
         for item in rest.split(","):
             k, eq, v = item.partition("=")
             k = k.strip().lower()
