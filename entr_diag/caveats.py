@@ -525,14 +525,17 @@ def file_units_caveat(flagged: Any, n_files: int,
 
 def rounding_caveat(rounded: Mapping[str, Any] | None,
                     mapping: Mapping[str, str] | None = None,
-                    zero_placeholder: int = 0) -> str | None:
+                    zero_placeholder: int = 0, nucleus_zeros: int = 0) -> str | None:
     """A one-line caveat when logprob columns hold values rounded to a decimal step
     (``rounded``: :func:`entr_diag.forensics.rounded_logprobs`, column -> step in nats; or
     ``{"by_file": {file: {column: step}}, "input_files": n}`` when some input files only
     are), else None:
     every log-ratio below the step is lost, the low-entropy regime with it.
     ``zero_placeholder``: the rows the accounting excluded as zero_placeholder (a logprob
-    rounded to 0.0 next to one that is not reads as a placeholder): named when some."""
+    rounded to 0.0 next to one that is not reads as a placeholder): named when some;
+    ``nucleus_zeros``: the engine zeros the loader kept as one-token nuclei of truncated
+    sampling (:attr:`~entr_diag.io.load.Dataset.nucleus_zeros`), in a rounded engine
+    column probably logprobs rounded to 0: named when some."""
     if not rounded:
         return None
 
@@ -551,8 +554,15 @@ def rounding_caveat(rounded: Mapping[str, Any] | None,
         head = f"the logprobs of {len(listed):,}{of} input files are stored rounded ({where}{more})"
     else:
         head = f"the logprobs are stored rounded ({cols(rounded)})"
-    zeros = (f" ({zero_placeholder:,} row(s) excluded as zero_placeholder, 0.0 on one side, "
-             "are probably such logprobs rounded to 0)" if zero_placeholder else "")
+    parts = []
+    if zero_placeholder:
+        parts.append(f"{zero_placeholder:,} row(s) excluded as zero_placeholder, 0.0 on one "
+                     "side")
+    if nucleus_zeros:
+        parts.append(f"{nucleus_zeros:,} engine zero(s) kept as valid tokens, which would "
+                     "otherwise read as one-token nuclei of top-p / top-k sampling")
+    zeros = (f" ({' and '.join(parts)}, are probably such logprobs rounded to 0)"
+             if parts else "")
     return (f"caveat: {head}: log-ratios below that step are lost (they read as 0 or the "
             f"step), and the low-entropy regime with them{zeros}; re-dump them at full "
             "precision.")

@@ -390,6 +390,12 @@ class _Notes:
     def drop(self) -> None:
         self.held = None
 
+    def discard(self, part: str) -> None:
+        """Leave out the held notes whose text holds ``part`` (one a later finding
+        explains otherwise)."""
+        if self.held is not None:
+            self.held = [(t, kw) for t, kw in self.held if part not in t]
+
     def warnings(self) -> list[str]:
         """The ``warning:`` lines held so far, as plain text without the prefix: for the
         JSON (``warnings``) and the HTML report, where a reader who never saw stderr
@@ -1345,8 +1351,14 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None]:
     if rounded:
         from entr_diag.caveats import rounding_caveat
 
+        # engine zeros read as one-token nuclei are, in a rounded engine column, logprobs
+        # rounded to 0: the rounding explains them (the nucleus note would contradict it)
+        nuclei = ds.nucleus_zeros if "infer_logprob" in rounded else 0
+        if nuclei:
+            _notes.discard("one-token nuclei of top-p / top-k")
         _notes.add("[yellow]warning:[/yellow] " + escape(rounding_caveat(
             rounded, ds.mapping, ds.accounting.excluded.get("zero_placeholder", 0),
+            nucleus_zeros=nuclei,
         ).removeprefix("caveat: ")))
     zero_prefix = align.zero_prefix()
     if zero_prefix:  # the loss mask covering the prompt, written as zeros

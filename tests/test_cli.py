@@ -1232,7 +1232,12 @@ def test_rounded_float_logprobs_put_a_caveat_beside_the_verdict(synth_file, tmp_
         assert fd["rounded_logprobs"] == {"infer_logprob": 0.01}, cmd
         assert ("the logprobs are stored rounded (infer_logprob to 0.01 "
                 "nats)") in fd["verdict"]["caveat"]
-        assert "warning: the logprobs are stored rounded" in re.sub(r"\s+", " ", r.stderr)
+        err = re.sub(r"\s+", " ", r.stderr)
+        assert "warning: the logprobs are stored rounded" in err
+        # engine logprobs rounded to 0.0: the rounding explains them, not truncated sampling
+        assert ("engine zero(s) kept as valid tokens, which would otherwise read as one-token "
+                "nuclei of top-p / top-k sampling, are probably such logprobs rounded to 0") in err
+        assert "the engine renormalised the kept token" not in err, cmd
     js = tmp_path / "clean.json"
     r = runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "--json", str(js)])
     doc = json.loads(js.read_text())
