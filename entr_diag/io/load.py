@@ -2150,17 +2150,18 @@ class _AccountingScan:
 
     The engine computes per row (:attr:`exprs`, while it reads the chunk) the row's
     ``code``: the index of its reason in :func:`_reason_conditions`, or, for a valid
-    token, ``n_reasons`` (``n_reasons + 1`` when its policy_version is null); for valid
-    tokens their position, versions and step (other rows get fill values that lose every
-    minimum / maximum), their staleness (a fill value when null) and their fine entropy
-    bin. Per batch, numpy reduces the runs of consecutive rows of one sequence (the rows
-    of a sequence are usually together; scattered rows are sorted by the pass): the rows
-    per (run, code) with one ``bincount``, the ranges with ``reduceat``; the run rows are
-    merged by ``seq_key`` (:class:`PartialRows`: a sequence may span batches and chunks).
-    The fine entropy bins and the staleness of the valid tokens are counted with
-    ``bincount``. (A polars group-by of every row by (sequence, staleness, reason) did
-    the same at twice the cost of the engine's reading of the chunk; polars operations
-    here would wait for the thread pool the engine reads the next chunk with.)"""
+    token, ``n_reasons`` (``n_reasons + 1`` when its policy_version is null), its step
+    (a fill value when null) and, for valid tokens, their fine entropy bin. Per batch,
+    numpy reduces the runs of consecutive rows of one sequence (the rows of a sequence are
+    usually together; scattered rows are sorted by the pass): the rows per (run, code)
+    with one ``bincount``, the ranges of the valid tokens' positions and versions with
+    ``reduceat`` (masked by the code in numpy: the engine's reading of the chunk, not this
+    thread, bounds the pass, so the masks cost it nothing); the run rows are merged by
+    ``seq_key`` (:class:`PartialRows`: a sequence may span batches and chunks). The fine
+    entropy bins and the staleness of the valid tokens are counted with ``bincount``. (A
+    polars group-by of every row by (sequence, staleness, reason) did the same at twice the
+    cost of the engine's reading of the chunk; polars operations here would wait for the
+    thread pool the engine reads the next chunk with.)"""
 
     def __init__(self, mapping: Mapping[str, str], n_reasons: int,
                  nucleus: bool | pl.Series = False) -> None:
@@ -2177,36 +2178,26 @@ class _AccountingScan:
             n_reasons + pl.col("policy_version").is_null().cast(i64) if self.has_pv
             else pl.lit(n_reasons, i64))
         self.stages = [[_reason_expr(mapping, codes=True, nucleus=nucleus).alias("_rc")]]
-
-        def ranged(col: str, name: str) -> list[pl.Expr]:
-            v = pl.col(col).cast(i64)
-            return [pl.when(valid).then(v).fill_null(_I64_MAX).alias(f"_ac_{name}lo"),
-                    pl.when(valid).then(v).fill_null(_I64_MIN).alias(f"_ac_{name}hi")]
-
-        exprs = [code.cast(pl.UInt8).alias("_ac_code"), *ranged("position", "p")]
-        self.ranges = ["p"]
+        exprs = [code.cast(pl.UInt8).alias("_ac_code")]
+        #: (name of the range, its column): the ranges over the valid tokens, reduced from
+        #: the column as read (Int64, nulls only where the token does not count)
+        self.ranges = [("p", "position")]
         if self.has_pv:
-            exprs += ranged("policy_version", "pv")
-            self.ranges.append("pv")
+            self.ranges.append(("pv", "policy_version"))
         if self.has_tv:
-            exprs += ranged("train_version", "tv")
-            self.ranges.append("tv")
+            self.ranges.append(("tv", "train_version"))
         if self.has_step:  # constant within a sequence key (the key hashes it)
             exprs.append(pl.col("step").cast(i64).fill_null(_I64_MIN).alias("_ac_step"))
-        if self.has_pv and self.has_tv:
-            exprs.append(pl.when(valid).then(pl.col("train_version").cast(i64)
-                                             - pl.col("policy_version").cast(i64))
-                         .fill_null(_I64_MIN).alias("_ac_stale"))
         if self.fine:  # a valid token has a finite entropy >= 0 and a finite delta
             exprs.append(pl.when(valid).then(fine_bin_expr().cast(i64) + 1).otherwise(0)
                          .alias("_ac_fine"))
         self.exprs = exprs
-        self.columns = ["seq_key", FILE_INDEX]
+        self.columns = ["seq_key", FILE_INDEX, *(c for _, c in self.ranges)]
         #: valid tokens with a negative staleness per input file (by FILE_INDEX)
         self.ahead: dict[int, int] = {}
         cols = [f"c{i}" for i in range(self.n_codes)]
         merge = [pl.col(c).sum() for c in cols]
-        for r in self.ranges:
+        for r, _ in self.ranges:
             merge += [pl.col(f"{r}lo").min(), pl.col(f"{r}hi").max()]
         if self.has_step:
             merge.append(pl.col("step").min())
@@ -2221,27 +2212,44 @@ class _AccountingScan:
         self.counts = np.zeros(N_FINE + 2, dtype=np.int64)
         self.stale: dict[int, int] = {}
 
+    @staticmethod
+    def _counted(batch: pl.DataFrame, name: str, valid: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """(values as int64, whether the row counts): the column's value of each valid
+        token that has one (a null counts nowhere; an invalid row's value is whatever the
+        dump holds)."""
+        s = batch.get_column(name)
+        if not s.null_count():
+            return column(batch, name).astype(np.int64, copy=False), valid
+        # (rare: a null version of a valid token; polars ops here wait for the engine)
+        return (s.fill_null(0).cast(pl.Int64).to_numpy(),
+                valid & s.is_not_null().to_numpy())
+
     def update(self, batch: pl.DataFrame) -> None:
         starts = run_starts(batch, ["seq_key"])
+        code = column(batch, "_ac_code")
         rid = np.zeros(batch.height, dtype=np.int64)
         rid[starts[1:]] = 1
         np.cumsum(rid, out=rid)
         rid *= self.n_codes
-        rid += column(batch, "_ac_code")
+        rid += code
         per = np.bincount(rid, minlength=starts.size * self.n_codes).reshape(
             starts.size, self.n_codes)
         cols: dict[str, np.ndarray] = {"seq_key": column(batch, "seq_key")[starts]}
         cols.update({f"c{i}": per[:, i] for i in range(self.n_codes)})
-        for r in self.ranges:
-            cols[f"{r}lo"] = np.minimum.reduceat(column(batch, f"_ac_{r}lo"), starts)
-            cols[f"{r}hi"] = np.maximum.reduceat(column(batch, f"_ac_{r}hi"), starts)
+        valid = code >= self.n_reasons
+        values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for r, c in self.ranges:
+            v, ok = values[r] = self._counted(batch, c, valid)
+            cols[f"{r}lo"] = np.minimum.reduceat(np.where(ok, v, _I64_MAX), starts)
+            cols[f"{r}hi"] = np.maximum.reduceat(np.where(ok, v, _I64_MIN), starts)
         if self.has_step:
             cols["step"] = column(batch, "_ac_step")[starts]
-        p = column(batch, "_ac_plo")  # a valid token's position (else _I64_MAX)
+        p, p_ok = values["p"]
         rep = np.zeros(p.size, dtype=np.int64)
         if p.size > 1:
             sk = column(batch, "seq_key")
-            rep[1:] = (p[1:] == p[:-1]) & (p[1:] != _I64_MAX) & (sk[1:] == sk[:-1])
+            rep[1:] = (p[1:] == p[:-1]) & p_ok[1:] & p_ok[:-1] & (sk[1:] == sk[:-1])
         cols["prep"] = np.add.reduceat(rep, starts)
         if FILE_INDEX in batch.columns:
             f = column(batch, FILE_INDEX)
@@ -2258,11 +2266,15 @@ class _AccountingScan:
         if self.fine:
             self.counts += np.bincount(column(batch, "_ac_fine"), minlength=self.counts.size)
         if self.has_pv and self.has_tv:
-            st = column(batch, "_ac_stale")
-            ahead = (st < 0) & (st != _I64_MIN)
+            (pv, pv_ok), (tv, tv_ok) = values["pv"], values["tv"]
+            both = pv_ok & tv_ok
+            st = np.subtract(tv, pv)
+            if not both.all():
+                st = st[both]
+            ahead = st < 0
             if ahead.any() and FILE_INDEX in batch.columns:  # where: versions swapped?
-                add_counts(self.ahead, column(batch, FILE_INDEX)[ahead])
-            st = st[st != _I64_MIN]
+                f = column(batch, FILE_INDEX)
+                add_counts(self.ahead, (f if both.all() else f[both])[ahead])
             if st.size:
                 lo = int(st.min())
                 if int(st.max()) - lo < 1 << 16:
@@ -2289,7 +2301,7 @@ class _AccountingScan:
                valid.alias("_valid"),
                *[pl.col(f"c{i}").alias(name) for i, name in enumerate(names)]]
         rename = {"p": "pos", "pv": "pv", "tv": "tv"}
-        for r in self.ranges:
+        for r, _ in self.ranges:
             lo, hi = pl.col(f"{r}lo"), pl.col(f"{r}hi")
             out += [pl.when(lo != _I64_MAX).then(lo).alias(f"_{rename[r]}_lo"),
                     pl.when(hi != _I64_MIN).then(hi).alias(f"_{rename[r]}_hi")]
