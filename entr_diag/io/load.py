@@ -2174,11 +2174,9 @@ class _AccountingScan:
         self.n_reasons = n_reasons
         valid = pl.col("_rc").is_null()
         i64 = pl.Int64
-        code = pl.col("_rc").cast(i64).fill_null(
-            n_reasons + pl.col("policy_version").is_null().cast(i64) if self.has_pv
-            else pl.lit(n_reasons, i64))
         self.stages = [[_reason_expr(mapping, codes=True, nucleus=nucleus).alias("_rc")]]
-        exprs = [code.cast(pl.UInt8).alias("_ac_code")]
+        # (a valid token without a policy_version: n_reasons + 1, set in numpy)
+        exprs = [pl.col("_rc").fill_null(n_reasons).alias("_ac_code")]
         #: (name of the range, its column): the ranges over the valid tokens, reduced from
         #: the column as read (Int64, nulls only where the token does not count)
         self.ranges = [("p", "position")]
@@ -2228,6 +2226,10 @@ class _AccountingScan:
     def update(self, batch: pl.DataFrame) -> None:
         starts = run_starts(batch, ["seq_key"])
         code = column(batch, "_ac_code")
+        if self.has_pv and batch.get_column("policy_version").null_count():
+            code = code.copy()  # a valid token without a policy_version
+            code[(code == self.n_reasons)
+                 & batch.get_column("policy_version").is_null().to_numpy()] += 1
         rid = np.zeros(batch.height, dtype=np.int64)
         rid[starts[1:]] = 1
         np.cumsum(rid, out=rid)
