@@ -1000,6 +1000,41 @@ def _sorted_counts(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s[starts], np.diff(np.append(starts, s.size))
 
 
+#: most cells :func:`_distinct_counts` counts with one ``bincount`` (its table is zeroed per
+#: call: 8 MB)
+_DENSE_COUNT_MAX: int = 1 << 20
+
+
+def _distinct_counts(key: np.ndarray, nb: int, kb: int) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values of ``key`` (a non-empty int64 array of values ``top * 2^kb + mid *
+    2^nb + pattern``, all >= 0) in ascending order, and their counts: as
+    :func:`_sorted_counts` of the sorted keys. The patterns of a batch are few (most tokens
+    are kept by every gate) and its steps (``top``) and cells (``mid``) span small ranges:
+    the patterns are ranked with a ``bincount`` over ``2^nb`` values, and (top, mid, rank)
+    counted with one ``bincount`` over their product of ranges when it is at most
+    :data:`_DENSE_COUNT_MAX`, in linear time (sorting a batch's 125k keys took 5.7 ms, half
+    of the gate pass's numpy work); else by sorting."""
+    if nb <= 20:
+        pat = key & ((1 << nb) - 1)
+        seen = np.bincount(pat)
+        ids = np.flatnonzero(seen)
+        m = ids.size
+        top = key >> kb
+        mid = (key >> nb) & ((1 << (kb - nb)) - 1)
+        t0, m0 = int(top.min()), int(mid.min())
+        nt, nm = int(top.max()) - t0 + 1, int(mid.max()) - m0 + 1
+        if nt * nm * m <= _DENSE_COUNT_MAX:
+            rank = np.zeros(seen.size, dtype=np.int64)
+            rank[ids] = np.arange(m)
+            dense = ((top - t0) * nm + (mid - m0)) * m + rank[pat]
+            cnt = np.bincount(dense, minlength=nt * nm * m)
+            nz = np.flatnonzero(cnt)
+            hi = nz // m
+            u = ((hi // nm + t0) << kb) | ((hi % nm + m0) << nb) | ids[nz % m]
+            return u, cnt[nz]
+    return _sorted_counts(np.sort(key))
+
+
 def _sum_by(keys: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct ``keys`` (sorted) and the sum of ``n`` per key (small arrays)."""
     order = np.argsort(keys, kind="stable")
@@ -1358,8 +1393,7 @@ class _SecondPass:
             key &= (1 << kb) - 1
             w = (key & ((1 << nb) - 1)).view(np.uint64).reshape(-1, 1)
             self.steps.add(_count_patterns(step, w, nb))
-        key.sort()
-        u, n = _sorted_counts(key)
+        u, n = _distinct_counts(key, nb, kb)
         if not in_key:
             self.cells.add({"__K": u, "n": n})
             return

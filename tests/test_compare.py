@@ -945,3 +945,24 @@ def test_noise_by_definition_needs_the_flag_gate_and_noise_tokens():
     assert not noise_by_definition({**entr, "noise_admitted": None}, params)  # no H*: n/a
     assert not noise_by_definition({**entr, "params": {"tau": 8.0, "eps": 0.01}}, params)
     assert not noise_by_definition({**entr, "name": "fixed"}, params)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 20), st.integers(1, 13), st.integers(0, 5), st.integers(1, 3000),
+       st.integers(0, 2**32 - 1))
+def test_distinct_counts_equal_the_sorted_counts(nb, extra, steps, n, seed):
+    """The gate pass's linear-time count of (step, cell, pattern) keys gives the distinct keys
+    in ascending order and their counts, as sorting them does, whether the ranges fit its
+    table or it falls back to the sort."""
+    from entr_diag.compare import _distinct_counts, _sorted_counts
+
+    rng = np.random.default_rng(seed)
+    kb = nb + extra
+    top = rng.integers(0, steps + 1, n) + int(rng.integers(0, 1000))
+    mid = rng.integers(0, 1 << extra, n)
+    pat = rng.choice(rng.integers(0, 1 << nb, int(rng.integers(1, 80))), n)
+    key = (top << kb) | (mid << nb) | pat
+    u, c = _distinct_counts(key.copy(), nb, kb)
+    u2, c2 = _sorted_counts(np.sort(key))
+    np.testing.assert_array_equal(u, u2)
+    np.testing.assert_array_equal(c, c2)
