@@ -2177,8 +2177,8 @@ class _AccountingScan:
         self.stages = [[_reason_expr(mapping, codes=True, nucleus=nucleus).alias("_rc")]]
         # (a valid token without a policy_version: n_reasons + 1, set in numpy)
         exprs = [pl.col("_rc").fill_null(n_reasons).alias("_ac_code")]
-        #: (name of the range, its column): the ranges over the valid tokens, reduced from
-        #: the column as read (Int64, nulls only where the token does not count)
+        #: (name of the range, its column): the ranges over the valid tokens that hold a
+        #: value, reduced in numpy from the canonical Int64 column (:meth:`_counted`)
         self.ranges = [("p", "position")]
         if self.has_pv:
             self.ranges.append(("pv", "policy_version"))
