@@ -1131,6 +1131,19 @@ def _write_json(path: Path | None, doc: dict, quiet: bool) -> None:
         when_written(path, lambda: stderr.print(f"wrote {path}", markup=False))
 
 
+def _json_output(path: Path | None, doc: dict, quiet: bool) -> _ClosedLater:
+    """Write the JSON output of a command that prints its tables after it; an output whose
+    reader left or whose device is full (a FIFO read by ``head -c``, ``/dev/full``) is
+    kept, so that the tables still print: call ``done()`` on the result after them (exit 1
+    then, as the README says: after every other output)."""
+    from entr_diag.atomic import together
+
+    closed = _ClosedLater()
+    with closed, together():
+        _write_json(path, doc, quiet)
+    return closed
+
+
 def _version_callback(value: bool) -> None:
     if value:
         print(f"entr-diag {__version__}")
@@ -1182,7 +1195,7 @@ def inspect(
             _implausible_note(findings.by_kind("implausible_logprobs"))
             _critical_notes(findings)
         warnings = _notes.warnings()
-        _write_json(json_path, envelope(
+        closed = _json_output(json_path, envelope(
             "inspect", desc, {"layout": layout, "entropy": entropy, "framework": framework,
                               "skip_unreadable": skip_unreadable},
             forensics=None if findings is None else findings.to_dict(), warnings=warnings,
@@ -1193,6 +1206,7 @@ def inspect(
             render_findings(findings, out)
         else:
             out.print("no valid loss-masked token: nothing to analyse.")
+        closed.done()
 
 
 # ----------------------------------------------------------------- fit
@@ -1548,12 +1562,13 @@ def fit(
                        a["misaligned"])
         caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
-        _write_json(json_path, envelope("fit", ds.describe(), params, **fd,
-                                        metrics=metrics.to_dict(),
-                                        forensics=findings.to_dict(),
-                                        warnings=_notes.warnings()), quiet)
+        closed = _json_output(json_path, envelope("fit", ds.describe(), params, **fd,
+                                                  metrics=metrics.to_dict(),
+                                                  forensics=findings.to_dict(),
+                                                  warnings=_notes.warnings()), quiet)
         render_fit(fit_res, metrics, _tables(json_path), caveat=caveat)
         render_findings(findings, _tables(json_path), show_checks=False)
+        closed.done()
 
 
 @app.command(cls=_Command)

@@ -393,7 +393,8 @@ def test_json_dash_writes_pure_json_to_stdout(run_file, tmp_path, monkeypatch, c
 def test_json_dash_into_a_closed_pipe_exits_1_quietly(run_file):
     """``--json - | true``: the reader is gone before the JSON is written; exit 1 without an
     error message, as for the tables (the README's exit codes); a full stdout is named
-    (exit 1 too: an output failure, not bad input)."""
+    (exit 1 too: an output failure, not bad input), after the tables (on stderr under
+    ``--json -``), as compare does."""
     import subprocess
     import sys
 
@@ -407,7 +408,9 @@ def test_json_dash_into_a_closed_pipe_exits_1_quietly(run_file):
         with open("/dev/full", "w") as full:
             r = subprocess.run(cmd, stdout=full, stderr=subprocess.PIPE, timeout=120)
         assert r.returncode == 1, r.stderr
-        assert r.stderr == b"error: cannot write stdout: No space left on device.\n"
+        assert r.stderr.startswith(b"Verdict: ")
+        assert r.stderr.endswith(b"\nerror: cannot write stdout: No space left on device.\n")
+        assert r.stderr.count(b"error:") == 1
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
@@ -836,3 +839,20 @@ def test_an_output_whose_parent_is_a_file_says_so(tmp_path):
     assert f"{f} is a file, not a directory." in " ".join(r.output.split())
     r = CliRunner().invoke(app, ["fit", "--json", str(tmp_path / "no" / "fit.json"), "-q"])
     assert r.exit_code == 2 and "does not exist" in r.output
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("command", ["fit", "inspect"])
+def test_a_failed_json_output_still_prints_the_tables(run_file, command):
+    """fit and inspect with ``--json /dev/full``: exit 1 with one error naming the JSON
+    output, after the tables, which are still printed on stdout (were not printed at all:
+    the README's exit 1 comes after every other output), as compare does."""
+    extra = ["--n-boot", "100"] if command == "fit" else []
+    r = subprocess.run([sys.executable, "-m", "entr_diag", command, str(run_file), "-q",
+                        "--json", "/dev/full", *extra], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 1, r.stderr
+    assert r.stderr == "error: cannot write /dev/full: No space left on device.\n"
+    first = {"fit": "Verdict: ", "inspect": "1 file(s), layout long"}[command]
+    assert r.stdout.startswith(first), r.stdout[:300]
+    assert "Mismatch forensics" in r.stdout
