@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -2040,6 +2041,16 @@ def test_a_file_named_twice_is_read_once_with_a_note(tmp_path):
     repeated: list[Path] = []
     assert resolve_paths([src, str(tmp_path / "*.parquet")], repeated=repeated) == [src]
     assert repeated == [src]
+    # a hard link and a symlink to it are the same file (were read twice: every token
+    # counted twice, with a copies warning)
+    other = tmp_path / "other"
+    other.mkdir()
+    os.link(src, other / "hard.parquet")
+    (other / "soft.parquet").symlink_to(src)
+    repeated = []
+    assert resolve_paths([other / "hard.parquet", src, other / "soft.parquet"],
+                         repeated=repeated) == [other / "hard.parquet"]
+    assert repeated == [src, other / "soft.parquet"]
     r = runner.invoke(app, ["inspect", str(src), str(src)])
     assert r.exit_code == 0, r.output
     assert "note: 1 input file(s) named more than once" in " ".join(r.stderr.split())

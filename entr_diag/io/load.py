@@ -104,8 +104,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
 
     Returns the files in natural order (numbers in names compared as numbers:
     ``part-9`` before ``part-10``), without duplicates: a file named twice, or matched again
-    by a glob or a directory (the same file by its resolved path), is read once and
-    appended to ``repeated`` when given.
+    by a glob or a directory (the same file by its device and inode: through a symlink or a
+    hard link too), is read once and appended to ``repeated`` when given.
 
     Raises:
         InputError: an empty path (``''``), a path that does not exist or is no file (a pipe such as
@@ -167,10 +167,14 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
             out.extend(found)
         else:
             raise InputError(f"input {text} does not exist.")
-    seen: set[Path] = set()
+    seen: set[object] = set()
     uniq = []
     for q in out:
-        key = q.resolve()
+        try:  # the file itself: a symlink or a hard link to a file named already is it
+            st = q.stat()
+            key: object = (st.st_dev, st.st_ino)
+        except OSError:
+            key = q.resolve()
         if key not in seen:
             seen.add(key)
             uniq.append(q)
