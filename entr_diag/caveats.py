@@ -175,7 +175,8 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
                       "null padding?) or the mask column is not the loss mask",
     "missing_seq_id": "the seq_id column is mostly null: map another with --column "
                       "seq_id=NAME",
-    "invalid_position": "the position column is mostly null or negative (padding markers?): "
+    "invalid_position": "the position column is mostly null or negative (padding markers? "
+                        "or floating-point values with a fraction, which read as null): "
                         "map another with --column position=NAME, or drop it to number "
                         "tokens in row order",
     "negative_version": "version -1 marks prompt positions: the mask may cover the prompt",
