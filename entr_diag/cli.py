@@ -992,7 +992,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              integer_caveat(ds.notes),
              rounding_caveat(rounded, ds.mapping, acc.excluded.get("zero_placeholder", 0)),
              zero_prefix_caveat(zero_prefix, ds.mapping),
-             units_caveat(_shown_units(fd.get("units"), misaligned), ds.mapping),
+             units_caveat(_shown_units(fd.get("units"), misaligned, file_units), ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
              implausible_caveat(fdict),
              *findings_caveats(fdict),
@@ -1006,13 +1006,20 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     return fd
 
 
-def _shown_units(units: dict | None, misaligned) -> dict | None:
+def _shown_units(units: dict | None, misaligned, file_units=None) -> dict | None:
     """The units check as its warning and caveat read it: with a shift let through
-    (``misaligned``), no entropy mismatch (the shift explains the surprisal / entropy
-    gap: no second story)."""
-    if not misaligned or not units:
+    (``misaligned``), or a unit mistake in some input files only (``file_units``), no
+    entropy mismatch (the shift, or the files in another unit, explain the pooled
+    surprisal / entropy gap: no second story, e.g. a temperature beside a shard in bits);
+    with ``file_units``, no pooled unit mistake either (the files do not share it: it is
+    the mix's, e.g. half the shards' infer_logprob in log10 read as train_logprob in
+    log2)."""
+    if not (misaligned or file_units) or not units:
         return units
-    return {**units, "entropy_mismatch": False}
+    out = {**units, "entropy_mismatch": False}
+    if file_units and units.get("likely_mistake"):
+        out["likely_mistake"] = None
+    return out
 
 
 def _implausible_note(finding) -> dict | None:
@@ -1495,17 +1502,17 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                 unavailable, no_fit = _fit_refusal(ds, e, law_optional), _why_no_fit(ds, e)
     if out.get("findings") is not None:  # impossible logprobs that bias the fit: a warning
         _implausible_note(out["findings"].by_kind("implausible_logprobs"))  # (as compare's)
-    if out.get("fit") is not None and out["fit"].units is not None:  # a unit mistake?
-        from entr_diag.caveats import units_caveat
-
-        caveat = units_caveat(_shown_units(out["fit"].units.to_dict(), misaligned),
-                              ds.mapping)
-        if caveat:
-            _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
-    file_units = None
+    file_units = None  # a unit mistake in some input files only
     if out.get("fit") is not None and "file_units" in plans:
         units = out["fit"].units
         file_units = plans["file_units"].finish(units)
+    if out.get("fit") is not None and out["fit"].units is not None:  # a unit mistake?
+        from entr_diag.caveats import units_caveat
+
+        caveat = units_caveat(_shown_units(out["fit"].units.to_dict(), misaligned,
+                                           file_units), ds.mapping)
+        if caveat:
+            _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     if file_units:  # ... in some input files only
         from entr_diag.caveats import file_units_caveat
 

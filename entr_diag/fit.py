@@ -1553,8 +1553,10 @@ class FileUnitsPlan:
     :class:`UnitsCheck`) returns the files whose own check names a mistake (at least
     MIN_FILE_UNIT_TOKENS tokens) or another token's column (at least
     MIN_FILE_OTHER_TOKEN_TOKENS), ``[(file, UnitsCheck)]``; [] when the pooled check names
-    either (it says it for the input), when every checked file does, or with fewer than two
-    checked files."""
+    a mistake no file contradicts (it says it for the input), when every checked file names
+    the same mistake, or with fewer than two checked files. A pooled mistake that a file
+    contradicts with another one (half the shards' infer_logprob in log10, read pooled as
+    train_logprob in log2) is the mix's: the files that name one are returned."""
 
     def __init__(self, fit: FitPlan, files: Sequence[str]) -> None:
         self.files = list(files)
@@ -1572,13 +1574,19 @@ class FileUnitsPlan:
             c = _units_check(*(t[j, i] for j in (1, 2, 3, 0, 4, 5, 6)),
                              match_units=n >= MIN_FILE_UNIT_TOKENS)
             checks.append((f, c))
-        if (pooled is not None and pooled.likely_mistake) or len(checks) < 2:
+        if len(checks) < 2:
             return []
+        mistakes = {c.likely_mistake for _f, c in checks}
+        if pooled is not None and pooled.likely_mistake and mistakes <= {
+                pooled.likely_mistake, None}:
+            return []  # no file names another mistake: the pooled check says it
         if pooled is not None and pooled.other_token:  # named pooled: which files hold it?
             flagged = [(f, c) for f, c in checks if c.other_token]
         else:
             flagged = [(f, c) for f, c in checks if c.likely_mistake or c.other_token]
-        return [] if len(flagged) == len(checks) else flagged
+        if len(flagged) == len(checks) and len(mistakes) == 1:
+            return []
+        return flagged
 
 
 class FitPlan:

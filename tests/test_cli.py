@@ -1351,6 +1351,20 @@ def test_a_unit_mistake_in_one_shard_names_the_shard(synth_big, tmp_path, col, e
     assert only["file"] == str(d / "part-1.parquet") and only["likely_mistake"]
     assert doc["units"]["likely_mistake"] is None
     assert "looks written in another unit" in doc["verdict"]["caveat"]
+    # one shard of two: the pooled check's gap is the mix, which it read as a temperature or
+    # top-p (entropy in bits) or as train_logprob in log2 (infer_logprob in log10): was a
+    # second warning, contradicting the per-file one, which now says it alone
+    half = _split(synth_big, tmp_path / "half", 2, {1: {col: expr}})
+    r = runner.invoke(app, ["fit", str(half), "--n-boot", "100", "--json", str(js), "-q"])
+    doc = json.loads(js.read_text())
+    assert doc["units"]["entropy_mismatch"] or doc["units"]["likely_mistake"], doc["units"]
+    (only,) = doc["units_by_file"]
+    assert only["file"] == str(half / "part-1.parquet")
+    assert r.stderr.count("warning:") == 1, r.stderr
+    assert f"{col} probably holds {unit}, not nats" in re.sub(r"\s+", " ", r.stderr)
+    caveat = doc["verdict"]["caveat"]
+    assert caveat.count("probably holds") == 1 and "another unit than the others" in caveat
+    assert "do not describe one sampling distribution" not in caveat
     every = _split(synth_big, tmp_path / "all", 4, {i: {col: expr} for i in range(4)})
     r = runner.invoke(app, ["fit", str(every), "--n-boot", "100", "--json", str(js), "-q"])
     doc = json.loads(js.read_text())
