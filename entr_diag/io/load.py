@@ -2274,13 +2274,12 @@ class _AccountingScan:
         if self.has_pv and self.has_tv:
             (pv, pv_ok), (tv, tv_ok) = values["pv"], values["tv"]
             both = pv_ok & tv_ok
-            st = np.subtract(tv, pv)
-            if not both.all():
-                st = st[both]
+            every = bool(both.all())
+            st = np.subtract(tv, pv) if every else np.subtract(tv[both], pv[both])
             ahead = st < 0
             if ahead.any() and FILE_INDEX in batch.columns:  # where: versions swapped?
                 f = column(batch, FILE_INDEX)
-                add_counts(self.ahead, (f if both.all() else f[both])[ahead])
+                add_counts(self.ahead, (f if every else f[both])[ahead])
             if st.size:
                 lo = int(st.min())
                 if int(st.max()) - lo < 1 << 16:
