@@ -248,7 +248,12 @@ _GATE_HELP = ("A gate to compare (repeatable), e.g. fixed:c=0.5, icepop:low=0.5,
 def _output_path(value) -> Path | str:
     """An output option's value as typed: a Path, or ``''`` kept apart (``Path('')`` would be
     ``.``, the current directory) for :func:`_check_output` to refuse naming the option."""
-    return "" if str(value) == "" else Path(value)
+    text = str(value)
+    if text.endswith(("/", "/.", "/..")) or text in (".", ".."):
+        # Path() would drop the slash and a missing 'out/' would become a file named out
+        raise typer.BadParameter(f"names a directory; give a file name in it "
+                                 f"({text.rstrip('/') or ''}/FILE)")
+    return "" if text == "" else Path(value)
 
 
 JsonOpt = Annotated[Path | None, typer.Option("--json", parser=_output_path, metavar="FILE", help="Also write the results as JSON to this file ('-': to stdout, the tables then go to stderr).")]

@@ -174,7 +174,28 @@ def test_empty_output_path_is_refused_naming_the_option_before_any_input_is_read
     r = runner.invoke(app, ["synth", "-o", ""])
     assert r.exit_code == 2 and r.stderr.startswith("error: empty output path for --output")
     r = runner.invoke(app, ["fit", "missing.parquet", "--json", "."])
-    assert r.exit_code == 2 and "is a directory" in r.stderr, r.stderr
+    assert r.exit_code == 2 and "names a directory" in r.stderr, r.stderr
+    (tmp_path / "out").mkdir()
+    r = runner.invoke(app, ["fit", "missing.parquet", "--json", "out"])
+    assert r.exit_code == 2 and "--json out is a directory" in r.stderr, r.stderr
+
+
+def test_output_path_ending_in_a_slash_is_refused_not_written_as_a_file(tmp_path, monkeypatch):
+    """An output typed with a trailing slash names a directory: refused naming the option and
+    the path as typed (exit 2), whether the directory exists or not (Path('new/') drops
+    the slash: 'new/' was written as a FILE named new)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    for cmd, opt in (("report", "-o"), ("fit", "--json"), ("compare", "--export"),
+                     ("flag", "-o"), ("synth", "-o")):
+        for typed in ("out/", "new/", "new/.."):
+            args = [cmd, opt, typed] if cmd == "synth" else [cmd, "missing.parquet", opt, typed]
+            r = runner.invoke(app, args)
+            name = "--output" if opt == "-o" else opt
+            assert r.exit_code == 2, (args, r.output)
+            assert r.stderr.startswith(f"error: {name} {typed}: names a directory; give a "
+                                       "file name in it"), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
 def test_sequence_id_mapped_to_another_column_is_named_as_taken_not_missing(tmp_path):
