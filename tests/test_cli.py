@@ -1159,6 +1159,25 @@ def test_synth_errors_name_the_options(tmp_path, args, start):
     assert "SynthSpec" not in r.stderr and "None" not in r.stderr
 
 
+def test_synth_refuses_a_run_that_cannot_fit_on_the_disk(tmp_path, monkeypatch):
+    """--tokens beyond the output file system's free space (at 20 bytes per token, below
+    what synth writes) is refused before writing, naming the need and the free space; a
+    run that fits is written."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 0, 1_000_000))
+    out = tmp_path / "x.parquet"
+    r = runner.invoke(app, ["synth", "-o", str(out), "--tokens", "60000", "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"error: --tokens 60,000 needs at least 1.2 MB of disk, and {tmp_path} "
+                        "has 1 MB free; ask for fewer tokens (about 50,000 at most).\n")
+    assert list(tmp_path.iterdir()) == []
+    r = runner.invoke(app, ["synth", "-o", str(out), "--tokens", "30000", "-q"])
+    assert r.exit_code == 0 and out.exists(), r.output
+
+
 def test_an_output_name_too_long_for_the_file_system_is_named(tmp_path):
     """A file name longer than the file system allows: one error line naming the output,
     not a raw [Errno 36]."""
