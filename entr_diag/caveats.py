@@ -129,6 +129,11 @@ FINDING_CONSEQUENCES: dict[str, str] = {
                  "bucket",
     "corrupt_rows": "the excluded rows form patterns of the dump or the mask, not noise: the "
                     "law rests on the rows left",
+    # (the corrupt-rows finding for bad tokens scattered at random: its evidence holds
+    # scattered_token_share)
+    "corrupt_rows_scattered": "the excluded tokens are scattered through the sequences, not "
+                              "a pattern: the law rests on the rows left, unbiased only if "
+                              "what made them invalid is unrelated to delta",
 }
 #: findings whose caveat is written elsewhere (:func:`implausible_caveat`, the misalignment
 #: caveat of the CLI)
@@ -151,7 +156,10 @@ def findings_caveats(findings: Mapping | None) -> list[str]:
         kind = f.get("kind")
         if f.get("severity") not in ("warning", "critical") or kind in _OWN_CAVEAT:
             continue
-        effect = FINDING_CONSEQUENCES.get(kind, "read the finding before the law")
+        scattered = kind == "corrupt_rows" and "scattered_token_share" in (
+            f.get("evidence") or {})
+        effect = FINDING_CONSEQUENCES.get(f"{kind}_scattered" if scattered else kind,
+                                          "read the finding before the law")
         out.append(f"caveat: {f.get('title', kind)} [{kind}]: {effect}.")
     return out
 

@@ -196,6 +196,12 @@ STALENESS_MIN_GROWTH = 1.05
 CORRUPT_MIN_RUN = 3
 #: corrupt-row patterns holding fewer than this share of the loss-masked tokens are info
 CORRUPT_INFO_SHARE = 1e-3
+#: scattered bad tokens (no suffix, burst or placeholder run) holding at least this share of
+#: the loss-masked tokens are a warning of the corrupt-rows check
+CORRUPT_SCATTERED_SHARE = 0.05
+#: runs of non-finite logprobs whose number has at least this Poisson upper-tail
+#: probability under scattered bad tokens are chance, not bursts
+CORRUPT_CHANCE_P = 1e-3
 #: exclusion reasons that are placeholder values (io.schema.EXCLUSION_REASONS)
 PLACEHOLDER_REASONS: tuple[str, ...] = ("zero_placeholder", "sentinel_logprob", "positive_logprob")
 _NOT_MASKED = ("unmasked", "padding", "empty_row", "null_loss_mask", "invalid_loss_mask")
@@ -2535,9 +2541,13 @@ def _bad_rows_table(acc: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
     consecutive placeholder (non-finite) positions."""
     r1 = CORRUPT_MIN_RUN - 1
     e = pl.element()
+    # a run's first position: its predecessor is not bad, its next r1 positions are
+    starts = ((e - e.shift(1)) != 1).fill_null(True) & ((e.shift(-r1) - e) == r1)
     return _merged(acc, empty).with_columns(
-        pl.col(f"{k}_pos").list.unique().list.sort().list.eval((e.shift(-r1) - e) == r1)
-        .list.any().alias(f"{k}_run") for k in ("ph", "nf")
+        pl.col("nf_pos").list.unique().list.sort().list.eval(starts).list.sum()
+        .cast(pl.Int64).alias("nf_runs"),
+        *(pl.col(f"{k}_pos").list.unique().list.sort().list.eval((e.shift(-r1) - e) == r1)
+          .list.any().alias(f"{k}_run") for k in ("ph", "nf")),
     ).drop("ph_pos", "nf_pos")
 
 
@@ -2661,6 +2671,14 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     burst: -inf from a kernel or an overflow). These are bugs of the dump or
     of the mask, not random bad tokens; the loader excludes the rows either way, this check
     says which sequences. Scattered single bad tokens (no suffix, no run) are counted only.
+
+    Runs (c) that scattered bad tokens produce by chance are no burst: with a share q of
+    the loss-masked tokens (outside suffixes) non-finite at random, about
+    ``M (1 - q) q^CORRUPT_MIN_RUN`` runs start among M tokens (a good token, then
+    CORRUPT_MIN_RUN bad ones); when at least as many runs as observed are that likely
+    (Poisson upper tail >= :data:`CORRUPT_CHANCE_P`), the bad tokens are reported as scattered: a
+    warning when they are at least :data:`CORRUPT_SCATTERED_SHARE` of the masked tokens
+    (e.g. 30% NaN at random: a broken column or kernel, not a cut span).
     """
     name = "corrupt_rows"
     if getattr(ctx.ds, "raw", None) is None:
@@ -2693,6 +2711,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         pl.col("n_ph").filter(pl.col("ph_run")).sum().alias("tok_run"),
         pl.col("n_ph_zero").filter(pl.col("ph_run")).sum().alias("tok_run_zero"),
         pl.col("nf_burst").sum().alias("n_burst"),
+        pl.col("nf_runs").filter(pl.col("nf_burst")).sum().alias("runs_burst"),
         pl.col("n_nf").filter(pl.col("nf_burst")).sum().alias("tok_burst"),
         pl.col("n_nf").sum().alias("tok_nf"),
         pl.col("n_ph").sum().alias("tok_ph"),
@@ -2714,9 +2733,21 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     s_df, es, er, eb = (q.collect() for q in (summary, ex_suffix, ex_run, ex_burst))
     s = {k: (0 if v is None else v) for k, v in s_df.row(0, named=True).items()}
     n_suffix, n_run, n_burst = int(s["n_suffix"]), int(s["n_run"]), int(s["n_burst"])
-    scattered = (int(s["tok_nf"]) - int(s["tok_suffix"]) - int(s["tok_burst"])
-                 + int(s["tok_ph"]) - int(s["tok_run"]))
     acc = getattr(ctx.ds, "accounting", None)
+    masked = int(acc.tokens_masked) if acc is not None else 0
+    # runs of non-finite values as many as scattered ones make by chance (see docstring)
+    rest = masked - int(s["tok_suffix"])
+    q = (int(s["tok_nf"]) - int(s["tok_suffix"])) / rest if rest > 0 else 0.0
+    runs_expected = rest * (1.0 - q) * q ** CORRUPT_MIN_RUN if rest > 0 else 0.0
+    runs_by_chance = False
+    if n_burst and rest > 0:
+        from scipy import stats
+
+        runs_by_chance = bool(stats.poisson.sf(int(s["runs_burst"]) - 1, runs_expected)
+                              >= CORRUPT_CHANCE_P)
+    tok_burst = 0 if runs_by_chance else int(s["tok_burst"])
+    scattered = (int(s["tok_nf"]) - int(s["tok_suffix"]) - tok_burst
+                 + int(s["tok_ph"]) - int(s["tok_run"]))
     ev = {
         "sequences_in_input": int(acc.sequences_total) if acc is not None else -1,
         "sequences_with_bad_masked_rows": int(s["n_bad_seq"]),
@@ -2734,10 +2765,16 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         "sequences_with_nonfinite_run": n_burst,
         "nonfinite_run_tokens": int(s["tok_burst"]),
         "nonfinite_run_examples_seq_id": [str(x) for x in eb["seq_id"].to_list()],
+        "nonfinite_runs": int(s["runs_burst"]),
+        "nonfinite_runs_expected_if_scattered": _r(runs_expected),
+        "nonfinite_runs_by_chance": runs_by_chance,
         "scattered_bad_tokens": scattered,
         "min_run": CORRUPT_MIN_RUN,
     }
-    if n_suffix == 0 and n_run == 0 and n_burst == 0:
+    if runs_by_chance:
+        n_burst = 0
+    many_scattered = masked > 0 and scattered >= CORRUPT_SCATTERED_SHARE * masked
+    if n_suffix == 0 and n_run == 0 and n_burst == 0 and not many_scattered:
         return _clear(
             name,
             f"no non-finite suffix or run, or placeholder run, of >= {CORRUPT_MIN_RUN} tokens "
@@ -2786,6 +2823,8 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
                     else f"{n / acc.tokens_masked:.1%} of the loss-masked tokens are")
             title = f"{many} invalid ({reason}), not a few corrupt rows"
             lead = f"{hint} "
+    if many_scattered and not (lead and parts):
+        return _scattered_finding(ev, scattered, masked, int(s["n_bad_seq"]), parts, lead)
     where = ""
     if "file" in bad.columns:  # the input files of those sequences
         hit = (per.filter((pl.col("suffix_len") > 0) | pl.col("ph_run") | pl.col("nf_burst"))
@@ -2795,8 +2834,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     # a pattern in a handful of tokens (one truncated response among thousands) is listed
     # at info: a warning and a caveat beside the verdict would send the reader hunting for
     # a mask bug the fit does not feel
-    n_pattern = int(s["tok_suffix"]) + int(s["tok_burst"]) + int(s["tok_run"])
-    masked = int(acc.tokens_masked) if acc is not None else 0
+    n_pattern = int(s["tok_suffix"]) + tok_burst + int(s["tok_run"])
     minor = not lead and masked > 0 and n_pattern < CORRUPT_INFO_SHARE * masked
     if minor:
         ev["pattern_token_share"] = _r(n_pattern / masked)
@@ -2822,6 +2860,41 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     )
     return _found(f, f"{n_suffix} suffix, {n_burst} non-finite-run, {n_run} placeholder-run "
                      "sequences")
+
+
+def _scattered_finding(ev: dict[str, Any], scattered: int, masked: int, n_seqs: int,
+                       parts: Sequence[str] = (), lead: str = "") -> _Result:
+    """The corrupt-rows finding for bad tokens scattered at random (a warning: they are at
+    least CORRUPT_SCATTERED_SHARE of the masked tokens); ``parts``: the patterns found
+    besides (suffixes, bursts, placeholder runs: at this rate short sequences end in a few
+    bad tokens by chance too), said after them; ``lead``: the hint of a reason excluding
+    many tokens, said first."""
+    ev["scattered_token_share"] = _r(scattered / masked)
+    runs = ""
+    if ev["nonfinite_runs"]:
+        runs = (f" Runs of >= {CORRUPT_MIN_RUN} occur no more often than chance at that rate "
+                f"({ev['nonfinite_runs']} seen, about "
+                f"{ev['nonfinite_runs_expected_if_scattered']:,.0f} expected), so no span of "
+                "the dump is cut.")
+    f = Finding(
+        kind="corrupt_rows",
+        severity="warning",
+        title=f"Scattered invalid logprobs: {_share(scattered / masked)} of the loss-masked "
+              "tokens",
+        message=f"{lead}{scattered:,} loss-masked tokens in {n_seqs:,} sequence(s) have a "
+                "non-finite or placeholder logprob, spread through the sequences at random."
+                + runs + (f" Besides: {'; '.join(parts)}." if parts else "")
+                + " These tokens are excluded; a share this large points at a column "
+                "or a kernel (NaN from an overflow, a dtype cast), not at a few bad rows, "
+                "and any selection by the failure (e.g. overflow at extreme logits) biases "
+                "the tokens left.",
+        evidence=ev,
+        check="how the logprob columns are computed and written: overflow in bf16 / fp16 "
+              "(NaN or inf), a cast or join that fills missing values, logprobs requested "
+              "for every token.",
+    )
+    return _found(f, f"{scattered} scattered bad tokens ({ev['scattered_token_share']} of "
+                     "the masked tokens)")
 
 
 def _lp(x: float) -> str:

@@ -821,6 +821,50 @@ def test_nonfinite_bursts_inside_sequences_are_described(tmp_path):
     assert f"{n_burst} sequence(s) hold runs of >= 3 non-finite logprobs inside" in f.message
 
 
+def test_nonfinite_logprobs_scattered_at_random_are_not_called_bursts(tmp_path):
+    """30% of the engine logprobs NaN at random: their runs of >= 3 are as many as chance
+    makes at that rate, so the finding calls them scattered (a warning, with the share and
+    the runs seen against those expected), not bursts pointing at a cut span; a few real
+    bursts among 0.5% scattered NaNs are still bursts."""
+    base = generate(SynthSpec(n_tokens=N_TOKENS, seed=12, masked_share=0.0))
+    rng = np.random.default_rng(0)
+    hit = pl.Series(rng.random(base.height) < 0.3)
+    df = base.with_columns(pl.when(hit).then(float("nan")).otherwise(IL).alias("infer_logprob"))
+    res = run_forensics(_load(tmp_path, df), checks=["corrupt_rows"])
+    f = res.by_kind("corrupt_rows")
+    assert f is not None and f.severity == "warning", res.status("corrupt_rows")
+    ev = f.evidence
+    assert re.match(r"Scattered invalid logprobs: (29|30)\.\d% of the loss-masked", f.title)
+    assert ev["nonfinite_runs_by_chance"] is True and ev["nonfinite_runs"] > 0
+    # (a short sequence may end in >= 3 of them by chance: a suffix, said 'besides')
+    assert ev["scattered_bad_tokens"] + ev["nonfinite_suffix_tokens"] == int(hit.sum())
+    assert ("Besides: " in f.message) == (ev["sequences_with_nonfinite_suffix"] > 0)
+    assert ev["scattered_token_share"] == pytest.approx(hit.mean(), abs=0.01)
+    assert "no more often than chance" in f.message and "hold runs of" not in f.message
+    from entr_diag.caveats import findings_caveats
+
+    (cav,) = findings_caveats(res.to_dict())
+    assert "not a pattern" in cav and "form patterns" not in cav
+    # real bursts (4 -inf in a row in every 9th sequence) above 0.5% scattered NaNs
+    n_tok = pl.len().over("seq_id")
+    burst = (pl.col("seq_id") % 9 == 0) & pl.col("position").is_between(4, 7) & (n_tok >= 20)
+    few = pl.Series(rng.random(base.height) < 0.005)
+    df = base.with_columns(pl.when(burst).then(float("-inf")).when(few).then(float("nan"))
+                           .otherwise(IL).alias("infer_logprob"))
+    f = run_forensics(_load(tmp_path, df, "bursts.parquet"),
+                      checks=["corrupt_rows"]).by_kind("corrupt_rows")
+    assert f is not None and f.evidence["nonfinite_runs_by_chance"] is False
+    assert "hold runs of >= 3 non-finite logprobs inside" in f.message
+    # one burst in one sequence, no other bad token: no chance at all
+    one = burst & (pl.col("seq_id") == base.filter(burst)["seq_id"].min())
+    df = base.with_columns(pl.when(one).then(float("-inf")).otherwise(IL).alias("infer_logprob"))
+    f = run_forensics(_load(tmp_path, df, "one.parquet"),
+                      checks=["corrupt_rows"]).by_kind("corrupt_rows")
+    assert f is not None and f.evidence["sequences_with_nonfinite_run"] == 1
+    assert f.evidence["nonfinite_runs_by_chance"] is False
+    assert "1 sequence(s) hold runs of >= 3" in f.message
+
+
 def test_trainer_side_suffix_is_described(tmp_path):
     """Null trainer logprobs at the end of some sequences (a trainer that truncated the
     response, or a forward pass that overflowed): the suffix is reported with its side,
