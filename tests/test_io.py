@@ -78,6 +78,38 @@ def test_nested_layout_matches_long(tmp_path):
     assert a.select(cols).equals(b.select(cols))
 
 
+def test_nested_seq_id_written_as_a_list_is_read_as_its_value(tmp_path):
+    """A nested file whose seq_id is a list ([id], or the id once per token, as a
+    broadcast per-token uid): read as that id, the same tokens as a scalar seq_id; a row
+    whose list holds two ids is refused naming the file, column, rows and ids; in a long
+    file (with or without positions) a list seq_id is refused naming the column (was a
+    polars cast error)."""
+    long = _long()
+    nested = (long.group_by("seq_id", maintain_order=True)
+              .agg(pl.col("step").first(), pl.all().exclude("seq_id", "step", "position"),
+                   pl.col("seq_id").alias("sid_tok")))
+    want = _valid(load_dataset([_write(tmp_path, nested.drop("sid_tok"), "n.parquet")]))
+    cols = ["seq_id", "position", "step", "train_logprob", "infer_logprob", "delta"]
+    for name, sid in (("one", pl.concat_list("seq_id")), ("tok", pl.col("sid_tok"))):
+        f = _write(tmp_path, nested.with_columns(sid.alias("seq_id")).drop("sid_tok"),
+                   f"{name}.parquet")
+        got = _valid(load_dataset([f]))
+        assert got.select(cols).equals(want.select(cols)), name
+    mixed = nested.with_columns(
+        pl.when(pl.col("seq_id") == 2).then(pl.lit([2, 7])).otherwise(pl.concat_list("seq_id"))
+        .alias("seq_id")).drop("sid_tok")
+    f = _write(tmp_path, mixed, "mixed.parquet")
+    with pytest.raises(SchemaError, match=r"mixed.parquet: column 'seq_id' \(seq_id\) holds a "
+                       r"list per row, with different values in 1 row\(s\) \(e.g. row 1: 2, 7"):
+        load_dataset([f])
+    for drop in ([], ["position"]):
+        f = _write(tmp_path, long.with_columns(pl.concat_list("seq_id")).drop(drop),
+                   "long.parquet")
+        with pytest.raises(SchemaError, match=r"column 'seq_id' \(seq_id\) is a list column "
+                           "but the file is in the long layout"):
+            load_dataset([f])
+
+
 def test_nested_without_seq_id_uses_row(tmp_path):
     """Nested rows without a seq_id column are keyed by file and row number."""
     df = pl.DataFrame({"train_logprob": [[-0.1, -0.2], [-0.3]],

@@ -1224,6 +1224,9 @@ def load_dataset(
         # (the footer is dropped once read: 20k row groups hold 200 MB of pyarrow metadata)
         plans.append((f, types, hive, file_layout, _scan(f),
                       ranges, numbered))
+    for f, types, _hive, file_layout, *_ in plans:  # (before the positions are numbered)
+        if file_layout == "long":
+            _refuse_long_lists(f, types, mapping)
     offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype)
     if continued:
         unkeyed = unkeyed_partitions([p[2] for p in plans], mapping)
@@ -1656,6 +1659,13 @@ def _file_frame(
     if layout == "nested":
         lf = lf.with_row_index("_row", offset=first_row)
         list_srcs = [src for src in sorted(set(srcs.values())) if src in types and _is_list(types[src])]
+        # a seq_id written as a list ([id], or the id once per token): one id per row, its
+        # first value, once every row's list is checked to hold one value
+        sid_list = "seq_id" in srcs and srcs["seq_id"] in list_srcs
+        if sid_list:
+            list_srcs.remove(srcs["seq_id"])
+            if srcs["seq_id"] in types and pa.types.is_fixed_size_list(types[srcs["seq_id"]]):
+                lf = lf.with_columns(pl.col(srcs["seq_id"]).arr.to_list())
         # fixed-size lists (a padded [batch, length] tensor written as is) read as polars
         # Arrays: as lists, they take the same path (padding is what the loss mask is for)
         fixed = [src for src in list_srcs if pa.types.is_fixed_size_list(types[src])]
@@ -1667,9 +1677,12 @@ def _file_frame(
         # when that one is null (null when every list of the row is: an empty row)
         n_tok = pl.coalesce([lens[ref], *(lens[src] for src in list_srcs if src != ref)])
         if rows is None:
+            if sid_list:
+                _check_list_seq_id(path, lf, srcs["seq_id"])
             _check_ragged(path, lf, lens, n_tok, srcs, list_srcs)
         sid = (
-            pl.col(srcs["seq_id"]).cast(sid_dtype)
+            (pl.col(srcs["seq_id"]).list.first() if sid_list
+             else pl.col(srcs["seq_id"])).cast(sid_dtype)
             if "seq_id" in srcs
             else pl.format("{}:{}", pl.lit(label or path.name), pl.col("_row"))
         )
@@ -1707,12 +1720,7 @@ def _file_frame(
     # long layout
     if "seq_id" not in srcs:
         raise _needs_seq_id(path, mapping)
-    for canon, src in srcs.items():
-        if src in types and _is_list(types[src]):
-            raise SchemaError(
-                f"{path}: column '{src}' ({canon}) is a list column but the file is in the long "
-                "layout (scalar logprobs); map a scalar column or fix the dump."
-            )
+    _refuse_long_lists(path, types, srcs)
     exprs = [pl.lit(False).alias("_empty"), pl.lit(False).alias("_pad")]
     for canon, src in srcs.items():
         if canon == "seq_id":
@@ -1963,6 +1971,45 @@ def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
     return chunk_offs, file_offs, continued
 
 
+def _refuse_long_lists(path: Path, types: Mapping[str, pa.DataType],
+                       mapping: Mapping[str, str]) -> None:
+    """Refuse (:class:`SchemaError`) a long-layout file (scalar logprobs) with a mapped
+    list column, naming the file and the column."""
+    for canon, src in mapping.items():
+        if src in types and _is_list(types[src]):
+            raise SchemaError(
+                f"{path}: column '{src}' ({canon}) is a list column but the file is in the long "
+                "layout (scalar logprobs); map a scalar column or fix the dump."
+            )
+
+
+def _seq_id_value(lf: pl.LazyFrame, src: str) -> pl.Expr:
+    """A nested file's seq_id column ``src`` as one value per row (a list's first value)."""
+    dtype = lf.collect_schema()[src]
+    return pl.col(src).list.first() if isinstance(dtype, pl.List) else pl.col(src)
+
+
+def _check_list_seq_id(path: Path, lf: pl.LazyFrame, src: str) -> None:
+    """Refuse a nested file whose seq_id column ``src`` holds lists (``[id]``, or the id
+    repeated per token) with more than one distinct value in a row: which id is the
+    sequence's is not known. :class:`SchemaError` naming the file, the column, the number
+    of such rows and the first of them (row number, values)."""
+    many = pl.col(src).list.n_unique() > 1
+    bad = (lf.filter(many.fill_null(False))
+           .select(pl.len().alias("n"), pl.col("_row").first().alias("row"),
+                   pl.col(src).list.unique(maintain_order=True).list.head(3)
+                   .cast(pl.List(pl.String)).first().alias("ids"))
+           .collect(engine="streaming"))
+    n = int(bad["n"][0])
+    if n:
+        ids = ", ".join(str(x) for x in bad["ids"][0])
+        raise SchemaError(
+            f"{path}: column '{src}' (seq_id) holds a list per row, with different values "
+            f"in {n:,} row(s) (e.g. row {bad['row'][0]}: {ids}, ...); seq_id needs one id "
+            "per sequence (a list of one value, or the same value per token, is read as "
+            "that value): map the sequence id with --column seq_id=NAME.")
+
+
 def _check_ragged(path: Path, lf: pl.LazyFrame, lens: Mapping[str, pl.Expr], n_tok: pl.Expr,
                   srcs: Mapping[str, str], list_srcs: Sequence[str]) -> None:
     """Refuse a nested file with a row whose per-token lists (``lens``: their lengths, null
@@ -1972,7 +2019,7 @@ def _check_ragged(path: Path, lf: pl.LazyFrame, lens: Mapping[str, pl.Expr], n_t
     tokens hold nulls (see :func:`_file_frame`)."""
     if len(list_srcs) < 2:
         return
-    key = pl.col(srcs["seq_id"]).cast(pl.String) if "seq_id" in srcs else pl.format(
+    key = _seq_id_value(lf, srcs["seq_id"]).cast(pl.String) if "seq_id" in srcs else pl.format(
         "row {}", pl.col("_row"))
     ragged = pl.any_horizontal([(lens[src] != n_tok).fill_null(False) for src in list_srcs])
     # per list: how many of the row's lists share its length (0 for a null list)
