@@ -525,7 +525,8 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
         """Entropy-weighted quartiles of the bins' surprisal / H (NaN without a bin)."""
         if not ok.any():
             return math.nan, math.nan, math.nan
-        r, w = -sums[ok] / s_h[ok], s_h[ok]
+        with np.errstate(over="ignore"):  # (subnormal sums of H: a ratio of inf, weight ~0)
+            r, w = -sums[ok] / s_h[ok], s_h[ok]
         order = np.argsort(r)
         cum = np.cumsum(w[order])
         return tuple(float(r[order][np.searchsorted(cum, cum[-1] * q)])  # type: ignore
