@@ -311,20 +311,28 @@ class MetricsPlan:
                                tokens_without_step=no_step)
 
 
-def clamp_note_of(tokens: int, sequences: int) -> str | None:
-    """The note saying chi2 / ess are saturated at the +-20 clamp, or None (no value
-    clamped). ``tokens``: tokens with |delta| > 20; ``sequences``: with |sum delta| > 20."""
+def clamp_note_of(tokens: int, sequences: int, k3_kl: float | None = 0.0) -> str | None:
+    """The note saying chi2 / ess are saturated at the +-20 clamp, and that ``k3_kl`` (not
+    clamped) is infinite when a delta above ~709.8 nats overflowed exp in float64 (shown
+    as '-', null in the JSON), or None (nothing to say). ``tokens``: tokens with
+    |delta| > 20; ``sequences``: with |sum delta| > 20; ``k3_kl``: its value (None or NaN
+    as read back from JSON: infinite when tokens were clamped, since a finite mean of
+    finite terms is never null)."""
     parts = []
+    k3_inf = (k3_kl is None or not math.isfinite(k3_kl)) and tokens > 0
     if sequences:
         parts.append(f"{sequences:,} sequence(s) have |sum delta| > 20, so chi2_seq reads "
                      "them at the bound")
     if tokens:
         parts.append(f"{tokens:,} token(s) have |delta| > 20, so chi2_token and ess read "
                      "them at the bound")
+    k3 = (" k3_kl is infinite (shown as '-', null in the JSON): it does not clamp, and "
+          "exp(delta) overflows float64 above delta = 709.8 nats (placeholder logprobs?)."
+          if k3_inf else "")
     if not parts:
-        return None
+        return k3.strip() or None
     return ("Saturated: " + "; ".join(parts) + " (verl's clamp; the unclamped value is "
-            "larger for an upward excess).")
+            "larger for an upward excess)." + k3)
 
 
 

@@ -165,6 +165,21 @@ def test_clamped_tokens_and_sequences_are_counted():
     assert clamp_note_of(0, 0) is None
 
 
+def test_an_infinite_k3_kl_is_explained():
+    """A placeholder engine logprob of -999 (delta ~ 998 > 709.8): exp overflows, k3_kl is
+    infinite (not clamped); the clamp note says so (the table shows '-', JSON null);
+    a finite k3_kl adds nothing."""
+    from entr_diag.metrics import clamp_note_of
+
+    m = compute_metrics(_frame([("a", 0, -1.0, -999.0), ("a", 0, -0.5, -0.6)])).overall
+    assert m.k3_kl == math.inf and m.tokens_clamped == 1
+    note = clamp_note_of(m.tokens_clamped, m.sequences_clamped, m.k3_kl)
+    assert note.startswith("Saturated: ") and "k3_kl is infinite" in note
+    assert "k3_kl is infinite" in clamp_note_of(1, 1, None)  # (null, read back from JSON)
+    assert "k3_kl" not in clamp_note_of(1, 1, 3.5e20)
+    assert clamp_note_of(0, 0, math.nan) is None  # (no token: nothing clamped)
+
+
 def test_row_order_does_not_change_metrics():
     """Shuffling the token rows gives the same metrics."""
     a = compute_metrics(_frame(ROWS)).to_dict()

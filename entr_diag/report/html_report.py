@@ -2087,7 +2087,8 @@ def build_report_html(
                if (metrics or {}).get("tokens_without_step") else "")
             + (" " + note if (note := clamp_note_of(
                 int(_get(metrics, "overall", "tokens_clamped") or 0),
-                int(_get(metrics, "overall", "sequences_clamped") or 0))) else ""),
+                int(_get(metrics, "overall", "sequences_clamped") or 0),
+                _get(metrics, "overall", "k3_kl"))) else ""),
             "Mismatch metrics per step",
         )
     )

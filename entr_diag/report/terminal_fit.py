@@ -224,4 +224,4 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
 def _clamp_note(m) -> str | None:
     from entr_diag.metrics import clamp_note_of
 
-    return clamp_note_of(m.tokens_clamped, m.sequences_clamped)
+    return clamp_note_of(m.tokens_clamped, m.sequences_clamped, m.k3_kl)
