@@ -1274,6 +1274,11 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
         src = nulls.split("'")[1]
         return (f"{_where(ds)}: the {canon} column ('{src}') holds only nulls, so "
                 f"{consequence}; {fix}.")
+    cases = next((n for n in ds.notes if n.startswith(f"{canon}: ") and " ignoring case; " in n),
+                 None)
+    if cases:  # several columns spell its name in other cases
+        return (f"{_where(ds)}: the input has no {canon} column ({cases.split(': ', 1)[1]}), "
+                f"so {consequence}.")
     return f"{_where(ds)}: the input has no {canon} column, so {consequence}; {fix}."
 
 

@@ -207,6 +207,28 @@ def test_generic_aliases_autodetected(tmp_path, canon):
         assert ds.mapping[canon] == alias
 
 
+def test_column_names_in_another_case_are_matched_with_a_note(tmp_path):
+    """'Entropy', or every column in upper case, is read as the canonical column, with a
+    note saying the name matched ignoring case; an exact name wins over a case variant;
+    two case variants of one name are both left unused, with a note naming them."""
+    long = _long()
+    want = _valid(load_dataset([_write(tmp_path, long, "l.parquet")]))
+    for name, df in (("cap", long.rename({"entropy": "Entropy"})),
+                     ("upper", long.rename({c: c.upper() for c in long.columns}))):
+        ds = load_dataset([_write(tmp_path, df, f"{name}.parquet")])
+        assert _valid(ds).equals(want), name
+        assert "entropy <- 'Entropy' (its name matched ignoring case)" in ds.notes or (
+            "entropy <- 'ENTROPY' (its name matched ignoring case)" in ds.notes), ds.notes
+    both = long.with_columns((pl.col("entropy") * 2).alias("Entropy"))
+    ds = load_dataset([_write(tmp_path, both, "both.parquet")])
+    assert ds.mapping["entropy"] == "entropy" and _valid(ds).equals(want)
+    two = long.rename({"entropy": "Entropy"}).with_columns(pl.col("Entropy").alias("ENTROPY"))
+    ds = load_dataset([_write(tmp_path, two, "two.parquet")])
+    assert "entropy" not in ds.mapping
+    assert ("entropy: 'ENTROPY', 'Entropy' match 'entropy' ignoring case; none is used: map "
+            "one with --column entropy=NAME") in ds.notes
+
+
 def test_verl_nested_names(tmp_path):
     """A verl-style nested dump (old_log_probs, rollout_log_probs, entropys, response_mask)."""
     df = pl.DataFrame({

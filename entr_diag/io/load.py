@@ -514,6 +514,16 @@ def resolve_mapping(
     lost: dict[str, list[str]] = {}
     #: canonical -> present candidates skipped as another framework's names
     skipped: dict[str, list[str]] = {}
+    # a name known to no column as spelled but as a known name in another case ('Entropy',
+    # 'SEQ_ID'): a candidate in place of that name when it is the only such column and no
+    # known name is spelled so
+    known = {n for c in S.COLUMNS for n in (c.name, *c.aliases)} | {
+        n for p in S.FRAMEWORKS.values() for n in p.values()}
+    by_lower: dict[str, list[str]] = {}
+    for name in available:
+        if name not in known:
+            by_lower.setdefault(name.lower(), []).append(name)
+    case_matched: set[str] = set()
     for col in S.COLUMNS:
         canon = col.name
         if canon in overrides:
@@ -526,6 +536,15 @@ def resolve_mapping(
             continue
         candidates: list[str] = []
         for src in (fw.get(canon), canon, *col.aliases):
+            if src is not None and src not in available and src not in overrides.values():
+                alt = by_lower.get(src.lower(), [])
+                if len(alt) == 1:
+                    src = alt[0]
+                    case_matched.add(src)
+                elif alt:
+                    notes.append(f"{canon}: {', '.join(repr(a) for a in sorted(alt))} match "
+                                 f"'{src}' ignoring case; none is used: map one with "
+                                 f"--column {canon}=NAME")
             if src is not None and src not in candidates:
                 candidates.append(src)
         usable: list[str] = []
@@ -562,7 +581,8 @@ def resolve_mapping(
         used.add(src)
         if src != canon:
             uses = S.other_uses(src, canon) if src != fw.get(canon) else ()
-            notes.append(f"{canon} <- '{src}'" + "".join(
+            notes.append(f"{canon} <- '{src}'" + (
+                " (its name matched ignoring case)" if src in case_matched else "") + "".join(
                 f" (--framework {k} would read it as {c}: name the framework if the dump "
                 f"is {k}'s)" for k, c in uses))
         if len(usable) > 1:  # the framework's own name decided
