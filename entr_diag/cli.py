@@ -2071,6 +2071,12 @@ def synth(
         if not atomic:  # write_synth renames a finished file into place
             raise ParameterError(f"--output {output}: synth writes a regular file, not a "
                                  "device, FIFO or socket; give a file name.")
+        from entr_diag.synth import is_synth_output
+
+        if target.exists() and not is_synth_output(target):  # (a real dump, by a typo)
+            raise ParameterError(f"--output {output} exists and is no run written by entr-diag "
+                                 "synth: not overwritten; remove it first or give another "
+                                 "name.")
         _check_synth_space(target, tokens)
         if h_star is not None and not (h_star >= 0 and math.isfinite(h_star)):
             raise ParameterError(f"--h-star must be a finite number of nats >= 0 (0: no noise "

@@ -650,6 +650,28 @@ def summarize(spec: SynthSpec, chunk_tokens: int = 1_000_000) -> dict:
     return counter.result()
 
 
+#: key of the Parquet schema metadata marking a file written by :func:`write_synth` (its value:
+#: the spec and layout as JSON); ``entr-diag synth`` overwrites only such files
+SYNTH_METADATA_KEY: bytes = b"entr_diag.synth"
+
+
+def _spec_json(spec: SynthSpec, layout: str) -> bytes:
+    import json
+
+    return json.dumps({"layout": layout, **dataclasses.asdict(spec)}, default=str).encode()
+
+
+def is_synth_output(path) -> bool:
+    """Whether ``path`` is a Parquet file written by :func:`write_synth` (its schema metadata
+    holds :data:`SYNTH_METADATA_KEY`); False for any other file, or one that cannot be
+    read as Parquet."""
+    try:
+        md = pq.read_schema(path).metadata or {}
+    except (OSError, ValueError, pa.ArrowException):
+        return False
+    return SYNTH_METADATA_KEY in md
+
+
 def write_synth(
     path,
     spec: SynthSpec,
@@ -688,7 +710,8 @@ def write_synth(
             counter.add(c)
             table = _long_table(c) if layout == "long" else _nested_table(c)
             if writer is None:
-                writer = pq.ParquetWriter(tmp, table.schema, compression="zstd")
+                writer = pq.ParquetWriter(tmp, table.schema.with_metadata(
+                    {SYNTH_METADATA_KEY: _spec_json(spec, layout)}), compression="zstd")
             writer.write_table(table, row_group_size=rg)
             rows += table.num_rows
             del table

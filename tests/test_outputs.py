@@ -220,6 +220,36 @@ def test_synth_refuses_a_device_and_follows_a_symlink(tmp_path, dev_null):
     assert link.is_symlink() and pl.read_parquet(tmp_path / "real.parquet").height > 0
 
 
+def test_synth_overwrites_only_its_own_runs(tmp_path, run_file):
+    """synth over an existing file that it did not write (a real dump, a text file) is
+    refused, exit 2, the file unchanged; over a run it wrote (marked in the Parquet
+    metadata), through a symlink too, it writes the new run."""
+    import hashlib
+
+    from entr_diag.synth import is_synth_output
+
+    dump = tmp_path / "dump.parquet"
+    pl.read_parquet(run_file).write_parquet(dump)  # (no synth marker: a dump's copy)
+    assert is_synth_output(run_file) and not is_synth_output(dump)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    for f in (dump, notes):
+        before = hashlib.sha256(f.read_bytes()).hexdigest()
+        r = runner.invoke(app, ["synth", "-o", str(f), "--tokens", "2000", "-q"])
+        assert r.exit_code == 2, r.output
+        assert r.stderr == (f"error: --output {f} exists and is no run written by entr-diag "
+                            "synth: not overwritten; remove it first or give another name.\n")
+        assert hashlib.sha256(f.read_bytes()).hexdigest() == before
+    out = tmp_path / "s.parquet"
+    for n in ("2000", "3000"):
+        r = runner.invoke(app, ["synth", "-o", str(out), "--tokens", n, "-q"])
+        assert r.exit_code == 0 and is_synth_output(out), r.output
+    link = tmp_path / "link.parquet"
+    link.symlink_to(out)
+    r = runner.invoke(app, ["synth", "-o", str(link), "--tokens", "2000", "-q"])
+    assert r.exit_code == 0 and link.is_symlink(), r.output
+
+
 # ------------------------------------------------------------------ signals
 
 _BLOCKING_WRITE = """
