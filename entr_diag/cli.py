@@ -577,8 +577,9 @@ def _check_output(path: Path | None, what: str) -> None:
     try:  # a real write test (os.access says yes to root everywhere)
         with tempfile.TemporaryFile(dir=parent):
             pass
-    except OSError as e:
-        raise InputError(f"cannot write {what} {path}: {e.strerror or e}.") from None
+    except OSError as e:  # (the file is written beside its target, then renamed over it)
+        raise InputError(f"cannot write {what} {path}: no new file can be made in {parent} "
+                         f"({e.strerror or e}).") from None
 
 
 def _note_parquet_suffix(path: Path | None, what: str, quiet: bool) -> None:
@@ -1047,7 +1048,7 @@ def _critical_notes(findings) -> None:
     """A ``warning:`` line for each critical finding of ``inspect``'s forensics (besides the
     impossible-logprob one, :func:`_implausible_note`), naming the input files when the
     finding does: a pipeline reading stderr or the JSON ``warnings`` sees them (a shift
-    makes fit, compare and report refuse the input)."""
+    makes fit, flag, compare and report refuse the input)."""
     from entr_diag.caveats import files_listed
 
     for f in findings.findings:
@@ -1055,7 +1056,7 @@ def _critical_notes(findings) -> None:
             continue
         ev = f.evidence or {}
         where = files_listed(ev.get("files") or {}, int(ev.get("input_files") or 1))
-        then = (": fit, compare and report refuse this input (unless --allow-misaligned)"
+        then = (": fit, flag, compare and report refuse this input (unless --allow-misaligned)"
                 if f.kind == "misalignment" else "")
         _notes.add("[yellow]warning:[/yellow] "
                    + escape(f"{f.title}{f' ({where})' if where else ''}{then}."))

@@ -1192,6 +1192,23 @@ def test_synth_refuses_a_run_that_cannot_fit_on_the_disk(tmp_path, monkeypatch):
     assert r.exit_code == 0 and out.exists(), r.output
 
 
+def test_an_output_folder_refusing_new_files_is_named(tmp_path, monkeypatch):
+    """When no file can be made beside the output (a read-only folder, /proc), the error
+    says so, naming the folder and the reason (it read 'No such file or directory' for
+    -o /proc/version)."""
+    import tempfile
+
+    def refuse(*a, **k):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    out = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", "-o", str(out), "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"error: cannot write --output {out}: no new file can be made in "
+                        f"{tmp_path} (No such file or directory).\n")
+
+
 def test_an_output_name_too_long_for_the_file_system_is_named(tmp_path):
     """A file name longer than the file system allows: one error line naming the output,
     not a raw [Errno 36]."""
@@ -1846,7 +1863,7 @@ def test_inspect_warns_as_fit_does_and_writes_the_warnings(synth_file, tmp_path)
     r = runner.invoke(app, ["inspect", str(s), "--json", str(js), "-q"])
     w = json.loads(js.read_text())["warnings"]
     assert any(x.startswith("Logprob columns look shifted by +1 token") and
-               f"(all in {s / 'part-2.parquet'}, 1 of the 4 input files): fit, compare and "
+               f"(all in {s / 'part-2.parquet'}, 1 of the 4 input files): fit, flag, compare and "
                "report refuse this input (unless --allow-misaligned)." in x for x in w), w
 
 

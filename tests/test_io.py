@@ -603,6 +603,23 @@ def test_not_parquet_refused(tmp_path):
         load_dataset([p])
 
 
+def test_an_input_that_cannot_be_opened_is_named_with_the_reason(tmp_path, monkeypatch):
+    """An input file that cannot be opened (no read permission) is refused naming the file
+    and the reason, not as 'entr-diag reads Parquet files only' (its format is unknown)."""
+    import entr_diag.io.load as L
+
+    p = _write(tmp_path, _long())
+
+    def denied(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(L.pq, "ParquetFile", denied)
+    monkeypatch.setattr(L, "open", denied, raising=False)
+    with pytest.raises(InputError) as e:
+        load_dataset([p])
+    assert str(e.value) == f"cannot read {p}: Permission denied."
+
+
 def test_truncated_parquet_is_called_damaged(tmp_path):
     """A Parquet file cut short is refused as damaged, not as another format."""
     good = _write(tmp_path, _long())

@@ -234,8 +234,8 @@ def _read_footer(path: Path) -> tuple[pa.Schema, pq.FileMetaData]:
         try:
             with open(path, "rb") as f:
                 parquet = f.read(4) == b"PAR1"
-        except OSError:
-            parquet = False
+        except OSError as oe:  # not a question of format: the file cannot be opened
+            raise InputError(f"cannot read {path}: {oe.strerror or oe}.") from None
         what = ("it starts like a Parquet file but cannot be read: truncated, or damaged"
                 if parquet else "entr-diag reads Parquet files only")
         raise InputError(f"cannot read {path} as Parquet ({_short(e)}); {what}.") from None
