@@ -486,6 +486,28 @@ def test_byte_copies_among_the_inputs_are_named(tmp_path):
     assert not any("copies" in n for n in load_dataset([tmp_path / "run"]).notes)
 
 
+def test_a_copy_under_a_partition_folder_its_columns_override_is_named(tmp_path):
+    """A shard copied under step=7/ while it holds its own step column (the folder's value
+    is not read): its tokens are the same, so it is named as a copy; under a folder
+    whose value is read (a column the file lacks) it is no copy."""
+    import shutil
+
+    a = _write(tmp_path / "run", _long(), "a.parquet")
+    (tmp_path / "run" / "step=7").mkdir()
+    b = tmp_path / "run" / "step=7" / "a.parquet"
+    shutil.copy(a, b)
+    warn = [n for n in load_dataset([a, b]).notes if "copies" in n]
+    assert len(warn) == 1 and warn[0].startswith(f"warning: {a} and {b} look like copies"), warn
+    c = _write(tmp_path / "nostep", _long().drop("step"), "a.parquet")
+    (tmp_path / "nostep" / "step=7").mkdir()
+    d = tmp_path / "nostep" / "step=7" / "a.parquet"
+    shutil.copy(c, d)
+    (tmp_path / "nostep" / "step=3").mkdir()
+    c3 = tmp_path / "nostep" / "step=3" / "a.parquet"
+    shutil.move(c, c3)
+    assert not any("copies" in n for n in load_dataset([c3, d]).notes)
+
+
 def test_fixed_size_list_columns_read_like_lists(tmp_path):
     """A padded [batch, length] tensor dump (pyarrow fixed_size_list, polars Array) loads
     like the same data in variable-length lists; the mask drops the padding."""

@@ -1075,7 +1075,7 @@ def load_dataset(
             + (f" ({len(unreadable) - 1:,} more: inputs.skipped_unreadable in the JSON)"
                if len(unreadable) > 1 else "")
             + " Their tokens are not in the results.")
-    copies = _copies(file_list, rows)
+    copies = _copies(file_list, rows, schemas, mapping)
     if copies:
         a, b = copies[0]
         notes.append(
@@ -1795,15 +1795,28 @@ def _only_nulls(meta: pq.FileMetaData, src: str) -> bool:
     return found
 
 
-def _copies(files: Sequence[Path], rows: Mapping[Path, int]) -> list[tuple[Path, Path]]:
+def _copies(files: Sequence[Path], rows: Mapping[Path, int],
+            schemas: Mapping[Path, pa.Schema] | None = None,
+            mapping: Mapping[str, str] | None = None) -> list[tuple[Path, Path]]:
     """Pairs (first file, later file) of inputs that look like byte copies: same size, row
-    count and partition folder values, and the same first and last 64 kB (the footer holds
-    every column chunk's offsets and statistics). Only files of equal size are read."""
+    count and values of the partition folders read (with ``schemas`` and ``mapping``: those
+    naming a mapped column the file does not hold; all of them otherwise), and the same
+    first and last 64 kB (the footer holds every column chunk's offsets and statistics).
+    Only files of equal size are read."""
     import hashlib
+
+    mapped = set((mapping or {}).values())
+
+    def read(f: Path) -> tuple:
+        hive = _hive_values(f)
+        if schemas is not None and mapping is not None:  # a folder the file's column
+            # overrides (or no column is mapped to) does not change its tokens
+            hive = {k: v for k, v in hive.items() if k in mapped and k not in schemas[f].names}
+        return tuple(sorted(hive.items()))
 
     groups: dict[tuple, list[Path]] = {}
     for f in files:
-        key = (os.path.getsize(f), rows[f], tuple(sorted(_hive_values(f).items())))
+        key = (os.path.getsize(f), rows[f], read(f))
         groups.setdefault(key, []).append(f)
     out: list[tuple[Path, Path]] = []
     for (size, _n, _h), group in groups.items():
