@@ -227,6 +227,11 @@ def test_column_names_in_another_case_are_matched_with_a_note(tmp_path):
     assert "entropy" not in ds.mapping
     assert ("entropy: 'ENTROPY', 'Entropy' match 'entropy' ignoring case; none is used: map "
             "one with --column entropy=NAME") in ds.notes
+    two = long.rename({"train_logprob": "Train_Logprob"}).with_columns(
+        pl.col("Train_Logprob").alias("TRAIN_LOGPROB"))
+    with pytest.raises(SchemaError, match=r"missing required column\(s\) train_logprob\. "
+                       r"'TRAIN_LOGPROB', 'Train_Logprob' match 'train_logprob' ignoring case"):
+        load_dataset([_write(tmp_path, two, "twotl.parquet")])
 
 
 def test_verl_nested_names(tmp_path):

@@ -621,6 +621,9 @@ def resolve_mapping(
                 why += f": map it with --column {c}={src}"
                 why += (f" (or, if the dump is {S.users_of(src, c)[0]}'s, use --framework "
                         f"{S.users_of(src, c)[0]})." if S.users_of(src, c) else ".")
+            for note in notes:  # several columns spell one of its names in other cases
+                if note.startswith(f"{c}: ") and " ignoring case; " in note:
+                    why += f" {note.split(': ', 1)[1][:1].upper()}{note.split(': ', 1)[1][1:]}."
         amb = [a for a in S.AMBIGUOUS if a in available and a not in used]
         hint = ""
         if amb:
