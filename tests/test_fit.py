@@ -235,6 +235,24 @@ def _assert_same_result(a: dict, b: dict) -> None:
             assert x == y, k
 
 
+def test_proportional_k_is_the_token_weighted_mean_of_the_bin_ratios_at_any_alpha():
+    """delta^2 = k H is fitted with its own prediction's weights: k is the token-weighted
+    mean of the law bins' mean delta^2 / mean H, at alpha 1 and far from it (weighted by
+    the power law's prediction, alpha 1.8 put the weight on the lowest bins alone and read
+    k several times below every bin but those); per stratum too (steady over steps)."""
+    for alpha in (1.0, 1.8):
+        r = _fit(n_tokens=60_000, seed=5, h_star=None, alpha=alpha, n_boot=200)
+        law = [b for b in r.bins if b.in_fit]
+        n = np.array([b.tokens for b in law], dtype=float)
+        ratio = np.array([b.mean_delta2 / b.mean_h for b in law])
+        k = r.laws.proportional.k
+        assert k == pytest.approx(float((n * ratio).sum() / n.sum()), rel=1e-9), alpha
+        assert r.laws.proportional.k_ci[0] <= k <= r.laws.proportional.k_ci[1]
+        assert np.quantile(ratio, 0.25) <= k <= ratio.max()
+        steps = [s.k_proportional for s in r.strata.step if math.isfinite(s.k_proportional)]
+        assert len(steps) >= 2 and max(steps) / min(steps) < 2.5, (alpha, steps)
+
+
 def test_row_order_does_not_change_the_result():
     """A shuffled token frame gives the same fit, breakpoint, regime and strata."""
     df, lf = synth(n_tokens=30_000, seed=2, h_star=0.03)
