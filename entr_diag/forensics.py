@@ -190,6 +190,10 @@ DRIFT_MIN_GROWTH = 1.25
 #: staleness: p-value and growth of mean |delta| per version of lag (factor, info)
 STALENESS_P = 1e-3
 STALENESS_MIN_GROWTH = 1.05
+#: staleness is a warning (a caveat beside the verdict) when policy drift carries at least
+#: this share of the law bins' sum delta^2 (the pooled law then describes the drift more
+#: than the engine mismatch: its k at least 4x the freshest tokens')
+STALENESS_WARN_SHARE = 0.75
 
 #: corrupt rows: a sequence is reported when its loss-masked tokens end in at least this many
 #: non-finite logprobs, or hold a run of at least this many consecutive placeholder values
@@ -2345,7 +2349,11 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     sampling weights and the trained ones (off-policyness), not engine numerics; both are
     mixed in delta (METHOD.md, "The setting"). Asynchronous trainers (AReaL, PipelineRL,
     slime async, verl one-step-off) all show it; it is expected of an off-policy run, not a
-    bug, so it is reported as info: read the law per staleness bucket or on fresh tokens.
+    bug, so it is reported as info: read the law per staleness bucket or on fresh tokens;
+    unless policy drift carries STALENESS_WARN_SHARE of the law bins' sum delta^2 (a lag
+    whose mean |delta| is r times the freshest's at equal bin and step counts 1 - 1/r^2 of
+    its delta^2 as drift): then the pooled law describes the drift, a warning (with a
+    caveat beside the verdict) pointing at the freshest stratum's law.
 
     Test: the staleness coefficient of :func:`_joint_trend` (log growth per version of lag,
     at fixed entropy bin and step: one intercept per (bin, step), so only lags that share a
@@ -2376,8 +2384,8 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     per_v = math.exp(t.beta_stale * unit)
     total = math.exp(t.beta_stale * (smax - smin))
     per_txt = "per version of lag" if unit == 1 else f"per {unit:,} versions of lag"
-    by_s = (_law_cells(ctx).group_by("_stale").agg(pl.col("n", "sad").sum()).sort("_stale")
-            .drop_nulls())
+    by_s = (_law_cells(ctx).group_by("_stale").agg(pl.col("n", "sad", "sd2").sum())
+            .sort("_stale").drop_nulls())
     p = t.p_stale
     ev = {
         "staleness_values": [int(v) for v in by_s["_stale"].to_list()],
@@ -2404,12 +2412,25 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     apart = [int(v) for v in vals.to_list() if ratios and int(v) not in ratios]
     if apart:
         ev["staleness_values_not_compared"] = apart
+    # the share of sum delta^2 that is policy drift: a lag whose |delta| is r times the
+    # freshest's at equal entropy and step holds (1 - 1/r^2) of its delta^2 as drift
+    sd2 = dict(zip(by_s["_stale"].to_list(), by_s["sd2"].to_list(), strict=True))
+    total_d2 = float(sum(sd2.values()))
+    drift = sum(float(sd2.get(v, 0.0)) * max(0.0, 1.0 - 1.0 / (r * r))
+                for v, r in ratios.items() if r > 0)
+    drift_share = drift / total_d2 if total_d2 > 0 else 0.0
+    stale_share = (sum(float(x) for v, x in sd2.items() if v != ref) / total_d2
+                   if total_d2 > 0 else 0.0)
+    ev["delta2_share_stale_tokens"] = _r(stale_share)
+    ev["delta2_share_policy_drift"] = _r(drift_share)
     if t.beta_stale > 0 and p < STALENESS_P and per_v >= STALENESS_MIN_GROWTH:
+        dominant = drift_share >= STALENESS_WARN_SHARE
         rtxt = ", ".join(f"x{v:.3g} at lag {k}" for k, v in ratios.items() if k != ref)
         f = Finding(
             kind=name,
-            severity="info",
-            title=f"|delta| grows with staleness (x{per_v:.3g} {per_txt})",
+            severity="warning" if dominant else "info",
+            title=(("Policy drift carries most of delta: " if dominant else "")
+                   + f"|delta| grows with staleness (x{per_v:.3g} {per_txt})"),
             message=(
                 "At fixed entropy and step"
                 + (f" (above the law's H* = {ctx.law_h_star:.3g} nats: the noise regime "
@@ -2422,6 +2443,11 @@ def _check_staleness(ctx: _Ctx) -> _Result:
                 + ". Part of "
                 "delta is policy change between sampling and training, not engine mismatch: "
                 "read the law and the gates per staleness bucket, or on the freshest tokens."
+                + (f" Here policy drift carries about {_share(drift_share)} of sum delta^2 "
+                   f"(the tokens with a lag other than {ref} hold {_share(stale_share)} of "
+                   "it): the pooled law describes the drift more than the engine mismatch; "
+                   f"the engine's is the law of the staleness-{ref} stratum." if dominant
+                   else "")
             ),
             evidence=ev,
             check=(

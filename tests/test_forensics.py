@@ -588,6 +588,32 @@ def test_staleness_found(tmp_path):
     assert res.status("drift").status == "clear"
 
 
+def test_staleness_carrying_most_of_delta_is_a_warning_with_a_caveat(tmp_path):
+    """|delta| x(1 + 4 lag) at equal entropy (lags 0..3): policy drift carries over 90% of
+    sum delta^2, so the finding is a warning naming that share and the staleness-0 law,
+    and puts a caveat beside the verdict; the planted x sqrt(1 + lag) growth (drift about
+    60% of sum delta^2) stays info."""
+    from entr_diag.caveats import findings_caveats
+
+    b = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, h_star=None))
+    lag = pl.col("train_version") - pl.col("policy_version")
+    res = run_forensics(_load(tmp_path, _with_delta(b, DELTA * (1 + 4 * lag))),
+                        checks=["staleness"])
+    f = res.by_kind("staleness")
+    assert f is not None and f.severity == "warning", f
+    assert f.title.startswith("Policy drift carries most of delta: ")
+    assert f.evidence["delta2_share_policy_drift"] > 0.9
+    assert f.evidence["delta2_share_stale_tokens"] >= f.evidence["delta2_share_policy_drift"]
+    assert "the engine's is the law of the staleness-0 stratum" in f.message
+    (cav,) = findings_caveats(res.to_dict())
+    assert "[staleness]" in cav
+    mild = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, staleness_gain=1.0, h_star=None))
+    f = run_forensics(_load(tmp_path, mild, "mild.parquet"),
+                      checks=["staleness"]).by_kind("staleness")
+    assert f is not None and f.severity == "info"
+    assert 0.3 < f.evidence["delta2_share_policy_drift"] < 0.75
+
+
 def _lag_from_step(df: pl.DataFrame, first_stale_step: int, seed: int = 5) -> pl.DataFrame:
     """Staleness 0 before ``first_stale_step`` (a synchronous warm-up), from then on a lag of
     1 to 3 drawn per sequence: policy_version = train_version - lag."""
