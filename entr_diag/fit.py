@@ -1284,7 +1284,7 @@ def fit_scaling_law(
     entropy, all tokens in one sequence block, delta = 0 everywhere, or fewer than 3 entropy
     bins with enough tokens (>= 10 tokens in >= 2 sequence blocks with H >= 1e-6);
     :class:`ParameterError` for invalid parameters (``n_boot < 100``, ``tau <= 0``,
-    ``eps < 0``, ``bins < 1``, ``bin_edges`` not "quantile"/"log", ``n_blocks < 2``; ``bins``,
+    ``eps < 0``, ``bins < 3``, ``bin_edges`` not "quantile"/"log", ``n_blocks < 2``; ``bins``,
     ``n_boot``, ``n_blocks`` or ``seed`` given NaN, inf or a fraction);
     :class:`TypeError` (naming the parameter) when ``bins``, ``eps``, ``tau``, ``n_boot``,
     ``n_blocks`` or ``seed`` is not a real number (e.g. ``tau="4"``), or ``with_strata`` not
@@ -1760,7 +1760,7 @@ def _check_numbers(who: str, **params: object) -> None:
 
 def check_fit_parameters(eps: float, tau: float, n_boot: int, bins: int | None = None) -> None:
     """Raise :class:`ParameterError` unless ``eps >= 0``, ``tau > 0`` (both finite),
-    ``n_boot`` is an integer >= MIN_BOOT and, with ``bins``, ``n_boot`` times the
+    ``n_boot`` is an integer >= MIN_BOOT and, with ``bins``, ``bins >= 3`` and ``n_boot`` times the
     breakpoint bins (``max(2 * bins, BREAK_BINS)``) is at most MAX_BOOT_CELLS (the checks
     of :func:`fit_scaling_law`)."""
     if not (eps >= 0 and math.isfinite(eps)):
@@ -1775,6 +1775,9 @@ def check_fit_parameters(eps: float, tau: float, n_boot: int, bins: int | None =
         )
     if bins is not None:
         _integer("bins", bins)
+        if bins < 3:  # (the CLI's --bins bound too)
+            raise ParameterError(f"bins must be at least 3 (a law is fitted on 3 or more "
+                                 f"entropy bins), got {bins!r}.")
         fine = max(2 * int(bins), BREAK_BINS)
         if n_boot * fine > MAX_BOOT_CELLS and MAX_BOOT_CELLS // fine < MIN_BOOT:
             # no n_boot would do: the bins are too many (not the resamples)

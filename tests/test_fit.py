@@ -410,6 +410,9 @@ def test_bad_parameters_raise():
         fit_scaling_law(lf, bin_edges="linear")
     with pytest.raises(ParameterError, match="n_boot"):
         fit_scaling_law(lf, n_boot=10)
+    for bins in (1, 2):  # (a FitError advising 'fewer bins' before)
+        with pytest.raises(ParameterError, match=rf"^bins must be at least 3 .*got {bins}\.$"):
+            fit_scaling_law(lf, bins=bins)
 
 
 def test_degenerate_inputs_raise_fit_error_with_cause():
