@@ -1073,7 +1073,11 @@ def _pval(p: float) -> str:
 
 
 def _share(x: float) -> str:
-    """A share as a percentage, two significant digits below 1% (0.038% is not 0.0%)."""
+    """A share as a percentage, two significant digits below 1% (0.038% is not 0.0%), and
+    as many as it takes above 99.9% (99.97% is not 100.0%)."""
+    if x >= 0.999 and x < 1.0:
+        txt = f"{100 * x:.{min(4, 2 + int(-math.log10(1.0 - x)))}f}"
+        return ">99.9999%" if txt.startswith("100") else txt.rstrip("0").rstrip(".") + "%"
     return f"{x:.1%}" if x >= 0.01 else f"{100 * x:.2g}%"
 
 

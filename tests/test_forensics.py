@@ -1773,3 +1773,11 @@ def test_truncated_sampling_defers_to_an_argmax_engine_column(tmp_path):
     assert trunc, [f["kind"] for f in doc["forensics"]["findings"]]
     assert "the units check finds that infer_logprob does not hold" in trunc[0]["message"]
     assert trunc[0]["check"].endswith("(the sampled token's, not the argmax).")
+
+
+def test_shares_near_one_keep_their_digits():
+    """A share of 99.97% is not written 100.0% (nor 0.038% as 0.0%)."""
+    from entr_diag.forensics import _share
+
+    assert [_share(x) for x in (0.9997, 0.99999, 1 - 1e-10, 1.0, 0.998, 0.5, 0.00038)] == [
+        "99.97%", "99.999%", ">99.9999%", "100.0%", "99.8%", "50.0%", "0.038%"]
