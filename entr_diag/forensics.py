@@ -2574,8 +2574,8 @@ def _bad_rows_table(acc: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
     # a run's first position: its predecessor is not bad, its next r1 positions are
     starts = ((e - e.shift(1)) != 1).fill_null(True) & ((e.shift(-r1) - e) == r1)
     return _merged(acc, empty).with_columns(
-        pl.col("nf_pos").list.unique().list.sort().list.eval(starts).list.sum()
-        .cast(pl.Int64).alias("nf_runs"),
+        *(pl.col(f"{k}_pos").list.unique().list.sort().list.eval(starts).list.sum()
+          .cast(pl.Int64).alias(f"{k}_runs") for k in ("ph", "nf")),
         *(pl.col(f"{k}_pos").list.unique().list.sort().list.eval((e.shift(-r1) - e) == r1)
           .list.any().alias(f"{k}_run") for k in ("ph", "nf")),
     ).drop("ph_pos", "nf_pos")
@@ -2742,6 +2742,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         pl.col("n_ph_zero").filter(pl.col("ph_run")).sum().alias("tok_run_zero"),
         pl.col("nf_burst").sum().alias("n_burst"),
         pl.col("nf_runs").filter(pl.col("nf_burst")).sum().alias("runs_burst"),
+        pl.col("ph_runs").filter(pl.col("ph_run")).sum().alias("runs_ph"),
         pl.col("n_nf").filter(pl.col("nf_burst")).sum().alias("tok_burst"),
         pl.col("n_nf").sum().alias("tok_nf"),
         pl.col("n_ph").sum().alias("tok_ph"),
@@ -2769,15 +2770,20 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     rest = masked - int(s["tok_suffix"])
     q = (int(s["tok_nf"]) - int(s["tok_suffix"])) / rest if rest > 0 else 0.0
     runs_expected = rest * (1.0 - q) * q ** CORRUPT_MIN_RUN if rest > 0 else 0.0
-    runs_by_chance = False
-    if n_burst and rest > 0:
+    runs_by_chance = ph_by_chance = False
+    q_ph = int(s["tok_ph"]) / masked if masked > 0 else 0.0
+    ph_expected = masked * (1.0 - q_ph) * q_ph ** CORRUPT_MIN_RUN
+    if (n_burst and rest > 0) or (n_run and masked > 0):
         from scipy import stats
 
-        runs_by_chance = bool(stats.poisson.sf(int(s["runs_burst"]) - 1, runs_expected)
-                              >= CORRUPT_CHANCE_P)
+        runs_by_chance = bool(n_burst and rest > 0 and stats.poisson.sf(
+            int(s["runs_burst"]) - 1, runs_expected) >= CORRUPT_CHANCE_P)
+        ph_by_chance = bool(n_run and masked > 0 and stats.poisson.sf(
+            int(s["runs_ph"]) - 1, ph_expected) >= CORRUPT_CHANCE_P)
     tok_burst = 0 if runs_by_chance else int(s["tok_burst"])
+    tok_run = 0 if ph_by_chance else int(s["tok_run"])
     scattered = (int(s["tok_nf"]) - int(s["tok_suffix"]) - tok_burst
-                 + int(s["tok_ph"]) - int(s["tok_run"]))
+                 + int(s["tok_ph"]) - tok_run)
     ev = {
         "sequences_in_input": int(acc.sequences_total) if acc is not None else -1,
         "sequences_with_bad_masked_rows": int(s["n_bad_seq"]),
@@ -2798,11 +2804,16 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         "nonfinite_runs": int(s["runs_burst"]),
         "nonfinite_runs_expected_if_scattered": _r(runs_expected),
         "nonfinite_runs_by_chance": runs_by_chance,
+        "placeholder_runs": int(s["runs_ph"]),
+        "placeholder_runs_expected_if_scattered": _r(ph_expected),
+        "placeholder_runs_by_chance": ph_by_chance,
         "scattered_bad_tokens": scattered,
         "min_run": CORRUPT_MIN_RUN,
     }
     if runs_by_chance:
         n_burst = 0
+    if ph_by_chance:
+        n_run = 0
     many_scattered = masked > 0 and scattered >= CORRUPT_SCATTERED_SHARE * masked
     if n_suffix == 0 and n_run == 0 and n_burst == 0 and not many_scattered:
         return _clear(
@@ -2864,7 +2875,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     # a pattern in a handful of tokens (one truncated response among thousands) is listed
     # at info: a warning and a caveat beside the verdict would send the reader hunting for
     # a mask bug the fit does not feel
-    n_pattern = int(s["tok_suffix"]) + tok_burst + int(s["tok_run"])
+    n_pattern = int(s["tok_suffix"]) + tok_burst + tok_run
     minor = not lead and masked > 0 and n_pattern < CORRUPT_INFO_SHARE * masked
     if minor:
         ev["pattern_token_share"] = _r(n_pattern / masked)
@@ -2900,12 +2911,12 @@ def _scattered_finding(ev: dict[str, Any], scattered: int, masked: int, n_seqs: 
     bad tokens by chance too), said after them; ``lead``: the hint of a reason excluding
     many tokens, said first."""
     ev["scattered_token_share"] = _r(scattered / masked)
-    runs = ""
-    if ev["nonfinite_runs"]:
-        runs = (f" Runs of >= {CORRUPT_MIN_RUN} occur no more often than chance at that rate "
-                f"({ev['nonfinite_runs']} seen, about "
-                f"{ev['nonfinite_runs_expected_if_scattered']:,.0f} expected), so no span of "
-                "the dump is cut.")
+    seen = [f"{ev[f'{k}_runs']:,} {what} seen, about "
+            f"{ev[f'{k}_runs_expected_if_scattered']:,.0f} expected"
+            for k, what in (("nonfinite", "non-finite"), ("placeholder", "placeholder"))
+            if ev[f"{k}_runs_by_chance"]]
+    runs = (f" Runs of >= {CORRUPT_MIN_RUN} occur no more often than chance at that rate "
+            f"({'; '.join(seen)}), so no span of the dump is cut." if seen else "")
     f = Finding(
         kind="corrupt_rows",
         severity="warning",

@@ -871,6 +871,13 @@ def test_nonfinite_logprobs_scattered_at_random_are_not_called_bursts(tmp_path):
 
     (cav,) = findings_caveats(res.to_dict())
     assert "not a pattern" in cav and "form patterns" not in cav
+    # -9999 placeholders at random, 30%: their runs are chance too
+    df = base.with_columns(pl.when(hit).then(-9999.0).otherwise(IL).alias("infer_logprob"))
+    f = run_forensics(_load(tmp_path, df, "ph.parquet"),
+                      checks=["corrupt_rows"]).by_kind("corrupt_rows")
+    assert f is not None and f.title.startswith("Scattered invalid logprobs"), f.title
+    assert f.evidence["placeholder_runs_by_chance"] is True
+    assert "placeholder seen, about" in f.message
     # real bursts (4 -inf in a row in every 9th sequence) above 0.5% scattered NaNs
     n_tok = pl.len().over("seq_id")
     burst = (pl.col("seq_id") % 9 == 0) & pl.col("position").is_between(4, 7) & (n_tok >= 20)
