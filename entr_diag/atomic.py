@@ -53,6 +53,27 @@ def _names_open_fd(path: str) -> bool:
     return False
 
 
+def _new_file(target: Path) -> Path:
+    """Where the kernel would create ``target``, a path naming no existing file: its
+    symlinks followed (a dangling link is created at its target), then resolved by
+    :func:`os.path.realpath` only when the folder it lies in exists. ``realpath`` resolves a
+    missing folder's ``..`` by text (``nosuch/../in.parquet`` -> ``in.parquet``, an input!)
+    where the kernel refuses the path; such a path is returned unresolved, for the
+    caller's check of its folder to refuse."""
+    p = str(target)
+    for _ in range(40):  # symlink hops, as many as the kernel follows
+        try:
+            if not stat.S_ISLNK(os.lstat(p).st_mode):
+                break
+        except OSError:
+            break
+        link = os.readlink(p)
+        p = link if os.path.isabs(link) else os.path.join(os.path.dirname(p), link)
+    if os.path.isdir(os.path.dirname(p) or "."):  # (the kernel's lookup of the folder)
+        return Path(os.path.realpath(p))
+    return Path(p)
+
+
 def output_target(target: str | Path) -> tuple[Path, bool]:
     """Where an output named ``target`` is written, and whether atomically.
 
@@ -69,7 +90,7 @@ def output_target(target: str | Path) -> tuple[Path, bool]:
     try:
         mode = os.stat(target).st_mode
     except OSError:  # nothing there yet (or a dangling link: written at its target)
-        return Path(os.path.realpath(target)), True
+        return _new_file(target), True
     if stat.S_ISDIR(mode):
         raise InputError(f"cannot write {target}: it is a directory; give a file name.")
     if stat.S_ISREG(mode):

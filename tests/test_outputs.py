@@ -220,6 +220,34 @@ def test_synth_refuses_a_device_and_follows_a_symlink(tmp_path, dev_null):
     assert link.is_symlink() and pl.read_parquet(tmp_path / "real.parquet").height > 0
 
 
+def test_an_output_through_a_missing_folder_and_dotdot_never_replaces_the_input(
+        tmp_path, run_file, monkeypatch):
+    """'nosuch/../in.parquet' (a missing folder, then '..') and a dangling symlink pointing
+    there: the kernel cannot open them, and they were resolved by text onto the input,
+    which was replaced (exit 0). Refused, naming the missing folder; the input unchanged."""
+    import hashlib
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    inp = tmp_path / "in.parquet"
+    shutil.copy(run_file, inp)
+    before = hashlib.sha256(inp.read_bytes()).hexdigest()
+    (tmp_path / "out.json").symlink_to("nosuch/../in.parquet")
+    for args in (["fit", "in.parquet", "--json", "nosuch/../in.parquet"],
+                 ["flag", "in.parquet", "-o", "nosuch/../in.parquet"],
+                 ["report", "in.parquet", "-o", "nosuch/../in.parquet"],
+                 ["compare", "in.parquet", "--export", "nosuch/../in.parquet"],
+                 ["fit", "in.parquet", "--json", "out.json"]):
+        r = runner.invoke(app, [*args, "-q"])
+        assert r.exit_code == 2, (args, r.output)
+        assert "nosuch/.. does not exist" in r.stderr, r.stderr
+        assert hashlib.sha256(inp.read_bytes()).hexdigest() == before, args
+    # (a folder that exists, then '..': the input, named as such)
+    (tmp_path / "d").mkdir()
+    r = runner.invoke(app, ["fit", "in.parquet", "--json", "d/../in.parquet", "-q"])
+    assert r.exit_code == 2 and "is one of the input files" in r.stderr, r.stderr
+
+
 def test_synth_overwrites_only_its_own_runs(tmp_path, run_file):
     """synth over an existing file that it did not write (a real dump, a text file) is
     refused, exit 2, the file unchanged; over a run it wrote (marked in the Parquet
