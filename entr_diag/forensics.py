@@ -2573,9 +2573,15 @@ def _bad_rows_table(acc: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
     e = pl.element()
     # a run's first position: its predecessor is not bad, its next r1 positions are
     starts = ((e - e.shift(1)) != 1).fill_null(True) & ((e.shift(-r1) - e) == r1)
+    ends = ((e.shift(-1) - e) != 1).fill_null(True)
+    length = e.filter(ends) - e.filter(((e - e.shift(1)) != 1).fill_null(True)) + 1
     return _merged(acc, empty).with_columns(
         *(pl.col(f"{k}_pos").list.unique().list.sort().list.eval(starts).list.sum()
           .cast(pl.Int64).alias(f"{k}_runs") for k in ("ph", "nf")),
+        # the tokens in those runs (of CORRUPT_MIN_RUN or more)
+        *(pl.col(f"{k}_pos").list.unique().list.sort()
+          .list.eval(length.filter(length >= CORRUPT_MIN_RUN).sum()).list.first()
+          .fill_null(0).cast(pl.Int64).alias(f"{k}_run_tok") for k in ("ph", "nf")),
         *(pl.col(f"{k}_pos").list.unique().list.sort().list.eval((e.shift(-r1) - e) == r1)
           .list.any().alias(f"{k}_run") for k in ("ph", "nf")),
     ).drop("ph_pos", "nf_pos")
@@ -2743,6 +2749,8 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         pl.col("nf_burst").sum().alias("n_burst"),
         pl.col("nf_runs").filter(pl.col("nf_burst")).sum().alias("runs_burst"),
         pl.col("ph_runs").filter(pl.col("ph_run")).sum().alias("runs_ph"),
+        pl.col("nf_run_tok").filter(pl.col("nf_burst")).sum().alias("tok_in_bursts"),
+        pl.col("ph_run_tok").filter(pl.col("ph_run")).sum().alias("tok_in_ph_runs"),
         pl.col("n_nf").filter(pl.col("nf_burst")).sum().alias("tok_burst"),
         pl.col("n_nf").sum().alias("tok_nf"),
         pl.col("n_ph").sum().alias("tok_ph"),
@@ -2776,10 +2784,23 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     if (n_burst and rest > 0) or (n_run and masked > 0):
         from scipy import stats
 
-        runs_by_chance = bool(n_burst and rest > 0 and stats.poisson.sf(
-            int(s["runs_burst"]) - 1, runs_expected) >= CORRUPT_CHANCE_P)
-        ph_by_chance = bool(n_run and masked > 0 and stats.poisson.sf(
-            int(s["runs_ph"]) - 1, ph_expected) >= CORRUPT_CHANCE_P)
+        def in_runs(n_bad: int, q: float) -> float:
+            """Bad tokens expected in runs of >= 3 when scattered at rate q: a bad token's
+            run is 1 long with prob. (1-q)^2, 2 long with 2q(1-q)^2."""
+            return n_bad * (1.0 - (1.0 - q) ** 2 * (1.0 + 2.0 * q))
+
+        def chance(runs: int, expected: float, tok: int, tok_expected: float) -> bool:
+            # as many runs as chance makes, and no longer: concentrated bad tokens (a
+            # shard of probabilities) make fewer runs than chance, but long ones
+            return bool(stats.poisson.sf(runs - 1, expected) >= CORRUPT_CHANCE_P
+                        and tok <= 1.3 * tok_expected + 5)
+
+        nf_bad = int(s["tok_nf"]) - int(s["tok_suffix"])
+        runs_by_chance = bool(n_burst and rest > 0) and chance(
+            int(s["runs_burst"]), runs_expected, int(s["tok_in_bursts"]), in_runs(nf_bad, q))
+        ph_by_chance = bool(n_run and masked > 0) and chance(
+            int(s["runs_ph"]), ph_expected, int(s["tok_in_ph_runs"]),
+            in_runs(int(s["tok_ph"]), q_ph))
     tok_burst = 0 if runs_by_chance else int(s["tok_burst"])
     tok_run = 0 if ph_by_chance else int(s["tok_run"])
     scattered = (int(s["tok_nf"]) - int(s["tok_suffix"]) - tok_burst
@@ -2805,6 +2826,10 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         "nonfinite_runs_expected_if_scattered": _r(runs_expected),
         "nonfinite_runs_by_chance": runs_by_chance,
         "placeholder_runs": int(s["runs_ph"]),
+        #: the tokens in the runs themselves (those above count every bad token of the
+        #: sequences holding a run)
+        "tokens_in_nonfinite_runs": int(s["tok_in_bursts"]),
+        "tokens_in_placeholder_runs": int(s["tok_in_ph_runs"]),
         "placeholder_runs_expected_if_scattered": _r(ph_expected),
         "placeholder_runs_by_chance": ph_by_chance,
         "scattered_bad_tokens": scattered,

@@ -805,6 +805,7 @@ def test_corrupt_rows_per_sequence(tmp_path):
     assert "trainer side in 0)" in f.message and "On the trainer side" not in f.check
     assert ev["sequences_with_placeholder_run"] == n_run
     assert ev["placeholder_tokens_in_runs"] == 6 * n_run
+    assert ev["tokens_in_placeholder_runs"] == 6 * n_run
     assert ev["scattered_bad_tokens"] == 0
     assert all(int(s) % 13 == 0 for s in ev["suffix_examples_seq_id"])
     assert all(int(s) % 17 == 1 for s in ev["placeholder_run_examples_seq_id"])
@@ -841,6 +842,7 @@ def test_nonfinite_bursts_inside_sequences_are_described(tmp_path):
     ev = f.evidence
     assert ev["sequences_with_nonfinite_run"] == n_burst > 0
     assert ev["nonfinite_run_tokens"] == 4 * n_burst
+    assert ev["tokens_in_nonfinite_runs"] == 4 * n_burst
     assert ev["sequences_with_nonfinite_suffix"] == 0
     assert ev["scattered_bad_tokens"] == base.filter(single).height
     assert all(int(x) % 9 == 0 for x in ev["nonfinite_run_examples_seq_id"])
@@ -878,6 +880,14 @@ def test_nonfinite_logprobs_scattered_at_random_are_not_called_bursts(tmp_path):
     assert f is not None and f.title.startswith("Scattered invalid logprobs"), f.title
     assert f.evidence["placeholder_runs_by_chance"] is True
     assert "placeholder seen, about" in f.message
+    # the same share concentrated in whole sequences (a third of them all -9999): fewer
+    # runs than chance makes, but long ones: a pattern, not scattered
+    whole = pl.col("seq_id") % 3 == 0
+    df = base.with_columns(pl.when(whole).then(-9999.0).otherwise(IL).alias("infer_logprob"))
+    f = run_forensics(_load(tmp_path, df, "whole.parquet"),
+                      checks=["corrupt_rows"]).by_kind("corrupt_rows")
+    assert f is not None and f.evidence["placeholder_runs_by_chance"] is False, f.title
+    assert not f.title.startswith("Scattered")
     # real bursts (4 -inf in a row in every 9th sequence) above 0.5% scattered NaNs
     n_tok = pl.len().over("seq_id")
     burst = (pl.col("seq_id") % 9 == 0) & pl.col("position").is_between(4, 7) & (n_tok >= 20)

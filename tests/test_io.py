@@ -234,6 +234,36 @@ def test_column_names_in_another_case_are_matched_with_a_note(tmp_path):
         load_dataset([_write(tmp_path, two, "twotl.parquet")])
 
 
+def test_case_variants_follow_the_framework_presets(tmp_path):
+    """A name in another case obeys the preset rules of the name it spells: --framework trl
+    never reads verl's Old_Log_Probs (refused, saying whose name it is); --framework slime
+    reads Rollout_Id as the step and Index as the sequence id (was ambiguous)."""
+    long = _long()
+    verl = long.rename({"train_logprob": "Old_Log_Probs", "infer_logprob": "Rollout_Log_Probs"})
+    with pytest.raises(SchemaError, match=r"'Old_Log_Probs' is \(ignoring case\) the name "
+                       r"verl and roll use for train_logprob"):
+        load_dataset([_write(tmp_path, verl, "verl.parquet")], framework="trl")
+    slime = long.rename({"train_logprob": "Log_Probs", "infer_logprob": "Rollout_Log_Probs",
+                         "seq_id": "Index", "step": "Rollout_Id"})
+    ds = load_dataset([_write(tmp_path, slime, "slime.parquet")], framework="slime")
+    assert ds.mapping["step"] == "Rollout_Id" and ds.mapping["seq_id"] == "Index"
+    assert ds.mapping["train_logprob"] == "Log_Probs"
+
+
+def test_shards_spelling_a_column_in_two_cases_are_refused_as_such(tmp_path):
+    """One shard with seq_id (train_logprob), the other with SEQ_ID (TRAIN_LOGPROB): the
+    refusal says the files name their columns differently, naming both spellings (it said
+    the first file had no sequence id)."""
+    for col in ("seq_id", "train_logprob"):
+        d = tmp_path / col
+        _write(d, _long(), "a.parquet")
+        _write(d, _long(seq_id=[7, 7, 7, 8, 8]).rename({col: col.upper()}), "b.parquet")
+        with pytest.raises(SchemaError, match=rf"^the input's files name their columns "
+                           rf"differently: {col} is '{col}' in .*a\.parquet and "
+                           rf"'{col.upper()}' in .*b\.parquet"):
+            load_dataset([d])
+
+
 def test_verl_nested_names(tmp_path):
     """A verl-style nested dump (old_log_probs, rollout_log_probs, entropys, response_mask)."""
     df = pl.DataFrame({

@@ -425,11 +425,15 @@ def _or_list(names: Sequence[str], word: str = "or") -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" {word} " + names[-1]
 
 
-def _whose(src: str, canon: str, foreign: Mapping[str, Sequence[str]]) -> str:
-    """``'old_log_probs' is the name verl and roll use for train_logprob``."""
-    users = S.users_of(src, canon) or tuple(foreign[src])
+def _whose(src: str, canon: str, foreign: Mapping[str, Sequence[str]],
+           spelled: str | None = None) -> str:
+    """``'old_log_probs' is the name verl and roll use for train_logprob``; ``spelled``: the
+    known name ``src`` spells in another case (``'Old_Log_Probs'``)."""
+    name = spelled or src
+    users = S.users_of(name, canon) or tuple(foreign[name])
     verb = "uses" if len(users) == 1 else "use"
-    return f"'{src}' is the name {_or_list(users, 'and')} {verb} for {canon}"
+    return (f"'{src}' is {'' if name == src else '(ignoring case) '}the name "
+            f"{_or_list(users, 'and')} {verb} for {canon}")
 
 
 def resolve_mapping(
@@ -524,6 +528,8 @@ def resolve_mapping(
         if name not in known:
             by_lower.setdefault(name.lower(), []).append(name)
     case_matched: set[str] = set()
+    #: the known name each case variant in use spells (``Old_Log_Probs`` -> old_log_probs)
+    spelled_as: dict[str, str] = {}
     for col in S.COLUMNS:
         canon = col.name
         if canon in overrides:
@@ -534,26 +540,35 @@ def resolve_mapping(
                                   mapped=True)
             mapping[canon] = src
             continue
+        # candidates by their known spelling; ``real``: the column that holds one (itself,
+        # or the only column spelling it in another case)
         candidates: list[str] = []
+        real: dict[str, str] = {}
         for src in (fw.get(canon), canon, *col.aliases):
-            if src is not None and src not in available and src not in overrides.values():
+            if src is None or src in candidates:
+                continue
+            candidates.append(src)
+            if src in available:
+                real[src] = src
+            elif src not in overrides.values():
                 alt = by_lower.get(src.lower(), [])
                 if len(alt) == 1:
-                    src = alt[0]
-                    case_matched.add(src)
+                    real[src] = alt[0]
+                    case_matched.add(alt[0])
+                    spelled_as[alt[0]] = src
                 elif alt:
                     notes.append(f"{canon}: {', '.join(repr(a) for a in sorted(alt))} match "
                                  f"'{src}' ignoring case; none is used: map one with "
                                  f"--column {canon}=NAME")
-            if src is not None and src not in candidates:
-                candidates.append(src)
         usable: list[str] = []
-        for src in candidates:
-            if src not in available:
+        own: str | None = None  # the real column of the framework's own name
+        for name in candidates:  # (the framework rules read the known spelling)
+            if name not in real:
                 continue
-            if src in fw.values() and src != fw.get(canon):  # the framework's other column
+            src = real[name]
+            if name in fw.values() and name != fw.get(canon):  # the framework's other column
                 continue
-            if src in foreign and src != fw.get(canon) and S.users_of(src, canon):
+            if name in foreign and name != fw.get(canon) and S.users_of(name, canon):
                 skipped.setdefault(canon, []).append(src)
                 continue
             if src in used:
@@ -562,25 +577,29 @@ def resolve_mapping(
                 continue
             ok = _kind_ok(col.kind, _value_type(available[src]))
             if not ok:
-                if src == canon or src == fw.get(canon) or col.required:
+                if name == canon or name == fw.get(canon) or col.required:
                     raise _wrong_type(src, canon, available[src], (origins or {}).get(src))
                 notes.append(f"'{src}' not used as {canon}: type {_type_name(available[src])}")
                 continue
+            if name == fw.get(canon):
+                own = src
             usable.append(src)
         for src in skipped.get(canon, []):
             notes.append(f"'{src}' not used as {canon} (--framework {key}): "
-                         f"{_whose(src, canon, foreign)}; map it with --column {canon}={src}")
+                         f"{_whose(src, canon, foreign, spelled_as.get(src))}; map it with "
+                         f"--column {canon}={src}")
         for src in lost.get(canon, []):
             notes.append(f"{canon}: '{src}' is taken by --column {taken_by[src]}={src}")
         if not usable or (canon == "entropy" and entropy == "train"):  # not used: no choice
             continue
-        if len(usable) > 1 and usable[0] != fw.get(canon):
+        if len(usable) > 1 and usable[0] != own:
             _refuse_ambiguous(canon, usable)
         src = usable[0]
         mapping[canon] = src
         used.add(src)
         if src != canon:
-            uses = S.other_uses(src, canon) if src != fw.get(canon) else ()
+            spelled = next(n for n, r in real.items() if r == src)
+            uses = S.other_uses(spelled, canon) if src != own else ()
             notes.append(f"{canon} <- '{src}'" + (
                 " (its name matched ignoring case)" if src in case_matched else "") + "".join(
                 f" (--framework {k} would read it as {c}: name the framework if the dump "
@@ -616,11 +635,12 @@ def resolve_mapping(
                         f"otherwise read from, so {c} has no source left: map it too "
                         f"(--column {c}=NAME), or map {taken_by[src]} to another column.")
             for src in skipped.get(c, []):
-                why += f" {_whose(src, c, foreign)}"
+                why += f" {_whose(src, c, foreign, spelled_as.get(src))}"
                 why += f" ({key}'s is '{fw[c]}')" if c in fw else f", not {key}'s"
                 why += f": map it with --column {c}={src}"
-                why += (f" (or, if the dump is {S.users_of(src, c)[0]}'s, use --framework "
-                        f"{S.users_of(src, c)[0]})." if S.users_of(src, c) else ".")
+                users = S.users_of(spelled_as.get(src, src), c)
+                why += (f" (or, if the dump is {users[0]}'s, use --framework "
+                        f"{users[0]})." if users else ".")
             for note in notes:  # several columns spell one of its names in other cases
                 if note.startswith(f"{c}: ") and " ignoring case; " in note:
                     why += f" {note.split(': ', 1)[1][:1].upper()}{note.split(': ', 1)[1][1:]}."
@@ -666,9 +686,10 @@ def _names_split(files: Sequence[Path], schemas: Mapping[Path, pa.Schema]) -> st
     for col in S.COLUMNS:
         names = {col.name, *col.aliases, *(p[col.name] for p in S.FRAMEWORKS.values()
                                            if col.name in p)}
+        lower = {n.lower() for n in names}  # (a name in another case: 'SEQ_ID')
         groups: dict[frozenset[str], list[Path]] = {}
         for f in files:
-            held = frozenset(names.intersection(schemas[f].names))
+            held = frozenset(n for n in schemas[f].names if n.lower() in lower)
             if held:
                 groups.setdefault(held, []).append(f)
         if len(groups) > 1 and all(len(g) == 1 for g in groups) and len(
@@ -1113,6 +1134,9 @@ def load_dataset(
         names = set(schemas[f].names) | set(_hive_values(f))
         missing_req = [c for c in S.REQUIRED if mapping[c] not in names]
         if missing_req:
+            split = _names_split(file_list, schemas)
+            if split:  # shards spelling a column differently (in another case, too)
+                raise SchemaError(split)
             raise SchemaError(
                 f"{f}: missing required column(s) "
                 + ", ".join(f"{c} ('{mapping[c]}')" for c in missing_req)
@@ -1140,6 +1164,16 @@ def load_dataset(
             notes.append(
                 f"{canon} ('{src}') is missing from {len(lacking)} of {len(file_list)} files, "
                 f"all nested (e.g. {lacking[0]}): their {how}")
+        elif lacking and any(n.lower() == src.lower() and n != src
+                             for f in lacking for n in has_names[f]):
+            # the files spell it in two cases ('seq_id', 'SEQ_ID'): not a missing column
+            cased = next(n for f in lacking for n in has_names[f]
+                         if n.lower() == src.lower() and n != src)
+            raise SchemaError(_names_split(file_list, schemas) or (
+                f"the input's files name their columns differently: {canon} is '{src}' in "
+                f"{next(f for f in file_list if f not in lacking)} and '{cased}' in "
+                f"{lacking[0]}; the files of one input must share their column names: rename "
+                "one set, or analyse each set on its own."))
         elif lacking:
             notes.append(
                 f"{canon} ('{src}') is missing from {len(lacking)} of {len(file_list)} files "
