@@ -2294,6 +2294,18 @@ def _check_drift(ctx: _Ctx) -> _Result:
     spikes = _step_spikes(ust, level) if t.levels_comparable else []
     if spikes:
         return _spike_finding(spikes, ev, used)
+    if used == "all tokens at fixed staleness":  # (one intercept per bin and lag)
+        span = (ctx.cells.drop_nulls(["_stale", "_step"]).group_by("_stale")
+                .agg(pl.col("_step").n_unique().alias("k"))["k"].max())
+        if span is not None and (int(span) < DRIFT_MIN_STEPS or int(span) < 0.5 * n_steps):
+            # each lag covers a few steps: the trend within them says little of the run
+            # (a lag rising with the step hides a 5x rise of the mismatch as "x1.02")
+            return _cannot(
+                name,
+                f"the version lag changes with the step (each lag value is in at most "
+                f"{int(span)} of the {n_steps} steps): a drift over the run and the lag's "
+                f"policy drift cannot be told apart (x{growth:.3g} within lags, {_pval(p)}); "
+                "read the per-step and per-staleness strata")
     return _clear(
         name,
         f"mean |delta| at fixed entropy changes by x{growth:.3g} over {len(ust)} steps "

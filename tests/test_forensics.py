@@ -664,6 +664,20 @@ def test_staleness_ratios_relative_to_the_lags_that_share_steps(tmp_path):
     assert "lag 0 never shares a step with the others" in f.message
 
 
+def test_drift_with_a_lag_rising_with_the_step_cannot_tell(tmp_path):
+    """The mismatch x(1 + lag) with lag = step // 2 (each lag in 2 of the 10 steps): held
+    at fixed staleness, the trend within a lag says nothing of the run; the drift check
+    says it cannot tell (it read 'clear, x1.02 over 10 steps')."""
+    b = generate(SynthSpec(n_tokens=2 * N_TOKENS, seed=5, h_star=None))
+    lag = pl.col("step") // 2
+    df = _with_delta(b, DELTA * (1 + lag).sqrt()).with_columns(
+        (pl.col("train_version") - lag).alias("policy_version"))
+    st = run_forensics(_load(tmp_path, df), checks=["drift"]).status("drift")
+    assert st.status == "cannot_tell", st
+    assert st.reason.startswith("the version lag changes with the step (each lag value is "
+                                "in at most 2 of the ")
+
+
 def test_drift_reads_fresh_tokens_only_when_they_span_the_run(tmp_path):
     """Fresh (lag-0) tokens in the first half of the run only do not stand for the run: a
     mismatch that doubles in the second half is found on all tokens."""
