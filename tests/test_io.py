@@ -110,6 +110,26 @@ def test_nested_seq_id_written_as_a_list_is_read_as_its_value(tmp_path):
             load_dataset([f])
 
 
+def test_nested_one_element_lists_of_step_and_versions_hold_every_token(tmp_path):
+    """A nested row's step, policy_version or train_version written as a one-element list
+    ([3], also a fixed-size [1] array) is the value of all its tokens: the same tokens as
+    the scalar (it was refused as per-token lists of different lengths)."""
+    long = _long(policy_version=[1, 1, 1, 0, 0])
+    nested = (long.group_by("seq_id", maintain_order=True)
+              .agg(pl.col("step", "train_version", "policy_version").first(),
+                   pl.all().exclude("seq_id", "step", "train_version", "policy_version",
+                                    "position")))
+    want = _valid(load_dataset([_write(tmp_path, nested, "n.parquet")]))
+    cols = ["seq_id", "position", "step", "policy_version", "train_version", "delta",
+            "staleness"]
+    for name, df in (
+            ("lists", nested.with_columns(pl.concat_list(c) for c in
+                                          ("step", "train_version", "policy_version"))),
+            ("arrays", nested.with_columns(pl.concat_list("step").list.to_array(1)))):
+        got = _valid(load_dataset([_write(tmp_path, df, f"{name}.parquet")]))
+        assert got.select(cols).equals(want.select(cols)), name
+
+
 def test_nested_without_seq_id_uses_row(tmp_path):
     """Nested rows without a seq_id column are keyed by file and row number."""
     df = pl.DataFrame({"train_logprob": [[-0.1, -0.2], [-0.3]],

@@ -1729,6 +1729,17 @@ def _file_frame(
         if fixed:
             lf = lf.with_columns(pl.col(src).arr.to_list() for src in fixed)
         ref = srcs["train_logprob"]
+        # a per-sequence value written as a one-element list ([step], [version]) holds it
+        # for every token of the row: repeated to the row's length before the lists are
+        # checked for equal lengths
+        one = [srcs[c] for c in _BROADCAST_LISTS if srcs.get(c) in list_srcs]
+        if one:
+            core = [src for src in list_srcs if src not in one]
+            n_core = pl.coalesce([pl.col(src).list.len() for src in core])
+            lf = lf.with_columns(
+                pl.when((pl.col(src).list.len() == 1) & (n_core > 1))
+                .then(pl.col(src).list.first().repeat_by(n_core)).otherwise(pl.col(src))
+                .alias(src) for src in one)
         lens = {src: pl.col(src).list.len() for src in list_srcs}
         # a row's tokens: the length of its train_logprob list, or of the first other list
         # when that one is null (null when every list of the row is: an empty row)
@@ -2039,6 +2050,10 @@ def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
     for (i,), g in per_file.filter(pl.col("_off") > 0).partition_by("_f", as_dict=True).items():
         file_offs[int(i)] = g.select(*keys, "_off")  # type: ignore[call-overload]
     return chunk_offs, file_offs, continued
+
+
+#: canonical columns whose one-element list in a nested row is the value of all its tokens
+_BROADCAST_LISTS: tuple[str, ...] = ("step", "policy_version", "train_version")
 
 
 def _refuse_long_lists(path: Path, types: Mapping[str, pa.DataType],
