@@ -130,6 +130,20 @@ def test_nested_one_element_lists_of_step_and_versions_hold_every_token(tmp_path
         assert got.select(cols).equals(want.select(cols)), name
 
 
+def test_nested_scalar_position_is_named_in_a_note(tmp_path):
+    """A nested file whose position column holds one value per row (not a list) numbers
+    its tokens by list index, and a note says so (it was ignored silently)."""
+    long = _long()
+    nested = (long.group_by("seq_id", maintain_order=True)
+              .agg(pl.col("step").first(), pl.all().exclude("seq_id", "step", "position"))
+              .with_columns(pl.lit(7).alias("position")))
+    f = _write(tmp_path, nested, "n.parquet")
+    ds = load_dataset([f])
+    assert _valid(ds)["position"].to_list() == [0, 1, 2, 0, 1]
+    assert (f"position ('position') holds one value per row in 1 nested file(s) (e.g. {f}), "
+            "not a list: not used there, tokens are numbered by list index") in ds.notes
+
+
 def test_nested_without_seq_id_uses_row(tmp_path):
     """Nested rows without a seq_id column are keyed by file and row number."""
     df = pl.DataFrame({"train_logprob": [[-0.1, -0.2], [-0.3]],

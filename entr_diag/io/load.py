@@ -1130,6 +1130,7 @@ def load_dataset(
     conflicts: list[str] = []  # partition values contradicted by the file's own column
     # per file: (path, types, hive values, layout, scan, chunk row ranges, numbered)
     plans: list[tuple[Path, dict, dict, str, pl.LazyFrame, list, bool]] = []
+    scalar_positions: list[Path] = []  # nested files whose position is not a list
     for f in file_list:
         names = set(schemas[f].names) | set(_hive_values(f))
         missing_req = [c for c in S.REQUIRED if mapping[c] not in names]
@@ -1268,6 +1269,9 @@ def load_dataset(
                 f"{file_layout} layout."
             )
         infos.append(FileInfo(f, file_layout, rows[f], tuple(sch.names), hive))
+        pos = mapping.get("position")
+        if nested and pos in types and not _is_list(types[pos]):
+            scalar_positions.append(f)
         if hive:
             conflicts.extend(_partition_conflicts(f, metas[f], hive, mapping))
         # positions numbered per sequence in row order: a chunk adds the rows its sequences
@@ -1281,6 +1285,11 @@ def load_dataset(
         # (the footer is dropped once read: 20k row groups hold 200 MB of pyarrow metadata)
         plans.append((f, types, hive, file_layout, _scan(f),
                       ranges, numbered))
+    if scalar_positions:  # one value per sequence row cannot number its tokens
+        notes.append(
+            f"position ('{mapping['position']}') holds one value per row in "
+            f"{len(scalar_positions):,} nested file(s) (e.g. {scalar_positions[0]}), not a "
+            "list: not used there, tokens are numbered by list index")
     for f, types, _hive, file_layout, *_ in plans:  # (before the positions are numbered)
         if file_layout == "long":
             _refuse_long_lists(f, types, mapping)
