@@ -2579,24 +2579,22 @@ def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
 
 
 def _bad_rows_table(acc: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
-    """The merged bad-rows table with ``ph_run`` and ``nf_run``: a run of CORRUPT_MIN_RUN
-    consecutive placeholder (non-finite) positions."""
-    r1 = CORRUPT_MIN_RUN - 1
+    """The merged bad-rows table with, per kind (``ph`` placeholder, ``nf`` non-finite),
+    ``{k}_run`` (a run of CORRUPT_MIN_RUN or more consecutive such positions), ``{k}_runs``
+    (how many such runs) and ``{k}_run_tok`` (the positions in them)."""
     e = pl.element()
-    # a run's first position: its predecessor is not bad, its next r1 positions are
-    starts = ((e - e.shift(1)) != 1).fill_null(True) & ((e.shift(-r1) - e) == r1)
-    ends = ((e.shift(-1) - e) != 1).fill_null(True)
-    length = e.filter(ends) - e.filter(((e - e.shift(1)) != 1).fill_null(True)) + 1
+    first = ((e - e.shift(1)) != 1).fill_null(True)  # a run's first position
+    last = ((e.shift(-1) - e) != 1).fill_null(True)
+    length = e.filter(last) - e.filter(first) + 1  # of each maximal run
+    long = {k: pl.col(f"{k}_pos").list.unique().list.sort()
+            .list.eval(length.filter(length >= CORRUPT_MIN_RUN)) for k in ("ph", "nf")}
     return _merged(acc, empty).with_columns(
-        *(pl.col(f"{k}_pos").list.unique().list.sort().list.eval(starts).list.sum()
-          .cast(pl.Int64).alias(f"{k}_runs") for k in ("ph", "nf")),
-        # the tokens in those runs (of CORRUPT_MIN_RUN or more)
-        *(pl.col(f"{k}_pos").list.unique().list.sort()
-          .list.eval(length.filter(length >= CORRUPT_MIN_RUN).sum()).list.first()
-          .fill_null(0).cast(pl.Int64).alias(f"{k}_run_tok") for k in ("ph", "nf")),
-        *(pl.col(f"{k}_pos").list.unique().list.sort().list.eval((e.shift(-r1) - e) == r1)
-          .list.any().alias(f"{k}_run") for k in ("ph", "nf")),
-    ).drop("ph_pos", "nf_pos")
+        [c.alias(f"_{k}_long") for k, c in long.items()]
+    ).with_columns(
+        *(pl.col(f"_{k}_long").list.len().cast(pl.Int64).alias(f"{k}_runs") for k in long),
+        *(pl.col(f"_{k}_long").list.sum().cast(pl.Int64).alias(f"{k}_run_tok") for k in long),
+        *((pl.col(f"_{k}_long").list.len() > 0).alias(f"{k}_run") for k in long),
+    ).drop("ph_pos", "nf_pos", "_ph_long", "_nf_long")
 
 
 def _last_ok_acc(excluded_only: bool) -> GroupAgg:
@@ -2723,8 +2721,9 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     Runs (c) that scattered bad tokens produce by chance are no burst: with a share q of
     the loss-masked tokens (outside suffixes) non-finite at random, about
     ``M (1 - q) q^CORRUPT_MIN_RUN`` runs start among M tokens (a good token, then
-    CORRUPT_MIN_RUN bad ones); when at least as many runs as observed are that likely
-    (Poisson upper tail >= :data:`CORRUPT_CHANCE_P`), the bad tokens are reported as scattered: a
+    CORRUPT_MIN_RUN bad ones); when at least as many runs as observed are that likely and
+    they hold no more tokens than chance puts in them (:func:`_runs_by_chance`; the same
+    for placeholder runs), the bad tokens are reported as scattered: a
     warning when they are at least :data:`CORRUPT_SCATTERED_SHARE` of the masked tokens
     (e.g. 30% NaN at random: a broken column or kernel, not a cut span).
     """
@@ -2790,29 +2789,13 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     rest = masked - int(s["tok_suffix"])
     q = (int(s["tok_nf"]) - int(s["tok_suffix"])) / rest if rest > 0 else 0.0
     runs_expected = rest * (1.0 - q) * q ** CORRUPT_MIN_RUN if rest > 0 else 0.0
-    runs_by_chance = ph_by_chance = False
     q_ph = int(s["tok_ph"]) / masked if masked > 0 else 0.0
     ph_expected = masked * (1.0 - q_ph) * q_ph ** CORRUPT_MIN_RUN
-    if (n_burst and rest > 0) or (n_run and masked > 0):
-        from scipy import stats
-
-        def in_runs(n_bad: int, q: float) -> float:
-            """Bad tokens expected in runs of >= 3 when scattered at rate q: a bad token's
-            run is 1 long with prob. (1-q)^2, 2 long with 2q(1-q)^2."""
-            return n_bad * (1.0 - (1.0 - q) ** 2 * (1.0 + 2.0 * q))
-
-        def chance(runs: int, expected: float, tok: int, tok_expected: float) -> bool:
-            # as many runs as chance makes, and no longer: concentrated bad tokens (a
-            # shard of probabilities) make fewer runs than chance, but long ones
-            return bool(stats.poisson.sf(runs - 1, expected) >= CORRUPT_CHANCE_P
-                        and tok <= 1.3 * tok_expected + 5)
-
-        nf_bad = int(s["tok_nf"]) - int(s["tok_suffix"])
-        runs_by_chance = bool(n_burst and rest > 0) and chance(
-            int(s["runs_burst"]), runs_expected, int(s["tok_in_bursts"]), in_runs(nf_bad, q))
-        ph_by_chance = bool(n_run and masked > 0) and chance(
-            int(s["runs_ph"]), ph_expected, int(s["tok_in_ph_runs"]),
-            in_runs(int(s["tok_ph"]), q_ph))
+    nf_bad = int(s["tok_nf"]) - int(s["tok_suffix"])
+    runs_by_chance = bool(n_burst and rest > 0) and _runs_by_chance(
+        int(s["runs_burst"]), runs_expected, int(s["tok_in_bursts"]), nf_bad, q)
+    ph_by_chance = bool(n_run and masked > 0) and _runs_by_chance(
+        int(s["runs_ph"]), ph_expected, int(s["tok_in_ph_runs"]), int(s["tok_ph"]), q_ph)
     tok_burst = 0 if runs_by_chance else int(s["tok_burst"])
     tok_run = 0 if ph_by_chance else int(s["tok_run"])
     scattered = (int(s["tok_nf"]) - int(s["tok_suffix"]) - tok_burst
@@ -2938,6 +2921,20 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     )
     return _found(f, f"{n_suffix} suffix, {n_burst} non-finite-run, {n_run} placeholder-run "
                      "sequences")
+
+
+def _runs_by_chance(runs: int, expected: float, tok: int, n_bad: int, q: float) -> bool:
+    """Whether ``runs`` runs of CORRUPT_MIN_RUN (3) or more bad tokens, holding ``tok``
+    tokens, are what ``n_bad`` bad tokens scattered at random at rate ``q`` make: at least
+    as many runs are that likely (Poisson upper tail at ``expected`` runs >=
+    CORRUPT_CHANCE_P) and they hold no more tokens than chance puts in them (1.3x + 5; a
+    bad token's run is 1 long with prob. (1-q)^2, 2 long with 2q(1-q)^2). Concentrated bad
+    tokens (a shard of probabilities) make fewer runs than chance, but long ones."""
+    from scipy import stats
+
+    tok_expected = n_bad * (1.0 - (1.0 - q) ** 2 * (1.0 + 2.0 * q))
+    return bool(stats.poisson.sf(runs - 1, expected) >= CORRUPT_CHANCE_P
+                and tok <= 1.3 * tok_expected + 5)
 
 
 def _scattered_finding(ev: dict[str, Any], scattered: int, masked: int, n_seqs: int,

@@ -530,6 +530,8 @@ def resolve_mapping(
     case_matched: set[str] = set()
     #: the known name each case variant in use spells (``Old_Log_Probs`` -> old_log_probs)
     spelled_as: dict[str, str] = {}
+    #: canonical -> why no case variant was used (two of them spell one of its names)
+    case_clash: dict[str, str] = {}
     for col in S.COLUMNS:
         canon = col.name
         if canon in overrides:
@@ -557,9 +559,10 @@ def resolve_mapping(
                     case_matched.add(alt[0])
                     spelled_as[alt[0]] = src
                 elif alt:
-                    notes.append(f"{canon}: {', '.join(repr(a) for a in sorted(alt))} match "
-                                 f"'{src}' ignoring case; none is used: map one with "
-                                 f"--column {canon}=NAME")
+                    case_clash[canon] = (f"{', '.join(repr(a) for a in sorted(alt))} match "
+                                         f"'{src}' ignoring case; none is used: map one "
+                                         f"with --column {canon}=NAME")
+                    notes.append(f"{canon}: {case_clash[canon]}")
         usable: list[str] = []
         own: str | None = None  # the real column of the framework's own name
         for name in candidates:  # (the framework rules read the known spelling)
@@ -641,9 +644,8 @@ def resolve_mapping(
                 users = S.users_of(spelled_as.get(src, src), c)
                 why += (f" (or, if the dump is {users[0]}'s, use --framework "
                         f"{users[0]})." if users else ".")
-            for note in notes:  # several columns spell one of its names in other cases
-                if note.startswith(f"{c}: ") and " ignoring case; " in note:
-                    why += f" {note.split(': ', 1)[1][:1].upper()}{note.split(': ', 1)[1][1:]}."
+            if c in case_clash:  # several columns spell one of its names in other cases
+                why += f" {case_clash[c][:1].upper()}{case_clash[c][1:]}."
         amb = [a for a in S.AMBIGUOUS if a in available and a not in used]
         hint = ""
         if amb:
@@ -1753,16 +1755,15 @@ def _file_frame(
         # a row's tokens: the length of its train_logprob list, or of the first other list
         # when that one is null (null when every list of the row is: an empty row)
         n_tok = pl.coalesce([lens[ref], *(lens[src] for src in list_srcs if src != ref)])
+        # the row's seq_id as written (a list's first value)
+        sid_raw = None if "seq_id" not in srcs else (
+            pl.col(srcs["seq_id"]).list.first() if sid_list else pl.col(srcs["seq_id"]))
         if rows is None:
             if sid_list:
                 _check_list_seq_id(path, lf, srcs["seq_id"])
-            _check_ragged(path, lf, lens, n_tok, srcs, list_srcs)
-        sid = (
-            (pl.col(srcs["seq_id"]).list.first() if sid_list
-             else pl.col(srcs["seq_id"])).cast(sid_dtype)
-            if "seq_id" in srcs
-            else pl.format("{}:{}", pl.lit(label or path.name), pl.col("_row"))
-        )
+            _check_ragged(path, lf, lens, n_tok, srcs, list_srcs, sid_raw)
+        sid = (sid_raw.cast(sid_dtype) if sid_raw is not None
+               else pl.format("{}:{}", pl.lit(label or path.name), pl.col("_row")))
         lf = lf.with_columns(
             sid.alias("_seq_id"),
             (n_tok.fill_null(0) == 0).alias("_empty"),
@@ -1852,24 +1853,20 @@ def _only_nulls(meta: pq.FileMetaData, src: str) -> bool:
     return found
 
 
-def _copies(files: Sequence[Path], rows: Mapping[Path, int],
-            schemas: Mapping[Path, pa.Schema] | None = None,
-            mapping: Mapping[str, str] | None = None) -> list[tuple[Path, Path]]:
+def _copies(files: Sequence[Path], rows: Mapping[Path, int], schemas: Mapping[Path, pa.Schema],
+            mapping: Mapping[str, str]) -> list[tuple[Path, Path]]:
     """Pairs (first file, later file) of inputs that look like byte copies: same size, row
-    count and values of the partition folders read (with ``schemas`` and ``mapping``: those
-    naming a mapped column the file does not hold; all of them otherwise), and the same
-    first and last 64 kB (the footer holds every column chunk's offsets and statistics).
-    Only files of equal size are read."""
+    count and values of the partition folders read (those naming a mapped column the file
+    does not hold: a folder the file's own column overrides does not change its tokens),
+    and the same first and last 64 kB (the footer holds every column chunk's offsets and
+    statistics). Only files of equal size are read."""
     import hashlib
 
-    mapped = set((mapping or {}).values())
+    mapped = set(mapping.values())
 
     def read(f: Path) -> tuple:
-        hive = _hive_values(f)
-        if schemas is not None and mapping is not None:  # a folder the file's column
-            # overrides (or no column is mapped to) does not change its tokens
-            hive = {k: v for k, v in hive.items() if k in mapped and k not in schemas[f].names}
-        return tuple(sorted(hive.items()))
+        return tuple(sorted((k, v) for k, v in _hive_values(f).items()
+                            if k in mapped and k not in schemas[f].names))
 
     groups: dict[tuple, list[Path]] = {}
     for f in files:
@@ -2077,12 +2074,6 @@ def _refuse_long_lists(path: Path, types: Mapping[str, pa.DataType],
             )
 
 
-def _seq_id_value(lf: pl.LazyFrame, src: str) -> pl.Expr:
-    """A nested file's seq_id column ``src`` as one value per row (a list's first value)."""
-    dtype = lf.collect_schema()[src]
-    return pl.col(src).list.first() if isinstance(dtype, pl.List) else pl.col(src)
-
-
 def _check_list_seq_id(path: Path, lf: pl.LazyFrame, src: str) -> None:
     """Refuse a nested file whose seq_id column ``src`` holds lists (``[id]``, or the id
     repeated per token) with more than one distinct value in a row: which id is the
@@ -2105,15 +2096,17 @@ def _check_list_seq_id(path: Path, lf: pl.LazyFrame, src: str) -> None:
 
 
 def _check_ragged(path: Path, lf: pl.LazyFrame, lens: Mapping[str, pl.Expr], n_tok: pl.Expr,
-                  srcs: Mapping[str, str], list_srcs: Sequence[str]) -> None:
+                  srcs: Mapping[str, str], list_srcs: Sequence[str],
+                  sid: pl.Expr | None) -> None:
     """Refuse a nested file with a row whose per-token lists (``lens``: their lengths, null
     for a null list) differ in length, naming the culprit list columns (in each such row,
     those whose length most of the row's other lists do not share; all of them on a tie)
-    with their numbers of rows, and the first seq_ids. A null list is no culprit: its
-    tokens hold nulls (see :func:`_file_frame`)."""
+    with their numbers of rows, and the first seq_ids (``sid``: the row's seq_id, None
+    without one: rows are then named by number). A null list is no culprit: its tokens
+    hold nulls (see :func:`_file_frame`)."""
     if len(list_srcs) < 2:
         return
-    key = _seq_id_value(lf, srcs["seq_id"]).cast(pl.String) if "seq_id" in srcs else pl.format(
+    key = sid.cast(pl.String) if sid is not None else pl.format(
         "row {}", pl.col("_row"))
     ragged = pl.any_horizontal([(lens[src] != n_tok).fill_null(False) for src in list_srcs])
     # per list: how many of the row's lists share its length (0 for a null list)
