@@ -1412,7 +1412,8 @@ class _FitSums:
         self._add(self.joint["s_d2"][span], kj, d2)
         k = col("_fit_reg")
         np.abs(d, out=t1)
-        np.divide(d2, np.add(h, self.eps, out=t2), out=t2)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (H + eps ~ 0: --eps 0)
+            np.divide(d2, np.add(h, self.eps, out=t2), out=t2)
         lp = col("infer_logprob")
         for name, w in (("n", None), ("s_d", d), ("s_d2", d2), ("s_absd", t1),
                         ("s_z2", t2), ("s_lp", lp)):

@@ -1171,6 +1171,12 @@ def test_subnormal_entropies_raise_no_numpy_warning(synth_file, tmp_path):
     r = runner.invoke(app, ["fit", str(f), "-q"])
     assert r.exit_code == 0 and r.exception is None, (r.exception, r.stderr)
     assert "Warning" not in r.stderr
+    # entropies of exactly 0 with --eps 0: z^2 = delta^2 / 0, no raw warning either
+    z = tmp_path / "zero.parquet"
+    df.with_columns(pl.when(pl.int_range(pl.len()) % 20 == 0).then(0.0)
+                    .otherwise(pl.col("entropy")).alias("entropy")).write_parquet(z)
+    r = runner.invoke(app, ["fit", str(z), "--eps", "0", "-q"])
+    assert r.exit_code == 0 and r.exception is None, (r.exception, r.stderr)
 
 
 def test_synth_refuses_a_run_that_cannot_fit_on_the_disk(tmp_path, monkeypatch):
