@@ -788,8 +788,9 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         )
     if skipped:
         _notes.add(
-            f"note: skipped {len(skipped):,} Parquet file(s) in input directories whose names "
-            f"start with '.' or '_' (hidden, temporary or metadata files), e.g. "
+            f"note: skipped {len(skipped):,} Parquet file(s) in input directories whose names, "
+            f"or the names of folders holding them, start with '.' or '_' (hidden, temporary "
+            f"or metadata files, e.g. a Spark _temporary/ folder), e.g. "
             f"{escape(str(skipped[0]))}: pass them explicitly to read them."
         )
     with _status("reading input...", quiet):

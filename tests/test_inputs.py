@@ -50,6 +50,53 @@ def test_directory_walk_skips_hidden_and_underscore_files_and_reports_them(tmp_p
     assert resolve_paths([tmp, dot]) == [tmp, dot]
 
 
+def test_directory_walk_skips_files_in_hidden_and_underscore_folders(tmp_path):
+    """Parquet files in a folder under the searched one whose name starts with '.' or '_'
+    (a writer's .staging/, a crashed Spark job's _temporary/) are skipped like hidden files
+    and reported; the searched folder's own name (or its parents') does not count; a glob
+    or an explicit path still reads them."""
+    root = tmp_path / "_runs" / ".cache" / "run"  # hidden names above the searched folder
+    a = _shard(root / "step=1" / "part-0.parquet")
+    staging = _shard(root / ".staging" / "part-0.parquet", seq=10)
+    temp = _shard(root / "_temporary" / "0" / "task_1" / "part-0.parquet", seq=20)
+    (root / "_temporary" / "0" / "rows.csv").write_text("a\n1\n")  # not a warned-of file
+    skipped: list[Path] = []
+    others: list[Path] = []
+    assert resolve_paths([root], skipped=skipped, others=others) == [a]
+    assert sorted(skipped) == sorted([staging, temp]) and others == []
+    assert resolve_paths([temp]) == [temp]
+    assert resolve_paths([str(root / "_temporary" / "**" / "*.parquet")]) == [temp]
+    r = runner.invoke(app, ["inspect", str(root)])
+    assert r.exit_code == 0, r.output
+    notes = [ln for ln in r.stderr.splitlines() if "skipped" in ln]
+    assert notes and notes[0].startswith("note: skipped 2 Parquet file(s)"), r.stderr
+    assert "folders holding them" in r.stderr
+    # a folder holding nothing but a _temporary/ copy is refused, naming it
+    only = tmp_path / "only_temp"
+    t2 = _shard(only / "_temporary" / "part-0.parquet")
+    with pytest.raises(InputError, match=r"except 1 skipped hidden or _-prefixed") as e:
+        resolve_paths([only])
+    assert str(t2) in str(e.value)
+
+
+def test_directory_holding_only_other_formats_names_them(tmp_path):
+    """A folder without Parquet files but with CSV (or other data) files says so, naming
+    one and their formats, instead of a bare 'holds no Parquet files'."""
+    d = tmp_path / "csvs"
+    d.mkdir()
+    (d / "step1.csv").write_text("seq_id\n1\n")
+    (d / "step2.jsonl.gz").write_bytes(b"")
+    (d / "notes.txt").write_text("x")  # not a data file: not named
+    with pytest.raises(InputError) as e:
+        resolve_paths([d])
+    msg = str(e.value)
+    assert "holds no Parquet files" in msg
+    assert "2 data file(s) of another format (.csv, .jsonl.gz)" in msg
+    assert str(d / "step1.csv") in msg and "notes.txt" not in msg
+    r = runner.invoke(app, ["fit", str(d)])
+    assert r.exit_code == 2 and "step1.csv" in r.stderr and "Traceback" not in r.output
+
+
 def test_directory_with_only_skipped_files_says_so(tmp_path):
     """A directory holding only _-prefixed Parquet files is refused with a message that
     names them, not 'holds no Parquet files'."""

@@ -96,7 +96,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
     Parquet files.
 
     A directory walk skips Parquet files whose names start with '.' or '_' (hidden,
-    temporary or metadata files by the Spark/Hive convention); they are appended to
+    temporary or metadata files by the Spark/Hive convention), or that lie in a folder
+    (under the one searched) so named (``.staging/``, ``_temporary/``); they are appended to
     ``skipped`` when given; the files it finds are added to ``walked`` when given; the other
     data files it meets (:data:`OTHER_DATA_SUFFIXES`, compressed or not, e.g. a step dumped
     as ``.csv``), which it does not read, are appended to ``others`` when given. Files
@@ -122,27 +123,35 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                              "glob (the current directory is '.').")
         p = Path(text)
         if p.is_dir():
-            found, hidden = [], []
+            found, hidden, other_here = [], [], []
             for q in sorted(p.rglob("*"), key=_natural):
-                if q.is_file() and _looks_parquet(q):
-                    found.append(q)
-                elif q.is_file() and _looks_parquet(q.with_name("x" + q.name)):
-                    hidden.append(q)  # a Parquet name but for its leading '.' or '_'
-                elif (others is not None and q.is_file() and _data_suffix(q)
-                      and not any(part.startswith((".", "_"))
-                                  for part in q.relative_to(p).parts)):
-                    others.append(q)  # (not in a hidden or _temporary folder either)
+                if not q.is_file():
+                    continue
+                # hidden: the name, or a folder under the searched one, starts with '.' or
+                # '_' (.staging/, a crashed Spark job's _temporary/, _delta_log/)
+                veiled = any(part.startswith((".", "_")) for part in q.relative_to(p).parts)
+                if _looks_parquet(q.with_name("x" + q.name)):  # a Parquet name
+                    (hidden if veiled else found).append(q)
+                elif not veiled and _data_suffix(q):
+                    other_here.append(q)
             if skipped is not None:
                 skipped.extend(hidden)
+            if others is not None:
+                others.extend(other_here)
             if walked is not None:
                 walked.update(found)
             if not found:
                 raise InputError(
                     f"directory {text} holds no Parquet files "
                     f"({', '.join('*' + x for x in PARQUET_SUFFIXES)})"
-                    + (f" except {len(hidden)} skipped hidden or _-prefixed file(s), e.g. "
+                    + (f" except {len(hidden)} skipped hidden or _-prefixed file(s) (or in such "
+                       f"folders), e.g. "
                        f"{hidden[0]}: pass them explicitly to read them."
                        if hidden else ".")
+                    + (f" It holds {len(other_here)} data file(s) of another format "
+                       f"({', '.join(sorted({data_kind(q) for q in other_here}))}), e.g. "
+                       f"{other_here[0]}: entr-diag reads Parquet only; convert them."
+                       if other_here else "")
                 )
             out.extend(found)
         elif p.is_file():
