@@ -1229,6 +1229,24 @@ def test_train_and_inference_entropy_not_ambiguous(tmp_path):
     assert ds.entropy_source == "inference"
 
 
+def test_entropy_train_contradicting_a_mapped_entropy_is_refused(tmp_path):
+    """--entropy train with --column entropy=X naming another column than the trainer's
+    entropy is refused naming both (it used the trainer's silently); naming the trainer's
+    own column, or mapping X as train_entropy, is consistent."""
+    df = _verl_names().with_columns(rollout_entropy=pl.col("entropys") + 0.01,
+                                    my_entropy=pl.col("entropys") + 0.02)
+    p = _write(tmp_path, df)
+    with pytest.raises(SchemaError, match=r"--entropy train reads the trainer-side entropy "
+                                          r"\('entropys'\), but --column entropy=my_entropy"):
+        load_dataset([p], columns={"entropy": "my_entropy"}, entropy="train")
+    ds = load_dataset([p], columns={"entropy": "entropys"}, entropy="train")
+    assert ds.mapping["entropy"] == "entropys" and ds.entropy_source == "trainer"
+    ds = load_dataset([p], columns={"train_entropy": "my_entropy"}, entropy="train")
+    assert ds.mapping["entropy"] == "my_entropy" and ds.entropy_source == "trainer"
+    ds = load_dataset([p], columns={"entropy": "my_entropy"})
+    assert ds.mapping["entropy"] == "my_entropy" and ds.entropy_source == "inference"
+
+
 def test_bundled_and_synth_dumps_are_unambiguous(tmp_path):
     """The bundled sample runs and `synth` output (long and nested) load without any option."""
     from entr_diag.io.load import bundled_sample_path

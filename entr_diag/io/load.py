@@ -622,11 +622,20 @@ def resolve_mapping(
 
     # which entropy is used
     if entropy == "train":
+        if "train_entropy" not in mapping and "entropy" in overrides:
+            # --column entropy=X took the trainer's own column: X is the trainer's entropy
+            mapping["train_entropy"] = overrides["entropy"]
         if "train_entropy" not in mapping:
             raise SchemaError(
                 "--entropy train: no trainer-side entropy column (train_entropy) found; "
                 f"columns: {', '.join(sorted(available))}."
             )
+        if "entropy" in overrides and overrides["entropy"] != mapping["train_entropy"]:
+            raise SchemaError(
+                f"--entropy train reads the trainer-side entropy ('{mapping['train_entropy']}'"
+                f"), but --column entropy={overrides['entropy']} names another column as the "
+                "entropy: drop one of the two (to use that column as the trainer's entropy, "
+                f"give --column train_entropy={overrides['entropy']} with --entropy train).")
         mapping["entropy"] = mapping["train_entropy"]
         notes.append("entropy: trainer-side (--entropy train)")
     elif entropy == "infer" and "entropy" not in mapping:
