@@ -253,6 +253,12 @@ def _output_path(value) -> Path | str:
         # Path() would drop the slash and a missing 'out/' would become a file named out
         raise typer.BadParameter(f"names a directory; give a file name in it "
                                  f"({text.rstrip('/') or ''}/FILE)")
+    name = text.rsplit("/", 1)[-1]
+    if name and (not name.strip() or name != name.strip()):
+        # `-o ' '` or a stray quoted space: a file nobody could find by its name
+        raise typer.BadParameter(f"the file name {name!r} " + (
+            "is only blank space" if not name.strip() else
+            "starts or ends with blank space") + "; give a file name without it")
     return "" if text == "" else Path(value)
 
 

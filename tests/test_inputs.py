@@ -245,6 +245,28 @@ def test_output_path_ending_in_a_slash_is_refused_not_written_as_a_file(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_output_file_name_of_blank_space_is_refused(tmp_path, monkeypatch):
+    """An output whose file name is only blank space (`-o ' '`), or starts or ends with it
+    (a stray space in quotes), is refused naming the option (exit 2) and nothing is
+    written (a file named ' ' was written)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    for cmd, opt in (("report", "-o"), ("fit", "--json"), ("compare", "--export"),
+                     ("flag", "-o"), ("synth", "-o")):
+        for typed, why in ((" ", "is only blank space"), ("out/  ", "is only blank space"),
+                           ("run.html ", "starts or ends with blank space"),
+                           (" run.json", "starts or ends with blank space")):
+            args = [cmd, opt, typed]  # (the bundled run as input)
+            r = runner.invoke(app, args)
+            name = "--output" if opt == "-o" else opt
+            assert r.exit_code == 2, (args, r.output)
+            assert r.stderr.startswith(f"error: {name} {typed}: the file name "), r.stderr
+            assert why in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["out"]
+    r = runner.invoke(app, ["fit", "-q", "--json", "a b.json"])  # spaces inside: fine
+    assert r.exit_code == 0 and (tmp_path / "a b.json").is_file(), r.output
+
+
 def test_sequence_id_mapped_to_another_column_is_named_as_taken_not_missing(tmp_path):
     """--column entropy=seq_id takes the only sequence id: the refusal says that seq_id is
     mapped to entropy by --column and to map the sequence id explicitly (was 'none of
