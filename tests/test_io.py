@@ -744,6 +744,31 @@ def test_duplicate_column_names_refused_naming_file_and_column(tmp_path):
     assert r.stderr.startswith(f"error: cannot read {bad}: it holds several columns")
 
 
+def test_file_without_columns_refused_naming_it(tmp_path):
+    """A Parquet file with no columns at all (an empty schema) is refused as such, naming
+    it (the missing-columns message listed its columns as 'columns: .'); among shards,
+    --skip-unreadable leaves it out with a warning."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    bad = tmp_path / "shards" / "nocols.parquet"
+    bad.parent.mkdir()
+    pq.write_table(pa.table({}), bad)
+    r = CliRunner().invoke(app, ["fit", str(bad)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.stderr.startswith(f"error: cannot read {bad}: it holds no columns at all "
+                               "(an empty Parquet schema, 0 rows)"), r.stderr
+    _write(tmp_path / "shards", _long(), name="good.parquet")
+    with pytest.raises(InputError, match=r"nocols\.parquet: it holds no columns.*"
+                                         r"--skip-unreadable"):
+        load_dataset([tmp_path / "shards"])
+    ds = load_dataset([tmp_path / "shards"], skip_unreadable=True)
+    assert [p for p, _ in ds.skipped_unreadable] == [str(bad)]
+
+
 def test_nonexistent_and_empty_dir_refused(tmp_path):
     """A path that does not exist, and a directory with no Parquet file, are refused."""
     with pytest.raises(InputError, match="does not exist"):

@@ -249,6 +249,9 @@ def _read_footer(path: Path) -> tuple[pa.Schema, pq.FileMetaData]:
                 if parquet else "entr-diag reads Parquet files only")
         raise InputError(f"cannot read {path} as Parquet ({_short(e)}); {what}.") from None
     names = schema.names
+    if not names:  # (the required-columns message would list its columns as '')
+        raise InputError(f"cannot read {path}: it holds no columns at all (an empty Parquet "
+                         f"schema, {meta.num_rows:,} rows): no token logs in it.")
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
         listed = ", ".join(f"{names.count(n)} named '{n}'" for n in dups[:3])
