@@ -163,6 +163,9 @@ MIN_LAW_SHARE: float = 0.2
 MIN_SUPPORT: float = 0.5
 #: Fewest bootstrap replicates accepted.
 MIN_BOOT: int = 100
+#: Breakpoint: when the BIC-best split's law side fails R2_MIN, up to this many bins just
+#: above it (straddling H*: part noise, part law) may move to the low side.
+MAX_STRADDLE: int = 2
 #: Verdict tolerance on alpha around 1.
 ALPHA_TOL: float = 0.2
 #: Verdict: alpha within 1 +/- ALPHA_EXACT counts as 1 even when a very narrow interval misses 1.
@@ -904,14 +907,33 @@ def _search_break(
     bics_r = [bic(rss_r_all[i], p_all[i]) for i in range(len(splits))]
     bics_arr = np.asarray(bics)
     best = int(np.argmin(bics_arr))
+
+    def law_side(s: int) -> tuple[float, float]:
+        """(excess in log space of bins [0, s) over the line fitted to bins [s, n),
+        weighted R^2 of that line on its own bins)."""
+        a_, c_ = _wline(x[s:, None], y[s:, None], w[s:, None])
+        ex = float(np.sum(w[:s] * (y[:s] - (c_[0] + a_[0] * x[:s]))) / np.sum(w[:s]))
+        return ex, _quality(y[s:], c_[0] + a_[0] * x[s:], w[s:], 2)[1]
+
+    excess, r2_law = law_side(splits[best])
+    moved_from = None
+    if (bic0 - float(bics_arr[best]) > BIC_MARGIN and excess > 0
+            and math.exp(excess) >= MIN_EXCESS and not r2_law >= R2_MIN):
+        # The bins just above the BIC-best split may straddle H* (part noise, part law):
+        # a flat law (small alpha) cannot absorb such a bin, and it alone can pull the law
+        # segment's R^2 below R2_MIN. Try moving up to MAX_STRADDLE bins to the low side,
+        # keeping the first split that still beats the single law and whose law side holds.
+        for j in range(best + 1, min(best + 1 + MAX_STRADDLE, len(splits))):
+            ex_j, r2_j = law_side(splits[j])
+            if (bic0 - float(bics_arr[j]) > BIC_MARGIN and ex_j > 0
+                    and math.exp(ex_j) >= MIN_EXCESS and r2_j >= R2_MIN):
+                moved_from, best, excess, r2_law = splits[best], j, ex_j, r2_j
+                break
     s_best = splits[best]
     delta_bic = bic0 - float(bics_arr[best])
-
-    # excess of the low bins over the law fitted to the high bins
-    ar_, cr_ = _wline(x[s_best:, None], y[s_best:, None], w[s_best:, None])
     wl = w[:s_best]
-    excess = float(np.sum(wl * (y[:s_best] - (cr_[0] + ar_[0] * x[:s_best]))) / np.sum(wl))
-    _, r2_law = _quality(y[s_best:], cr_[0] + ar_[0] * x[s_best:], w[s_best:], 2)
+
+    # excess of the low bins over the law fitted to the high bins, per replicate
     rr_a, rr_c = _wline(Xf[s_best:], LYr[s_best:], Wr[s_best:])
     resid = LYr[:s_best] - (rr_c[None, :] + rr_a[None, :] * Xf[:s_best])
     okl = np.isfinite(resid)
@@ -952,6 +974,9 @@ def _search_break(
     reason = (
         f"break at split {s_best} of {n} bins: delta BIC = {delta_bic:.1f}, "
         f"excess x{math.exp(excess):.2f}"
+        + (f" (the BIC-best split {moved_from} left {s_best - moved_from} bin(s) straddling "
+           "the break on the law side, whose power law did not hold there: moved to the "
+           "low side)" if moved_from is not None else "")
         if found
         else reasons[0]
     )
