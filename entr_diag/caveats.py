@@ -778,13 +778,21 @@ def other_token(ratio: float, ratio_binned: float, train_ratio_binned: float, to
     """
     lo, hi = SAMPLED_RATIO_WINDOW
     vals = (ratio, ratio_binned, train_ratio_binned, train_over_infer)
-    if tokens < MIN_UNIT_TOKENS or not all(math.isfinite(v) and v > 0 for v in vals):
+    if tokens < MIN_UNIT_TOKENS or not all(math.isfinite(v) for v in vals):
         return None
     if not (math.isfinite(within_bin_corr) and within_bin_corr < OTHER_TOKEN_MAX_CORR):
         return None
-    if 1 / OTHER_TOKEN_FACTOR <= train_over_infer <= OTHER_TOKEN_FACTOR:
+    s_inf, s_train = ratio, ratio * train_over_infer  # each column's mean surprisal / H
+    if s_inf > 0 and s_train > 0:
+        if 1 / OTHER_TOKEN_FACTOR <= train_over_infer <= OTHER_TOKEN_FACTOR:
+            return None
+        infer_off = abs(math.log(s_inf)) > abs(math.log(s_train))
+    elif s_inf > 0 or s_train > 0:
+        # a mean surprisal of 0 or less (logprobs averaging at or above 0: a constant such
+        # as +1e-5, a filler) is no sampled token's: E[-log mu(y)] = H > 0
+        infer_off = s_train > 0
+    else:
         return None
-    infer_off = abs(math.log(ratio)) > abs(math.log(ratio * train_over_infer))
     good = train_ratio_binned if infer_off else ratio_binned
     if not lo <= good <= hi:
         return None
@@ -853,13 +861,15 @@ def other_token_caveat(units: Mapping, mapping: Mapping[str, str] | None = None)
     s_inf = units["mean_surprisal"]
     s = {"infer_logprob": s_inf, "train_logprob": s_inf * units["train_over_infer"]}
     factor = s[col] / s[good]
+    differ = (f"the two differ by a factor of {max(factor, 1 / factor):.3g}, which no unit, "
+              "engine mismatch or staleness explains" if factor > 0 else
+              "no sampled token's logprob averages 0 or more (a constant or a filler column?)")
     return (
         f"caveat: {column_named(col, mapping)} does not look like the logprob of the sampled "
         f"token: its mean surprisal is {s[col]:.3g} nats, {column_named(good, mapping)}'s "
         f"{s[good]:.3g} nats, for a mean entropy of {units['mean_entropy']:.3g} nats (the "
         "token sampled has a mean surprisal equal to the mean entropy: E[-log mu(y)] = "
-        f"H(mu)); the two differ by a factor of {max(factor, 1 / factor):.3g}, which no "
-        "unit, engine mismatch or staleness explains, and they barely correlate within "
+        f"H(mu)); {differ}, and they barely correlate within "
         f"the entropy bins (r = {units.get('within_bin_corr', math.nan):.2f}; the same "
         "token's logprobs under two engines correlate at 0.6 or more, even with a "
         "temperature or top-k on one side). A logprob of another token "

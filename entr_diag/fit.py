@@ -538,7 +538,8 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
     q1, binned, q3 = quartiles(s_lp)
     train_binned = quartiles(s_lp + s_d)[1]
     spread = q3 / q1 if q1 > 0 else math.nan
-    t_over_i = (surprisal - float(s_d.sum())) / surprisal if surprisal > 0 else math.nan
+    # (of either sign: a column averaging a logprob >= 0 has a mean surprisal <= 0)
+    t_over_i = (surprisal - float(s_d.sum())) / surprisal if surprisal != 0 else math.nan
     mistake = unit_mistake(binned, tokens, spread, t_over_i) if match_units else None
     corr = math.nan
     if s_lp2 is not None and s_lpd is not None and s_d2 is not None:
@@ -550,6 +551,8 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
         sxx = np.where(m, s_lp2 + 2 * s_lpd + s_d2 - s_t**2 / nn, 0.0).sum()
         if sxx > 0 and syy > 0:
             corr = float(sxy / math.sqrt(sxx * syy))
+        elif max(sxx, syy) > 0:  # one column constant within every bin: it follows no token
+            corr = 0.0
     other = None if mistake else other_token(
         surprisal / entropy if entropy > 0 else math.nan, binned, train_binned, tokens,
         t_over_i, corr)

@@ -1707,6 +1707,32 @@ def test_fit_warns_about_a_logprob_of_another_token(tmp_path):
         "caveat: infer_logprob does not look like the logprob of the sampled token")
 
 
+@pytest.mark.parametrize("col,value", [("train_logprob", 1e-5), ("infer_logprob", 1e-5),
+                                       ("train_logprob", -1e-5)])
+def test_fit_warns_about_a_constant_logprob_column(tmp_path, col, value):
+    """A logprob column holding one constant near 0 (valid: just above 0 is fp32 rounding,
+    kept), a filler rather than the sampled token's logprob, is named like another token's
+    logprob: a mean surprisal of 0 or less is no sampled token's, and a constant follows no
+    token (it passed silently at +1e-5). The other column stays unnamed."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+    from entr_diag.io.load import bundled_sample_path
+
+    p = tmp_path / "const.parquet"
+    pl.read_parquet(bundled_sample_path()).with_columns(pl.lit(value).alias(col)).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = CliRunner().invoke(app, ["fit", str(p), "--n-boot", "100", "-q", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    assert doc["units"]["other_token"] == col
+    assert abs(doc["units"]["within_bin_corr"]) < 0.01
+    err = " ".join(r.stderr.split())
+    assert f"warning: {col} does not look like the logprob of the sampled token" in err, err
+    if value > 0:
+        assert "no sampled token's logprob averages 0 or more" in err
+
+
 def test_one_shard_with_another_tokens_logprob_is_named(tmp_path):
     """One shard of eight (3,000 tokens, below the units check's 20,000 per file) whose
     engine logprobs were gathered at token_id + 1: the pooled columns differ too little to
