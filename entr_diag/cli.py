@@ -745,6 +745,14 @@ def _require_tokens(ds) -> None:
     if acc.tokens_valid > 0:
         return
     where = _where(ds)
+    if acc.tokens_total == 0:  # (nested rows whose per-token lists are all empty)
+        rows = sum(f.rows for f in ds.files)
+        nested = sum(f.rows for f in ds.files if f.layout == "nested")
+        raise InputError(
+            f"{where}: no token at all: " + (
+                f"the per-token lists of all {nested:,} nested rows are empty (or null)"
+                if nested == rows else f"its {rows:,} rows hold none")
+            + "; check that the dump wrote the token columns.")
     if acc.tokens_masked == 0:
         raise InputError(
             f"{where}: no loss-masked token: all {acc.tokens_total:,} tokens have loss_mask "

@@ -349,6 +349,23 @@ def test_all_tokens_masked_out(tmp_path):
     assert "no loss-masked token" in re.sub(r"\s+", " ", r.stderr)
 
 
+def test_nested_file_whose_lists_are_all_empty(tmp_path):
+    """A nested file whose per-token lists are all empty holds no token: said so, naming the
+    rows (it said 'all 0 tokens have loss_mask false'), exit 2, for every command."""
+    f = tmp_path / "empty_lists.parquet"
+    empty = pl.Series([[], []], dtype=pl.List(pl.Float64))
+    pl.DataFrame({"seq_id": [1, 2], "train_logprob": empty, "infer_logprob": empty,
+                  "entropy": empty, "loss_mask": pl.Series([[], []], dtype=pl.List(pl.Boolean))}
+                 ).write_parquet(f)
+    for cmd in ("fit", "compare", "report"):
+        r = runner.invoke(app, [cmd, str(f), "-q"] + (["-o", str(tmp_path / "r.html")]
+                                                      if cmd == "report" else []))
+        assert r.exit_code == 2, r.output
+        assert r.stderr.startswith(f"error: {f}: no token at all: the per-token lists of all 2 "
+                                   "nested rows are empty (or null)"), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty_lists.parquet"]
+
+
 def test_probabilities_instead_of_logprobs(tmp_path):
     """Positive 'logprobs' (probabilities) are excluded and the error says what they look
     like, naming the columns."""
