@@ -664,15 +664,27 @@ def test_staleness_ratios_relative_to_the_lags_that_share_steps(tmp_path):
     assert "lag 0 never shares a step with the others" in f.message
 
 
-def test_drift_with_a_lag_rising_with_the_step_cannot_tell(tmp_path):
+def test_drift_with_a_lag_rising_with_the_step_is_a_warning_that_cannot_tell_why(tmp_path):
     """The mismatch x(1 + lag) with lag = step // 2 (each lag in 2 of the 10 steps): held
-    at fixed staleness, the trend within a lag says nothing of the run; the drift check
-    says it cannot tell (it read 'clear, x1.02 over 10 steps')."""
+    at fixed staleness, the trend within a lag says nothing of the run (it read 'clear, x1.02
+    over 10 steps', then 'cannot tell' with no caveat). Read with the lag not held fixed the
+    mismatch rises over the run: a warning saying the engine's drift and the lag's policy
+    drift read alike. The same lag with a mismatch that does not change: cannot tell."""
     b = generate(SynthSpec(n_tokens=2 * N_TOKENS, seed=5, h_star=None))
     lag = pl.col("step") // 2
     df = _with_delta(b, DELTA * (1 + lag).sqrt()).with_columns(
         (pl.col("train_version") - lag).alias("policy_version"))
-    st = run_forensics(_load(tmp_path, df), checks=["drift"]).status("drift")
+    res = run_forensics(_load(tmp_path, df), checks=["drift"])
+    st, f = res.status("drift"), res.by_kind("drift")
+    assert st.status == "found" and "drift and policy drift cannot be told apart" in st.reason
+    assert f is not None and f.severity == "warning"
+    assert f.title.startswith("Mismatch rises over training with the version lag")
+    assert f.evidence["growth_over_run"] > 1.5 and f.evidence["steps_per_lag_value_max"] == 2
+    assert f.evidence["mean_lag_first_step"] == 0 and f.evidence["mean_lag_last_step"] == 4
+    assert abs(f.evidence["growth_within_lags"] - 1) < 0.2
+    flat = _with_delta(b, DELTA).with_columns(
+        (pl.col("train_version") - lag).alias("policy_version"))
+    st = run_forensics(_load(tmp_path, flat, "flat.parquet"), checks=["drift"]).status("drift")
     assert st.status == "cannot_tell", st
     assert st.reason.startswith("the version lag changes with the step (each lag value is "
                                 "in at most 2 of the ")
