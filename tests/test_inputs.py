@@ -79,6 +79,34 @@ def test_directory_walk_skips_files_in_hidden_and_underscore_folders(tmp_path):
     assert str(t2) in str(e.value)
 
 
+def test_a_pattern_matching_folders_searches_them(tmp_path, monkeypatch):
+    """A quoted glob matching folders ('runs/step*') searches them as the shell's expansion
+    would have passed them (it said 'matches no file'); files it matches too are read once;
+    hidden files in those folders are skipped and reported; folders holding no Parquet
+    file are refused naming what they hold."""
+    monkeypatch.chdir(tmp_path)
+    a = _shard(Path("runs/step1/part-0.parquet"))
+    b = _shard(Path("runs/step2/part-0.parquet"), seq=10)
+    tmp = _shard(Path("runs/step2/_temporary/part-0.parquet"), seq=20)
+    _shard(Path("runs/other/part-0.parquet"), seq=30)
+    skipped: list[Path] = []
+    walked: set[Path] = set()
+    assert resolve_paths(["runs/step*"], skipped=skipped, walked=walked) == [a, b]
+    assert skipped == [tmp] and walked == {a, b}
+    # a recursive pattern matching the folders and their files: each file once, unreported
+    repeated: list[Path] = []
+    got = resolve_paths(["runs/step*/**"], repeated=repeated)
+    assert sorted(got) == sorted([a, b, tmp]) and repeated == []
+    r = runner.invoke(app, ["inspect", "runs/step*"])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    Path("csv/step1").mkdir(parents=True)
+    Path("csv/step1/rows.csv").write_text("a\n1\n")
+    with pytest.raises(InputError, match=r"^the pattern csv/step\* matches only folders, and "
+                                         r"they hold no Parquet files .*1 data file\(s\) of "
+                                         r"another format \(\.csv\)"):
+        resolve_paths(["csv/step*"])
+
+
 def test_directory_holding_only_other_formats_names_them(tmp_path):
     """A folder without Parquet files but with CSV (or other data) files says so, naming
     one and their formats, instead of a bare 'holds no Parquet files'."""
@@ -822,7 +850,7 @@ def test_compare_runs_without_an_entropy_column_that_holds_no_valid_value(tmp_pa
 
 def test_a_shard_with_an_empty_schema_says_so(tmp_path):
     """A Parquet file with no column among shards: the refusal says it has none (it ended
-    'this file has: .')."""
+    'this file has: .'), and how to leave it out."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from typer.testing import CliRunner
@@ -834,5 +862,6 @@ def test_a_shard_with_an_empty_schema_says_so(tmp_path):
     pq.write_table(pa.table({}), tmp_path / "b.parquet")
     r = CliRunner().invoke(app, ["fit", str(tmp_path), "-q"])
     assert r.exit_code == 2
-    assert r.stderr.startswith(f"error: {tmp_path / 'b.parquet'}: missing required column(s)")
-    assert "this file has no column at all (an empty schema)." in " ".join(r.stderr.split())
+    assert r.stderr.startswith(f"error: cannot read {tmp_path / 'b.parquet'}: it holds no "
+                               "columns at all (an empty Parquet schema, 0 rows)"), r.stderr
+    assert "--skip-unreadable" in r.stderr

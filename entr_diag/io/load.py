@@ -123,17 +123,7 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                              "glob (the current directory is '.').")
         p = Path(text)
         if p.is_dir():
-            found, hidden, other_here = [], [], []
-            for q in sorted(p.rglob("*"), key=_natural):
-                if not q.is_file():
-                    continue
-                # hidden: the name, or a folder under the searched one, starts with '.' or
-                # '_' (.staging/, a crashed Spark job's _temporary/, _delta_log/)
-                veiled = any(part.startswith((".", "_")) for part in q.relative_to(p).parts)
-                if _looks_parquet(q.with_name("x" + q.name)):  # a Parquet name
-                    (hidden if veiled else found).append(q)
-                elif not veiled and _data_suffix(q):
-                    other_here.append(q)
+            found, hidden, other_here = _walk(p)
             if skipped is not None:
                 skipped.extend(hidden)
             if others is not None:
@@ -141,18 +131,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
             if walked is not None:
                 walked.update(found)
             if not found:
-                raise InputError(
-                    f"directory {text} holds no Parquet files "
-                    f"({', '.join('*' + x for x in PARQUET_SUFFIXES)})"
-                    + (f" except {len(hidden)} skipped hidden or _-prefixed file(s) (or in such "
-                       f"folders), e.g. "
-                       f"{hidden[0]}: pass them explicitly to read them."
-                       if hidden else ".")
-                    + (f" It holds {len(other_here)} data file(s) of another format "
-                       f"({', '.join(sorted({data_kind(q) for q in other_here}))}), e.g. "
-                       f"{other_here[0]}: entr-diag reads Parquet only; convert them."
-                       if other_here else "")
-                )
+                raise InputError(f"directory {text} holds no Parquet files "
+                                 + _none_found(hidden, other_here))
             out.extend(found)
         elif p.is_file():
             out.append(p)
@@ -162,8 +142,27 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                 "pipe or stdin (it needs a seekable file: its footer is at the end); "
                 "save it to a file first (e.g. `cat > run.parquet`) and pass that file.")
         elif any(ch in text for ch in "*?["):
-            found = sorted((Path(m) for m in glob.glob(text, recursive=True)
-                            if Path(m).is_file()), key=_natural)
+            matched = sorted((Path(m) for m in glob.glob(text, recursive=True)), key=_natural)
+            found = [m for m in matched if m.is_file()]
+            # folders the pattern matches are searched like a folder named on its own
+            # ('runs/step*' quoted, as the shell would have passed them)
+            hidden, other_here, in_dirs = [], [], []
+            for d in (m for m in matched if m.is_dir()):
+                f_d, h_d, o_d = _walk(d)
+                in_dirs += f_d
+                hidden += h_d
+                other_here += o_d
+            named = set(found)
+            found += [q for q in in_dirs if q not in named]
+            if skipped is not None:
+                skipped.extend(hidden)
+            if others is not None:
+                others.extend(other_here)
+            if walked is not None:
+                walked.update(q for q in in_dirs if q not in named)
+            if not found and any(m.is_dir() for m in matched):
+                raise InputError(f"the pattern {text} matches only folders, and they hold no "
+                                 "Parquet files " + _none_found(hidden, other_here))
             if not found:
                 # a folder on the way whose name holds [ ] ? * is itself read as a pattern
                 literal = next((str(d) for d in p.parents if d.exists() and d != Path(".")
@@ -190,6 +189,35 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
         elif repeated is not None:
             repeated.append(q)
     return uniq
+
+
+def _walk(p: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """The files a search of the folder ``p`` meets, in natural order: (the Parquet files it
+    reads, the Parquet files it skips as hidden: their name, or a folder under ``p`` holding
+    them, starts with '.' or '_' (.staging/, a crashed Spark job's _temporary/,
+    _delta_log/), the other data files outside such folders, :func:`_data_suffix`)."""
+    found, hidden, other = [], [], []
+    for q in sorted(p.rglob("*"), key=_natural):
+        if not q.is_file():
+            continue
+        veiled = any(part.startswith((".", "_")) for part in q.relative_to(p).parts)
+        if _looks_parquet(q.with_name("x" + q.name)):  # a Parquet name
+            (hidden if veiled else found).append(q)
+        elif not veiled and _data_suffix(q):
+            other.append(q)
+    return found, hidden, other
+
+
+def _none_found(hidden: Sequence[Path], other: Sequence[Path]) -> str:
+    """The end of a refusal of a search that found no Parquet file to read: the suffixes
+    read, and the hidden and other-format files it met instead."""
+    return (f"({', '.join('*' + x for x in PARQUET_SUFFIXES)})"
+            + (f" except {len(hidden)} skipped hidden or _-prefixed file(s) (or in such "
+               f"folders), e.g. {hidden[0]}: pass them explicitly to read them."
+               if hidden else ".")
+            + (f" It holds {len(other)} data file(s) of another format "
+               f"({', '.join(sorted({data_kind(q) for q in other}))}), e.g. "
+               f"{other[0]}: entr-diag reads Parquet only; convert them." if other else ""))
 
 
 def _natural(p: Path) -> tuple:
@@ -1164,10 +1192,8 @@ def load_dataset(
             raise SchemaError(
                 f"{f}: missing required column(s) "
                 + ", ".join(f"{c} ('{mapping[c]}')" for c in missing_req)
-                + " that other inputs have; "
-                + (f"this file has: {', '.join(sorted(names))}." if names
-                   else "this file has no column at all (an empty schema).")
-            )
+                + f" that other inputs have; this file has: {', '.join(sorted(names))}."
+            )  # (a file without any column is refused as such by _read_footer)
     has_names = {f: set(schemas[f].names) | set(_hive_values(f)) for f in file_list}
     for canon in list(mapping):
         src = mapping[canon]
