@@ -74,7 +74,7 @@ def _new_file(target: Path) -> Path:
     return Path(p)
 
 
-def output_target(target: str | Path) -> tuple[Path, bool]:
+def output_target(target: str | Path, what: str = "") -> tuple[Path, bool]:
     """Where an output named ``target`` is written, and whether atomically.
 
     Returns ``(path, atomic)``: ``(target with symlinks resolved, True)`` for a regular file
@@ -82,14 +82,19 @@ def output_target(target: str | Path) -> tuple[Path, bool]:
     socket or an open file descriptor's path, written straight through.
 
     Raises:
-        InputError: ``target`` is a directory.
+        InputError: ``target`` is a directory, or a symlink loop (``what``: the option
+            that named it, for the message).
     """
     target = Path(target)
     if _names_open_fd(str(target)):
         return target, False
     try:
         mode = os.stat(target).st_mode
-    except OSError:  # nothing there yet (or a dangling link: written at its target)
+    except OSError as e:  # nothing there yet (or a dangling link: written at its target)
+        if e.errno == errno.ELOOP:  # a symlink loop: no file can be written through it
+            raise InputError(f"cannot write {what + ' ' if what else ''}{target}: it is a "
+                             "symlink loop (or a chain of "
+                             "more links than the system follows); give a file name.") from None
         return _new_file(target), True
     if stat.S_ISDIR(mode):
         raise InputError(f"cannot write {target}: it is a directory; give a file name.")

@@ -569,7 +569,7 @@ def _check_output(path: Path | None, what: str) -> None:
     try:  # (a name longer than the file system allows fails its stat)
         if path.is_dir():
             raise InputError(f"{what} {path} is a directory; give a file name.")
-        target, atomic = output_target(path)
+        target, atomic = output_target(path, what)
     except OSError as e:
         raise InputError(f"cannot write {what} {path}: {e.strerror or e}.") from None
     if not atomic:  # a device, FIFO or socket: written straight through

@@ -85,6 +85,24 @@ class _FifoReader:
 # ------------------------------------------------------------------ output_target
 
 
+def test_symlink_loop_as_output_is_refused(tmp_path):
+    """An output path that is a symlink loop is refused naming the option (exit 2) and left
+    as it is (it was replaced by a regular file)."""
+    from entr_diag.errors import InputError
+
+    loop = tmp_path / "loop.json"
+    loop.symlink_to(loop)
+    for args in (["fit", "-q", "--json", str(loop)], ["report", "-q", "-o", str(loop)],
+                 ["synth", "-q", "-o", str(loop)]):
+        r = runner.invoke(app, args)
+        name = "--json" if "--json" in args else "--output"
+        assert r.exit_code == 2, r.output
+        assert r.stderr.startswith(f"error: cannot write {name} {loop}: it is a symlink loop")
+        assert loop.is_symlink() and os.readlink(loop) == str(loop)
+    with pytest.raises(InputError, match="symlink loop"):
+        output_target(loop)
+
+
 def test_output_target_kinds(tmp_path):
     """Regular files and new paths are written atomically (symlinks resolved); devices,
     FIFOs and open-descriptor paths straight through."""
