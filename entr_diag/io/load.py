@@ -154,6 +154,9 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                 other_here += o_d
             named = set(found)
             found += [q for q in in_dirs if q not in named]
+            read = set(found)  # (a folder under a matched one may be matched itself)
+            hidden = list(dict.fromkeys(q for q in hidden if q not in read))
+            other_here = list(dict.fromkeys(other_here))
             if skipped is not None:
                 skipped.extend(hidden)
             if others is not None:
