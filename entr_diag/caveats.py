@@ -43,6 +43,28 @@ def small_sample_caveat(fit: Mapping, sequences: int | None = None) -> str | Non
     )
 
 
+def influence_caveat(fit: Mapping) -> str | None:
+    """A one-line caveat when the verdict rests on a few tokens: the fit's influence check
+    (``fit["influence"]``, :class:`entr_diag.fit.Influence`) found a few sequence blocks
+    that each carry half or more of an entropy bin's sum of delta^2, and without them the
+    law's reading or the break differs; else None."""
+    inf = fit.get("influence") or {}
+    if not inf.get("changes"):
+        return None
+    ranges = inf.get("bins_dominated") or []
+    shown = ", ".join(f"{lo:.3g}-{hi:.3g}" for lo, hi in ranges[:4]) + (
+        f" and {len(ranges) - 4} more" if len(ranges) > 4 else "")
+    n = inf["blocks_left_out"]
+    return (
+        f"caveat: the verdict rests on a few tokens: {n} of the {inf['blocks_nonempty']} "
+        f"sequence blocks ({inf['token_share']:.2%} of the tokens) each carry half or more of "
+        f"sum delta^2 in {len(ranges)} entropy bin(s) (H {shown} nats), which a few extreme "
+        "log-ratios set; fitted without "
+        f"{'it' if n == 1 else 'them'}: {inf['verdict']}. Look for the extreme tokens in "
+        "those bins (the sequence_outliers finding, `compare --export`): catastrophic "
+        "tokens or placeholders that passed as logprobs?")
+
+
 def interval_caveat(fit: Mapping) -> str | None:
     """A one-line caveat when the power law's estimate (``alpha`` or ``k``) lies outside its
     own 95% bootstrap interval, else None.

@@ -989,6 +989,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
         file_units_caveat,
         findings_caveats,
         implausible_caveat,
+        influence_caveat,
         integer_caveat,
         interval_caveat,
         rounding_caveat,
@@ -1017,7 +1018,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              file_units_caveat(file_units, len(ds.files), ds.mapping),
              implausible_caveat(fdict),
              *findings_caveats(fdict),
-             small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd)]
+             small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
+             influence_caveat(fd)]
     caveats = [p for p in parts if p]
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats}
     fd["rounded_logprobs"] = dict(rounded) if rounded else None  # (or {"by_file": ...})

@@ -166,6 +166,12 @@ MIN_BOOT: int = 100
 #: Breakpoint: when the BIC-best split's law side fails R2_MIN, up to this many bins just
 #: above it (straddling H*: part noise, part law) may move to the low side.
 MAX_STRADDLE: int = 2
+#: Influence check: a sequence block dominates an entropy bin when it carries at least this
+#: share of the bin's sum of delta^2 (one of the 200 blocks holds about 0.5% of it) ...
+DOMINANT_SHARE: float = 0.5
+#: ... and the law is fitted again without the dominating blocks when they are at most this
+#: share of the non-empty blocks (at least one): a few tokens, not a broad heavy tail
+MAX_DOMINANT_SHARE: float = 0.05
 #: Verdict tolerance on alpha around 1.
 ALPHA_TOL: float = 0.2
 #: Verdict: alpha within 1 +/- ALPHA_EXACT counts as 1 even when a very narrow interval misses 1.
@@ -447,6 +453,42 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Influence:
+    """Does the verdict rest on a few tokens? (:func:`_influence`)
+
+    A sequence block (the bootstrap's unit, ``n_blocks`` groups of whole sequences)
+    dominates an entropy bin of the breakpoint search when it carries DOMINANT_SHARE or more
+    of the bin's sum of delta^2: a few extreme log-ratios (a catastrophic token, a
+    placeholder that passed as a logprob) set that bin's mean, and the log-log fits and the
+    breakpoint read such a bin as if the law put it there. When few blocks do
+    (MAX_DOMINANT_SHARE of the non-empty blocks, at least one), the law and the break are
+    fitted again without them.
+
+    Fields: ``blocks_left_out``, ``blocks_nonempty``, ``token_share`` (of the fit's tokens
+    in the blocks left out), ``delta2_share`` (of its sum delta^2), ``bins_dominated`` (the
+    entropy ranges, nats, of the breakpoint bins they dominate), ``law`` and
+    ``noise_regime`` (the verdict's law reading and whether a break is found without them),
+    ``verdict`` (its text without them), ``changes`` (the law reading or the break differs
+    from the verdict's: the caveat :func:`entr_diag.caveats.influence_caveat` then says so).
+    """
+
+    blocks_left_out: int
+    blocks_nonempty: int
+    token_share: float
+    delta2_share: float
+    bins_dominated: tuple[tuple[float, float], ...]
+    law: str
+    noise_regime: bool
+    verdict: str
+    changes: bool
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["bins_dominated"] = [list(b) for b in self.bins_dominated]
+        return d
+
+
+@dataclass(frozen=True)
 class UnitsCheck:
     """Are the logprobs and the entropy in nats? The expected-surprisal check.
 
@@ -586,10 +628,12 @@ class FitResult:
     strata: Strata
     verdict: Verdict
     units: UnitsCheck | None = None
+    influence: Influence | None = None
 
     def to_dict(self) -> dict:
         """Plain Python: keys ``parameters, bins, laws, breakpoint, regime, strata, verdict,
-        units`` (:class:`UnitsCheck`, None when not computed).
+        units`` (:class:`UnitsCheck`, None when not computed), ``influence``
+        (:class:`Influence`, None when no few blocks dominate a bin).
 
         ``breakpoint`` is None when no break was found; the search diagnostics are in
         ``regime["breakpoint_search"]``. ``verdict["caveats"]``: the small-sample and
@@ -598,7 +642,7 @@ class FitResult:
         ``verdict["caveat"]`` the same lines joined by newlines, or None (the CLI adds the
         token accounting's). Floats may be NaN (the JSON writer maps them to null).
         """
-        from entr_diag.caveats import interval_caveat, small_sample_caveat
+        from entr_diag.caveats import influence_caveat, interval_caveat, small_sample_caveat
 
         regime = self.regime.to_dict()
         regime["breakpoint_search"] = self.breakpoint_search.to_dict()
@@ -611,8 +655,9 @@ class FitResult:
             "strata": self.strata.to_dict(),
             "verdict": self.verdict.to_dict(),
             "units": None if self.units is None else self.units.to_dict(),
+            "influence": None if self.influence is None else self.influence.to_dict(),
         }
-        caveats = [small_sample_caveat(out), interval_caveat(out)]
+        caveats = [small_sample_caveat(out), interval_caveat(out), influence_caveat(out)]
         out["verdict"]["caveats"] = [c for c in caveats if c]
         out["verdict"]["caveat"] = "\n".join(out["verdict"]["caveats"]) or None
         return out
@@ -1208,8 +1253,9 @@ def _fmt(x: float, digits: int = 3) -> str:
     return "nan" if not np.isfinite(x) else f"{x:.{digits}g}"
 
 
-def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSearch,
-                  regime: RegimeResult, units: UnitsCheck | None = None) -> Verdict:
+def _law_status(power: PowerLaw) -> tuple[str, str]:
+    """The verdict's reading of the power law: (``law``: "holds", "holds_approximately" or
+    "does_not_hold"; the head of the verdict's text, alpha with its interval and why)."""
     lo, hi = power.alpha_ci
     d = 2  # decimals: more when the interval would print as one number (1.30 [1.30, 1.30])
     while d < 4 and np.isfinite(lo) and f"{lo:.{d}f}" == f"{hi:.{d}f}":
@@ -1235,6 +1281,12 @@ def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSear
         head = f"law undetermined: alpha = {power.alpha:.2f} (no interval)"
     else:
         law, head = "holds_approximately", f"law holds approximately: {a_txt} (interval excludes 1)"
+    return law, head
+
+
+def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSearch,
+                  regime: RegimeResult, units: UnitsCheck | None = None) -> Verdict:
+    law, head = _law_status(power)
     head += f", k = {_fmt(power.k)}"
     if power.robust.disagrees:
         head += (f" (robust Theil-Sen alpha = {power.robust.alpha:.2f} disagrees: heavy-tailed "
@@ -1837,62 +1889,39 @@ def _block_sums(acc: np.ndarray, binning: CoarseBinning, cells: CoarseBinning, B
     return out
 
 
-def _finish_fit(plan: FitPlan) -> FitResult:
-    p = plan.params
-    bins, bin_edges, eps, tau = p["bins"], p["bin_edges"], p["eps"], p["tau"]
-    n_boot, B, seed, with_strata = p["n_boot"], p["n_blocks"], p["seed"], p["with_strata"]
-    binning, brk, cells, fs = plan.binning, plan.brk, plan.cells, plan.sums
-    nb = binning.n_bins
-    notices = list(plan.notices)
-    step_labels = plan.step_labels
-    NP = len(P_BINS)
-    # per (cell, flag, p bin) -> per coarse bin totals of the sums only needed as points
-    cell_bin = binning.coarse_of_fine(cells.starts[:-1])
-    reg = {c: v.reshape(cells.n_bins, 2, NP) for c, v in fs.reg.items()}
+@dataclass
+class _Core:
+    """The fit's per-(bin, block) sums and what the verdict's law and break are read from
+    (:func:`_core`); ``search`` is None when fewer than 3 bins are usable."""
 
-    def per_bin(v: np.ndarray) -> np.ndarray:
-        out = np.zeros(nb)
-        ok = cell_bin >= 0
-        np.add.at(out, cell_bin[ok], v[ok])
-        return out
+    S: dict
+    tot: dict
+    bd_all: _BinData
+    Sb: dict | None = None
+    bd_brk: _BinData | None = None
+    search: BreakpointSearch | None = None
+    bp: Breakpoint | None = None
+    bd: _BinData | None = None
+    law_bins: np.ndarray | None = None
+    grid: str = "bins"
 
-    cb = fs.cb  # summed from the joint table once
-    S = {c: _block_sums(cb[c], binning, cells, B) for c in ("n", "s_h", "s_d2")}
-    boot = _Boot(S["n"].sum(axis=0), n_boot, seed)
-    if boot.W.shape[0] == 0:
-        raise FitError(
-            "All tokens fall into one sequence block: the sequence bootstrap needs tokens "
-            "from at least 2 sequences."
-        )
+
+def _core(cb: dict, binning: CoarseBinning, brk: CoarseBinning, cells: CoarseBinning,
+          B: int, boot: _Boot, keep: np.ndarray | None = None) -> _Core:
+    """The bins, the breakpoint search and the law regime's bins from the joint (cell x
+    block) sums ``cb``; ``keep`` (B,): 0 for the sequence blocks left out (their sums
+    zeroed; the bootstrap's multiplicities stay), for :func:`_influence`."""
+    def sums(bn: CoarseBinning) -> dict:
+        out = {c: _block_sums(cb[c], bn, cells, B) for c in ("n", "s_h", "s_d2")}
+        return out if keep is None else {c: v * keep[None, :] for c, v in out.items()}
+
+    S = sums(binning)
     tot = {c: boot.totals(S[c]) for c in S}
-    point = {c: per_bin(reg[c].sum(axis=(1, 2))) for c in ("s_d", "s_absd", "s_z2")}
-    point["n_plow"] = per_bin(reg["n"][:, :, :2].sum(axis=(1, 2)))  # p < 1e-3: P_BINS 0, 1
-    n0 = tot["n"][0]
-    mean_h, mean_d2 = _div(tot["s_h"][0], n0), _div(tot["s_d2"][0], n0)
-    D2r = _div(tot["s_d2"][1], tot["n"][1])
     bd_all = _eligible(S, tot, boot, binning)
     if bd_all.idx.size < 3:
-        zero = binning.has_zero_bin
-        n_pos = int(n0[1:].sum() if zero else n0.sum())
-        if n_pos == 0:
-            raise FitError(
-                f"Every token has entropy below {H_MIN:g} nats: the law cannot be fitted on a "
-                "log entropy axis; check that the entropy column holds nats, not a mask."
-            )
-        if not np.nansum(tot["s_d2"][0]) > 0:
-            raise FitError(
-                "delta = train_logprob - infer_logprob is 0 for every token: train and "
-                "inference log-probabilities are identical, so there is no mismatch to fit."
-            )
-        k = bd_all.idx.size
-        raise FitError(
-            (f"Only {k} entropy bin(s) hold" if k else "No entropy bin holds")
-            + f" enough tokens (need 3 bins with >= {MIN_BIN_TOKENS} tokens from >= 2 "
-            f"sequence blocks and H >= {H_MIN:g} nats); {MORE_DATA}."
-        )
-
+        return _Core(S, tot, bd_all)
     # ---- breakpoint on finer bins (same edge kind), then laws on the law regime
-    Sb = {c: _block_sums(cb[c], brk, cells, B) for c in ("n", "s_h", "s_d2")}
+    Sb = sums(brk)
     bd_brk = _eligible(Sb, {c: boot.totals(Sb[c]) for c in ("n", "s_h", "s_d2")}, boot, brk)
     search, bp, _ = _search_break(bd_brk, brk.h_lo[bd_brk.idx], brk.h_hi[bd_brk.idx])
     h_star = None if bp is None else bp.h_star
@@ -1916,6 +1945,110 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         else:  # law regime narrower than 3 display bins: fit on the finer breakpoint bins
             bd = bd_brk.subset(bd_brk.lo >= cut)
             grid = "breakpoint"
+    return _Core(S, tot, bd_all, Sb, bd_brk, search, bp, bd, law_bins, grid)
+
+
+def _influence(core: _Core, verdict: Verdict, cb: dict, binning: CoarseBinning,
+               brk: CoarseBinning, cells: CoarseBinning, B: int, boot: _Boot
+               ) -> Influence | None:
+    """:class:`Influence`: the law and the break fitted again without the sequence blocks
+    that dominate a bin of the breakpoint search (the finer bins, covering every entropy
+    the fit reads), when there are few such blocks; None when none dominates, when many do
+    (a heavy tail the law's means are made of), or when too few bins are left."""
+    if core.Sb is None or core.bd_brk is None:
+        return None
+    idx = core.bd_brk.idx
+    d2 = core.Sb["s_d2"][idx]  # (eligible breakpoint bins, B)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        hit = d2 / d2.sum(axis=1, keepdims=True) >= DOMINANT_SHARE
+    blocks = np.flatnonzero(hit.any(axis=0))
+    if blocks.size == 0 or blocks.size > max(1, int(MAX_DOMINANT_SHARE * boot.blocks.size)):
+        return None
+    keep = np.ones(B)
+    keep[blocks] = 0.0
+    alt = _core(cb, binning, brk, cells, B, boot, keep)
+    if alt.search is None or alt.bd is None or alt.bd.idx.size < 3:
+        return None
+    k, alpha, kr, ar, chi2, r2 = _fit_power(alt.bd)
+    power = PowerLaw(k, _ci(kr), alpha, _ci(ar), chi2, r2, int(alt.bd.idx.size),
+                     float(alt.bd.lo[0]), float(alt.bd.hi[-1]),
+                     RobustPower(_NAN, _NAN, _CI_NAN, False, ""))
+    law, head = _law_status(power)
+    bp = alt.bp
+    text = f"{head}, k = {_fmt(k)}; " + (
+        f"noise regime below H* = {_fmt(bp.h_star, 2)} [{_fmt(bp.h_star_ci[0], 2)}, "
+        f"{_fmt(bp.h_star_ci[1], 2)}]" if bp is not None
+        else f"no low-entropy break: {alt.search.reason}")
+    S = core.S
+    dom = idx[hit.any(axis=1)]
+    return Influence(
+        blocks_left_out=int(blocks.size),
+        blocks_nonempty=int(boot.blocks.size),
+        token_share=float(S["n"][:, blocks].sum() / S["n"].sum()),
+        delta2_share=float(S["s_d2"][:, blocks].sum() / S["s_d2"].sum()),
+        bins_dominated=tuple((float(brk.h_lo[i]), float(brk.h_hi[i])) for i in dom),
+        law=law,
+        noise_regime=bp is not None,
+        verdict=text,
+        changes=law != verdict.law or (bp is not None) != verdict.noise_regime,
+    )
+
+
+def _finish_fit(plan: FitPlan) -> FitResult:
+    p = plan.params
+    bins, bin_edges, eps, tau = p["bins"], p["bin_edges"], p["eps"], p["tau"]
+    n_boot, B, seed, with_strata = p["n_boot"], p["n_blocks"], p["seed"], p["with_strata"]
+    binning, brk, cells, fs = plan.binning, plan.brk, plan.cells, plan.sums
+    nb = binning.n_bins
+    notices = list(plan.notices)
+    step_labels = plan.step_labels
+    NP = len(P_BINS)
+    # per (cell, flag, p bin) -> per coarse bin totals of the sums only needed as points
+    cell_bin = binning.coarse_of_fine(cells.starts[:-1])
+    reg = {c: v.reshape(cells.n_bins, 2, NP) for c, v in fs.reg.items()}
+
+    def per_bin(v: np.ndarray) -> np.ndarray:
+        out = np.zeros(nb)
+        ok = cell_bin >= 0
+        np.add.at(out, cell_bin[ok], v[ok])
+        return out
+
+    cb = fs.cb  # summed from the joint table once
+    boot = _Boot(_block_sums(cb["n"], binning, cells, B).sum(axis=0), n_boot, seed)
+    if boot.W.shape[0] == 0:
+        raise FitError(
+            "All tokens fall into one sequence block: the sequence bootstrap needs tokens "
+            "from at least 2 sequences."
+        )
+    point = {c: per_bin(reg[c].sum(axis=(1, 2))) for c in ("s_d", "s_absd", "s_z2")}
+    point["n_plow"] = per_bin(reg["n"][:, :, :2].sum(axis=(1, 2)))  # p < 1e-3: P_BINS 0, 1
+    core = _core(cb, binning, brk, cells, B, boot)
+    tot, bd_all = core.tot, core.bd_all
+    n0 = tot["n"][0]
+    mean_h, mean_d2 = _div(tot["s_h"][0], n0), _div(tot["s_d2"][0], n0)
+    D2r = _div(tot["s_d2"][1], tot["n"][1])
+    if core.search is None:  # fewer than 3 usable bins
+        zero = binning.has_zero_bin
+        n_pos = int(n0[1:].sum() if zero else n0.sum())
+        if n_pos == 0:
+            raise FitError(
+                f"Every token has entropy below {H_MIN:g} nats: the law cannot be fitted on a "
+                "log entropy axis; check that the entropy column holds nats, not a mask."
+            )
+        if not np.nansum(tot["s_d2"][0]) > 0:
+            raise FitError(
+                "delta = train_logprob - infer_logprob is 0 for every token: train and "
+                "inference log-probabilities are identical, so there is no mismatch to fit."
+            )
+        k = bd_all.idx.size
+        raise FitError(
+            (f"Only {k} entropy bin(s) hold" if k else "No entropy bin holds")
+            + f" enough tokens (need 3 bins with >= {MIN_BIN_TOKENS} tokens from >= 2 "
+            f"sequence blocks and H >= {H_MIN:g} nats); {MORE_DATA}."
+        )
+    S, search, bp, bd, law_bins, grid = (core.S, core.search, core.bp, core.bd,
+                                         core.law_bins, core.grid)
+    h_star = None if bp is None else bp.h_star
     kpow, alpha, kr, ar, chi2p, r2p = _fit_power(bd)
     alpha_ci = _ci(ar)
     with warnings.catch_warnings():
@@ -2036,6 +2169,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         "source": "arXiv:2607.22186 (ENTR / ESTR)",
     }
     units = _fit_units(per_bin, reg, point, S, fs)
+    verdict = _make_verdict(power, bp, search, regime, units)
     return FitResult(
         parameters=params,
         bins=tuple(bins_out),
@@ -2044,8 +2178,9 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         breakpoint_search=search,
         regime=regime,
         strata=Strata(tuple(staleness_fits), tuple(step_fits), tuple(notices)),
-        verdict=_make_verdict(power, bp, search, regime, units),
+        verdict=verdict,
         units=units,
+        influence=_influence(core, verdict, cb, binning, brk, cells, B, boot),
     )
 
 

@@ -106,6 +106,35 @@ def test_break_moved_past_a_straddling_bin_says_so():
     assert "straddling" not in r.breakpoint_search.reason
 
 
+def test_verdict_resting_on_three_tokens_gets_a_caveat():
+    """Three tokens with a log-ratio of -10 (r = 4.5e-5, a catastrophic token) at entropy
+    0.1-0.5 set the mean delta^2 of their bins and turned "law holds, noise regime below
+    H*" into "law does not hold, alpha near 0, no break", with no caveat. The influence
+    check fits again without the sequence blocks that dominate a bin and names the verdict
+    it reads then; on the clean run it changes nothing."""
+    df, lf = synth(n_tokens=100_000, seed=1, h_star=0.03)
+    clean = fit_scaling_law(lf, n_boot=200)
+    assert clean.verdict.law == "holds" and clean.breakpoint is not None
+    assert clean.influence is None or not clean.influence.changes
+    assert not any("rests on a few tokens" in c for c in clean.to_dict()["verdict"]["caveats"])
+    h, m = df["entropy"].to_numpy(), df["loss_mask"].to_numpy()
+    idx = np.random.default_rng(0).choice(np.flatnonzero((h > 0.1) & (h < 0.5) & m), 3,
+                                          replace=False)
+    tl = df["train_logprob"].to_numpy().copy()
+    tl[idx] = df["infer_logprob"].to_numpy()[idx] - 10.0
+    r = fit_scaling_law(canonical(df.with_columns(pl.Series("train_logprob", tl))), n_boot=200)
+    assert r.verdict.law != "holds" or r.breakpoint is None  # what the three tokens do
+    inf = r.influence
+    assert inf is not None and inf.changes
+    assert 1 <= inf.blocks_left_out <= 3 and inf.token_share < 0.05
+    assert inf.law == "holds" and inf.noise_regime
+    assert all(0.05 < lo < 0.6 for lo, _ in inf.bins_dominated)
+    d = r.to_dict()
+    assert d["influence"]["changes"] is True
+    (cav,) = [c for c in d["verdict"]["caveats"] if "rests on a few tokens" in c]
+    assert f"fitted without {'it' if inf.blocks_left_out == 1 else 'them'}: law holds: " in cav
+
+
 @pytest.mark.parametrize(
     "kw",
     [
@@ -298,7 +327,7 @@ def test_to_dict_layout_and_json():
     r = _fit(n_tokens=50_000, seed=0, h_star=0.03)
     d = r.to_dict()
     assert list(d) == ["parameters", "bins", "laws", "breakpoint", "regime", "strata", "verdict",
-                       "units"]
+                       "units", "influence"]
     assert set(d["laws"]) == {"proportional", "affine", "power", "grid"}
     for key in ("k", "alpha", "alpha_ci", "k_ci", "robust"):
         assert key in d["laws"]["power"]
