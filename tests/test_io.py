@@ -1076,6 +1076,31 @@ def test_integer_columns_written_as_floats_read_their_whole_values(tmp_path):
                                   for n in note)
 
 
+def test_sequence_id_written_as_floats_reads_its_whole_values(tmp_path):
+    """A seq_id written as float64 (pandas, for an integer id column with a missing value)
+    is read as integers where whole: a NaN or fractional id is a missing_seq_id row, with a
+    note (the whole file was refused as 'type double'); 3.0 joins another shard's 3, long
+    and nested alike, and a flag or export writes the integer id."""
+    df = _long(seq_id=[3.0, 3.0, 4.0, float("nan"), 4.5])
+    a = _write(tmp_path, df, "d/a.parquet")
+    _write(tmp_path, _long(seq_id=[3, 3, 5, 5, 5], position=[2, 3, 0, 1, 2]), "d/b.parquet")
+    ds = load_dataset([a.parent])
+    assert ds.accounting.excluded == {"missing_seq_id": 2}
+    assert ds.accounting.sequences_valid == 3  # 3 (both files), 4, 5
+    v = ds.lf.collect()
+    assert sorted(set(v["seq_id"].to_list())) == ["3", "4", "5"]
+    assert v.filter(pl.col("seq_id") == "3").height == 4
+    assert any(n.startswith("seq_id holds floating-point values in 1 of 2 files") for n in
+               ds.notes)
+    nested = pl.DataFrame({"seq_id": [7.0, float("nan")],
+                           "train_logprob": [[-0.1, -0.2], [-0.3]],
+                           "infer_logprob": [[-0.12, -0.19], [-0.31]],
+                           "entropy": [[0.5, 0.4], [0.6]]})
+    ds = load_dataset([_write(tmp_path, nested, "n.parquet")])
+    assert ds.accounting.excluded == {"missing_seq_id": 1}
+    assert ds.lf.collect()["seq_id"].to_list() == ["7", "7"]
+
+
 def test_duplicate_shards_flagged(tmp_path):
     """The same tokens in two shards are counted, and the duplication is reported."""
     d = tmp_path / "dup"

@@ -442,8 +442,9 @@ def _kind_ok(kind: str, t: pa.DataType) -> bool:
         return pa.types.is_integer(t) or pa.types.is_floating(t)
     if kind == S.BOOL:  # a numeric mask holds 0/1 (other values: invalid_loss_mask rows)
         return pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
-    if kind == S.ID:
-        return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+    if kind == S.ID:  # (floats: an integer id column with a missing value, from pandas)
+        return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
+                or pa.types.is_large_string(t))
     raise AssertionError(kind)
 
 
@@ -1273,7 +1274,8 @@ def load_dataset(
     sid_types = [dict(zip(schemas[f].names, schemas[f].types, strict=True))
                  .get(mapping.get("seq_id", "")) for f in file_list]
     sid_dtype: type[pl.DataType] = pl.Int64
-    if any(t is None or not pa.types.is_integer(_value_type(t)) for t in sid_types):
+    if any(t is None or not (pa.types.is_integer(_value_type(t))
+                             or pa.types.is_floating(_value_type(t))) for t in sid_types):
         sid_dtype = pl.String
     elif any(_value_type(t) == pa.uint64() for t in sid_types):  # type: ignore[arg-type]
 
@@ -1662,12 +1664,13 @@ def _files_typed(files: Sequence[Path], schemas: Mapping[Path, pa.Schema], src: 
 
 def _float_int_notes(mapping: Mapping[str, str], files: Sequence[Path],
                      schemas: Mapping[Path, pa.Schema]) -> list[str]:
-    """A note per integer canonical column (step, position, versions, token_id) whose
-    source is floating-point in some input files: read as integers where whole, as null
-    elsewhere (:func:`_canonical_cast`)."""
+    """A note per integer canonical column (step, position, versions, token_id) and
+    sequence id whose source is floating-point in some input files: read as integers where
+    whole, as null elsewhere (:func:`_canonical_cast`, :func:`_seq_id_expr`; a null seq_id
+    is a missing_seq_id row)."""
     out = []
     for canon, src in mapping.items():
-        if canon not in S.BY_NAME or S.BY_NAME[canon].kind != S.INT:
+        if canon not in S.BY_NAME or S.BY_NAME[canon].kind not in (S.INT, S.ID):
             continue
         floats = _files_typed(files, schemas, src, pa.types.is_floating)
         if floats:
@@ -1677,6 +1680,16 @@ def _float_int_notes(mapping: Mapping[str, str], files: Sequence[Path],
                 "with a missing value, as pandas writes it): whole values are read as "
                 "integers, NaN and fractional ones as null")
     return out
+
+
+def _seq_id_expr(expr: pl.Expr, src_type: pa.DataType | None,
+                 sid_dtype: type[pl.DataType]) -> pl.Expr:
+    """A source sequence id as ``sid_dtype``: floats (pandas writes an integer id column
+    with a missing value as float64) are read as integers where whole, NaN and fractional
+    ids as null (missing_seq_id rows), then as ``sid_dtype`` (``3.0`` -> ``"3"``)."""
+    if src_type is not None and pa.types.is_floating(_value_type(src_type)):
+        expr = pl.when(expr == expr.floor()).then(expr).cast(pl.Int64, strict=False)
+    return expr.cast(sid_dtype)
 
 
 def _canonical_cast(canon: str, expr: pl.Expr, src_type: pa.DataType | None = None
@@ -1812,7 +1825,8 @@ def _file_frame(
             if sid_list:
                 _check_list_seq_id(path, lf, srcs["seq_id"])
             _check_ragged(path, lf, lens, n_tok, srcs, list_srcs, sid_raw)
-        sid = (sid_raw.cast(sid_dtype) if sid_raw is not None
+        sid = (_seq_id_expr(sid_raw, types.get(srcs["seq_id"]), sid_dtype)
+               if sid_raw is not None
                else pl.format("{}:{}", pl.lit(label or path.name), pl.col("_row")))
         lf = lf.with_columns(
             sid.alias("_seq_id"),
@@ -1852,7 +1866,7 @@ def _file_frame(
     exprs = [pl.lit(False).alias("_empty"), pl.lit(False).alias("_pad")]
     for canon, src in srcs.items():
         if canon == "seq_id":
-            exprs.append(pl.col(src).cast(sid_dtype).alias(canon))
+            exprs.append(_seq_id_expr(pl.col(src), types.get(src), sid_dtype).alias(canon))
         elif canon != "loss_mask":
             exprs.append(_canonical_cast(canon, pl.col(src), types.get(src)).alias(canon))
     if "loss_mask" in mapping:
@@ -2074,7 +2088,8 @@ def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
     for i, (_f, types, hive, _layout, scan, ranges, numbered) in enumerate(plans):
         if not numbered:
             continue
-        cols = [pl.col(mapping["seq_id"]).cast(sid_dtype).alias("seq_id")]
+        cols = [_seq_id_expr(pl.col(mapping["seq_id"]), types.get(mapping["seq_id"]),
+                             sid_dtype).alias("seq_id")]
         if "step" in mapping:
             cols.append(_canonical_cast("step", pl.col(mapping["step"]),
                                         types.get(mapping["step"])).alias("step"))
