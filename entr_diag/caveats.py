@@ -46,8 +46,9 @@ def small_sample_caveat(fit: Mapping, sequences: int | None = None) -> str | Non
 def influence_caveat(fit: Mapping) -> str | None:
     """A one-line caveat when the verdict rests on a few tokens: the fit's influence check
     (``fit["influence"]``, :class:`entr_diag.fit.Influence`) found a few sequence blocks
-    that each carry half or more of an entropy bin's sum of delta^2, and without them the
-    law's reading or the break differs; else None."""
+    that each carry a tenth or more of an entropy bin's sum of delta^2, ten times their
+    share of its tokens, and without them the law's reading or the break differs; else
+    None."""
     inf = fit.get("influence") or {}
     if not inf.get("changes"):
         return None
@@ -57,9 +58,9 @@ def influence_caveat(fit: Mapping) -> str | None:
     n = inf["blocks_left_out"]
     return (
         f"caveat: the verdict rests on a few tokens: {n} of the {inf['blocks_nonempty']} "
-        f"sequence blocks ({inf['token_share']:.2%} of the tokens) each carry half or more of "
-        f"sum delta^2 in {len(ranges)} entropy bin(s) (H {shown} nats), which a few extreme "
-        "log-ratios set; fitted without "
+        f"sequence blocks ({inf['token_share']:.2%} of the tokens) each carry a tenth or more "
+        f"of sum delta^2 in {len(ranges)} entropy bin(s) (H {shown} nats), ten times their "
+        "share of its tokens or more: a few extreme log-ratios set those bins; fitted without "
         f"{'it' if n == 1 else 'them'}: {inf['verdict']}. Look for the extreme tokens in "
         "those bins (the sequence_outliers finding, `compare --export`): catastrophic "
         "tokens or placeholders that passed as logprobs?")

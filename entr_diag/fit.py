@@ -167,8 +167,12 @@ MIN_BOOT: int = 100
 #: above it (straddling H*: part noise, part law) may move to the low side.
 MAX_STRADDLE: int = 2
 #: Influence check: a sequence block dominates an entropy bin when it carries at least this
-#: share of the bin's sum of delta^2 (one of the 200 blocks holds about 0.5% of it) ...
-DOMINANT_SHARE: float = 0.5
+#: share of the bin's sum of delta^2 (one of the 200 blocks holds about 0.5% of it; three
+#: extreme tokens in three blocks of one bin hold a third each) ...
+DOMINANT_SHARE: float = 0.1
+#: ... and this many times its share of the bin's tokens (its tokens' mean delta^2 over the
+#: bin's: a bin of few tokens spread over few blocks is no block's)
+DOMINANT_EXCESS: float = 10.0
 #: ... and the law is fitted again without the dominating blocks when they are at most this
 #: share of the non-empty blocks (at least one): a few tokens, not a broad heavy tail
 MAX_DOMINANT_SHARE: float = 0.05
@@ -458,7 +462,8 @@ class Influence:
 
     A sequence block (the bootstrap's unit, ``n_blocks`` groups of whole sequences)
     dominates an entropy bin of the breakpoint search when it carries DOMINANT_SHARE or more
-    of the bin's sum of delta^2: a few extreme log-ratios (a catastrophic token, a
+    of the bin's sum of delta^2, DOMINANT_EXCESS times its share of the bin's tokens or
+    more: a few extreme log-ratios (a catastrophic token, a
     placeholder that passed as a logprob) set that bin's mean, and the log-log fits and the
     breakpoint read such a bin as if the law put it there. When few blocks do
     (MAX_DOMINANT_SHARE of the non-empty blocks, at least one), the law and the break are
@@ -1959,8 +1964,11 @@ def _influence(core: _Core, verdict: Verdict, cb: dict, binning: CoarseBinning,
         return None
     idx = core.bd_brk.idx
     d2 = core.Sb["s_d2"][idx]  # (eligible breakpoint bins, B)
+    n = core.Sb["n"][idx]
     with np.errstate(divide="ignore", invalid="ignore"):
-        hit = d2 / d2.sum(axis=1, keepdims=True) >= DOMINANT_SHARE
+        share = d2 / d2.sum(axis=1, keepdims=True)  # of the bin's sum delta^2
+        excess = share / (n / n.sum(axis=1, keepdims=True))  # over the block's token share
+        hit = (share >= DOMINANT_SHARE) & (excess >= DOMINANT_EXCESS)
     blocks = np.flatnonzero(hit.any(axis=0))
     if blocks.size == 0 or blocks.size > max(1, int(MAX_DOMINANT_SHARE * boot.blocks.size)):
         return None

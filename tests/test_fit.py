@@ -133,6 +133,16 @@ def test_verdict_resting_on_three_tokens_gets_a_caveat():
     assert d["influence"]["changes"] is True
     (cav,) = [c for c in d["verdict"]["caveats"] if "rests on a few tokens" in c]
     assert f"fitted without {'it' if inf.blocks_left_out == 1 else 'them'}: law holds: " in cav
+    # three such tokens in ONE bin (a third of its sum delta^2 each, in three blocks): all
+    # three blocks are left out, not the one that happened to carry the most
+    idx = np.random.default_rng(1).choice(np.flatnonzero((h > 0.1) & (h < 0.101) & m), 3,
+                                          replace=False)
+    tl = df["train_logprob"].to_numpy().copy()
+    tl[idx] = df["infer_logprob"].to_numpy()[idx] - 10.0
+    r = fit_scaling_law(canonical(df.with_columns(pl.Series("train_logprob", tl))), n_boot=200)
+    inf = r.influence
+    assert inf is not None and inf.blocks_left_out == 3 and len(inf.bins_dominated) == 1
+    assert inf.law == "holds" and inf.noise_regime
 
 
 @pytest.mark.parametrize(
