@@ -60,7 +60,8 @@ def influence_caveat(fit: Mapping) -> str | None:
         f"caveat: the verdict rests on a few tokens: {n} of the {inf['blocks_nonempty']} "
         f"sequence blocks ({inf['token_share']:.2%} of the tokens) each carry a tenth or more "
         f"of sum delta^2 in {len(ranges)} entropy bin(s) (H {shown} nats), ten times their "
-        "share of its tokens or more: a few extreme log-ratios set those bins; fitted without "
+        f"share of its tokens or more ({inf['delta2_share']:.1%} of the run's sum delta^2 in "
+        "all): a few extreme log-ratios set those bins; fitted without "
         f"{'it' if n == 1 else 'them'}: {inf['verdict']}. Look for the extreme tokens in "
         "those bins (the sequence_outliers finding, `compare --export`): catastrophic "
         "tokens or placeholders that passed as logprobs?")

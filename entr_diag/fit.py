@@ -173,8 +173,11 @@ DOMINANT_SHARE: float = 0.1
 #: ... and this many times its share of the bin's tokens (its tokens' mean delta^2 over the
 #: bin's: a bin of few tokens spread over few blocks is no block's)
 DOMINANT_EXCESS: float = 10.0
-#: ... and the law is fitted again without the dominating blocks when they are at most this
-#: share of the non-empty blocks (at least one): a few tokens, not a broad heavy tail
+#: ... and adds at least this share of the run's sum of delta^2 (over the breakpoint bins)
+#: beyond its tokens' share of those bins' sums ...
+DOMINANT_RUN_SHARE: float = 0.01
+#: ... and the law is fitted again without the dominating blocks, at most this share of the
+#: non-empty blocks (at least one), those adding most first
 MAX_DOMINANT_SHARE: float = 0.05
 #: Verdict tolerance on alpha around 1.
 ALPHA_TOL: float = 0.2
@@ -463,11 +466,13 @@ class Influence:
     A sequence block (the bootstrap's unit, ``n_blocks`` groups of whole sequences)
     dominates an entropy bin of the breakpoint search when it carries DOMINANT_SHARE or more
     of the bin's sum of delta^2, DOMINANT_EXCESS times its share of the bin's tokens or
-    more: a few extreme log-ratios (a catastrophic token, a
-    placeholder that passed as a logprob) set that bin's mean, and the log-log fits and the
-    breakpoint read such a bin as if the law put it there. When few blocks do
-    (MAX_DOMINANT_SHARE of the non-empty blocks, at least one), the law and the break are
-    fitted again without them.
+    more, and adds DOMINANT_RUN_SHARE of the run's sum of delta^2 or more beyond its
+    tokens' share: a few extreme log-ratios (a catastrophic token, a placeholder that
+    passed as a logprob) set that bin's mean, and the log-log fits and the breakpoint read
+    such a bin as if the law put it there. (The rare rounding events that make a real run's
+    low-entropy bins heavy-tailed dominate some bins too, but add little delta^2.) The law
+    and the break are fitted again without the dominating blocks (those adding most first,
+    at most MAX_DOMINANT_SHARE of the non-empty blocks, at least one).
 
     Fields: ``blocks_left_out``, ``blocks_nonempty``, ``token_share`` (of the fit's tokens
     in the blocks left out), ``delta2_share`` (of its sum delta^2), ``bins_dominated`` (the
@@ -1973,9 +1978,18 @@ def _influence(core: _Core, verdict: Verdict, cb: dict, binning: CoarseBinning,
         share = d2 / d2.sum(axis=1, keepdims=True)  # of the bin's sum delta^2
         excess = share / (n / n.sum(axis=1, keepdims=True))  # over the block's token share
         hit = (share >= DOMINANT_SHARE) & (excess >= DOMINANT_EXCESS)
-    blocks = np.flatnonzero(hit.any(axis=0))
-    if blocks.size == 0 or blocks.size > max(1, int(MAX_DOMINANT_SHARE * boot.blocks.size)):
+        # what a block adds to the bins it dominates over its tokens' share of their sums
+        extra = np.where(hit, d2 - n * (d2.sum(axis=1, keepdims=True)
+                                        / n.sum(axis=1, keepdims=True)), 0.0).sum(axis=0)
+    # ... when that is a share of the run's sum delta^2: a catastrophic token adds far more
+    # than the rare rounding events a real run's low-entropy bins are made of, whose means
+    # they set too (a heavy tail, not a few tokens)
+    blocks = np.flatnonzero(hit.any(axis=0) & (extra >= DOMINANT_RUN_SHARE * d2.sum()))
+    if blocks.size == 0:
         return None
+    # the blocks adding most first, at most MAX_DOMINANT_SHARE of the blocks
+    blocks = blocks[np.argsort(-extra[blocks], kind="stable")]
+    blocks = np.sort(blocks[:max(1, int(MAX_DOMINANT_SHARE * boot.blocks.size))])
     keep = np.ones(B)
     keep[blocks] = 0.0
     alt = _core(cb, binning, brk, cells, B, boot, keep)
