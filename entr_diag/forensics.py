@@ -1737,6 +1737,11 @@ def _without_flagged(seqbins: pl.DataFrame, seqs: pl.DataFrame, cells: pl.DataFr
     return rows, seqs, cells
 
 
+#: a flagged sequence whose |delta| fewer tokens than this carry (participation ratio) is
+#: carried by one or two tokens: a catastrophic token, not a whole-sequence shift
+FEW_CARRIERS = 3.0
+
+
 def _check_outliers(ctx: _Ctx) -> _Result:
     """Sequence-level outliers (e.g. MoE routing differences between engine and trainer).
 
@@ -1799,7 +1804,10 @@ def _check_outliers(ctx: _Ctx) -> _Result:
         scored.filter(pl.col("z") > OUTLIER_Z)
         .sort("z", descending=True)
         .select("seq_key", "seq_id", "n", "z", (pl.col("sad") / pl.col("n")).alias("mean_abs"),
-                "mean_h")
+                "mean_h",
+                # tokens that carry the sequence's |delta| (participation ratio (sum |d|)^2 /
+                # sum d^2: 1 when one token holds it all, n when all hold the same)
+                (pl.col("sad") ** 2 / pl.col("sd2")).alias("carriers"))
     )
     s_df, top_df = pl.collect_all([summary, top])
     s = s_df.row(0, named=True)
@@ -1857,7 +1865,12 @@ def _check_outliers(ctx: _Ctx) -> _Result:
         "top_mean_entropy": [_r(x, 3) for x in head["mean_h"].to_list()],
         "k_with_flagged": _r(k_with),
         "k_without_flagged": _r(k_without),
+        "top_tokens_carrying_abs_delta": [_r(x, 3) for x in head["carriers"].to_list()],
     }
+    # sequences whose |delta| one or two tokens carry: a catastrophic token, not a shift of
+    # the whole sequence (routing, cache) the finding otherwise points at
+    n_single = int((top_df["carriers"] < FEW_CARRIERS).sum())
+    ev["flagged_carried_by_few_tokens"] = n_single
     if seq_share > OUTLIER_MAX_SEQ_SHARE:
         return _clear(
             name,
@@ -1889,12 +1902,21 @@ def _check_outliers(ctx: _Ctx) -> _Result:
                f"logprobs (at or below {IMPLAUSIBLE_LOGPROB:g} nats, see "
                "implausible_logprobs), left out of their scores: they are outliers on their "
                "other tokens." if n_impl else "")
+            + (f" In {'all' if n_single == n_out else n_single} of them one or two tokens "
+               f"carry the sequence's |delta| (fewer than {FEW_CARRIERS:g} tokens by the "
+               "participation ratio (sum |delta|)^2 / sum delta^2): a catastrophic token, "
+               "not a mismatch of the whole sequence." if n_single else "")
         ),
         evidence=ev,
         check=(
-            "MoE routing consistency between engine and trainer (routing replay / same "
-            "router precision), KV-cache reuse across weight updates, and per-request "
-            "engine settings (LoRA adapter, sampling params) for the listed sequences."
+            ("the tokens that carry those sequences (their sampled-token probability on "
+             "each side, the kernel or numeric path that gave them; a veto or token mask "
+             "drops them)" + ("." if n_single == n_out else "; for the other sequences, ")
+             if n_single else "")
+            + ("" if n_single == n_out else
+               "MoE routing consistency between engine and trainer (routing replay / same "
+               "router precision), KV-cache reuse across weight updates, and per-request "
+               "engine settings (LoRA adapter, sampling params) for the listed sequences.")
         ),
     )
     return _found(f, f"{n_out} sequences flagged, {share_d2:.1%} of delta^2")

@@ -465,6 +465,27 @@ def test_sequence_outliers(tmp_path, base):
     assert ev["sequences_flagged"] >= 2
     assert ev["delta2_share_flagged"] > FX.OUTLIER_SHARE_WARN
     assert ev["k_without_flagged"] < ev["k_with_flagged"]
+    # a whole-sequence shift: every token carries it, no "catastrophic token" reading
+    assert ev["flagged_carried_by_few_tokens"] == 0
+    assert min(ev["top_tokens_carrying_abs_delta"]) > FX.FEW_CARRIERS
+    assert "catastrophic token" not in f.message and "MoE routing" in f.check
+
+
+def test_sequence_outlier_carried_by_one_token_says_so(tmp_path, base):
+    """A sequence flagged for one catastrophic token (delta = -10 among normal ones) is said
+    to be carried by one token, with advice on tokens, not on whole-sequence causes (MoE
+    routing, KV cache), which the finding gave."""
+    seqs = base.filter(pl.col("loss_mask"))["seq_id"].unique().sort().to_list()[:3]
+    first = (pl.col("seq_id").is_in(seqs) & (pl.col("position") == 5))
+    df = _with_delta(base, pl.when(first).then(pl.lit(-10.0)).otherwise(DELTA))
+    f = run_forensics(_load(tmp_path, df), checks=["sequence_outliers"]).by_kind(
+        "sequence_outliers")
+    assert f is not None
+    ev = f.evidence
+    assert ev["flagged_carried_by_few_tokens"] == ev["sequences_flagged"] >= 1
+    assert all(c < FX.FEW_CARRIERS for c in ev["top_tokens_carrying_abs_delta"])
+    assert "one or two tokens carry the sequence's |delta|" in f.message
+    assert f.check.startswith("the tokens that carry those sequences") and "MoE" not in f.check
 
 
 def test_outliers_are_scored_without_impossible_logprobs(tmp_path, base):
