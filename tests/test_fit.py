@@ -226,6 +226,32 @@ def test_law_does_not_hold_variant():
     assert r.laws.power.alpha_ci[0] <= 0.5 <= r.laws.power.alpha_ci[1]
 
 
+def test_law_reading_by_alpha_and_its_interval():
+    """The verdict's reading of alpha: its interval holding 1 (or alpha within 0.05 of
+    1): holds; else the interval beyond 1 +- 0.2 OR alpha itself more than 0.2 from 1: does
+    not hold (0.51 [0.43, 0.83] read "holds approximately" for the interval's upper end
+    alone, and flipped with --bins); else holds approximately; a poor fit: does not hold."""
+    import math
+
+    from entr_diag.fit import PowerLaw, RobustPower, _law_status
+
+    def law(alpha, lo, hi, r2=0.95):
+        nan = math.nan
+        p = PowerLaw(0.02, (nan, nan), alpha, (lo, hi), 1.0, r2, 10, 0.01, 4.0,
+                     RobustPower(nan, nan, (nan, nan), False, ""))
+        return _law_status(p)
+
+    assert law(0.97, 0.9, 1.05)[0] == "holds"
+    assert law(1.03, 1.01, 1.04)[0] == "holds"  # within 0.05 of 1
+    assert law(0.85, 0.80, 0.92) == ("holds_approximately", "law holds approximately: "
+                                     "alpha = 0.85 [0.80, 0.92] (interval excludes 1)")
+    assert law(0.51, 0.43, 0.83) == ("does_not_hold", "law does not hold: alpha = 0.51 "
+                                     "[0.43, 0.83] (alpha far from 1)")
+    assert law(1.25, 1.15, 1.3)[0] == "does_not_hold"
+    assert law(0.7, 0.6, 0.75)[0] == "does_not_hold"
+    assert law(0.97, 0.9, 1.05, r2=0.5)[1].endswith("(poor fit, weighted R^2 = 0.50 < 0.9)")
+
+
 def test_law_holds_variant_text():
     """A run following the law gives the 'law holds' verdict with alpha and its interval."""
     r = _fit(n_tokens=50_000, seed=0, h_star=0.03)
