@@ -1925,22 +1925,29 @@ class _Core:
     grid: str = "bins"
 
 
+def _block_sums_of(cb: dict, binning: CoarseBinning, cells: CoarseBinning, B: int,
+                   keep: np.ndarray | None = None) -> dict:
+    """Per (bin, block) sums of n, s_h and s_d2 (:func:`_block_sums`); ``keep`` (B,): 0 for
+    the blocks left out (their sums zeroed)."""
+    out = {c: _block_sums(cb[c], binning, cells, B) for c in ("n", "s_h", "s_d2")}
+    return out if keep is None else {c: v * keep[None, :] for c, v in out.items()}
+
+
 def _core(cb: dict, binning: CoarseBinning, brk: CoarseBinning, cells: CoarseBinning,
-          B: int, boot: _Boot, keep: np.ndarray | None = None) -> _Core:
+          B: int, boot: _Boot, keep: np.ndarray | None = None, S: dict | None = None
+          ) -> _Core:
     """The bins, the breakpoint search and the law regime's bins from the joint (cell x
     block) sums ``cb``; ``keep`` (B,): 0 for the sequence blocks left out (their sums
-    zeroed; the bootstrap's multiplicities stay), for :func:`_influence`."""
-    def sums(bn: CoarseBinning) -> dict:
-        out = {c: _block_sums(cb[c], bn, cells, B) for c in ("n", "s_h", "s_d2")}
-        return out if keep is None else {c: v * keep[None, :] for c, v in out.items()}
-
-    S = sums(binning)
+    zeroed; the bootstrap's multiplicities stay), for :func:`_influence`; ``S``: the
+    bins' sums (:func:`_block_sums_of`) when the caller has them."""
+    if S is None:
+        S = _block_sums_of(cb, binning, cells, B, keep)
     tot = {c: boot.totals(S[c]) for c in S}
     bd_all = _eligible(S, tot, boot, binning)
     if bd_all.idx.size < 3:
         return _Core(S, tot, bd_all)
     # ---- breakpoint on finer bins (same edge kind), then laws on the law regime
-    Sb = sums(brk)
+    Sb = _block_sums_of(cb, brk, cells, B, keep)
     bd_brk = _eligible(Sb, {c: boot.totals(Sb[c]) for c in ("n", "s_h", "s_d2")}, boot, brk)
     search, bp, _ = _search_break(bd_brk, brk.h_lo[bd_brk.idx], brk.h_hi[bd_brk.idx])
     h_star = None if bp is None else bp.h_star
@@ -1979,13 +1986,13 @@ def _influence(core: _Core, verdict: Verdict, cb: dict, binning: CoarseBinning,
     idx = core.bd_brk.idx
     d2 = core.Sb["s_d2"][idx]  # (eligible breakpoint bins, B)
     n = core.Sb["n"][idx]
+    d2_bin, n_bin = d2.sum(axis=1, keepdims=True), n.sum(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        share = d2 / d2.sum(axis=1, keepdims=True)  # of the bin's sum delta^2
-        excess = share / (n / n.sum(axis=1, keepdims=True))  # over the block's token share
+        share = d2 / d2_bin  # of the bin's sum delta^2
+        excess = share / (n / n_bin)  # over the block's token share
         hit = (share >= DOMINANT_SHARE) & (excess >= DOMINANT_EXCESS)
         # what a block adds to the bins it dominates over its tokens' share of their sums
-        extra = np.where(hit, d2 - n * (d2.sum(axis=1, keepdims=True)
-                                        / n.sum(axis=1, keepdims=True)), 0.0).sum(axis=0)
+        extra = np.where(hit, d2 - n * (d2_bin / n_bin), 0.0).sum(axis=0)
     # ... when that is a share of the run's sum delta^2: a catastrophic token adds far more
     # than the rare rounding events a real run's low-entropy bins are made of, whose means
     # they set too (a heavy tail, not a few tokens)
@@ -2045,7 +2052,8 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         return out
 
     cb = fs.cb  # summed from the joint table once
-    boot = _Boot(_block_sums(cb["n"], binning, cells, B).sum(axis=0), n_boot, seed)
+    S = _block_sums_of(cb, binning, cells, B)
+    boot = _Boot(S["n"].sum(axis=0), n_boot, seed)
     if boot.W.shape[0] == 0:
         raise FitError(
             "All tokens fall into one sequence block: the sequence bootstrap needs tokens "
@@ -2053,7 +2061,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         )
     point = {c: per_bin(reg[c].sum(axis=(1, 2))) for c in ("s_d", "s_absd", "s_z2")}
     point["n_plow"] = per_bin(reg["n"][:, :, :2].sum(axis=(1, 2)))  # p < 1e-3: P_BINS 0, 1
-    core = _core(cb, binning, brk, cells, B, boot)
+    core = _core(cb, binning, brk, cells, B, boot, S=S)
     tot, bd_all = core.tot, core.bd_all
     n0 = tot["n"][0]
     mean_h, mean_d2 = _div(tot["s_h"][0], n0), _div(tot["s_d2"][0], n0)

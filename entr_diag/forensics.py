@@ -2248,13 +2248,7 @@ def _check_drift(ctx: _Ctx) -> _Result:
     if not t.ok or not math.isfinite(t.beta_step):
         return _cannot(name, t.why or "the step does not vary within entropy bins")
     ust, level = np.array(t.steps), np.array(t.step_level)
-    if len(ust) >= 3:
-        from scipy import stats
-
-        kt = stats.kendalltau(ust, level)
-        tau, ptau = float(kt[0]), float(kt[1])
-    else:
-        tau, ptau = float("nan"), float("nan")
+    tau, ptau = _kendall(ust, level)
     per_step = ctx.cells.group_by("_step").agg(pl.col("n", "sh").sum()).sort("_step").drop_nulls()
     hs = (per_step["sh"] / per_step["n"]).to_numpy()
     psx = per_step["_step"].to_numpy().astype(float)
@@ -2309,8 +2303,15 @@ def _check_drift(ctx: _Ctx) -> _Result:
             ),
         )
         return _found(f, f"growth x{growth:.2f} over the run, {_pval(p)}")
+    free: list[tuple[_Trend, str]] = []  # the trend with the lag not held fixed, read once
+
+    def lag_free() -> tuple[_Trend, str]:
+        if not free:
+            free.append(_drift_trend(ctx, lag_free=True))
+        return free[0]
+
     if not t.levels_comparable:  # a jump where the lag changes, between the lag groups
-        onset = _lag_onset_jump(ctx)
+        onset = _lag_onset_jump(ctx, lag_free())
         if onset is not None:
             return onset
     spikes = _step_spikes(ust, level) if t.levels_comparable else []
@@ -2322,7 +2323,7 @@ def _check_drift(ctx: _Ctx) -> _Result:
         if span is not None and (int(span) < DRIFT_MIN_STEPS or int(span) < 0.5 * n_steps):
             # each lag covers a few steps: the trend within them says little of the run
             # (a lag rising with the step hides a 5x rise of the mismatch as "x1.02")
-            confounded = _confounded_rise(ctx, int(span), n_steps, growth, p)
+            confounded = _confounded_rise(ctx, lag_free(), int(span), n_steps, growth, p)
             if confounded is not None:
                 return confounded
             return _cannot(
@@ -2338,25 +2339,33 @@ def _check_drift(ctx: _Ctx) -> _Result:
     )
 
 
-def _confounded_rise(ctx: _Ctx, span: int, n_steps: int, within: float, p_within: float
-                     ) -> _Result | None:
+def _kendall(steps: np.ndarray, level: np.ndarray) -> tuple[float, float]:
+    """Kendall's tau of the per-step level across steps and its p-value (NaN for fewer
+    than 3 steps)."""
+    if len(steps) < 3:
+        return float("nan"), float("nan")
+    from scipy import stats
+
+    kt = stats.kendalltau(steps, level)
+    return float(kt[0]), float(kt[1])
+
+
+def _confounded_rise(ctx: _Ctx, lag_free: tuple[_Trend, str], span: int, n_steps: int,
+                     within: float, p_within: float) -> _Result | None:
     """The drift check when the version lag changes with the step (each lag value in a few
     steps: held fixed, the trend within lags says little of the run): mean |delta| read
     on all tokens with the lag not held fixed. A rise over the run (p < DRIFT_P, at least
     DRIFT_MIN_GROWTH, Kendall tau of the per-step level not negative) is a warning: the
     pooled law averages a mismatch that changes over the run, whether it is the engine's
     drift or the policy drift of the growing lag (the data cannot tell them apart). None
-    otherwise (the check then cannot tell)."""
-    t, used = _drift_trend(ctx, lag_free=True)
+    otherwise (the check then cannot tell). ``lag_free``: :func:`_drift_trend` with
+    ``lag_free``."""
+    t, used = lag_free
     if not t.ok or not math.isfinite(t.beta_step) or not t.p_step < DRIFT_P:
         return None
     growth = math.exp(t.beta_step)
     ust, level = np.array(t.steps), np.array(t.step_level)
-    tau = float("nan")
-    if len(ust) >= 3:
-        from scipy import stats
-
-        tau = float(stats.kendalltau(ust, level)[0])
+    tau = _kendall(ust, level)[0]
     if not (t.beta_step > 0 and growth >= DRIFT_MIN_GROWTH and not tau <= 0):
         return None
     lags = (ctx.cells.drop_nulls(["_step", "_stale"]).filter(pl.col("n") > 0)
@@ -2395,15 +2404,16 @@ def _confounded_rise(ctx: _Ctx, span: int, n_steps: int, within: float, p_within
                      "lags): drift and policy drift cannot be told apart")
 
 
-def _lag_onset_jump(ctx: _Ctx) -> _Result | None:
+def _lag_onset_jump(ctx: _Ctx, lag_free: tuple[_Trend, str]) -> _Result | None:
     """The drift check when it held each staleness value apart (one intercept per (bin,
     staleness)) and found nothing: a jump of mean |delta| between two steps whose version
     lags differ entirely (e.g. lag 0 before step 5, lags 1 and 2 from it on) falls between
     those groups and is unseen. Read on all tokens with the lag not held fixed, such a jump
     (DRIFT_JUMP_SHARE of the rise, at least DRIFT_MIN_GROWTH, the trend at p < DRIFT_P) is
     an info finding: an engine change at that step and the policy drift of the new lag read
-    alike, and no step holds both lags to tell them apart. None otherwise."""
-    t, used = _drift_trend(ctx, lag_free=True)
+    alike, and no step holds both lags to tell them apart. None otherwise. ``lag_free``:
+    :func:`_drift_trend` with ``lag_free``."""
+    t, used = lag_free
     if not t.ok or not math.isfinite(t.beta_step) or not t.p_step < DRIFT_P:
         return None
     jump = _step_jump(np.array(t.steps), np.array(t.step_level))

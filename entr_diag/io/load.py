@@ -1688,8 +1688,14 @@ def _seq_id_expr(expr: pl.Expr, src_type: pa.DataType | None,
     with a missing value as float64) are read as integers where whole, NaN and fractional
     ids as null (missing_seq_id rows), then as ``sid_dtype`` (``3.0`` -> ``"3"``)."""
     if src_type is not None and pa.types.is_floating(_value_type(src_type)):
-        expr = pl.when(expr == expr.floor()).then(expr).cast(pl.Int64, strict=False)
+        expr = _whole_ints(expr)
     return expr.cast(sid_dtype)
+
+
+def _whole_ints(expr: pl.Expr) -> pl.Expr:
+    """A floating-point column's whole values as Int64; NaN, infinite, fractional and
+    out-of-range values as null."""
+    return pl.when(expr == expr.floor()).then(expr).cast(pl.Int64, strict=False)
 
 
 def _canonical_cast(canon: str, expr: pl.Expr, src_type: pa.DataType | None = None
@@ -1704,7 +1710,7 @@ def _canonical_cast(canon: str, expr: pl.Expr, src_type: pa.DataType | None = No
     if kind == S.ID:
         return expr.cast(pl.String)
     if kind == S.INT and src_type is not None and pa.types.is_floating(_value_type(src_type)):
-        return pl.when(expr == expr.floor()).then(expr).cast(pl.Int64, strict=False)
+        return _whole_ints(expr)
     return expr.cast(_POLARS_DTYPE[kind])
 
 
