@@ -118,6 +118,9 @@ def implausible_caveat(findings: Mapping | None) -> str | None:
     Args:
         findings: the forensics' ``to_dict()`` (``findings``: kind, severity, title), or
             None when the command ran no forensics.
+        gates: for ``compare``, which shows no finding: each line also says that the
+            gates' noise and exploration categories rest on the law, and where the finding
+            is shown.
     """
     for f in (findings or {}).get("findings", ()):
         if f.get("kind") == "implausible_logprobs" and f.get("severity") in ("warning",
@@ -164,7 +167,7 @@ FINDING_CONSEQUENCES: dict[str, str] = {
 _OWN_CAVEAT = ("implausible_logprobs", "misalignment")
 
 
-def findings_caveats(findings: Mapping | None) -> list[str]:
+def findings_caveats(findings: Mapping | None, gates: bool = False) -> list[str]:
     """One ``caveat:`` line per forensic finding at warning or critical severity (but the
     implausible-logprob and misalignment findings, which have their own): its title, kind
     and what it does to the law (:data:`FINDING_CONSEQUENCES`), so that the verdict never
@@ -184,7 +187,9 @@ def findings_caveats(findings: Mapping | None) -> list[str]:
             f.get("evidence") or {})
         effect = FINDING_CONSEQUENCES.get(f"{kind}_scattered" if scattered else kind,
                                           "read the finding before the law")
-        out.append(f"caveat: {f.get('title', kind)} [{kind}]: {effect}.")
+        tail = (" The gates' noise admitted and exploration discarded rest on that law; "
+                "`entr-diag fit` or `entr-diag report` shows the finding." if gates else "")
+        out.append(f"caveat: {f.get('title', kind)} [{kind}]: {effect}.{tail}")
     return out
 
 

@@ -970,7 +970,7 @@ def _alignment_numbers(f) -> str:
 
 
 def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
-              zero_prefix=None, misaligned=None) -> dict:
+              zero_prefix=None, misaligned=None, gates: bool = False) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
     terminal, JSON and HTML: the mostly-excluded, integer-column, unit-mistake and (with
     the forensics' ``findings``) impossible-logprob caveats, the rounded-logprob caveat
@@ -981,7 +981,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     severity (:func:`~entr_diag.caveats.findings_caveats`), then the small-sample and
     interval caveats (None when none applies); first of all ``misaligned`` (``_fit``'s: the caveat of a shift let through by
     --allow-misaligned). ``findings``: a Findings, or its ``to_dict()`` shape
-    (``{"findings": [...]}``, e.g. ``compare``'s implausible-logprob finding alone)."""
+    (``{"findings": [...]}``, e.g. ``compare``'s, with its own implausible-logprob
+    finding); ``gates``: for ``compare`` (:func:`~entr_diag.caveats.findings_caveats`)."""
     from entr_diag.caveats import (
         duplicates_caveat,
         exclusion_caveat,
@@ -1017,7 +1018,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              units_caveat(_shown_units(fd.get("units"), misaligned, file_units), ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
              implausible_caveat(fdict),
-             *findings_caveats(fdict),
+             *findings_caveats(fdict, gates),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
              influence_caveat(fd)]
     caveats = [p for p in parts if p]
@@ -1322,6 +1323,14 @@ def _check_bin_edges(bin_edges: str) -> None:
         raise ParameterError(f"--bin-edges {bin_edges}: expected quantile or log.")
 
 
+#: the forensic checks ``compare`` runs in its first pass: those whose findings distort the
+#: law its token categories (noise admitted, exploration discarded) rest on, and that cost
+#: no pass of their own (the sequence-outlier tables, the corrupt-rows raw pass and the
+#: implausible-logprob check's listing are left to ``fit`` and ``report``; ``compare`` has
+#: its own implausible-logprob count)
+COMPARE_CHECKS: tuple[str, ...] = ("misalignment", "one_sided_temperature",
+                                   "truncated_sampling", "drift", "staleness")
+
 _NO_ENTROPY = "the scaling law and the ENTR gate are unavailable"
 _MAP_ENTROPY = "map one with --column entropy=NAME"
 
@@ -1419,7 +1428,8 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None]:
 
 
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
-         full: bool = True, forensics: bool = False, profiles: bool = False,
+         full: bool = True, forensics: bool | tuple[str, ...] = False,
+         profiles: bool = False,
          entropy_optional: bool = False, law_optional: bool = False, gates=None,
          implausible: bool = False):
     """The scaling-law fit (with ``full``: its strata and the mismatch metrics; with
@@ -1479,7 +1489,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if forensics:
         from entr_diag.forensics import forensics_plan
 
-        plans["findings"] = forensics_plan(ds)
+        plans["findings"] = forensics_plan(ds, None if forensics is True else forensics)
         align = plans["findings"].misalign
     else:
         from entr_diag.forensics import misalignment_plan
@@ -1489,7 +1499,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         from entr_diag.profiles import profiles_plan
 
         plans["profiles"] = profiles_plan(ds.lf, eps=eps)
-    if implausible and not forensics:
+    if implausible and forensics is not True and "implausible_logprobs" not in (
+            forensics or ()):
         from entr_diag.forensics import ImplausiblePlan
 
         plans["implausible"] = ImplausiblePlan(ds)
@@ -1845,7 +1856,8 @@ def compare(
                 "fixed:c=0.5)"))
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
                  allow_misaligned=allow_misaligned, entropy_optional=True, law_optional=True,
-                 gates=lambda: _gate_plan(ds, entr, panel, sweeps), implausible=True)
+                 gates=lambda: _gate_plan(ds, entr, panel, sweeps), implausible=True,
+                 forensics=COMPARE_CHECKS)
         fit_res = a["fit"]
         no_entr = no_law = None  # no entropy column: the gates that need none are compared
         if a["unavailable"]:  # too little data for the law: the gates need none
@@ -1868,14 +1880,17 @@ def compare(
         warnings = _notes.warnings()
         _notes.flush()  # the outputs begin: the notes held so far come first
         closed = _ClosedLater()  # a FIFO's reader left: the tables still follow
+        found = ([] if a["findings"] is None else a["findings"].to_dict()["findings"]) + (
+            [] if implausible is None else [implausible])
         fd = None if fit_res is None else _fit_dict(
-            fit_res, ds, None if implausible is None else {"findings": [implausible]},
+            fit_res, ds, {"findings": found},
             rounded=a["rounded"], file_units=a["file_units"],
-            zero_prefix=a["zero_prefix"], misaligned=a["misaligned"])
+            zero_prefix=a["zero_prefix"], misaligned=a["misaligned"], gates=True)
         with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
                 warnings=warnings, implausible_logprobs=implausible, fit=fd,
+                forensics=None if a["findings"] is None else a["findings"].to_dict(),
                 **({"unavailable": no_entr or no_law} if no_entr or no_law else {})), quiet)
             if export is not None:
                 from entr_diag.atomic import when_written, write_with

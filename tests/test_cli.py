@@ -1642,8 +1642,9 @@ def test_placeholders_are_not_taken_for_rounded_logprobs(synth_file, tmp_path):
 
 
 def test_compare_reports_impossible_logprobs_as_fit_does(synth_file, tmp_path):
-    """compare runs no forensics, but -300 placeholders in one shard still reach its
-    verdict caveat, a warning line and the JSON (implausible_logprobs), with the numbers
+    """compare runs the implausible-logprob check outside its forensics: -300 placeholders
+    in one shard reach its verdict caveat, a warning line and the JSON
+    (implausible_logprobs), with the numbers
     fit's forensics give; a clean input gets none (and no per-bin totals pass)."""
     ph = _on_rows("infer_logprob", -300.0, lambda i: i % 50 == 0)
     d = _split(synth_file, tmp_path / "ph", 4, {2: ph})
@@ -1665,12 +1666,56 @@ def test_compare_reports_impossible_logprobs_as_fit_does(synth_file, tmp_path):
             in doc["fit"]["verdict"]["caveat"])
     assert any("impossible logprob" in w for w in doc["warnings"])
     assert "warning: " in r.stderr and "impossible logprob" in r.stderr
-    # the caveat is on stdout too, after the tables (as fit prints it beside its verdict)
-    assert doc["fit"]["verdict"]["caveat"] in " ".join(r.stdout.split())
+    # the caveats are on stdout too, after the tables (as fit prints them beside its
+    # verdict); the spikes the placeholders make at steps 2 and 6 are fit's drift warning
+    assert all(c in " ".join(r.stdout.split()) for c in doc["fit"]["verdict"]["caveats"])
+    from entr_diag.cli import COMPARE_CHECKS
+
+    def warned(d: dict) -> set[str]:
+        return {f["kind"] for f in d["forensics"]["findings"]
+                if f["severity"] != "info" and f["kind"] in COMPARE_CHECKS}
+
+    assert warned(doc) == warned(fdoc) == {"drift"}
     r = runner.invoke(app, ["compare", str(synth_file), "--n-boot", "100", "--json", str(cj),
                             "-q"])
     doc = json.loads(cj.read_text())
     assert doc["implausible_logprobs"] is None and "impossible" not in str(doc["fit"]["verdict"])
+    assert "caveat:" not in r.stdout
+
+
+def test_compare_caveats_a_law_distorted_by_engine_truncation(synth_file, tmp_path):
+    """An engine-side top-p renormalisation (log Z = 0.08 H added to infer_logprob) makes
+    delta one-sided: compare runs the truncated-sampling check in its first pass and prints
+    fit's caveat, saying that its noise / exploration categories rest on that law, with
+    the finding's numbers equal to fit's; the JSON holds the five checks compare runs."""
+    import polars as pl
+
+    from entr_diag.cli import COMPARE_CHECKS
+
+    il = pl.col("infer_logprob")
+    g = pl.min_horizontal(0.08 * pl.col("entropy"), -il * 0.99)
+    src = tmp_path / "topp.parquet"
+    pl.read_parquet(synth_file).with_columns((il + g).alias("infer_logprob")).write_parquet(src)
+    fj, cj = tmp_path / "f.json", tmp_path / "c.json"
+    runner.invoke(app, ["fit", str(src), "--n-boot", "100", "--json", str(fj), "-q"])
+    r = runner.invoke(app, ["compare", str(src), "--n-boot", "100", "--json", str(cj), "-q"])
+    assert r.exit_code == 0, r.output
+    (ff,) = [f for f in json.loads(fj.read_text())["forensics"]["findings"]
+             if f["kind"] == "truncated_sampling"]
+    doc = json.loads(cj.read_text())
+    assert list(doc["forensics"]["checks"]) == list(COMPARE_CHECKS)
+    (cf,) = [f for f in doc["forensics"]["findings"] if f["kind"] == "truncated_sampling"]
+    assert cf["severity"] == ff["severity"] == "warning"
+    assert cf["evidence"]["k_debiased"] == pytest.approx(ff["evidence"]["k_debiased"])
+    (line,) = [c for c in doc["fit"]["verdict"]["caveats"] if "[truncated_sampling]" in c]
+    assert "noise admitted and exploration discarded rest on that law" in line
+    assert line in " ".join(r.stdout.split())
+    # the clean run: every check runs, no finding above info, no caveat
+    r = runner.invoke(app, ["compare", str(synth_file), "--n-boot", "100", "--json", str(cj),
+                            "-q"])
+    doc = json.loads(cj.read_text())
+    assert list(doc["forensics"]["checks"]) == list(COMPARE_CHECKS)
+    assert all(f["severity"] == "info" for f in doc["forensics"]["findings"])
     assert "caveat:" not in r.stdout
 
 
