@@ -67,6 +67,35 @@ def influence_caveat(fit: Mapping) -> str | None:
         "tokens or placeholders that passed as logprobs?")
 
 
+def curvature_caveat(fit: Mapping) -> str | None:
+    """A one-line caveat when the law's bins bend in log-log space (``laws.power.curvature``
+    with ``bends``, :class:`entr_diag.fit.Curvature`), else None: alpha then averages a
+    local slope that changes across the fitted range, so alpha, R^2 and the verdict's
+    reading of them move with where the bins lie.
+
+    Args:
+        fit: a fit result's ``to_dict()``.
+    """
+    power = (fit.get("laws") or {}).get("power") or {}
+    c = power.get("curvature") or {}
+    if not c.get("bends"):
+        return None
+    lo, hi = c.get("change_ci") or (None, None)
+    ci = (f" [{lo:.2f}, {hi:.2f}]" if isinstance(lo, float) and isinstance(hi, float)
+          else "")
+    how = ("mean delta^2 flattens as the entropy grows" if c["change"] < 0
+           else "mean delta^2 steepens as the entropy grows")
+    return (
+        f"caveat: the law's bins bend in log-log space: local slope {c['slope_low']:.2f} at "
+        f"H = {c['h_low']:.3g} nats, {c['slope_high']:.2f} at {c['h_high']:.3g} nats (change "
+        f"{c['change']:.2f}{ci}): {how}, which no power law does (a bend over the whole "
+        "range, or a step where a few tokens with a large delta set some bins' means). alpha = "
+        f"{power.get('alpha', float('nan')):.2f} averages that slope over the fitted range, so "
+        "alpha, R^2 and the law's reading move with where the bins lie (--bin-edges, "
+        "--bins); read the bins table, not alpha alone."
+    )
+
+
 def interval_caveat(fit: Mapping) -> str | None:
     """A one-line caveat when the power law's estimate (``alpha`` or ``k``) lies outside its
     own 95% bootstrap interval, else None.

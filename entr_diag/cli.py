@@ -984,6 +984,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     (``{"findings": [...]}``, e.g. ``compare``'s, with its own implausible-logprob
     finding); ``gates``: for ``compare`` (:func:`~entr_diag.caveats.findings_caveats`)."""
     from entr_diag.caveats import (
+        curvature_caveat,
         duplicates_caveat,
         exclusion_caveat,
         file_exclusions_caveat,
@@ -1020,7 +1021,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              implausible_caveat(fdict),
              *findings_caveats(fdict, gates),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
-             influence_caveat(fd)]
+             curvature_caveat(fd), influence_caveat(fd)]
     caveats = [p for p in parts if p]
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats}
     fd["rounded_logprobs"] = dict(rounded) if rounded else None  # (or {"by_file": ...})

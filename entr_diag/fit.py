@@ -185,6 +185,11 @@ ALPHA_TOL: float = 0.2
 ALPHA_EXACT: float = 0.05
 #: Verdict: weighted R^2 (log-log power law) below this means the law does not hold.
 R2_MIN: float = 0.9
+#: The law bends (:class:`Curvature`) when the local log-log slope of mean delta^2 on H
+#: changes by at least this much across the fitted range, its 95% bootstrap interval
+#: excluding 0 (60 planted power laws, alpha 0.5 to 1.5, with and without a break:
+#: |change| <= 0.07; real runs: mean delta^2 flattening at high entropy, -1.5 to -4)
+BEND_MIN: float = 0.3
 #: Staleness buckets (label, lowest or None, highest or None); staleness = train - policy
 #: version. "<0": a policy newer than the one trained on it (swapped version columns: a
 #: warning says so), its own stratum as in compare's keep rate by staleness.
@@ -314,8 +319,45 @@ class RobustPower:
 
 
 @dataclass(frozen=True)
+class Curvature:
+    """How far the law-regime bins bend away from a straight line in log-log space.
+
+    ``ln mean delta^2 = a + b ln H + c (ln H)^2`` fitted to the bins the power law is fitted
+    on, with its weights (:meth:`_BinData.w_log`); the local slope ``b + 2 c ln H`` at the
+    mean H of the first and last of them (``slope_low`` at ``h_low`` nats, ``slope_high``
+    at ``h_high``); ``change = slope_high - slope_low`` with the 95% interval of the same
+    sequence-block bootstrap as the laws. A power law has a constant slope (alpha);
+    ``bends`` when the interval excludes 0 and ``|change| >= BEND_MIN``: alpha then
+    averages a slope that varies over the range, and alpha and R^2 depend on where the bins
+    lie (``--bin-edges``, ``--bins``). Real runs seen so far bend down (mean delta^2 rising
+    about in proportion to H up to about 1 nat, then flat): ``change`` of -2 to -4."""
+
+    h_low: float
+    h_high: float
+    slope_low: float
+    slope_high: float
+    change: float
+    change_ci: tuple[float, float]
+    bends: bool
+
+    def to_dict(self) -> dict:
+        return {
+            "method": "weighted quadratic in ln H of ln mean delta^2 over the law's bins",
+            "h_low": self.h_low,
+            "h_high": self.h_high,
+            "slope_low": self.slope_low,
+            "slope_high": self.slope_high,
+            "change": self.change,
+            "change_ci": _ci_list(self.change_ci),
+            "bends": self.bends,
+            "bend_min": BEND_MIN,
+        }
+
+
+@dataclass(frozen=True)
 class PowerLaw:
-    """``E[delta^2] = k H^alpha`` fitted by weighted least squares in log-log space."""
+    """``E[delta^2] = k H^alpha`` fitted by weighted least squares in log-log space;
+    ``curvature``: how far its bins bend from that line (None with fewer than 5 bins)."""
 
     k: float
     k_ci: tuple[float, float]
@@ -327,6 +369,7 @@ class PowerLaw:
     h_min: float  # lower entropy edge of the fitted range (nats)
     h_max: float
     robust: RobustPower
+    curvature: Curvature | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -340,6 +383,7 @@ class PowerLaw:
             "n_bins": self.n_bins,
             "h_range": [self.h_min, self.h_max],
             "robust": self.robust.to_dict(),
+            "curvature": None if self.curvature is None else self.curvature.to_dict(),
         }
 
 
@@ -821,6 +865,48 @@ def _fit_power(bd: _BinData) -> tuple[float, float, np.ndarray, np.ndarray, floa
     ar, cr = _wline(LXr, LYr, np.broadcast_to(w[:, None], LXr.shape))
     chi2, r2 = _quality(bd.ly, lnk + alpha * bd.lx, w, 2)
     return math.exp(lnk), alpha, np.exp(cr), ar, chi2, r2
+
+
+def _quadratic_slope_change(X: np.ndarray, Y: np.ndarray, Wt: np.ndarray, x0: float,
+                            x1: float, xc: float) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted least squares of Y on (1, X - xc, (X - xc)^2) per column (X, Y, Wt of shape
+    (n, R); non-finite entries weigh 0): the local slopes at x0 and x1, each of shape (R,),
+    NaN for a column with fewer than 4 usable rows or a singular system."""
+    ok = np.isfinite(X) & np.isfinite(Y) & (Wt > 0)
+    W = np.where(ok, Wt, 0.0)
+    x = np.where(ok, X - xc, 0.0)
+    y = np.where(ok, Y, 0.0)
+    m = [(W * x**j).sum(axis=0) for j in range(5)]  # moments sum w x^j
+    t = [(W * y * x**j).sum(axis=0) for j in range(3)]
+    A = np.stack([np.stack([m[i + j] for j in range(3)], axis=-1) for i in range(3)], axis=-2)
+    rhs = np.stack(t, axis=-1)[..., None]
+    good = (ok.sum(axis=0) >= 4) & (np.abs(np.linalg.det(A)) > 0)
+    A[~good] = np.eye(3)
+    beta = np.linalg.solve(A, rhs)[..., 0]
+    b, c = beta[:, 1], beta[:, 2]
+    lo, hi = b + 2 * c * (x0 - xc), b + 2 * c * (x1 - xc)
+    return np.where(good, lo, np.nan), np.where(good, hi, np.nan)
+
+
+def _curvature(bd: _BinData) -> Curvature | None:
+    """:class:`Curvature` of the power law's bins (None with fewer than 5 of them)."""
+    n = bd.idx.size
+    if n < 5:
+        return None
+    w = bd.w_log()
+    x, y = bd.lx, bd.ly
+    xc = float(np.sum(w * x) / np.sum(w))  # centred: a well-conditioned system
+    lo, hi = _quadratic_slope_change(x[:, None], y[:, None], w[:, None], x[0], x[-1], xc)
+    LXr, LYr = bd.log_reps()
+    # each resample's slopes at the point estimate's end bins (their H moves little)
+    rlo, rhi = _quadratic_slope_change(LXr, LYr, np.broadcast_to(w[:, None], LXr.shape),
+                                       x[0], x[-1], xc)
+    change = float(hi[0] - lo[0])
+    ci = _ci(rhi - rlo)
+    bends = bool(np.isfinite(change) and abs(change) >= BEND_MIN and np.isfinite(ci[0])
+                 and not ci[0] <= 0.0 <= ci[1])
+    return Curvature(float(bd.h[0]), float(bd.h[-1]), float(lo[0]), float(hi[0]), change,
+                     ci, bends)
 
 
 def _fit_proportional(bd: _BinData):
@@ -1307,7 +1393,10 @@ def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSear
                   regime: RegimeResult, units: UnitsCheck | None = None) -> Verdict:
     law, head = _law_status(power)
     head += f", k = {_fmt(power.k)}"
-    if power.robust.disagrees:
+    if power.robust.disagrees and power.curvature is not None and power.curvature.bends:
+        head += (f" (robust Theil-Sen alpha = {power.robust.alpha:.2f} differs: the bins do "
+                 "not lie on one line, see the caveat)")
+    elif power.robust.disagrees:
         head += (f" (robust Theil-Sen alpha = {power.robust.alpha:.2f} disagrees: heavy-tailed "
                  "bins dominate least squares)")
     if bp is not None:
@@ -2101,17 +2190,24 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         and not (alpha_ci[0] <= rob_alpha <= alpha_ci[1])
         and abs(rob_alpha - alpha) > 0.05
     )
-    note = (
-        f"robust (Theil-Sen) alpha = {rob_alpha:.2f} differs from least-squares alpha = "
-        f"{alpha:.2f} [{alpha_ci[0]:.2f}, {alpha_ci[1]:.2f}]: a few bins dominate the "
-        "least-squares fit; inspect the bins with heavy tails"
-        if disagrees
-        else "robust (Theil-Sen) and least-squares alpha agree"
-    )
+    curv = _curvature(bd)
+    differ = (f"robust (Theil-Sen) alpha = {rob_alpha:.2f} differs from least-squares alpha "
+              f"= {alpha:.2f} [{alpha_ci[0]:.2f}, {alpha_ci[1]:.2f}]: ")
+    if not disagrees:
+        note = "robust (Theil-Sen) and least-squares alpha agree"
+    elif curv is not None and curv.bends:  # no line to agree on: each weighs the bins its way
+        note = differ + (
+            f"the bins do not lie on one line (local slope {curv.slope_low:.2f} at H = "
+            f"{_fmt(curv.h_low, 2)} nats, {curv.slope_high:.2f} at {_fmt(curv.h_high, 2)} "
+            "nats), and Theil-Sen weighs every pair of bins alike where least squares "
+            "weighs bins by tokens")
+    else:
+        note = differ + ("a few bins dominate the least-squares fit; inspect the bins with "
+                         "heavy tails")
     robust = RobustPower(float(math.exp(ts.intercept)), rob_alpha,
                          (float(ts.low_slope), float(ts.high_slope)), disagrees, note)
     power = PowerLaw(kpow, _ci(kr), alpha, alpha_ci, chi2p, r2p, int(bd.idx.size),
-                     float(bd.lo[0]), float(bd.hi[-1]), robust)
+                     float(bd.lo[0]), float(bd.hi[-1]), robust, curv)
     kp, kpr, chi2k, r2k, kp_rob = _fit_proportional(bd)
     prop = ProportionalLaw(kp, _ci(kpr), kp_rob, chi2k, r2k, int(bd.idx.size))
     ka, ca, kar, car, chi2a, r2a = _fit_affine(bd, kp * bd.h)

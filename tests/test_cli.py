@@ -984,7 +984,8 @@ def test_small_sample_caveat_threshold():
 def test_few_sequences_verdict_has_caveat(synth_file, tmp_path):
     """A run of 3 long sequences gets its verdict with a caveat line in fit's terminal output,
     in verdict.caveat of the JSON and under the report's verdict (stdout and HTML); the
-    bundled sample run (hundreds of sequences) gets none."""
+    bundled sample run (hundreds of sequences) gets none of it (its one caveat: its bins
+    bend)."""
     df = pl.read_parquet(synth_file).sort("seq_id", "position")
     df = df.with_columns(pl.col("seq_id") % 3, pl.lit(1).alias("step")).with_columns(
         pl.int_range(pl.len()).over("seq_id").alias("position"))
@@ -1005,8 +1006,9 @@ def test_few_sequences_verdict_has_caveat(synth_file, tmp_path):
     assert json.loads(rj.read_text())["fit"]["verdict"]["caveat"] == lines[1]
     assert f'<p class="caveat">{lines[1]}</p>' in html.read_text()
     r = runner.invoke(app, ["fit", "--n-boot", "100", "-q", "--json", str(out)])
-    assert r.exit_code == 0 and "caveat" not in r.stdout
-    assert json.loads(out.read_text())["verdict"]["caveat"] is None
+    assert r.exit_code == 0 and "only 3 sequences" not in r.stdout
+    (cav,) = json.loads(out.read_text())["verdict"]["caveats"]
+    assert cav.startswith("caveat: the law's bins bend in log-log space")
 
 
 def test_report_streams_as_documented(tmp_path):
@@ -1017,8 +1019,10 @@ def test_report_streams_as_documented(tmp_path):
     assert r.stderr.startswith("no input given: using the bundled sample run")
     assert "valid loss-masked tokens of" in r.stderr
     out = r.stdout.splitlines()
-    assert len(out) == 2 and out[0].startswith(f"wrote {tmp_path / 'run.html'} (")
+    assert out[0].startswith(f"wrote {tmp_path / 'run.html'} (")
     assert out[1].startswith("law ")
+    # then the verdict's caveats, one a line (the bundled run's: its bins bend)
+    assert len(out) == 3 and out[2].startswith("caveat: the law's bins bend")
 
 
 def test_two_outputs_with_one_path_are_refused(tmp_path):

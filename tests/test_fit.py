@@ -288,8 +288,57 @@ def test_robust_estimate_flags_heavy_tailed_bins():
     assert rob.disagrees
     assert abs(rob.alpha - 1.0) < 0.05
     assert "differs from least-squares" in rob.note
-    assert "disagrees" in r.verdict.text
+    # the inflated bins above 1 nat make a step: the bins bend upward, said beside alpha
+    curv = r.laws.power.curvature
+    assert curv.bends and curv.change > 0
+    assert "do not lie on one line" in rob.note
+    assert "differs: the bins do not lie on one line, see the caveat" in r.verdict.text
     assert r.breakpoint is None  # a high-entropy anomaly is not a low-entropy regime
+
+
+def test_curvature_of_the_law_bins():
+    """The local log-log slope at the law's end bins (a weighted quadratic, checked against
+    numpy's polyfit with the same weights); a planted power law (with or without a break,
+    alpha 0.5 to 1.5) never bends, a mean delta^2 that flattens above 0.3 nats (as real
+    runs do above about 1 nat) does, downward, with the caveat naming it."""
+    import numpy as np
+
+    import entr_diag.fit as F
+    from entr_diag.caveats import curvature_caveat
+
+    for alpha, h_star in ((0.5, None), (1.0, 0.03), (1.5, None)):
+        _, lf = synth(n_tokens=100_000, seed=4, alpha=alpha, h_star=h_star)
+        r = fit_scaling_law(lf, n_boot=200)
+        c = r.laws.power.curvature
+        assert not c.bends and abs(c.change) < 0.2, (alpha, c)
+        assert curvature_caveat(r.to_dict()) is None
+    _, lf = synth(n_tokens=100_000, seed=4, h_star=None)
+    # delta scaled so that mean delta^2 stops growing above 0.3 nats
+    flat = pl.when(pl.col("entropy") > 0.3).then(
+        pl.col("delta") * (0.3 / pl.col("entropy")).sqrt())
+    lf = lf.with_columns(flat.otherwise(pl.col("delta")).alias("delta"))
+    seen = []
+    real = F._curvature
+
+    def spy(bd):
+        seen.append(bd)
+        return real(bd)
+
+    F._curvature = spy
+    try:
+        r = fit_scaling_law(lf, n_boot=200)
+    finally:
+        F._curvature = real
+    c = r.laws.power.curvature
+    assert c.bends and c.change < -0.5 and c.change_ci[1] < 0
+    assert c.slope_low > 1.0 and c.slope_high < 0.5
+    bd = seen[-1]
+    q = np.polyfit(bd.lx, bd.ly, 2, w=np.sqrt(bd.w_log()))
+    assert c.slope_low == pytest.approx(2 * q[0] * bd.lx[0] + q[1], rel=1e-9)
+    assert c.slope_high == pytest.approx(2 * q[0] * bd.lx[-1] + q[1], rel=1e-9)
+    cav = curvature_caveat(r.to_dict())
+    assert cav.startswith("caveat: the law's bins bend in log-log space") and "flattens" in cav
+    assert r.to_dict()["laws"]["power"]["curvature"]["bends"] is True
 
 
 # ----------------------------------------------------------------------------- invariance
