@@ -268,8 +268,23 @@ SkipUnreadableOpt = Annotated[bool, typer.Option(
     help="Leave out input files that cannot be read as Parquet (truncated, empty, another "
          "format) with a warning, instead of refusing the input.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr (warnings still print).")]
-TauOpt = Annotated[float, typer.Option(help="ENTR budget tau: keep iff delta^2/(H+eps) <= tau.")]
-EpsOpt = Annotated[float, typer.Option(help="ENTR entropy offset eps (nats).")]
+def _float_as_typed(value) -> float:
+    """A float option's value; one written as a finite number too large for a float
+    (``1e400``) is refused as that, not read as ``inf`` (and then echoed as ``inf``)."""
+    text = str(value).strip()
+    try:
+        v = float(text)
+    except ValueError:
+        raise typer.BadParameter("must be a valid number") from None
+    if math.isinf(v) and text.lower().lstrip("+-") not in ("inf", "infinity"):
+        raise typer.BadParameter("too large for a float (it would read as infinity)")
+    return v
+
+
+TauOpt = Annotated[float, typer.Option(parser=_float_as_typed, metavar="FLOAT",
+                                       help="ENTR budget tau: keep iff delta^2/(H+eps) <= tau.")]
+EpsOpt = Annotated[float, typer.Option(parser=_float_as_typed, metavar="FLOAT",
+                                       help="ENTR entropy offset eps (nats).")]
 BinsOpt = Annotated[int, typer.Option(min=3, max=500, help="Number of entropy bins (3 to 500).")]
 BinEdgesOpt = Annotated[str, typer.Option(help="Entropy bin edges: quantile or log.")]
 BootOpt = Annotated[int, typer.Option(min=100, max=100_000, help="Bootstrap resamples (sequences, never tokens; 100 to 100000).")]

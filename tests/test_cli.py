@@ -1050,6 +1050,20 @@ def test_fit_and_flag_check_tau_and_eps_before_reading(cmd, bad, tmp_path, monke
     assert r.exit_code == 2 and "must be" in r.stderr, r.output
 
 
+@pytest.mark.parametrize("cmd", ["fit", "compare", "report", "flag"])
+@pytest.mark.parametrize("opt,text", [("--tau", "1e400"), ("--eps", "-1e999")])
+def test_a_float_option_too_large_for_a_float_is_named_as_typed(cmd, opt, text, tmp_path,
+                                                               monkeypatch):
+    """--tau 1e400 is refused as too large for a float, echoing 1e400 (it read as inf and
+    was refused as "--tau inf"); an inf written as such is refused as not finite."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, [cmd, opt, text, "-q"])
+    assert r.exit_code == 2, r.output
+    assert f"error: {opt} {text}: too large for a float" in r.stderr, r.stderr
+    r = runner.invoke(app, [cmd, opt, "inf", "-q"])
+    assert r.exit_code == 2 and f"{opt} inf: " in r.stderr and "finite" in r.stderr, r.stderr
+
+
 def test_inspect_all_masked_allows_nothing(tmp_path):
     """With no valid loss-masked token, inspect lists every analysis as unavailable (as fit
     then refuses it) and prints no 'None' step range."""
