@@ -682,7 +682,7 @@ def _law_label(name: str, law: Mapping[str, Any]) -> str:
             a_s += f" [{_f(a_lo)}, {_f(a_hi)}]"
         robust = law.get("robust")
         if isinstance(robust, Mapping) and _is_num(robust.get("alpha")):
-            a_s += f"; Theil-Sen α = {_f(robust['alpha'])}"
+            a_s += f"\nTheil-Sen α = {_f(robust['alpha'])}"
             if robust.get("disagrees"):
                 a_s += " (disagrees)"
         return f"k·H^α: {k_s}, {a_s}"
@@ -730,7 +730,7 @@ def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
     if not pts:
         raise ReportUnavailable("no entropy bin has a positive mean H and mean δ²")
     xs = [p[0] for p in pts]
-    fig = _fig_base(height=470)
+    fig = _fig_base(height=590)
     finer = ((fit.get("laws") or {}).get("grid") == "breakpoint")  # fitted on finer bins
     for in_fit, label, sym in (
         (True, "mean δ² per bin, in the law regime" if finer
@@ -809,7 +809,7 @@ def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
                 x=[p[0] for p in seg],
                 y=[p[1] for p in seg],
                 mode="lines",
-                name=_e(_law_label(name, law)),
+                name="<br>".join(_e(p) for p in _law_label(name, law).split("\n")),
                 hoverinfo="skip",
                 line=dict(width=2, dash=dash, color=color),
             )
@@ -852,9 +852,9 @@ def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
         range=[min(lx) - 0.3, max(lx) + 0.2],
     )
     fig.update_yaxes(type="log", title_text="mean δ² (nats²)", exponentformat="power", dtick=1)
-    fig.update_layout(
-        legend=dict(x=0.99, xanchor="right", y=0.01, yanchor="bottom", font=dict(size=11)),
-        margin=dict(t=40),
+    fig.update_layout(  # below the axes: inside them it hid the lowest-entropy bins
+        legend=dict(x=0, xanchor="left", y=-0.2, yanchor="top", font=dict(size=11)),
+        margin=dict(t=40, b=180),
     )
     return fig
 
