@@ -726,7 +726,7 @@ MIN_UNIT_TOKENS = 200
 
 
 def unit_mistake(ratio: float, tokens: int, spread: float = 1.0,
-                 train_over_infer: float = 1.0) -> str | None:
+                 train_over_infer: float = 1.0, train_ratio: float = math.nan) -> str | None:
     """The key of :data:`UNIT_SIGNATURES` that the units check matches, else None.
 
     Args:
@@ -737,12 +737,20 @@ def unit_mistake(ratio: float, tokens: int, spread: float = 1.0,
             over first quartile); above :data:`UNIT_MAX_SPREAD` the ratio is not a constant
             factor and no signature that reads it matches.
         train_over_infer: sum(train_logprob) / sum(infer_logprob) over the same tokens.
+        train_ratio: ``ratio`` of -train_logprob (``UnitsCheck.train_ratio_binned``; NaN:
+            not known).
 
     A signature matches when each factor it reads lies within :data:`UNIT_TOLERANCE` of
     the value (``|value / factor - 1| <= 0.07``): ``logprob_log10`` needs ``ratio`` near
     1/ln 10 and ``train_over_infer`` near 1 (both sides in log10); ``infer_logprob_log10``
     ``ratio`` near 1/ln 10 and ``train_over_infer`` near ln 10 (the engine's side alone);
-    ``train_logprob_log10`` only ``train_over_infer`` near 1/ln 10.
+    ``train_logprob_log10`` ``train_over_infer`` near 1/ln 10 with the engine's side in
+    nats: its ``ratio`` within :data:`SAMPLED_RATIO_WINDOW` and, when ``train_ratio`` is
+    known, ``train_ratio / ratio`` near 1/ln 10 too (the factor holding bin by bin). An
+    engine sampling from a top-k support it renormalises gives a ``train_over_infer`` of
+    1.4 to 1.5 at k = 15 to 20, near 1/ln 2, but its ``ratio`` is far below 1 (0.51 at
+    k = 20: the engine's logprobs are of the truncated distribution) and the factor does
+    not hold per bin (1.60).
     """
     def near(x: float, factor: float) -> bool:
         return x > 0 and math.isfinite(x) and abs(x / factor - 1) <= UNIT_TOLERANCE
@@ -750,10 +758,15 @@ def unit_mistake(ratio: float, tokens: int, spread: float = 1.0,
     if tokens < MIN_UNIT_TOKENS:
         return None
     flat = math.isfinite(spread) and spread <= UNIT_MAX_SPREAD
+    lo, hi = SAMPLED_RATIO_WINDOW
     for key, (*_cols, f_ratio, f_train) in UNIT_SIGNATURES.items():
         if not near(train_over_infer, f_train):
             continue
-        if math.isnan(f_ratio) or (flat and near(ratio, f_ratio)):
+        if math.isnan(f_ratio):  # the trainer's column alone: the engine's reads in nats
+            if lo <= ratio <= hi and (math.isnan(train_ratio)
+                                      or near(train_ratio / ratio, f_train)):
+                return key
+        elif flat and near(ratio, f_ratio):
             return key
     return None
 

@@ -636,7 +636,8 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
     spread = q3 / q1 if q1 > 0 else math.nan
     # (of either sign: a column averaging a logprob >= 0 has a mean surprisal <= 0)
     t_over_i = (surprisal - float(s_d.sum())) / surprisal if surprisal != 0 else math.nan
-    mistake = unit_mistake(binned, tokens, spread, t_over_i) if match_units else None
+    mistake = (unit_mistake(binned, tokens, spread, t_over_i, train_binned) if match_units
+               else None)
     corr = math.nan
     if s_lp2 is not None and s_lpd is not None and s_d2 is not None:
         m = n >= 2

@@ -2036,6 +2036,33 @@ def test_prompt_zeros_before_short_answers_are_not_taken_for_a_shift(synth_file,
     assert json.loads(js.read_text())["zero_prefix"]["median_length"] == 20
 
 
+@pytest.mark.parametrize("col,why", [("infer_logprob", "not requested from the engine"),
+                                     ("train_logprob", "not written to the dump")])
+def test_a_zero_filled_logprob_column_is_refused(synth_file, tmp_path, col, why):
+    """A logprob column exactly 0.0 on every loss-masked row (that side never computed)
+    is refused naming it and the row count, exit 2, in every command that reads the
+    tokens (fit ran on the rows whose other side is above -0.05 and read truncated
+    sampling); one real value left in it, and the run is analysed (the zeros excluded
+    as zero_placeholder)."""
+    df = pl.read_parquet(synth_file)
+    src = tmp_path / "zero.parquet"
+    df.with_columns(pl.lit(0.0).alias(col)).write_parquet(src)
+    masked = int(df["loss_mask"].cast(pl.Int64).sum())
+    for cmd in (["fit"], ["compare"], ["report", "-o", str(tmp_path / "r.html")],
+                ["inspect"]):
+        r = runner.invoke(app, [*cmd, str(src), "--n-boot", "100", "-q"]
+                          if cmd[0] != "inspect" else [*cmd, str(src), "-q"])
+        assert r.exit_code == 2, (cmd, r.output)
+        assert (f"error: {src}: {col} is exactly 0.0 on every one of the {masked:,} "
+                "loss-masked rows") in r.stderr, r.stderr
+        assert why in r.stderr
+    assert not (tmp_path / "r.html").exists()
+    first = (pl.col("seq_id") == pl.col("seq_id").min()) & pl.col("loss_mask")
+    df.with_columns(pl.when(first).then(pl.col(col)).otherwise(0.0).alias(col)).write_parquet(src)
+    r = runner.invoke(app, ["fit", str(src), "--n-boot", "100", "-q"])
+    assert r.exit_code == 0, r.output
+
+
 def test_zero_placeholders_on_a_third_of_one_shard_are_named(synth_file, tmp_path):
     """infer_logprob 0.0 on 60% of one shard's rows: a third of its masked rows are
     excluded as zero_placeholder (below half, and far below the pooled share): the

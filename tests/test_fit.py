@@ -845,6 +845,13 @@ def test_unit_mistake_rule():
     # which logprob column: train / infer tells them apart
     assert unit_mistake(0.434, 10_000, train_over_infer=math.log(10)) == "infer_logprob_log10"
     assert unit_mistake(1.0, 10_000, train_over_infer=0.434) == "train_logprob_log10"
+    assert unit_mistake(1.0, 10_000, train_over_infer=1.443, train_ratio=1.442) == (
+        "train_logprob_log2")
+    # an engine renormalising a top-k 20 support: train / infer 1.43, near 1/ln 2, but the
+    # engine's surprisal is half its entropy and the factor does not hold per bin
+    assert unit_mistake(0.506, 10_000, train_over_infer=1.427, train_ratio=0.810) is None
+    assert unit_mistake(0.506, 10_000, train_over_infer=1.427) is None
+    assert unit_mistake(1.0, 10_000, train_over_infer=1.427, train_ratio=1.2) is None
     assert unit_mistake(0.434, 10_000, train_over_infer=1.6) is None  # inconsistent
     assert unit_mistake(math.log(2), 10_000, train_over_infer=0.6) is None  # (placeholders)
     assert units_caveat({"likely_mistake": None}) is None and units_caveat(None) is None

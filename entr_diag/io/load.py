@@ -1436,7 +1436,24 @@ def load_dataset(
     accounting, fine = _account(raw, mapping, infos, _nucleus_zeros)
     if (_nucleus_zeros is False
             and accounting.excluded.get("zero_placeholder", 0) >= S.NUCLEUS_MIN_TOKENS):
-        nucleus = _nucleus_zeros_seen(raw_chunks)
+        nucleus, zero_cols, masked_rows = _nucleus_zeros_seen(raw_chunks)
+        if zero_cols:  # a logprob side never computed: nothing to measure
+            from entr_diag.caveats import column_named
+
+            files = [os.path.abspath(str(i.path)) for i in infos]
+            where = (str(infos[0].path) if len(files) == 1
+                     else f"{os.path.commonpath(files)} ({len(files):,} files)")
+            raise InputError(
+                f"{where}: " + " and ".join(column_named(c, mapping) for c in zero_cols)
+                + f" {'is' if len(zero_cols) == 1 else 'are'} exactly 0.0 on every one of the "
+                f"{masked_rows:,} loss-masked rows: that side's logprobs were never recorded "
+                "(a zero-filled column, e.g. "
+                + ("rollout logprobs not requested from the engine"
+                   if zero_cols[0] == "infer_logprob" else "the trainer's logprobs not written "
+                   "to the dump")
+                + "), so there is no train-inference mismatch to measure. Dump the sampled tokens' "
+                "logprobs from both sides, or map the right column with --column "
+                f"{zero_cols[0]}=NAME.")
         if nucleus is not None:  # one-token nuclei, not placeholders: read again, kept
             kept, other, keys = nucleus
             ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
@@ -2781,7 +2798,8 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
         "input_files": len(per[r])} for r in reasons}
 
 
-def _nucleus_zeros_seen(chunks: Sequence[Chunk]) -> tuple[int, int, pl.Series] | None:
+def _nucleus_zeros_seen(chunks: Sequence[Chunk]
+                        ) -> tuple[tuple[int, int, pl.Series] | None, tuple[str, ...], int]:
     """Whether the rows excluded as ``zero_placeholder`` for an engine logprob of exactly
     0.0 are one-token nuclei of truncated sampling (top-p / top-k renormalise a nucleus of
     one token to probability 1: the token then holds at least top-p of the probability,
@@ -2792,7 +2810,9 @@ def _nucleus_zeros_seen(chunks: Sequence[Chunk]) -> tuple[int, int, pl.Series] |
     its zeros has a trainer logprob below ln 0.5 or every loss-masked token of it has an
     engine logprob of 0.0; the zeros of the other sequences are nuclei. (nucleus zeros,
     zero placeholders of the placeholder sequences, those sequences' seq_keys) when the
-    nucleus zeros number NUCLEUS_MIN_TOKENS, else None. One more read of three columns of
+    nucleus zeros number NUCLEUS_MIN_TOKENS, else None; then the logprob columns that are
+    exactly 0.0 on every loss-masked row (an engine or trainer side never computed: no
+    nucleus is read then) and the number of those rows. One more read of three columns of
     the input (the raw ``chunks``), only when the accounting excluded NUCLEUS_MIN_TOKENS
     zero placeholders or more."""
     rsn, il, tl = pl.col("reason"), pl.col("infer_logprob"), pl.col("train_logprob")
@@ -2800,19 +2820,25 @@ def _nucleus_zeros_seen(chunks: Sequence[Chunk]) -> tuple[int, int, pl.Series] |
     zero = ((rsn == "zero_placeholder") & (il == 0.0)).fill_null(False)
     q = [c.frame.filter(masked).group_by("seq_key").agg(
         pl.len().alias("m"), (il == 0.0).fill_null(False).sum().alias("z0"),
+        (tl == 0.0).fill_null(False).sum().alias("t0"),
         zero.sum().alias("z"), (zero & (tl < S.NUCLEUS_TRAIN_MIN)).fill_null(False).sum()
         .alias("zb")) for c in chunks]
     parts = []
     for i in range(0, len(q), _MAX_FILES_PER_CHUNK):
         parts += pl.collect_all(q[i:i + _MAX_FILES_PER_CHUNK], engine="streaming")
-    per = (pl.concat(parts).group_by("seq_key").agg(pl.col("m", "z0", "z", "zb").sum())
-           .filter(pl.col("z") > 0))
+    per = pl.concat(parts).group_by("seq_key").agg(pl.col("m", "z0", "t0", "z", "zb").sum())
+    rows = int(per["m"].sum())
+    zero_cols = tuple(c for c, z in (("infer_logprob", "z0"), ("train_logprob", "t0"))
+                      if rows and int(per[z].sum()) == rows)
+    if zero_cols:  # a side never computed: every sequence reads as placeholders
+        return None, zero_cols, rows
+    per = per.filter(pl.col("z") > 0)
     ph = (pl.col("zb") > 0) | (pl.col("z0") >= pl.col("m"))
     kept = int(per.filter(~ph)["z"].sum())
     if kept < S.NUCLEUS_MIN_TOKENS:
-        return None
+        return None, (), rows
     placeholders = per.filter(ph)
-    return kept, int(placeholders["z"].sum()), placeholders["seq_key"]
+    return (kept, int(placeholders["z"].sum()), placeholders["seq_key"]), (), rows
 
 
 def _pair(lo, hi) -> tuple[int, int] | None:
