@@ -85,7 +85,15 @@ def _usage_message(e, args: list[str]) -> str:
         return f"{opt}{shown}: {why}.{see}"
     msg = e.format_message().strip().rstrip(".")
     end = "" if msg.endswith(("?", "!")) else "."  # ("Did you mean 'fit'?")
-    return f"{msg[:1].lower() + msg[1:]}{end}{see}"
+    hint = ""
+    if name == "NoSuchOption":  # a file named like an option: '-dash.parquet'
+        opt = getattr(e, "option_name", "") or ""
+        dashed = [a for a in args if a.startswith(opt) and a != opt] if opt else []
+        named = dashed[0] if dashed else opt
+        if named and ("." in named or "/" in named):
+            hint = (f" A file named '{named}'? Put -- before the file names "
+                    f"(entr-diag ... -- {named}) or write it as ./{named}.")
+    return f"{msg[:1].lower() + msg[1:]}{end}{hint}{see}"
 
 
 def _plain_flags(params: list) -> list:

@@ -1648,9 +1648,10 @@ def _check_truncation(ctx: _Ctx) -> _Result:
                 f"Above {TRUNC_H_MIN:g} nats, mean delta is {m_hi:.3g} nats and carries "
                 f"{share:.0%} of E[delta^2] ({neg_share:.0%} of deltas negative); {trend_txt}. "
                 "That is the renormalisation of a top-p / top-k / "
-                f"min-p support by the engine only. Law on raw delta: k = {ev['k_raw']}, "
-                f"alpha = {ev['alpha_raw']}; on de-biased delta: k = {ev['k_debiased']}, "
-                f"alpha = {ev['alpha_debiased']}.{zero_note}"
+                f"min-p support by the engine only. Law over this check's entropy bins "
+                f"above {TRUNC_LAW_H_MIN:g} nats (not the fit's bins and law regime), on raw "
+                f"delta: k = {ev['k_raw']}, alpha = {ev['alpha_raw']}; on de-biased delta: "
+                f"k = {ev['k_debiased']}, alpha = {ev['alpha_debiased']}.{zero_note}"
                 + (" But the units check finds that infer_logprob does not hold the sampled "
                    "token's logprob: the argmax (most likely) token's logprob gives the same "
                    "one-sided delta; see that warning first." if ctx.other_token ==

@@ -1050,6 +1050,19 @@ def test_fit_and_flag_check_tau_and_eps_before_reading(cmd, bad, tmp_path, monke
     assert r.exit_code == 2 and "must be" in r.stderr, r.output
 
 
+def test_a_file_named_like_an_option_gets_a_hint(tmp_path, monkeypatch):
+    """'-dash.parquet' reads as option -d: the error says how to name such a file; an
+    unknown option that is no file name gets no hint."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["fit", "-dash.parquet", "-q"])
+    assert r.exit_code == 2
+    assert ("A file named '-dash.parquet'? Put -- before the file names (entr-diag ... -- "
+            "-dash.parquet) or write it as ./-dash.parquet.") in r.stderr, r.stderr
+    r = runner.invoke(app, ["fit", "--bogus", "-q"])
+    assert r.exit_code == 2 and "no such option: --bogus" in r.stderr
+    assert "A file named" not in r.stderr
+
+
 @pytest.mark.parametrize("cmd", ["fit", "compare", "report", "flag"])
 @pytest.mark.parametrize("opt,text", [("--tau", "1e400"), ("--eps", "-1e999")])
 def test_a_float_option_too_large_for_a_float_is_named_as_typed(cmd, opt, text, tmp_path,
