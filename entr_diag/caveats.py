@@ -70,8 +70,8 @@ def influence_caveat(fit: Mapping) -> str | None:
 def curvature_caveat(fit: Mapping) -> str | None:
     """A one-line caveat when the law's bins bend in log-log space (``laws.power.curvature``
     with ``bends``, :class:`entr_diag.fit.Curvature`), else None: alpha then averages a
-    local slope that changes across the fitted range, so alpha, R^2 and the verdict's
-    reading of them move with where the bins lie.
+    slope that changes across the fitted range, so alpha, R^2 and the verdict's reading of
+    them move with where the bins lie.
 
     Args:
         fit: a fit result's ``to_dict()``.
@@ -83,17 +83,28 @@ def curvature_caveat(fit: Mapping) -> str | None:
     lo, hi = c.get("change_ci") or (None, None)
     ci = (f" [{lo:.2f}, {hi:.2f}]" if isinstance(lo, float) and isinstance(hi, float)
           else "")
-    how = ("mean delta^2 flattens as the entropy grows" if c["change"] < 0
-           else "mean delta^2 steepens as the entropy grows")
+    (a0, a1), (b0, b1) = c["low_range"], c["high_range"]
+    if c["change"] > 0:
+        how = "mean delta^2 steepens as the entropy grows"
+    elif c["slope_high"] < -BEND_FALLS:
+        how = "mean delta^2 rises, then falls as the entropy grows"
+    else:
+        how = "mean delta^2 levels off as the entropy grows"
     return (
-        f"caveat: the law's bins bend in log-log space: local slope {c['slope_low']:.2f} at "
-        f"H = {c['h_low']:.3g} nats, {c['slope_high']:.2f} at {c['h_high']:.3g} nats (change "
-        f"{c['change']:.2f}{ci}): {how}, which no power law does (a bend over the whole "
-        "range, or a step where a few tokens with a large delta set some bins' means). alpha = "
-        f"{power.get('alpha', float('nan')):.2f} averages that slope over the fitted range, so "
-        "alpha, R^2 and the law's reading move with where the bins lie (--bin-edges, "
-        "--bins); read the bins table, not alpha alone."
+        f"caveat: the law's bins bend in log-log space: slope {c['slope_low']:.2f} over H "
+        f"{a0:.3g}-{a1:.3g} nats (the lowest third of the bins), {c['slope_high']:.2f} over "
+        f"{b0:.3g}-{b1:.3g} nats (the highest; change {c['change']:.2f}{ci}): {how}, which "
+        "no power law does (a bend over the range, or a step where a few tokens with a large "
+        f"delta set some bins' means). alpha = {power.get('alpha', float('nan')):.2f} "
+        "averages the slope over the fitted range, so alpha, R^2 and the law's reading move "
+        "with where the bins lie (--bin-edges, --bins); read the bins table, not alpha "
+        "alone."
     )
+
+
+#: the bend caveat says mean delta^2 falls (rather than levels off) at high entropy when
+#: the highest third's slope is below minus this
+BEND_FALLS = 0.3
 
 
 def interval_caveat(fit: Mapping) -> str | None:
