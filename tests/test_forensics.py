@@ -471,6 +471,27 @@ def test_sequence_outliers(tmp_path, base):
     assert "catastrophic token" not in f.message and "MoE routing" in f.check
 
 
+def test_tied_outlier_sequences_are_listed_in_one_order(tmp_path, base):
+    """Identical outlier sequences (one copied under new seq_ids) tie on their robust z:
+    the list orders them by sequence key, the same on every run and row order (the tie
+    was broken by the sort's thread timing: the JSON differed between identical runs)."""
+    bad = pl.col("seq_id") % 41 == 0
+    df = _with_delta(base, pl.when(bad).then(DELTA * 6).otherwise(DELTA))
+    one = df.filter(pl.col("seq_id") == df.filter(bad)["seq_id"].min())
+    top = int(df["seq_id"].max())
+    df = pl.concat([df] + [one.with_columns(pl.lit(top + i, dtype=one["seq_id"].dtype)
+                                            .alias("seq_id")) for i in range(1, 4)])
+    seen = set()
+    for seed in range(4):
+        d = tmp_path / f"r{seed}"
+        d.mkdir()
+        shuffled = df.sample(fraction=1.0, shuffle=True, seed=seed)
+        f = run_forensics(_load(d, shuffled), checks=["sequence_outliers"]).by_kind(
+            "sequence_outliers")
+        seen.add(tuple(f.evidence["top_seq_ids"]))
+    assert len(seen) == 1
+
+
 def test_sequence_outlier_carried_by_one_token_says_so(tmp_path, base):
     """A sequence flagged for one catastrophic token (delta = -10 among normal ones) is said
     to be carried by one token, with advice on tokens, not on whole-sequence causes (MoE
@@ -605,6 +626,12 @@ def test_staleness_found(tmp_path):
     assert ratios[3] == pytest.approx(2.0, rel=0.15)
     # planted |delta| growth: sqrt(1 + s), i.e. x1.41 at lag 1, x2 at lag 3
     assert 1.15 < f.evidence["growth_per_version"] < 1.45
+    # not geometric: the log-linear model's x(per version)^3 overstates lag 3's x2, which
+    # the headline and growth_lag_min_to_max give as measured
+    assert f.evidence["growth_lag_min_to_max"] == pytest.approx(ratios[3], rel=1e-3)
+    assert f"x{ratios[3]:.3g} at lag 3 against lag 0" in f.title
+    assert (f.evidence["growth_lag_min_to_max_loglinear"]
+            == pytest.approx(f.evidence["growth_per_version"] ** 3, rel=1e-3))
     assert f.evidence["p_value"] < 1e-6
     assert res.status("drift").status == "clear"
 
@@ -781,7 +808,12 @@ def test_staleness_growth_is_read_per_unit_of_lag(tmp_path):
     assert one.evidence["versions_per_lag_unit"] == 1
     assert f.evidence["growth_per_version"] == pytest.approx(
         one.evidence["growth_per_version"], rel=1e-6)
-    assert "per 1,000 versions of lag" in f.title
+    assert "per 1,000 versions of lag in a log-linear fit" in f.message
+    # the headline: the measured ratio at the largest lag
+    r = dict(zip(f.evidence["ratio_staleness_values"],
+                 f.evidence["ratio_to_freshest_per_staleness"], strict=True))
+    assert f"(x{r[3000]:.3g} at lag 3000 against lag 0)" in f.title
+    assert f.evidence["growth_lag_min_to_max"] == pytest.approx(r[3000], rel=1e-3)
 
 
 def test_drift_reads_the_lag_growth_per_unit_of_lag(tmp_path):
