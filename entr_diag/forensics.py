@@ -1651,7 +1651,11 @@ def _check_truncation(ctx: _Ctx) -> _Result:
                 f"min-p support by the engine only. Law over this check's entropy bins "
                 f"above {TRUNC_LAW_H_MIN:g} nats (not the fit's bins and law regime), on raw "
                 f"delta: k = {ev['k_raw']}, alpha = {ev['alpha_raw']}; on de-biased delta: "
-                f"k = {ev['k_debiased']}, alpha = {ev['alpha_debiased']}.{zero_note}"
+                f"k = {ev['k_debiased']}, alpha = {ev['alpha_debiased']}. The mismatch "
+                "metrics measure this support difference, not engine noise: the trainer puts "
+                "a mass Z < 1 on the engine's support and exp(delta) is about Z on it, so kl "
+                "(k1) is about -ln Z, chi2_token about Z^2 - 1 (negative), chi2_seq near -1 "
+                f"on long sequences, and ESS about 1.{zero_note}"
                 + (" But the units check finds that infer_logprob does not hold the sampled "
                    "token's logprob: the argmax (most likely) token's logprob gives the same "
                    "one-sided delta; see that warning first." if ctx.other_token ==
