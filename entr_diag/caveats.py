@@ -67,6 +67,41 @@ def influence_caveat(fit: Mapping) -> str | None:
         "tokens or placeholders that passed as logprobs?")
 
 
+#: tokens below the law's entropy range (H < 1e-6 nats) get a caveat from this share of
+#: the fit's tokens (:func:`zero_entropy_caveat`)
+ZERO_ENTROPY_SHARE = 0.1
+
+
+def zero_entropy_caveat(fit: Mapping) -> str | None:
+    """A one-line caveat when :data:`ZERO_ENTROPY_SHARE` or more of the fit's tokens lie in
+    the entropy bin below the law's range (``bins``: the first bin, ending at H_MIN = 1e-6
+    nats, not ``in_fit``): an entropy of 0 is a distribution of one token (a top-p / top-k
+    nucleus of one token renormalised to probability 1, a forced or greedy step), and the
+    law, its reading and any noise regime describe the other tokens only. None otherwise.
+
+    Args:
+        fit: a fit result's ``to_dict()`` (``bins``: ``h_lo``, ``h_hi``, ``tokens``,
+            ``mean_delta2``, ``in_fit``).
+    """
+    from entr_diag.aggregate import H_MIN
+
+    bins = fit.get("bins") or []
+    total = sum(int(b.get("tokens") or 0) for b in bins)
+    low = [b for b in bins if not b.get("in_fit") and isinstance(b.get("h_hi"), float)
+           and b["h_hi"] <= H_MIN * (1 + 1e-9)]
+    n = sum(int(b.get("tokens") or 0) for b in low)
+    if not total or n < ZERO_ENTROPY_SHARE * total:
+        return None
+    d2 = sum(float(b.get("mean_delta2") or 0.0) * int(b.get("tokens") or 0) for b in low) / n
+    return (
+        f"caveat: {n / total:.1%} of the tokens ({n:,}) have an entropy below {H_MIN:g} nats, "
+        "a distribution of one token (a one-token top-p / top-k nucleus renormalised to "
+        "probability 1, or a forced step), below the law's range: the law, its reading and "
+        f"any noise regime describe the other {1 - n / total:.1%}; their mean delta^2 is "
+        f"{d2:.3g} (the bins table's first row)."
+    )
+
+
 def curvature_caveat(fit: Mapping) -> str | None:
     """A one-line caveat when the law's bins bend in log-log space (``laws.power.curvature``
     with ``bends``, :class:`entr_diag.fit.Curvature`), else None: alpha then averages a

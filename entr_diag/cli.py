@@ -1022,6 +1022,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
         starved_caveat,
         units_caveat,
         unreadable_caveat,
+        zero_entropy_caveat,
         zero_prefix_caveat,
     )
 
@@ -1044,7 +1045,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              implausible_caveat(fdict),
              *findings_caveats(fdict, gates),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
-             curvature_caveat(fd), influence_caveat(fd)]
+             curvature_caveat(fd), zero_entropy_caveat(fd), influence_caveat(fd)]
     caveats = [p for p in parts if p]
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats}
     fd["rounded_logprobs"] = dict(rounded) if rounded else None  # (or {"by_file": ...})

@@ -1050,6 +1050,33 @@ def test_fit_and_flag_check_tau_and_eps_before_reading(cmd, bad, tmp_path, monke
     assert r.exit_code == 2 and "must be" in r.stderr, r.output
 
 
+def test_a_large_share_of_zero_entropy_tokens_is_a_caveat(synth_file, tmp_path):
+    """A third of the tokens at H = 0 (one-token top-p nuclei) lie below the law's range:
+    a caveat gives their share, count and mean delta^2 (the bins table's first row); the
+    synthetic run without them (its few tokens below 1e-6 nats) gets none."""
+    from entr_diag.caveats import zero_entropy_caveat
+
+    df = pl.read_parquet(synth_file)
+    src = tmp_path / "h0.parquet"
+    df.with_columns(pl.when(pl.col("position") % 3 == 0).then(0.0)
+                    .otherwise(pl.col("entropy")).alias("entropy")).write_parquet(src)
+    out = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(src), "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    fd = json.loads(out.read_text())
+    first = fd["bins"][0]
+    assert first["h_hi"] == 1e-6 and not first["in_fit"]
+    total = sum(b["tokens"] for b in fd["bins"])
+    (cav,) = [c for c in fd["verdict"]["caveats"] if "below 1e-06 nats" in c]
+    assert cav.startswith(f"caveat: {first['tokens'] / total:.1%} of the tokens "
+                          f"({first['tokens']:,}) have an entropy below 1e-06 nats")
+    assert f"their mean delta^2 is {first['mean_delta2']:.3g}" in cav
+    assert cav in " ".join(r.stdout.split())
+    r = runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "-q", "--json",
+                            str(out)])
+    assert zero_entropy_caveat(json.loads(out.read_text())) is None
+
+
 def test_a_file_named_like_an_option_gets_a_hint(tmp_path, monkeypatch):
     """'-dash.parquet' reads as option -d: the error says how to name such a file; an
     unknown option that is no file name gets no hint."""
