@@ -193,9 +193,6 @@ def implausible_caveat(findings: Mapping | None) -> str | None:
     Args:
         findings: the forensics' ``to_dict()`` (``findings``: kind, severity, title), or
             None when the command ran no forensics.
-        gates: for ``compare``, which shows no finding: each line also says that the
-            gates' noise and exploration categories rest on the law, and where the finding
-            is shown.
     """
     for f in (findings or {}).get("findings", ()):
         if f.get("kind") == "implausible_logprobs" and f.get("severity") in ("warning",
@@ -252,6 +249,9 @@ def findings_caveats(findings: Mapping | None, gates: bool = False) -> list[str]
     Args:
         findings: the forensics' ``to_dict()`` (``findings``: kind, severity, title), or
             None when the command ran no forensics.
+        gates: for ``compare``, which shows no finding: each line also says that the
+            gates' noise and exploration categories rest on the law, and where the finding
+            is shown.
     """
     out = []
     for f in (findings or {}).get("findings", ()):

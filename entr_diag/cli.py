@@ -1001,8 +1001,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     unit-mistake-in-some-files caveat (``file_units``: ``_fit``'s, also kept as
     ``units_by_file``), the zero-prefix caveat (``zero_prefix``: ``_fit``'s, also kept
     as ``zero_prefix``), the caveat of each other forensic finding at warning or critical
-    severity (:func:`~entr_diag.caveats.findings_caveats`), then the small-sample and
-    interval caveats (None when none applies); first of all ``misaligned`` (``_fit``'s: the caveat of a shift let through by
+    severity (:func:`~entr_diag.caveats.findings_caveats`), then the small-sample,
+    interval, bend, zero-entropy and influence caveats (None when none applies); first of all ``misaligned`` (``_fit``'s: the caveat of a shift let through by
     --allow-misaligned). ``findings``: a Findings, or its ``to_dict()`` shape
     (``{"findings": [...]}``, e.g. ``compare``'s, with its own implausible-logprob
     finding); ``gates``: for ``compare`` (:func:`~entr_diag.caveats.findings_caveats`)."""

@@ -185,10 +185,10 @@ ALPHA_TOL: float = 0.2
 ALPHA_EXACT: float = 0.05
 #: Verdict: weighted R^2 (log-log power law) below this means the law does not hold.
 R2_MIN: float = 0.9
-#: The law bends (:class:`Curvature`) when the local log-log slope of mean delta^2 on H
-#: changes by at least this much across the fitted range, its 95% bootstrap interval
-#: excluding 0 (60 planted power laws, alpha 0.5 to 1.5, with and without a break:
-#: |change| <= 0.07; real runs: mean delta^2 flattening at high entropy, -1.5 to -4)
+#: The law bends (:class:`Curvature`) when the log-log slope of mean delta^2 on H over the
+#: highest third of the law's bins differs from that over the lowest third by at least
+#: this much, its 95% bootstrap interval excluding 0 (60 planted power laws, alpha 0.5 to
+#: 1.5, with and without a break: |change| <= 0.18; real runs: -1.5 to -4.5)
 BEND_MIN: float = 0.3
 #: Staleness buckets (label, lowest or None, highest or None); staleness = train - policy
 #: version. "<0": a policy newer than the one trained on it (swapped version columns: a
@@ -322,7 +322,7 @@ class RobustPower:
 class Curvature:
     """How far the law-regime bins bend away from a straight line in log-log space.
 
-    The local slope of ln mean delta^2 on ln H over the lowest third of the bins the power
+    The slope of ln mean delta^2 on ln H over the lowest third of the bins the power
     law is fitted on (``slope_low``, bins spanning ``low_range`` nats) and over the highest
     third (``slope_high``, ``high_range``), each a weighted least-squares line with the
     power law's weights (:meth:`_BinData.w_log`); ``change = slope_high - slope_low`` with

@@ -2526,9 +2526,11 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     # per version misstates a growth that is not geometric: x2.4 per version, x13.8 at lag
     # 3, where the measured ratios were x4.35, x6.74, x9.11)
     far = max(ratios) if ratios else None
-    if far is not None and far != ref and math.isfinite(ratios[far]):
-        ev["growth_lag_min_to_max"] = _r(ratios[far])
-        growth_txt = f"x{ratios[far]:.3g} at lag {far} against lag {ref}"
+    measured = (ratios[far] if far is not None and far != ref and math.isfinite(ratios[far])
+                and ratios[far] > 0 else None)
+    if measured is not None:
+        ev["growth_lag_min_to_max"] = _r(measured)
+        growth_txt = f"x{measured:.3g} at lag {far} against lag {ref}"
     else:
         growth_txt = f"x{per_v:.3g} {per_txt}"
     # the values never compared with the others within a step (e.g. lag 0 only in a
@@ -2563,8 +2565,8 @@ def _check_staleness(ctx: _Ctx) -> _Result:
                 + (f"({_pval(p)}): {rtxt} relative to lag {ref}" if rtxt
                    else f"({_pval(p)})")
                 + f" (x{per_v:.3g} {per_txt} in a log-linear fit"
-                + ("" if far is None or far == ref or not math.isfinite(ratios[far])
-                   or abs(math.log(ratios[far]) - math.log(total)) <= math.log(1.25)
+                + ("" if measured is None or not total > 0
+                   or abs(math.log(measured / total)) <= math.log(1.25)
                    else ", which misstates this growth: it is not geometric") + ")"
                 + (f" (lag {', '.join(map(str, apart))} never shares a step with the others: "
                    "not compared)" if apart else "")
