@@ -1077,6 +1077,22 @@ def test_a_large_share_of_zero_entropy_tokens_is_a_caveat(synth_file, tmp_path):
     assert zero_entropy_caveat(json.loads(out.read_text())) is None
 
 
+def test_an_input_link_to_nothing_is_named_as_such(tmp_path, monkeypatch):
+    """A symbolic link loop or a dangling link as input: the error says which (it said the
+    input does not exist, while a link loop as an output was named as one)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loop_a").symlink_to("loop_b")
+    (tmp_path / "loop_b").symlink_to("loop_a")
+    (tmp_path / "dangling").symlink_to("nowhere.parquet")
+    r = runner.invoke(app, ["fit", "loop_a", "-q"])
+    assert r.exit_code == 2 and "error: input loop_a is a symbolic link loop." in r.stderr
+    r = runner.invoke(app, ["fit", "dangling", "-q"])
+    assert r.exit_code == 2 and ("error: input dangling is a symbolic link to "
+                                 "nowhere.parquet, which does not exist.") in r.stderr
+    r = runner.invoke(app, ["fit", "nosuch.parquet", "-q"])
+    assert r.exit_code == 2 and "error: input nosuch.parquet does not exist." in r.stderr
+
+
 def test_a_file_named_like_an_option_gets_a_hint(tmp_path, monkeypatch):
     """'-dash.parquet' reads as option -d: the error says how to name such a file; an
     unknown option that is no file name gets no hint."""

@@ -88,6 +88,22 @@ OTHER_DATA_SUFFIXES: tuple[str, ...] = (
 COMPRESSED_SUFFIXES: tuple[str, ...] = (".gz", ".zst", ".bz2", ".xz", ".zip")
 
 
+def _link_loops(path: str) -> bool:
+    """Whether following the symbolic link ``path`` comes back to a link already seen."""
+    seen: set[str] = set()
+    p = os.path.abspath(path)
+    while os.path.islink(p):
+        if p in seen:
+            return True
+        seen.add(p)
+        try:
+            p = os.path.join(os.path.dirname(p), os.readlink(p))
+        except OSError:
+            return False
+        p = os.path.abspath(p)
+    return False
+
+
 def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None,
                   walked: set[Path] | None = None,
                   repeated: list[Path] | None = None,
@@ -176,6 +192,14 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                        f"pattern too; escape it with glob.escape ({glob.escape(literal)}) or "
                        "pass the folder itself." if literal else "."))
             out.extend(found)
+        elif os.path.islink(text):  # a link to nothing: a loop, or a missing target
+            try:
+                target = os.readlink(text)
+            except OSError:
+                target = "?"
+            why = ("a symbolic link loop" if _link_loops(text)
+                   else f"a symbolic link to {target}, which does not exist")
+            raise InputError(f"input {text} is {why}.")
         else:
             raise InputError(f"input {text} does not exist.")
     seen: set[object] = set()
