@@ -970,6 +970,37 @@ def entropy_mismatch_caveat(units: Mapping, mapping: Mapping[str, str] | None = 
     )
 
 
+def unrelated_columns(within_bin_corr: float, tokens: int) -> bool:
+    """Whether the two logprob columns hold the logprobs of different tokens although
+    neither reads as another token's (:func:`other_token` names none: their mean
+    surprisals agree): they correlate less than :data:`OTHER_TOKEN_MAX_CORR` within the
+    entropy bins, over :data:`MIN_UNIT_TOKENS` tokens or more. One token's logprobs under
+    two engines correlate at 0.98 or more on real runs (bf16 or fp16 engines, stale,
+    tempered, top-k or top-p on one side) and at 0.6 or more on toy softmaxes with a
+    temperature and top-k 5 on one side; the trainer's logprobs joined from another
+    sequence of the step at 0.002."""
+    return (tokens >= MIN_UNIT_TOKENS and math.isfinite(within_bin_corr)
+            and within_bin_corr < OTHER_TOKEN_MAX_CORR)
+
+
+def unrelated_caveat(units: Mapping, mapping: Mapping[str, str] | None = None) -> str:
+    """The caveat of :func:`unrelated_columns` (``units``: a UnitsCheck's ``to_dict()``)."""
+    s_inf = units["mean_surprisal"]
+    s_train = s_inf * units["train_over_infer"]
+    return (
+        f"caveat: {column_named('train_logprob', mapping)} and "
+        f"{column_named('infer_logprob', mapping)} barely correlate within the entropy bins "
+        f"(r = {units.get('within_bin_corr', math.nan):.2f}; one token's logprobs under two "
+        "engines correlate at 0.6 or more, even with a temperature or top-k on one side), "
+        f"though each reads as a sampled token's (mean surprisal {s_train:.3g} and "
+        f"{s_inf:.3g} nats for a mean entropy of {units['mean_entropy']:.3g}): they do not "
+        "hold the logprobs of the same tokens. Rows of the trainer's and the engine's dumps "
+        "matched on the wrong key (seq_id, position, step) or misordered within a batch? "
+        "Every log-ratio, the law and the gates are then meaningless: check how the two "
+        "sides' logprobs are joined to the tokens."
+    )
+
+
 def other_token_caveat(units: Mapping, mapping: Mapping[str, str] | None = None) -> str:
     """The caveat of :func:`other_token` (``units``: a UnitsCheck's ``to_dict()`` with
     ``other_token`` set): the two columns' mean surprisals against the mean entropy."""
@@ -1004,7 +1035,9 @@ def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
     log10...) and only the columns it concerns when the fit's units check (a fit result's
     ``to_dict()["units"]``) matched one of :data:`UNIT_SIGNATURES`; else the caveat of a
     logprob column that holds another token's logprob (:func:`other_token_caveat`, when
-    ``other_token`` is set); else the caveat of an entropy and logprobs that do not
+    ``other_token`` is set); else the caveat of two logprob columns of different tokens
+    (:func:`unrelated_caveat`, when ``unrelated`` is set); else the caveat of an entropy
+    and logprobs that do not
     describe one sampling distribution (:func:`entropy_mismatch_caveat`, when
     ``entropy_mismatch`` is set); else None.
 
@@ -1017,6 +1050,8 @@ def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
     if key not in UNIT_SIGNATURES:
         if (units or {}).get("other_token"):
             return other_token_caveat(units, mapping)  # type: ignore[arg-type]
+        if (units or {}).get("unrelated"):
+            return unrelated_caveat(units, mapping)  # type: ignore[arg-type]
         if (units or {}).get("entropy_mismatch"):
             return entropy_mismatch_caveat(units, mapping)  # type: ignore[arg-type]
         return None

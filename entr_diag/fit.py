@@ -584,7 +584,10 @@ class UnitsCheck:
     other token's column, but ``ratio_binned`` outside the window a sampled token's logprob
     over the entropy of the distribution that sampled it reads in: the entropy column, or
     the logged logprobs, are not of the distribution the tokens were drawn from;
-    :func:`entr_diag.caveats.entropy_mismatch`).
+    :func:`entr_diag.caveats.entropy_mismatch`), ``unrelated`` (no unit mistake and no
+    other token's column, yet the two logprob columns barely correlate within the entropy
+    bins: they do not hold the same tokens' logprobs, e.g. rows matched on the wrong key;
+    :func:`entr_diag.caveats.unrelated_columns`).
 
     The same identity tells a logprob of ANOTHER token apart: gathered at the wrong index
     (a vocabulary or tokenizer offset), or the argmax token's instead of the sampled one's.
@@ -605,6 +608,7 @@ class UnitsCheck:
     within_bin_corr: float = math.nan
     other_token: str | None = None
     entropy_mismatch: bool = False
+    unrelated: bool = False
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -618,7 +622,7 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
     infer_logprob * delta and delta^2, the pooled within-bin correlation of the two
     logprob columns (``within_bin_corr``; NaN without them). ``match_units=False``: no unit
     signature is matched (too few tokens for them), only the other-token check runs."""
-    from entr_diag.caveats import entropy_mismatch, other_token, unit_mistake
+    from entr_diag.caveats import entropy_mismatch, other_token, unit_mistake, unrelated_columns
 
     tokens, surprisal, entropy = int(n.sum()), float(-s_lp.sum()), float(s_h.sum())
     ok = s_h > 0
@@ -670,6 +674,8 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
         other_token=other,
         entropy_mismatch=bool(match_units and mistake is None and other is None
                               and entropy_mismatch(binned, tokens)),
+        unrelated=bool(mistake is None and other is None
+                       and unrelated_columns(corr, tokens)),
     )
 
 

@@ -1050,6 +1050,33 @@ def test_fit_and_flag_check_tau_and_eps_before_reading(cmd, bad, tmp_path, monke
     assert r.exit_code == 2 and "must be" in r.stderr, r.output
 
 
+def test_logprob_columns_of_different_tokens_are_named(synth_file, tmp_path):
+    """train_logprob joined from other rows (the rows of the trainer's dump misordered):
+    each column still reads as a sampled token's logprob, no unit or other-token signature
+    matches, but the two barely correlate within the entropy bins: a warning and a caveat
+    say they do not hold the same tokens' logprobs (the run got a verdict with k 10^4 times
+    the real one and no word); the intact run: none."""
+    df = pl.read_parquet(synth_file).sort("seq_id", "position")
+    moved = df["train_logprob"].shift(997, fill_value=-1.0)  # (another sequence's rows)
+    src = tmp_path / "moved.parquet"
+    df.with_columns(moved.alias("train_logprob")).write_parquet(src)
+    out = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(src), "--n-boot", "100", "-q", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    units = json.loads(out.read_text())["units"]
+    assert units["unrelated"] is True and units["within_bin_corr"] < 0.5
+    assert units["other_token"] is None and units["likely_mistake"] is None
+    assert "warning: train_logprob and infer_logprob barely correlate" in r.stderr
+    cav = [c for c in json.loads(out.read_text())["verdict"]["caveats"]
+           if "barely correlate" in c]
+    assert len(cav) == 1 and "do not hold the logprobs of the same tokens" in cav[0]
+    r = runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "-q", "--json",
+                            str(out)])
+    units = json.loads(out.read_text())["units"]
+    assert units["unrelated"] is False and units["within_bin_corr"] > 0.9
+    assert "barely correlate" not in r.stderr
+
+
 def test_a_large_share_of_zero_entropy_tokens_is_a_caveat(synth_file, tmp_path):
     """A third of the tokens at H = 0 (one-token top-p nuclei) lie below the law's range:
     a caveat gives their share, count and mean delta^2 (the bins table's first row); the
