@@ -503,6 +503,12 @@ def starved_caveat(acc: Any, n_files: int) -> str | None:
             "their loss mask (see the warning).")
 
 
+#: positive logprobs read as negative log-likelihoods rather than probabilities when this
+#: share of them is above 1 (no probability is; -logprob is above 1 for every token less
+#: likely than 1/e: 20% to 40% of a real run's)
+ABOVE_ONE_SHARE = 0.05
+
+
 def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None,
             where: Mapping[str, Mapping[str, Any]] | None = None
             ) -> tuple[str, int, str] | None:
@@ -525,6 +531,12 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
                 "these rows is exactly 1.0: a placeholder, not probabilities)")
     elif reason == "positive_logprob" and ones > n / 2:
         text += f" ({ones:,} of these rows are exactly 1.0: a placeholder)"
+    elif reason == "positive_logprob" and int(at.get("above_one") or 0) >= ABOVE_ONE_SHARE * n:
+        named = True  # no probability is above 1: logprobs with the sign flipped
+        text = (f"{cols} {'holds' if len(sides) == 1 else 'hold'} values above 1 in "
+                f"{int(at['above_one']):,} of these rows, which no probability is: negative "
+                "log-likelihoods (-logprob, >= 0)? Negate "
+                + ("the column" if len(sides) == 1 else "the columns"))
     details = []
     if sides and not named:
         details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 else ""))
@@ -537,7 +549,8 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
         text += f" ({'; '.join(details)})"
     left_in = at.get("valid_left") or {}
     left = sum(left_in.values())
-    if left and reason == "positive_logprob":  # a probability below 1e-4 passes as ~0 nats
+    if left and reason == "positive_logprob" and not (
+            int(at.get("above_one") or 0) >= ABOVE_ONE_SHARE * n):  # (p <= 1e-4 reads ~0 nats)
         if int(at.get("input_files") or 1) == 1:
             where_left, fix = "", "convert the column (the log of each probability)"
         elif len(left_in) == 1:
@@ -970,7 +983,8 @@ def entropy_mismatch_caveat(units: Mapping, mapping: Mapping[str, str] | None = 
     )
 
 
-def unrelated_columns(within_bin_corr: float, tokens: int) -> bool:
+def unrelated_columns(within_bin_corr: float, tokens: int, ratio: float = 1.0,
+                      train_over_infer: float = 1.0) -> bool:
     """Whether the two logprob columns hold the logprobs of different tokens although
     neither reads as another token's (:func:`other_token` names none: their mean
     surprisals agree): they correlate less than :data:`OTHER_TOKEN_MAX_CORR` within the
@@ -978,9 +992,13 @@ def unrelated_columns(within_bin_corr: float, tokens: int) -> bool:
     two engines correlate at 0.98 or more on real runs (bf16 or fp16 engines, stale,
     tempered, top-k or top-p on one side) and at 0.6 or more on toy softmaxes with a
     temperature and top-k 5 on one side; the trainer's logprobs joined from another
-    sequence of the step at 0.002."""
+    sequence of the step at 0.002. ``ratio`` and ``train_over_infer`` (``UnitsCheck``):
+    both columns must have a positive mean surprisal (a column of zeros is no sampled
+    token's logprob: the exclusions or the other-token check speak of it)."""
     return (tokens >= MIN_UNIT_TOKENS and math.isfinite(within_bin_corr)
-            and within_bin_corr < OTHER_TOKEN_MAX_CORR)
+            and within_bin_corr < OTHER_TOKEN_MAX_CORR
+            and math.isfinite(ratio) and ratio > 0
+            and math.isfinite(train_over_infer) and train_over_infer > 0)
 
 
 def unrelated_caveat(units: Mapping, mapping: Mapping[str, str] | None = None) -> str:

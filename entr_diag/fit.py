@@ -674,8 +674,8 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
         other_token=other,
         entropy_mismatch=bool(match_units and mistake is None and other is None
                               and entropy_mismatch(binned, tokens)),
-        unrelated=bool(mistake is None and other is None
-                       and unrelated_columns(corr, tokens)),
+        unrelated=bool(mistake is None and other is None and unrelated_columns(
+            corr, tokens, surprisal / entropy if entropy > 0 else math.nan, t_over_i)),
     )
 
 

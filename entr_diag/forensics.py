@@ -2489,6 +2489,17 @@ def _check_staleness(ctx: _Ctx) -> _Result:
         return _clear(
             name, f"every token has staleness {v[0] if v else '?'}: no version lag to confound"
         )
+    # most tokens with a policy newer than the one trained on them: the version columns
+    # are swapped (the loader warns), and a lag read backwards would pass for no growth
+    by_sign = ctx.cells.filter(pl.col("_stale").is_not_null()).select(
+        pl.col("n").filter(pl.col("_stale") < 0).sum().alias("neg"), pl.col("n").sum())
+    neg, tot = int(by_sign["neg"][0] or 0), int(by_sign["n"][0] or 0)
+    if tot and neg > tot / 2:
+        return _cannot(
+            name,
+            f"{neg / tot:.0%} of the tokens have policy_version > train_version (negative "
+            "staleness): the two version columns look swapped, so the lag would be read "
+            "backwards; swap them (--column policy_version=... / train_version=...)")
     t = _joint_trend(ctx)
     if not t.ok or not math.isfinite(t.beta_stale):
         return _cannot(name, t.why or "staleness does not vary within entropy bins")

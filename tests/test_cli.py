@@ -1050,6 +1050,37 @@ def test_fit_and_flag_check_tau_and_eps_before_reading(cmd, bad, tmp_path, monke
     assert r.exit_code == 2 and "must be" in r.stderr, r.output
 
 
+def test_positive_logprobs_read_as_nll_probabilities_or_an_offset(synth_file, tmp_path):
+    """Positive logprob values: negative log-likelihoods (values above 1, which no
+    probability is) are told to be negated, not converted from probabilities; real
+    probabilities keep the probability hint; a column shifted up by 0.3 nats is not said
+    to leave its thousands of valid tokens as 'probabilities' (they are negative logprobs:
+    only those at 0 or above can be probabilities of at most 1e-4)."""
+    df = pl.read_parquet(synth_file)
+    lp = ("train_logprob", "infer_logprob")
+    cases = {
+        "nll_both": (df.with_columns(-pl.col(*lp)), 2, "Negate the columns"),
+        "nll_infer": (df.with_columns(-pl.col("infer_logprob")), 0, "Negate the column."),
+        "prob": (df.with_columns(pl.col("infer_logprob").exp()), 0,
+                 "may hold probabilities rather than log-probabilities"),
+        "shift": (df.with_columns(pl.col("infer_logprob") + 0.3), 0,
+                  "may hold probabilities rather than log-probabilities"),
+    }
+    for name, (d, code, text) in cases.items():
+        src = tmp_path / f"{name}.parquet"
+        d.write_parquet(src)
+        r = runner.invoke(app, ["fit", str(src), "--n-boot", "100", "-q"])
+        assert r.exit_code == code, (name, r.output)
+        assert text in r.stderr, (name, r.stderr)
+        if name.startswith("nll"):
+            assert "values above 1" in r.stderr and "may hold probabilities" not in r.stderr
+        if name == "shift":  # the valid tokens left are negative logprobs but a few
+            import re
+
+            m = re.search(r"the ([\d,]+) valid tokens? left", r.stderr)
+            assert m is None or int(m.group(1).replace(",", "")) < 100, r.stderr
+
+
 def test_logprob_columns_of_different_tokens_are_named(synth_file, tmp_path):
     """train_logprob joined from other rows (the rows of the trainer's dump misordered):
     each column still reads as a sampled token's logprob, no unit or other-token signature

@@ -636,6 +636,19 @@ def test_staleness_found(tmp_path):
     assert res.status("drift").status == "clear"
 
 
+def test_swapped_version_columns_make_staleness_cannot_tell(tmp_path):
+    """The version columns swapped (most tokens with policy_version > train_version): the
+    lag would be read backwards (a planted growth read x0.93 per version, 'clear'), so
+    the check cannot tell and says to swap them."""
+    df = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, staleness_gain=1.0, h_star=None))
+    swapped = df.with_columns(pl.col("policy_version").alias("train_version"),
+                              pl.col("train_version").alias("policy_version"))
+    st = run_forensics(_load(tmp_path, swapped), checks=["staleness"]).status("staleness")
+    assert st.status == "cannot_tell" and "look swapped" in st.reason
+    assert run_forensics(_load(tmp_path, df, "ok.parquet"),
+                         checks=["staleness"]).by_kind("staleness") is not None
+
+
 def test_staleness_carrying_most_of_delta_is_a_warning_with_a_caveat(tmp_path):
     """|delta| x(1 + 4 lag) at equal entropy (lags 0..3): policy drift carries over 90% of
     sum delta^2, so the finding is a warning naming that share and the staleness-0 law,

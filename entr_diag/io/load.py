@@ -2767,27 +2767,34 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
                     nucleus: bool | pl.Series = False) -> dict[str, dict[str, Any]]:
     """Where the rows excluded for each of ``reasons`` are, ``{reason: {"columns":
     {canonical logprob column: excluded rows whose value on that side meets the reason's
-    condition}, "files": {path: excluded rows}, "valid_left": {path: valid tokens},
+    condition}, "files": {path: excluded rows}, "valid_left": {path: valid tokens with a
+    logprob of 0 or more},
     "input_files": number of input files}}`` (files without one left out; ``columns``
     empty for a reason that is not about the logprobs; for ``invalid_entropy``,
     ``"kinds"``: rows per kind of invalid value, :func:`_entropy_kinds`; ``valid_left``:
     the valid tokens of the files where the reason excludes most loss-masked rows, e.g.
     probabilities below 1e-4 that pass as log-probabilities near 0 in a file of
     probabilities; not when most of those rows are exactly +1.0, a sentinel; ``"ones"``:
-    the reason's rows at exactly +1.0, when any). ``frames``: the raw canonical frame of
+    the reason's rows at exactly +1.0, when any; ``"above_one"``: the reason's rows above
+    +1.0 on a side, which no probability is, when any). ``frames``: the raw canonical frame of
     each piece (a file or a row range of one), ``files`` their files. One more read of the
     input for all the reasons together, only when a warning explains an exclusion reason
     (e.g. one shard of two in probabilities: that shard and that column are named)."""
     rsn = pl.col("reason")
     # (rows at exactly +1.0: a sentinel value, not probabilities)
     one = (pl.col("train_logprob") == 1.0) | (pl.col("infer_logprob") == 1.0)
+    # (rows above +1.0: no probability, e.g. negative log-likelihoods)
+    above = (pl.col("train_logprob") > 1.0) | (pl.col("infer_logprob") > 1.0)
+    # (valid tokens with a logprob of 0 or more: what a probability at most 1e-4 reads as)
+    tiny = rsn.is_null() & ((pl.col("train_logprob") >= 0) | (pl.col("infer_logprob") >= 0))
     sides = {r: _side_conditions(r, nucleus) for r in reasons}
     kinds = {r: (_entropy_kinds() if r == "invalid_entropy" else {}) for r in reasons}
     exprs = [(rsn.is_null() | ~rsn.is_in(["unmasked", "padding", "empty_row"])).sum()
-             .alias("m"), rsn.is_null().sum().alias("v")]
+             .alias("m"), tiny.fill_null(False).sum().alias("v")]
     for j, r in enumerate(reasons):  # the columns of reason j are prefixed "{j}_"
         hit = rsn == r
         exprs += [hit.sum().alias(f"{j}_n"), (hit & one).sum().alias(f"{j}_ones"),
+                  (hit & above).fill_null(False).sum().alias(f"{j}_above"),
                   *[(hit & c).sum().alias(f"{j}_{k}") for k, c in sides[r].items()],
                   *[(hit & c).sum().alias(f"{j}_kind{i}")
                     for i, c in enumerate(kinds[r].values())]]
@@ -2795,6 +2802,7 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
     # per reason, per file: the reason's rows, the loss-masked rows, the valid tokens, the
     # reason's rows at +1.0
     per: dict[str, dict[str, list[int]]] = {r: {} for r in reasons}
+    above_n = dict.fromkeys(reasons, 0)
     cols = {r: dict.fromkeys(sides[r], 0) for r in reasons}
     kind_n = {r: dict.fromkeys(kinds[r], 0) for r in reasons}
     for i in range(0, len(queries), _MAX_FILES_PER_CHUNK):
@@ -2805,6 +2813,7 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
                 acc = per[r].setdefault(str(f), [0, 0, 0, 0])
                 for a, k in enumerate((f"{j}_n", "m", "v", f"{j}_ones")):
                     acc[a] += int(row[k] or 0)
+                above_n[r] += int(row[f"{j}_above"] or 0)
                 for k in cols[r]:
                     cols[r][k] += int(row[f"{j}_{k}"] or 0)
                 for a, k in enumerate(kinds[r]):
@@ -2815,6 +2824,8 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
         "files": {f: n for f, (n, _m, _v, _o) in per[r].items() if n},
         # rows at exactly +1.0 on a side (a placeholder, not a probability)
         **({"ones": ones} if (ones := sum(o for _n, _m, _v, o in per[r].values())) else {}),
+        # rows above +1.0 on a side (no probability: negative log-likelihoods?)
+        **({"above_one": above_n[r]} if above_n[r] else {}),
         # files where the reason excludes most loss-masked rows (not as +1.0 sentinels):
         # the valid tokens left
         "valid_left": {f: v for f, (n, m, v, o) in per[r].items()
