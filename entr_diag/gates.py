@@ -746,10 +746,14 @@ def _parse_value(text: str, gate: str, key: str, cls: type | None = None) -> flo
     if t in _CONSTANTS:
         return _CONSTANTS[t]()
     try:
-        return float(t)
+        v = float(t)
     except ValueError:
         raise _bad(f"gate spec {gate!r}: value {text!r} of {key!r} is not a number.",
                    cls) from None
+    if math.isinf(v) and t.lstrip("+-") not in ("inf", "infinity"):  # (1e400: write inf)
+        raise _bad(f"gate spec {gate!r}: value {text!r} of {key!r} is too large for a float "
+                   "(it would read as infinity; write inf for no bound).", cls)
+    return v
 
 
 def parse_gate_spec(spec: str) -> GateSpec:

@@ -327,6 +327,8 @@ class TestParse:
             ("", "empty gate spec"),
             ("fixed:d=1", "has no parameter 'd'"),
             ("fixed:c=abc", "is not a number"),
+            ("fixed:c=1e400", "'1e400' of 'c' is too large for a float"),
+            ("entr:tau=-1e999", "'-1e999' of 'tau' is too large for a float"),
             ("fixed:c", "expected param=value"),
             ("fixed:", "nothing after ':'"),
             ("icepop: ", "nothing after ':'"),
