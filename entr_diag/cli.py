@@ -1389,6 +1389,12 @@ def _why_no_fit(ds, e: FitError | str) -> str:
     msg = str(e).rstrip(".")
     why = f"{msg[:1].lower()}{msg[1:]}"
     acc = ds.accounting
+    if "one sequence block" in msg:  # which column made them one sequence
+        from entr_diag.caveats import column_named
+
+        why += (f" (the valid tokens form {acc.sequences_valid:,} sequence"
+                f"{'' if acc.sequences_valid == 1 else 's'}, keyed by step and "
+                f"{column_named('seq_id', ds.mapping)}: one value for every row?)")
     lead = exclusion_lead(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                           acc.excluded_where)
     if not lead:

@@ -598,6 +598,9 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     assert doc["compare"]["n_exploration"] is None and doc["compare"]["n_noise"] is None
     assert doc["unavailable"].startswith(f"{where}: ") and why in doc["unavailable"]
     assert f"No scaling law: {doc['unavailable']}" in r.stdout.replace("\n", " ")
+    if case == "one_sequence":  # the column that keys the sequences is named
+        assert ("(the valid tokens form 1 sequence, keyed by step and seq_id: one value "
+                "for every row?)") in doc["unavailable"]
     assert doc["metrics"]["overall"]["tokens"] > 0 and doc["forensics"]["checks"]
     assert f"Scaling law: not fitted: {html_lib.escape(doc['unavailable'])}" in out.read_text()
     # the gates' n/a reasons say why there is no law, not "law_k not given"
