@@ -750,13 +750,10 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None],
 
 def _where(ds) -> str:
     """The input as refusals name it: its one file, else the folder holding its files and
-    their number (``dumps (12 files)``)."""
-    import os
+    their number (``dumps (12 files)``): :func:`~entr_diag.io.load.inputs_named`."""
+    from entr_diag.io.load import inputs_named
 
-    files = [os.path.abspath(f.path) for f in ds.files]
-    if len(files) == 1:
-        return str(ds.files[0].path)
-    return f"{os.path.commonpath(files)} ({len(files):,} files)"
+    return inputs_named([f.path for f in ds.files])
 
 
 def _require_tokens(ds) -> None:

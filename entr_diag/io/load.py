@@ -16,6 +16,7 @@ wrongly typed columns.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import glob
 import itertools
@@ -88,19 +89,21 @@ OTHER_DATA_SUFFIXES: tuple[str, ...] = (
 COMPRESSED_SUFFIXES: tuple[str, ...] = (".gz", ".zst", ".bz2", ".xz", ".zip")
 
 
+def inputs_named(paths: Sequence[str | Path]) -> str:
+    """The input files as refusals name them: the one file, else the folder holding them
+    and their number (``dumps (12 files)``)."""
+    if len(paths) == 1:
+        return str(paths[0])
+    files = [os.path.abspath(str(p)) for p in paths]
+    return f"{os.path.commonpath(files)} ({len(files):,} files)"
+
+
 def _link_loops(path: str) -> bool:
-    """Whether following the symbolic link ``path`` comes back to a link already seen."""
-    seen: set[str] = set()
-    p = os.path.abspath(path)
-    while os.path.islink(p):
-        if p in seen:
-            return True
-        seen.add(p)
-        try:
-            p = os.path.join(os.path.dirname(p), os.readlink(p))
-        except OSError:
-            return False
-        p = os.path.abspath(p)
+    """Whether following the symbolic link ``path`` runs in a loop (the system says so)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
     return False
 
 
@@ -1464,11 +1467,8 @@ def load_dataset(
         if zero_cols:  # a logprob side never computed: nothing to measure
             from entr_diag.caveats import column_named
 
-            files = [os.path.abspath(str(i.path)) for i in infos]
-            where = (str(infos[0].path) if len(files) == 1
-                     else f"{os.path.commonpath(files)} ({len(files):,} files)")
             raise InputError(
-                f"{where}: " + " and ".join(column_named(c, mapping) for c in zero_cols)
+                f"{inputs_named([i.path for i in infos])}: " + " and ".join(column_named(c, mapping) for c in zero_cols)
                 + f" {'is' if len(zero_cols) == 1 else 'are'} exactly 0.0 on every one of the "
                 f"{masked_rows:,} loss-masked rows: that side's logprobs were never recorded "
                 "(a zero-filled column, e.g. "
