@@ -436,6 +436,35 @@ def test_compare_and_report_on_identical_logprobs(tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def test_both_logprob_columns_zero_filled_are_refused_by_every_command(tmp_path):
+    """Both logprob columns exactly 0.0 on every valid token (neither side recorded, not a
+    bitwise on-policy run: a token of probability 1 at positive entropy is impossible):
+    fit, compare and report refuse with exit 2 naming both columns and the token count,
+    and report writes no file; one nonzero logprob makes it the identical-columns case."""
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "zeros.parquet"
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=1))
+    df = pl.read_parquet(p).with_columns(pl.lit(0.0).alias("train_logprob"),
+                                         pl.lit(0.0).alias("infer_logprob"))
+    df.write_parquet(p)
+    n = int(df["loss_mask"].cast(pl.Boolean).sum())
+    out = tmp_path / "r.html"
+    for args in (["fit"], ["compare"], ["report", "-o", str(out)]):
+        r = runner.invoke(app, [*args, str(p), "-q"])
+        assert r.exit_code == 2, (args, r.output)
+        err = r.stderr.replace("\n", " ")
+        assert err.startswith(f"error: {p}: train_logprob and infer_logprob are both exactly "
+                              f"0.0 on every one of the {n:,} valid"), err
+    assert not out.exists()
+    df.with_columns(pl.when(pl.int_range(pl.len()) == 5).then(-0.5).otherwise(0.0)
+                    .alias("infer_logprob")).with_columns(
+        pl.col("infer_logprob").alias("train_logprob")).write_parquet(p)
+    r = runner.invoke(app, ["compare", str(p), "-q"])
+    assert r.exit_code == 0, r.output
+    assert "is 0 for every token" in re.sub(r"\s+", " ", r.stdout)
+
+
 def test_an_all_null_entropy_column_counts_as_absent(tmp_path):
     """An engine that writes the entropy column but fills it with nulls: the column is not
     used (a note), so compare compares the gates that need no entropy as without the column
