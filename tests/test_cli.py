@@ -1151,6 +1151,36 @@ def test_an_input_link_to_nothing_is_named_as_such(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "error: input nosuch.parquet does not exist." in r.stderr
 
 
+def test_a_shard_link_to_nothing_in_a_folder_is_refused_or_skipped(tmp_path, synth_file):
+    """A Parquet-named link to nothing inside an input folder (a shard on an unmounted
+    volume, a link loop) was skipped without a word, the run analysed without its tokens:
+    it is now read, so it is refused naming the link and its target, or left out with
+    --skip-unreadable and a warning."""
+    import shutil
+
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copy(synth_file, d / "part-0.parquet")
+    (d / "part-1.parquet").symlink_to("/nonexistent/part-1.parquet")
+    (d / "part-2.parquet").symlink_to("part-2.parquet")
+    r = runner.invoke(app, ["fit", str(d), "-q"])
+    assert r.exit_code == 2, r.output
+    assert (f"error: cannot read {d / 'part-1.parquet'}: it is a symbolic link to "
+            "/nonexistent/part-1.parquet, which does not exist.") in r.stderr.replace("\n", "")
+    (d / "part-1.parquet").unlink()
+    r = runner.invoke(app, ["fit", str(d), "-q"])
+    assert r.exit_code == 2, r.output
+    assert f"cannot read {d / 'part-2.parquet'}: it is a symbolic link loop." in r.stderr
+    out = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "-q", "--skip-unreadable", "--n-boot", "100",
+                            "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "1 input file(s) left out, unreadable as Parquet" in r.stderr.replace("\n", " ")
+    [skip] = json.loads(out.read_text())["inputs"]["skipped_unreadable"]
+    assert skip["path"] == str(d / "part-2.parquet")
+    assert skip["reason"].endswith("it is a symbolic link loop.")
+
+
 def test_a_file_named_like_an_option_gets_a_hint(tmp_path, monkeypatch):
     """'-dash.parquet' reads as option -d: the error says how to name such a file; an
     unknown option that is no file name gets no hint."""

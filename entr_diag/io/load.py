@@ -107,6 +107,18 @@ def _link_loops(path: str) -> bool:
     return False
 
 
+def _broken_link(path: str) -> str:
+    """What the symbolic link ``path``, which leads to no file, is: 'a symbolic link loop'
+    or 'a symbolic link to TARGET, which does not exist'."""
+    if _link_loops(path):
+        return "a symbolic link loop"
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    return f"a symbolic link to {target}, which does not exist"
+
+
 def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = None,
                   walked: set[Path] | None = None,
                   repeated: list[Path] | None = None,
@@ -196,13 +208,7 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                        "pass the folder itself." if literal else "."))
             out.extend(found)
         elif os.path.islink(text):  # a link to nothing: a loop, or a missing target
-            try:
-                target = os.readlink(text)
-            except OSError:
-                target = "?"
-            why = ("a symbolic link loop" if _link_loops(text)
-                   else f"a symbolic link to {target}, which does not exist")
-            raise InputError(f"input {text} is {why}.")
+            raise InputError(f"input {text} is {_broken_link(text)}.")
         else:
             raise InputError(f"input {text} does not exist.")
     seen: set[object] = set()
@@ -211,8 +217,8 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
         try:  # the file itself: a symlink or a hard link to a file named already is it
             st = q.stat()
             key: object = (st.st_dev, st.st_ino)
-        except OSError:
-            key = q.resolve()
+        except OSError:  # (a link to nothing in a folder: refused or skipped when read)
+            key = os.path.abspath(q)
         if key not in seen:
             seen.add(key)
             uniq.append(q)
@@ -228,8 +234,8 @@ def _walk(p: Path) -> tuple[list[Path], list[Path], list[Path]]:
     _delta_log/), the other data files outside such folders, :func:`_data_suffix`)."""
     found, hidden, other = [], [], []
     for q in sorted(p.rglob("*"), key=_natural):
-        if not q.is_file():
-            continue
+        if not q.is_file() and not (q.is_symlink() and not q.exists()):
+            continue  # (a link to nothing is listed: read, it is refused or skipped)
         veiled = any(part.startswith((".", "_")) for part in q.relative_to(p).parts)
         if _looks_parquet(q.with_name("x" + q.name)):  # a Parquet name
             (hidden if veiled else found).append(q)
@@ -302,6 +308,9 @@ def _read_footer(path: Path) -> tuple[pa.Schema, pq.FileMetaData]:
             with open(path, "rb") as f:
                 parquet = f.read(4) == b"PAR1"
         except OSError as oe:  # not a question of format: the file cannot be opened
+            if os.path.islink(path) and not os.path.exists(path):  # e.g. a shard's link
+                raise InputError(f"cannot read {path}: it is {_broken_link(str(path))}."
+                                 ) from None
             raise InputError(f"cannot read {path}: {oe.strerror or oe}.") from None
         what = ("it starts like a Parquet file but cannot be read: truncated, or damaged"
                 if parquet else "entr-diag reads Parquet files only")
