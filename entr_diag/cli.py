@@ -1302,12 +1302,16 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
             f"input files (e.g. {m['file']}), so it was not used, and without it "
             f"{consequence}. Pass only the files that have it, or {fix}."
         )
-    bad = next((n for n in ds.notes if n.startswith(f"warning: {canon} (")
-                and " holds no valid value " in n), None)
-    if bad:  # the column is there, without one usable value: dropped by the loader
-        src = bad.split("'")[1]
-        what = bad.split(" token (", 1)[1].split("): ", 1)[0] if " token (" in bad else ""
-        return (f"{_where(ds)}: the {canon} column ('{src}') holds no valid value for any "
+    bad = [n for n in ds.notes if n.startswith(f"warning: {canon} (")
+           and " holds no valid value " in n]
+    if bad:  # the column is there, without one usable value: dropped by the loader (the
+        # entropy: each candidate tried, e.g. 'entropy' and then 'train_entropy')
+        srcs = " and ".join(f"'{n.split(chr(39))[1]}'" for n in bad)
+        whats = [n.split(" token (", 1)[1].split("): ", 1)[0] if " token (" in n else ""
+                 for n in bad]
+        what = whats[0] + (" each" if len(bad) > 1 else "") if len(set(whats)) == 1 else ""
+        return (f"{_where(ds)}: the {canon} column{'s' if len(bad) > 1 else ''} ({srcs}) "
+                f"{'hold' if len(bad) > 1 else 'holds'} no valid value for any "
                 f"loss-masked token{f' ({what})' if what else ''}, so {consequence}; {fix}.")
     nulls = next((n for n in ds.notes if n.startswith(f"{canon} (") and "holds only nulls" in n),
                  None)

@@ -881,6 +881,25 @@ def test_compare_runs_without_an_entropy_column_that_holds_no_valid_value(tmp_pa
     assert "holds no valid value for any loss-masked token" in r.stderr
 
 
+def test_fit_names_both_entropy_columns_when_neither_holds_a_valid_value(tmp_path):
+    """Both the engine's and the trainer's entropy columns all NaN: fit's refusal names
+    both (it named the first only, though the loader had tried and dropped both)."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    p = tmp_path / "nan2.parquet"
+    pl.read_parquet(src).with_columns(pl.lit(float("nan")).alias("entropy"),
+                                      pl.lit(float("nan")).alias("train_entropy")
+                                      ).write_parquet(p)
+    r = CliRunner().invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2
+    assert ("the entropy columns ('entropy' and 'train_entropy') hold no valid value for "
+            "any loss-masked token (155,478 null or NaN each)") in " ".join(r.stderr.split())
+
+
 def test_a_shard_with_an_empty_schema_says_so(tmp_path):
     """A Parquet file with no column among shards: the refusal says it has none (it ended
     'this file has: .'), and how to leave it out."""
