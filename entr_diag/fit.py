@@ -1086,7 +1086,10 @@ def _search_break(
             f" <= {BIC_MARGIN:g})"
         )
     elif excess <= 0:
-        reasons.append("the low-entropy bins lie below the law, not above it (no excess)")
+        reasons.append(
+            f"the bins below the best split (H < {h_hi[s_best - 1]:.3g} nats) lie below the "
+            f"law fitted to the bins above it (x{math.exp(excess):.2f}), not above it (no "
+            "excess)")
     elif math.exp(excess) < MIN_EXCESS:
         reasons.append(
             f"the low-entropy excess is only x{math.exp(excess):.2f} (< x{MIN_EXCESS:g})"

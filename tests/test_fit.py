@@ -173,6 +173,25 @@ def test_no_planted_regime_reports_no_break(kw):
     assert r.laws.power.alpha_ci[0] <= alpha <= r.laws.power.alpha_ci[1]
 
 
+def test_low_bins_below_the_law_name_the_split_and_the_ratio():
+    """Low-entropy bins below the law: the reason names the split's entropy and the ratio
+    to the law fitted to the bins above the split (it said 'below the law', which read as
+    the law of the fit table, which such bins may lie above)."""
+    _, lf = synth(n_tokens=50_000, seed=0, h_star=None)
+    lf = lf.with_columns(pl.when(pl.col("entropy") < 0.05).then(pl.col("delta") * 0.1)
+                         .otherwise(pl.col("delta")).alias("delta"))
+    r = fit_scaling_law(lf, n_boot=200)
+    s = r.breakpoint_search
+    assert r.breakpoint is None and s.excess_ratio < 0.5
+    m = re.fullmatch(r"the bins below the best split \(H < ([0-9.e-]+) nats\) lie below the "
+                     r"law fitted to the bins above it \(x([0-9.]+)\), not above it \(no "
+                     r"excess\)", s.reason)
+    assert m, s.reason
+    assert float(m.group(2)) == pytest.approx(s.excess_ratio, abs=0.006)
+    assert 0.005 < float(m.group(1)) < 0.2
+    assert s.reason in r.verdict.text
+
+
 def test_flag_finds_planted_noise_tokens():
     """Flagged tokens are (almost) all planted noise tokens, at small sampled probability."""
     df, lf = synth(n_tokens=50_000, seed=0, h_star=0.03)
