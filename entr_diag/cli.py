@@ -1045,11 +1045,44 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              curvature_caveat(fd), zero_entropy_caveat(fd), influence_caveat(fd)]
     caveats = [p for p in parts if p]
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats}
+    void = _void_verdict(ds.notes, rounded)
+    fd["verdict"]["assessable"] = void is None
+    if void:  # the caveat says the verdict means nothing: so does the verdict, up front
+        fd["verdict"]["text"] = (f"not assessable ({void}: see the caveat); as computed: "
+                                 + fd["verdict"]["text"])
     fd["rounded_logprobs"] = dict(rounded) if rounded else None  # (or {"by_file": ...})
     fd["zero_prefix"] = dict(zero_prefix) if zero_prefix else None
     fd["units_by_file"] = ([{"file": f, **c.to_dict()} for f, c in file_units]
                            if file_units else None)
     return fd
+
+
+#: a logprob rounding step (nats) from which the verdict is not assessable: a real run's
+#: typical |delta| is 0.001 to 0.1 nats, so most log-ratios read as 0 or the step
+VOID_ROUNDING_STEP = 0.1
+
+
+def _void_verdict(notes, rounded) -> str | None:
+    """Why the law's verdict cannot be read at all, else None: a logprob or entropy column
+    stored as integers (:func:`~entr_diag.caveats.integer_columns`), or logprobs stored
+    rounded (pooled over the input) to VOID_ROUNDING_STEP nats or coarser. Their caveats
+    say so; the verdict's text then leads with it (a verdict "law holds" followed by a
+    caveat that it is meaningless read as a pass)."""
+    from entr_diag.caveats import integer_columns
+
+    ints = integer_columns(notes)
+    if ints:
+        return f"{' and '.join(ints)} {'holds' if len(ints) == 1 else 'hold'} integers"
+    coarse = {c: step for c, step in (rounded or {}).items()
+              if c != "by_file" and isinstance(step, (int, float))
+              and step >= VOID_ROUNDING_STEP}
+    if coarse:
+        by_step: dict[float, list[str]] = {}
+        for c, step in coarse.items():
+            by_step.setdefault(step, []).append(c)
+        return "logprobs stored rounded to " + ", ".join(
+            f"{step:g} nats ({' and '.join(cs)})" for step, cs in by_step.items())
+    return None
 
 
 def _shown_units(units: dict | None, misaligned, file_units=None) -> dict | None:
@@ -1669,7 +1702,8 @@ def fit(
                                                   metrics=metrics.to_dict(),
                                                   forensics=findings.to_dict(),
                                                   warnings=_notes.warnings()), quiet)
-        render_fit(fit_res, metrics, _tables(json_path), caveat=caveat)
+        render_fit(fit_res, metrics, _tables(json_path), caveat=caveat,
+                   verdict=fd["verdict"]["text"])
         render_findings(findings, _tables(json_path), show_checks=False)
         closed.done()
 

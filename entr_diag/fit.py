@@ -1088,7 +1088,7 @@ def _search_break(
     elif excess <= 0:
         reasons.append(
             f"the bins below the best split (H < {h_hi[s_best - 1]:.3g} nats) lie below the "
-            f"law fitted to the bins above it (x{math.exp(excess):.2f}), not above it (no "
+            f"law fitted to the bins above it (x{math.exp(excess):.3g}), not above it (no "
             "excess)")
     elif math.exp(excess) < MIN_EXCESS:
         reasons.append(

@@ -1449,6 +1449,23 @@ def test_integer_logprob_columns_put_a_caveat_beside_the_verdict(synth_file, tmp
     assert "hold integers" in re.sub(r"\s+", " ", r.stdout)
     # one caveat for them: not also "stored rounded" (to 1 nat)
     assert "stored rounded" not in cav and "stored rounded" not in r.stderr
+    # the verdict itself leads with it (it read "law holds", the caveat "meaningless")
+    v = json.loads(js.read_text())["verdict"]
+    assert v["assessable"] is False
+    assert v["text"].startswith("not assessable (train_logprob and infer_logprob hold "
+                                "integers: see the caveat); as computed: law ")
+    assert f"Verdict: {v['text']}" in re.sub(r"\s+", " ", r.stdout)
+    # floats rounded to 0.1 nats: the same; to 0.01 (next test) the verdict stands
+    pl.read_parquet(synth_file).with_columns(
+        pl.col("train_logprob", "infer_logprob").round(1)).write_parquet(p)
+    r = runner.invoke(app, ["report", str(p), "--n-boot", "100", "--json", str(js),
+                            "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    v = json.loads(js.read_text())["fit"]["verdict"]
+    assert v["assessable"] is False and v["text"].startswith(
+        "not assessable (logprobs stored rounded to 0.1 nats (train_logprob and "
+        "infer_logprob): see the caveat)"), v["text"]
+    assert "not assessable (logprobs stored rounded" in (tmp_path / "r.html").read_text()
 
 
 def test_rounded_float_logprobs_put_a_caveat_beside_the_verdict(synth_file, tmp_path):
@@ -1466,6 +1483,8 @@ def test_rounded_float_logprobs_put_a_caveat_beside_the_verdict(synth_file, tmp_
         doc = json.loads(js.read_text())
         fd = doc if cmd == "fit" else doc["fit"]
         assert fd["rounded_logprobs"] == {"infer_logprob": 0.01}, cmd
+        assert fd["verdict"]["assessable"] is True
+        assert not fd["verdict"]["text"].startswith("not assessable")
         assert ("the logprobs are stored rounded (infer_logprob to 0.01 "
                 "nats)") in fd["verdict"]["caveat"]
         err = re.sub(r"\s+", " ", r.stderr)

@@ -187,7 +187,7 @@ def test_low_bins_below_the_law_name_the_split_and_the_ratio():
                      r"law fitted to the bins above it \(x([0-9.]+)\), not above it \(no "
                      r"excess\)", s.reason)
     assert m, s.reason
-    assert float(m.group(2)) == pytest.approx(s.excess_ratio, abs=0.006)
+    assert float(m.group(2)) == pytest.approx(s.excess_ratio, rel=0.006)
     assert 0.005 < float(m.group(1)) < 0.2
     assert s.reason in r.verdict.text
 

@@ -57,8 +57,11 @@ def _nats(bp: Breakpoint, unit: tuple[str, float] | None) -> str | None:
 
 
 def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Console, *,
-               caveat: str | None = None) -> None:
+               caveat: str | None = None, verdict: str | None = None) -> None:
     """Print the fit (and the mismatch metrics, when given) to ``console``.
+
+    ``verdict``: the verdict's text as the JSON has it, when it differs from the fit's own
+    (e.g. led by "not assessable" when the logprobs are integers), printed in red.
 
     Order: verdict (and ``caveat`` under it, e.g.
     :func:`~entr_diag.caveats.small_sample_caveat`), bins table, laws table,
@@ -71,7 +74,9 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     h_unit = "nats" if unit is None else f"in the entropy column's unit, probably {unit[0]}"
     v = result.verdict
     style = {"holds": "bold green", "holds_approximately": "bold yellow"}.get(v.law, "bold red")
-    console.print(f"Verdict: {v.text}", style=style, soft_wrap=True, markup=False)
+    if verdict is not None and verdict != v.text:
+        style = "bold red"
+    console.print(f"Verdict: {verdict or v.text}", style=style, soft_wrap=True, markup=False)
     if caveat:
         console.print(caveat, style="yellow", soft_wrap=True, markup=False)
     console.print()
