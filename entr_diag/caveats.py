@@ -268,6 +268,22 @@ def findings_caveats(findings: Mapping | None, gates: bool = False) -> list[str]
     return out
 
 
+def truncation_metrics_note(findings: Mapping | list | None) -> str | None:
+    """The note under the mismatch metrics when the forensics found engine-side truncated
+    sampling at warning severity or above (``findings``: the forensics' ``to_dict()``, or
+    its list of findings), else None: the metrics then measure the support the engine cut,
+    not engine noise (the truncated-sampling finding explains it; its message says the
+    same, but a reader of the metrics table alone would not see it)."""
+    fs = findings.get("findings", ()) if isinstance(findings, Mapping) else (findings or ())
+    if not any(f.get("kind") == "truncated_sampling"
+               and f.get("severity") in ("warning", "critical") for f in fs):
+        return None
+    return ("The engine samples from a truncated support (top-p / top-k / min-p; the "
+            "truncated_sampling finding): these metrics measure that support difference, not "
+            "engine noise (the trainer puts a mass Z < 1 on the engine's support: kl is about "
+            "-ln Z, chi2_token about Z^2 - 1, chi2_seq near -1 on long sequences, ess about 1).")
+
+
 #: what a reason excluding most loss-masked tokens usually means
 MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
     "positive_logprob": "{logprob_columns} may hold probabilities rather than "

@@ -1702,8 +1702,11 @@ def fit(
                                                   metrics=metrics.to_dict(),
                                                   forensics=findings.to_dict(),
                                                   warnings=_notes.warnings()), quiet)
+        from entr_diag.caveats import truncation_metrics_note
+
         render_fit(fit_res, metrics, _tables(json_path), caveat=caveat,
-                   verdict=fd["verdict"]["text"])
+                   verdict=fd["verdict"]["text"],
+                   metrics_note=truncation_metrics_note(findings.to_dict()))
         render_findings(findings, _tables(json_path), show_checks=False)
         closed.done()
 

@@ -347,6 +347,22 @@ def test_verdict_caveat_under_the_verdict(full_html):
     assert not _has(full_html, '<p class="caveat">')
 
 
+def test_metrics_caption_says_what_they_measure_under_truncated_sampling(full_html):
+    """A truncated-sampling finding at warning severity: the per-step metrics' caption says
+    they measure the support difference; at info, or without it, it says nothing."""
+    f = {"kind": "truncated_sampling", "severity": "warning", "title": "t", "message": "m",
+         "evidence": {}, "check": "c"}
+    args = dict(summary=_summary(), fit=_fit(), metrics=_metrics(), compare=_compare(),
+                profiles=_profiles())
+    h = build_report_html(**args, findings=[f])
+    assert _has(h, "The engine samples from a truncated support")
+    assert h.index("5. Over training") < h.index("Mismatch metrics per step") < h.index(
+        "truncated support")
+    h = build_report_html(**args, findings={"findings": [{**f, "severity": "info"}]})
+    assert not _has(h, "truncated support")
+    assert not _has(full_html, "truncated support")
+
+
 def test_offender_tables_rendered(full_html):
     """The worst-offender tables list tokens and sequences with their keys."""
     seg = full_html[full_html.index('id="offenders"') :]

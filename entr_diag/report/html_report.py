@@ -27,7 +27,7 @@ import plotly.io as pio
 import plotly.offline
 from plotly.subplots import make_subplots
 
-from entr_diag.caveats import entropy_text, entropy_unit
+from entr_diag.caveats import entropy_text, entropy_unit, truncation_metrics_note
 from entr_diag.compare import noise_by_definition
 from entr_diag.metrics import clamp_note_of
 
@@ -2088,7 +2088,8 @@ def build_report_html(
             + (" " + note if (note := clamp_note_of(
                 int(_get(metrics, "overall", "tokens_clamped") or 0),
                 int(_get(metrics, "overall", "sequences_clamped") or 0),
-                _get(metrics, "overall", "k3_kl"))) else ""),
+                _get(metrics, "overall", "k3_kl"))) else "")
+            + (" " + trunc if (trunc := truncation_metrics_note(findings)) else ""),
             "Mismatch metrics per step",
         )
     )

@@ -57,11 +57,14 @@ def _nats(bp: Breakpoint, unit: tuple[str, float] | None) -> str | None:
 
 
 def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Console, *,
-               caveat: str | None = None, verdict: str | None = None) -> None:
+               caveat: str | None = None, verdict: str | None = None,
+               metrics_note: str | None = None) -> None:
     """Print the fit (and the mismatch metrics, when given) to ``console``.
 
     ``verdict``: the verdict's text as the JSON has it, when it differs from the fit's own
     (e.g. led by "not assessable" when the logprobs are integers), printed in red.
+    ``metrics_note``: printed under the metrics table (e.g.
+    :func:`~entr_diag.caveats.truncation_metrics_note`).
 
     Order: verdict (and ``caveat`` under it, e.g.
     :func:`~entr_diag.caveats.small_sample_caveat`), bins table, laws table,
@@ -224,6 +227,8 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
         clamp = _clamp_note(metrics.overall)
         if clamp:
             console.print(clamp, soft_wrap=True)
+        if metrics_note:
+            console.print(metrics_note, style="yellow", soft_wrap=True, markup=False)
 
 
 def _clamp_note(m) -> str | None:
