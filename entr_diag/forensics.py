@@ -1431,6 +1431,30 @@ def _defer_temperature_to_truncation(found: list[tuple[int, Finding]]
              if f is t else f) for i, f in found]
 
 
+def _outliers_beside_truncation(found: list[tuple[int, Finding]]
+                                ) -> list[tuple[int, Finding]]:
+    """``found`` with the sequence-outlier finding pointing at engine-side truncated
+    sampling first when that check warns too: a sequence whose tokens the truncation cut
+    most (a long flat tail at a given entropy, runs of one-token nuclei) carries more of its
+    one-sided bias and reads as an outlier, so MoE routing or the KV cache are not the first thing to
+    check (a top-p 0.9 run flagged 21 such sequences, pointed at routing)."""
+    kinds = {f.kind: f for _, f in found}
+    o, tr = kinds.get("sequence_outliers"), kinds.get("truncated_sampling")
+    if o is None or tr is None or tr.severity not in ("warning", "critical"):
+        return found
+    note = (" The truncated-sampling check warns too: the mass the engine's truncation "
+            "cuts varies at equal entropy (a long flat tail loses more than a few strong "
+            "alternatives), so a sequence of such tokens, or of many one-token nuclei, "
+            "carries more of its one-sided bias and reads as an outlier: these may be that, "
+            "not a sequence-level fault.")
+    check = ("first the engine-side truncation (see truncated_sampling): compare these "
+             "sequences' mean delta with the others' at the same entropy once it is fixed; "
+             "then ")
+    return [(i, dataclasses.replace(f, message=f.message + note,
+                                    check=check + f.check)
+             if f is o else f) for i, f in found]
+
+
 def _logprob_unit_note(ctx: _Ctx, how: str) -> str:
     """When the fit's units check names a unit mistake of a logprob column
     (``ctx.unit_mistake``), the sentence that defers a finding to it (``how``: how the
@@ -3939,7 +3963,7 @@ class ForensicsPlan:
             statuses.append(st)
             if f is not None:
                 found.append((i, f))
-        found = _defer_temperature_to_truncation(found)
+        found = _outliers_beside_truncation(_defer_temperature_to_truncation(found))
         found.sort(key=lambda t: (-_SEV_RANK[t[1].severity], t[0]))
         return Findings(findings=tuple(f for _, f in found), checks=tuple(statuses))
 

@@ -3,6 +3,7 @@ check stays silent (nothing above info) on clean synthetic runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -314,6 +315,27 @@ def test_truncated_sampling(tmp_path, base):
     assert ev["k_raw"] > 1.5 * ev["k_debiased"]
     assert ev["alpha_debiased"] == pytest.approx(1.0, abs=0.1)
     assert res.status("one_sided_temperature").status == "clear"
+
+
+def test_sequence_outliers_beside_truncation_point_at_it_first():
+    """Sequence outliers found beside a truncated-sampling warning: their message says the
+    truncation may explain them and their check names it first (it pointed at MoE routing
+    alone); beside an info-level truncation finding, or none, they are unchanged."""
+    from entr_diag.forensics import _outliers_beside_truncation
+
+    o = Finding(kind="sequence_outliers", severity="info", title="t", message="21 of 1536.",
+                evidence={}, check="MoE routing consistency ...")
+    tr = Finding(kind="truncated_sampling", severity="warning", title="t", message="m",
+                 evidence={}, check="c")
+    (_, t2), (_, o2) = _outliers_beside_truncation([(2, tr), (3, o)])
+    assert t2 is tr
+    assert o2.message.startswith("21 of 1536. The truncated-sampling check warns too")
+    assert o2.check.startswith("first the engine-side truncation (see truncated_sampling)")
+    assert o2.check.endswith("; then MoE routing consistency ...")
+    assert o2.severity == "info"
+    info = dataclasses.replace(tr, severity="info")
+    assert _outliers_beside_truncation([(2, info), (3, o)]) == [(2, info), (3, o)]
+    assert _outliers_beside_truncation([(3, o)]) == [(3, o)]
 
 
 # ------------------------------------------------------------------ logit-level toys
