@@ -1181,6 +1181,49 @@ def test_a_shard_link_to_nothing_in_a_folder_is_refused_or_skipped(tmp_path, syn
     assert skip["reason"].endswith("it is a symbolic link loop.")
 
 
+def test_an_input_folder_with_a_folder_it_cannot_list(tmp_path, synth_file, monkeypatch):
+    """A folder under the input folder that cannot be listed (another user's, mode 000):
+    the refusal names it and says how to go on (it was a bare '[Errno 13] Permission
+    denied: ...'); an entry that cannot be examined and is no Parquet name (a link into a
+    folder this user may not enter) is passed over, as any non-Parquet entry."""
+    import os
+    import shutil
+
+    import entr_diag.io.load as L
+
+    d = tmp_path / "run"
+    (d / "locked").mkdir(parents=True)
+    shutil.copy(synth_file, d / "part-0.parquet")
+    walk = os.walk
+
+    def walk_denied(top, onerror=None, **kw):
+        for root, dirs, files in walk(top, onerror=onerror, **kw):
+            if "locked" in dirs and onerror is not None:
+                dirs.remove("locked")
+                onerror(PermissionError(13, "Permission denied", os.path.join(root, "locked")))
+            yield root, dirs, files
+
+    monkeypatch.setattr(L.os, "walk", walk_denied)
+    r = runner.invoke(app, ["fit", str(d), "-q"])
+    assert r.exit_code == 2, r.output
+    assert (f"error: cannot search the input folder {d}: its folder {d / 'locked'} cannot be "
+            "listed (Permission denied)") in r.stderr.replace("\n", "")
+    assert f"'{d / '*.parquet'}'" in r.stderr.replace("\n", "")
+    monkeypatch.setattr(L.os, "walk", walk)
+    (d / "locked").rmdir()
+    is_file = Path.is_file
+
+    def denied(self):
+        if self.name == "other":
+            raise PermissionError(13, "Permission denied", str(self))
+        return is_file(self)
+
+    (d / "other").write_text("x")
+    monkeypatch.setattr(Path, "is_file", denied)
+    r = runner.invoke(app, ["fit", str(d), "-q", "--n-boot", "100"])
+    assert r.exit_code == 0, r.output
+
+
 def test_a_file_named_like_an_option_gets_a_hint(tmp_path, monkeypatch):
     """'-dash.parquet' reads as option -d: the error says how to name such a file; an
     unknown option that is no file name gets no hint."""

@@ -233,9 +233,23 @@ def _walk(p: Path) -> tuple[list[Path], list[Path], list[Path]]:
     them, starts with '.' or '_' (.staging/, a crashed Spark job's _temporary/,
     _delta_log/), the other data files outside such folders, :func:`_data_suffix`)."""
     found, hidden, other = [], [], []
-    for q in sorted(p.rglob("*"), key=_natural):
-        if not q.is_file() and not (q.is_symlink() and not q.exists()):
-            continue  # (a link to nothing is listed: read, it is refused or skipped)
+    unlisted: list[OSError] = []  # folders under p that cannot be listed
+    names = [Path(root, f) for root, _dirs, files in os.walk(p, onerror=unlisted.append)
+             for f in files]  # (symbolic links to folders are not followed, as by rglob)
+    if unlisted:
+        e = unlisted[0]
+        raise InputError(
+            f"cannot search the input folder {p}: its folder {e.filename} cannot be listed "
+            f"({e.strerror or e}), so the Parquet files in it, if any, would be left out. "
+            "Make it readable, or name the files to read (e.g. a glob such as "
+            f"'{p / '*.parquet'}').")
+    for q in sorted(names, key=_natural):
+        try:
+            is_file = q.is_file()
+        except OSError:  # e.g. a link into a folder this user may not enter
+            is_file = False
+        if not is_file and not (q.is_symlink() and _looks_parquet(q.with_name("x" + q.name))):
+            continue  # (a Parquet-named link to nothing is listed: read, refused or skipped)
         veiled = any(part.startswith((".", "_")) for part in q.relative_to(p).parts)
         if _looks_parquet(q.with_name("x" + q.name)):  # a Parquet name
             (hidden if veiled else found).append(q)
