@@ -604,7 +604,8 @@ def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int,
     """A one-line caveat when one exclusion reason removes more than half of the loss-masked
     tokens (the results then rest on what is left, and the reason usually means the columns
     are not what they were taken for), or ``positive_logprob`` 1% of them
-    (:data:`HINT_MIN_SHARE`), else None.
+    (:data:`HINT_MIN_SHARE`), or when all reasons together remove more than half (then
+    naming the largest four with their counts), else None.
 
     Args:
         excluded: tokens per exclusion reason (the token accounting's ``excluded``).
@@ -613,10 +614,19 @@ def exclusion_caveat(excluded: Mapping[str, int], masked: int, valid: int,
         where: the accounting's ``excluded_where`` (which column, which files).
     """
     hint = exclusion_hint(excluded, masked, mapping, where)
-    if not hint or not valid:
+    most = bool(masked) and masked - valid > masked / 2
+    if not (hint or most) or not valid:
         return None
-    return (f"caveat: {(masked - valid) / masked:.1%} of the loss-masked tokens are excluded, "
-            f"the results rest on the {valid:,} others. {hint}")
+    reasons = ""
+    if most and (not hint or len(excluded) > 1):  # every reason counts, not the hinted only
+        top = sorted(excluded.items(), key=lambda kv: -kv[1])
+        reasons = (" (" + ", ".join(f"{r} {n:,}" for r, n in top[:4])
+                   + (", ..." if len(top) > 4 else "") + ")")
+        if not hint:
+            hint = ("No one reason explains most of them: see `entr-diag inspect` for what "
+                    "each means and which columns and files it concerns.")
+    return (f"caveat: {(masked - valid) / masked:.1%} of the loss-masked tokens are excluded"
+            f"{reasons}, the results rest on the {valid:,} others. {hint}")
 
 
 def exclusion_lead(excluded: Mapping[str, int], masked: int, valid: int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from typer.testing import CliRunner
@@ -724,6 +725,38 @@ def test_mostly_excluded_tokens_are_warned_about_with_what_it_means(tmp_path):
             "('rollout_log_probs') may hold probabilities rather than log-probabilities") in err
     ok = runner.invoke(app, ["inspect", str(_shard(tmp_path / "ok.parquet"))])
     assert ok.exit_code == 0 and "are excluded" not in ok.stderr
+
+
+def test_mostly_excluded_over_several_reasons_is_warned_about(tmp_path):
+    """Most loss-masked tokens excluded over several reasons, none of which alone excludes
+    most (nulls in every column): the warning (also with --quiet) and the verdict's caveat
+    give the total share and the largest reasons with their counts (there was none: no one
+    reason had a hint); a minor hinted reason does not stand for all of them."""
+    import json
+
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "nulls.parquet"
+    write_synth(p, SynthSpec(n_tokens=30_000, seed=3))
+    df = pl.read_parquet(p)
+    rng = np.random.default_rng(0)
+    cols = ["loss_mask", "seq_id", "position", "train_logprob"]
+    df.with_columns(pl.when(pl.Series(rng.random(df.height) < 0.3)).then(None)
+                    .otherwise(pl.col(c)).alias(c) for c in cols).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "-q", "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    acc = json.loads(js.read_text())["inputs"]["accounting"]
+    masked = acc["tokens_masked"]
+    out = masked - acc["tokens_valid"]
+    assert out > masked / 2 and max(acc["exclusions"].values()) < masked / 2
+    share = f"{out / masked:.1%} of the loss-masked tokens are excluded (null_loss_mask "
+    err = " ".join(r.stderr.split())
+    assert f"warning: {share}" in err and "No one reason explains most of them" in err
+    caveat = json.loads(js.read_text())["verdict"]["caveat"]
+    assert f"caveat: {share}" in caveat
+    top = max(acc["exclusions"], key=acc["exclusions"].get)
+    assert f"{top} {acc['exclusions'][top]:,}" in caveat
 
 
 def test_mostly_excluded_caveat_reaches_the_verdict_even_quiet(tmp_path):
