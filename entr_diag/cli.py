@@ -888,6 +888,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         _require_tokens(ds)
     acc = ds.accounting
     if not quiet:
+        from entr_diag.io.schema import ENTROPY_NEG_TOL
+
         _notes.add(
             f"{acc.tokens_valid:,} valid loss-masked tokens of {acc.tokens_total:,} rows; "
             f"{acc.tokens_masked - acc.tokens_valid:,} excluded"
@@ -895,6 +897,10 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             + (f"; {acc.tokens_padding:,} rows of tensor padding ignored (no loss mask: "
                "leading or trailing rows whose logprobs and entropy are exactly 0 or -1)"
                if acc.tokens_padding else "")
+            + (f"; {acc.tokens_entropy_below_zero:,} valid token(s) have an entropy just "
+               f"below 0 (down to -{ENTROPY_NEG_TOL:g} nats: floating-point rounding of a "
+               "near-certain distribution), read as 0"
+               if getattr(acc, "tokens_entropy_below_zero", 0) else "")
         )
     from entr_diag.caveats import exclusion_caveat
 

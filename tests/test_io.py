@@ -344,6 +344,8 @@ _BAD_CASES = {
     "invalid_entropy": {"entropy": [0.5, -0.1, float("nan"), 1.2, 2.0]},
     # an entropy is at most ln(vocabulary size) < 20 nats: 65504 (a float16 max) is garbage
     "invalid_entropy_above_ln_v": {"entropy": [0.5, 65504.0, 0.3, 20.5, 20.0]},
+    # -1e-8 is float32 rounding of a near-certain distribution (kept, read as 0); -2e-4 not
+    "invalid_entropy_beyond_rounding": {"entropy": [-1e-8, -2e-4, 0.3, -1e-4, 2.0]},
     "negative_version": {"policy_version": [1, -1, 2, 0, 0]},
     # a token without a place in its sequence (a null or negative position column value)
     "invalid_position": {"position": [0, None, 2, -3, 1]},
@@ -351,6 +353,7 @@ _BAD_CASES = {
 _EXPECTED = {"non_finite_logprob": 2, "sentinel_logprob": 2, "positive_logprob": 1,
              "positive_logprob_beyond_rounding": 1,
              "zero_placeholder": 2, "invalid_entropy": 2, "invalid_entropy_above_ln_v": 2,
+             "invalid_entropy_beyond_rounding": 1,
              "negative_version": 1, "invalid_position": 2}
 
 
@@ -364,6 +367,31 @@ def test_each_exclusion_reason_counted(tmp_path, reason):
     assert ds.accounting.tokens_valid == 5 - n
     assert _valid(ds).height == 5 - n
     assert ds.accounting.to_dict()["exclusions"] == {reason: n}
+
+
+def test_entropy_just_below_zero_is_rounding_read_as_zero_and_counted(tmp_path):
+    """Entropies in [-1e-4, 0) nats (float32 rounding of a near-certain distribution gives
+    -1e-9 to -1e-7) are valid tokens, their entropy read as 0, counted in the accounting
+    (JSON) and said in the CLI's note; they were excluded as invalid_entropy with a hint
+    about bits or logits, removing exactly the near-certain tokens."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    p = _write(tmp_path, _long(entropy=[-1e-8, -1e-7, 0.3, -2e-4, 2.0]))
+    ds = load_dataset([p])
+    acc = ds.accounting
+    assert dict(acc.excluded) == {"invalid_entropy": 1} and acc.tokens_valid == 4
+    assert acc.tokens_entropy_below_zero == 2
+    assert acc.to_dict()["tokens_entropy_below_zero"] == 2
+    assert _valid(ds)["entropy"].to_list() == [0.0, 0.0, 0.3, 2.0]
+    assert ds.entropy_fine_counts[0] == 2  # (in bin 0, below H_MIN, as read)
+    r = CliRunner().invoke(app, ["inspect", str(p)])
+    assert ("2 valid token(s) have an entropy just below 0 (down to -0.0001 nats: "
+            "floating-point rounding of a near-certain distribution), read as 0") in \
+        " ".join(r.stderr.split())
+    assert load_dataset([_write(tmp_path, _long(), "ok.parquet")]
+                        ).accounting.tokens_entropy_below_zero == 0
 
 
 def test_null_step_tokens_are_counted_and_warned_about(tmp_path):

@@ -884,6 +884,9 @@ class Accounting:
     #: trailing rows whose logprobs and entropy are exactly 0.0), counted in
     #: ``tokens_unmasked``
     tokens_padding: int = 0
+    #: valid tokens whose entropy lies in [-ENTROPY_NEG_TOL, 0) nats (floating-point
+    #: rounding of a near-certain distribution): read as 0 in the token frame
+    tokens_entropy_below_zero: int = 0
     #: for the exclusion reason the warnings explain (:func:`entr_diag.caveats.hinted_reason`):
     #: reason -> ``{"columns": {canonical logprob column: rows}, "files": {path: rows},
     #: "valid_left": {path: tokens}, "input_files": n}``: which logprob column(s) meet the
@@ -930,6 +933,7 @@ class Accounting:
             "sequences_with_duplicate_positions": self.sequences_with_duplicate_positions,
             "tokens_without_step": self.tokens_without_step,
             "tokens_padding": self.tokens_padding,
+            "tokens_entropy_below_zero": self.tokens_entropy_below_zero,
             **({"negative_staleness_files": dict(self.negative_staleness_files)}
                if self.negative_staleness_files else {}),
             **({"duplicate_position_files": dict(self.duplicate_position_files)}
@@ -2344,7 +2348,8 @@ def _reason_conditions(mapping: Mapping[str, str], nucleus: bool | pl.Series = F
     if "entropy" in mapping:
         h = pl.col("entropy")
         out.append(("invalid_entropy",
-                    h.is_null() | ~h.is_finite() | (h < 0) | (h > S.ENTROPY_MAX)))
+                    h.is_null() | ~h.is_finite() | (h < -S.ENTROPY_NEG_TOL)
+                    | (h > S.ENTROPY_MAX)))
     vers = [pl.col(c) < 0 for c in ("policy_version", "train_version") if c in mapping]
     if vers:
         cond = vers[0]
@@ -2388,7 +2393,7 @@ def _valid_expr(mapping: Mapping[str, str], nucleus: bool | pl.Series = False) -
     terms.append(~_either(_side_conditions("zero_placeholder", nucleus)))
     if "entropy" in mapping:
         h = pl.col("entropy")
-        terms += [h >= 0, h <= S.ENTROPY_MAX]
+        terms += [h >= -S.ENTROPY_NEG_TOL, h <= S.ENTROPY_MAX]
     reasons = dict(_reason_conditions(mapping, nucleus))
     if "negative_version" in reasons:
         terms.append(~reasons["negative_version"])  # (never null)
@@ -2402,7 +2407,9 @@ def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
         if canon in mapping:
             cols.append(pl.col(canon))
     cols.append((pl.col("train_logprob") - pl.col("infer_logprob")).alias("delta"))
-    for canon in ("entropy", "policy_version", "train_version"):
+    if "entropy" in mapping:  # (a valid entropy below 0 is rounding: read as 0, counted)
+        cols.append(pl.col("entropy").clip(lower_bound=0.0))
+    for canon in ("policy_version", "train_version"):
         if canon in mapping:
             cols.append(pl.col(canon))
     if "policy_version" in mapping and "train_version" in mapping:
@@ -2460,7 +2467,10 @@ class _AccountingScan:
         if self.has_step:  # constant within a sequence key (the key hashes it)
             exprs.append(pl.col("step").cast(i64).fill_null(_I64_MIN).alias("_ac_step"))
         if self.fine:  # a valid token has a finite entropy >= 0 and a finite delta
-            exprs.append(pl.when(valid).then(fine_bin_expr().cast(i64) + 1).otherwise(0)
+            # (a valid entropy below 0, rounding, in a slot of its own: counted, then
+            # added to bin 0, where the token frame's entropy clipped to 0 falls)
+            exprs.append(pl.when(valid & (pl.col("entropy") < 0)).then(N_FINE + 2)
+                         .when(valid).then(fine_bin_expr().cast(i64) + 1).otherwise(0)
                          .alias("_ac_fine"))
         self.exprs = exprs
         self.columns = ["seq_key", FILE_INDEX, *(c for _, c in self.ranges)]
@@ -2480,7 +2490,7 @@ class _AccountingScan:
         # row written twice in a row): a duplicate however the mask is cut
         merge.append(pl.col("prep").sum())
         self.parts = PartialRows(["seq_key"], merge, 4_000_000)
-        self.counts = np.zeros(N_FINE + 2, dtype=np.int64)
+        self.counts = np.zeros(N_FINE + 3, dtype=np.int64)
         self.stale: dict[int, int] = {}
 
     @staticmethod
@@ -2653,8 +2663,12 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     if scan.has_tv:
         tv_pair = _pair(get("_tv_lo").min(), get("_tv_hi").max())
     fine: tuple[np.ndarray | None, tuple[int, int] | None] = (None, None)
+    below_zero = 0
     if scan.fine:
-        fine = (scan.counts[1:].copy(), (min(steps), max(steps)) if steps else None)
+        below_zero = int(scan.counts[-1])
+        counts = scan.counts[1:-1].copy()
+        counts[0] += below_zero  # (their entropy is read as 0: bin 0, below H_MIN)
+        fine = (counts, (min(steps), max(steps)) if steps else None)
     excluded = {r: count[r] for r in S.EXCLUSION_REASONS if count[r]}
     # tensor padding inferred without a mask: outside the loss mask
     valid_n, unmasked = int(valid.sum()), count["unmasked"] + count["padding"]
@@ -2677,6 +2691,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         sequences_with_duplicate_positions=n_dup,
         tokens_without_step=n_nullstep,
         tokens_padding=count["padding"],
+        tokens_entropy_below_zero=below_zero,
         negative_staleness_files={str(infos[i].path): n for i, n in sorted(scan.ahead.items())},
         duplicate_position_files=dup_files,
         file_exclusions=file_excl,
@@ -2782,7 +2797,8 @@ def _entropy_kinds() -> dict[str, pl.Expr]:
     h = pl.col("entropy")
     fin = h.is_finite()
     return {"null or NaN": h.is_null() | h.is_nan(), "infinite": h.is_infinite(),
-            "negative": fin & (h < 0), f"above {S.ENTROPY_MAX:g} nats": fin & (h > S.ENTROPY_MAX)}
+            "negative": fin & (h < -S.ENTROPY_NEG_TOL),  # (beyond rounding)
+            f"above {S.ENTROPY_MAX:g} nats": fin & (h > S.ENTROPY_MAX)}
 
 
 def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],

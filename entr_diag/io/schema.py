@@ -163,7 +163,7 @@ EXCLUSION_REASONS: dict[str, str] = {
     "sentinel_logprob": "a logprob <= -1000 (padding floors such as -9999 / -99999)",
     "positive_logprob": "a logprob > 1e-4 nats (impossible for a probability; e.g. +1.0 sentinels)",
     "zero_placeholder": "exactly 0.0 on one side while the other side is below -0.05 nats",
-    "invalid_entropy": "entropy NaN, null, +-inf, negative or above 20 nats (H <= ln V)",
+    "invalid_entropy": "entropy NaN, null, +-inf, below -1e-4 or above 20 nats (H <= ln V)",
     "negative_version": "policy_version or train_version < 0 (prompt-position marker)",
 }
 
@@ -196,6 +196,10 @@ POSITIVE_LOGPROB_TOL = 1e-4
 #: vocabulary below 485M entries; a larger value is garbage (a sentinel, an unnormalised
 #: value, uninitialised memory), not an entropy
 ENTROPY_MAX = 20.0
+#: an entropy this far below 0 (nats) is floating-point rounding of a near-certain
+#: distribution (float32 gives -1e-9 to -1e-7 there): a valid token, its entropy read as 0
+#: (counted: Accounting.tokens_entropy_below_zero); further below it is invalid_entropy
+ENTROPY_NEG_TOL = 1e-4
 
 
 def missing_versions(has: Callable[[str], bool]) -> str:
