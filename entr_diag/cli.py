@@ -949,8 +949,16 @@ def _check_alignment(ds, finding, allow: bool) -> None:
         _notes.add("[yellow]warning:[/yellow] "
                    + escape(_misaligned_caveat(f).removeprefix("caveat: ")))
         return
+    from entr_diag.caveats import exclusion_lead
+
+    acc = ds.accounting
+    lead = exclusion_lead(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
+                          acc.excluded_where)
+    if lead:  # the exclusions, not the few tokens left, are what to fix first
+        lead += (f" On the {acc.tokens_valid:,} tokens left, which the shift test reads, "
+                 f"{f.title[:1].lower()}{f.title[1:]}")
     raise InputError(
-        f"{_where(ds)}: {f.title}. {_alignment_numbers(f)} Check: {f.check} Pass "
+        f"{_where(ds)}: {lead or f.title}. {_alignment_numbers(f)} Check: {f.check} Pass "
         "--allow-misaligned to analyse the input anyway."
     )
 

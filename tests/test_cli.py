@@ -1081,6 +1081,32 @@ def test_positive_logprobs_read_as_nll_probabilities_or_an_offset(synth_file, tm
             assert m is None or int(m.group(1).replace(",", "")) < 100, r.stderr
 
 
+def test_a_shift_refusal_after_mostly_excluded_tokens_leads_with_the_exclusions(tmp_path):
+    """A trainer column of negative log-likelihoods whose confident tokens were clamped to
+    -1e-7 (they pass as logprobs once negated): three quarters of the tokens are excluded
+    as positive_logprob, and the shift test on the rest reads a shift. The refusal (exit
+    2) leads with the exclusions and their hint (negate the column), then the shift on the
+    tokens left; it said only that the columns look shifted."""
+    rng = np.random.default_rng(0)
+    n_seq, n_pos = 300, 100
+    n = n_seq * n_pos
+    h = np.exp(rng.uniform(np.log(1e-4), np.log(4), n))
+    infer = -rng.exponential(h)
+    train = np.minimum(infer + rng.normal(0, np.sqrt(0.02 * h)), -1e-7)
+    p = tmp_path / "nll.parquet"
+    pl.DataFrame({"seq_id": np.repeat(np.arange(n_seq), n_pos),
+                  "position": np.tile(np.arange(n_pos), n_seq),
+                  "step": np.repeat(np.arange(n_seq), n_pos) // 30, "train_logprob": -train,
+                  "infer_logprob": infer, "entropy": h}).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2, r.output
+    err = " ".join(r.stderr.split())
+    assert re.match(rf"error: {re.escape(str(p))}: [\d,]+ of the 30,000 loss-masked tokens "
+                    r"\([\d.]+%\) were excluded \(positive_logprob [\d,]+\): ", err), err
+    assert err.index("Negate the column") < err.index("On the ") < err.index(
+        "look shifted by")
+
+
 def test_logprob_columns_of_different_tokens_are_named(synth_file, tmp_path):
     """train_logprob joined from other rows (the rows of the trainer's dump misordered):
     each column still reads as a sampled token's logprob, no unit or other-token signature
