@@ -292,8 +292,9 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
                         "logprob arrays (shifted, or the prompt's mask)",
     "non_finite_logprob": "one side may not have been computed for these tokens (NaN or "
                           "null), or the mask covers padding",
-    "zero_placeholder": "one side holds 0.0 where it has no value (e.g. rollout logprobs "
-                        "not requested from the engine)",
+    "zero_placeholder": "one side, or both, hold 0.0 where they have no value (e.g. rollout "
+                        "logprobs not requested from the engine, rows zero-filled in the "
+                        "dump)",
     "invalid_entropy": "{entropy_column} holds no value (null or NaN) for these tokens, or "
                        "no entropy in nats (negative or above 20 nats: bits, logits, an "
                        "unnormalised value?); {entropy_fix}",

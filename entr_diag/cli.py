@@ -34,7 +34,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from entr_diag import __version__
 from entr_diag.aggregate import DEFAULT_BINS
-from entr_diag.errors import EntrDiagError, FitError, IdenticalLogprobsError, ParameterError
+from entr_diag.errors import EntrDiagError, FitError, ParameterError
 
 #: click's exception classes, found through typer's public BadParameter (typer vendors click
 #: in recent versions, so ``import click`` may not be the click typer raises from)
@@ -1420,35 +1420,10 @@ def _map_entropy(ds) -> str:
 def _fit_refusal(ds, e: FitError, optional: bool) -> str:
     """The fit's refusal (too few tokens or sequences, ...) naming the input: raised again
     (exit 2) unless ``optional``; else returned, as the reason the law is unavailable."""
-    if isinstance(e, IdenticalLogprobsError):  # a bitwise on-policy run, or no logprobs?
-        _refuse_zero_logprobs(ds)
     msg = f"{_where(ds)}: {_why_no_fit(ds, e)}."
     if not optional:
         raise FitError(msg) from None
     return msg
-
-
-def _refuse_zero_logprobs(ds) -> None:
-    """Stop (InputError, exit 2) when both logprob columns are exactly 0.0 on every valid
-    token: a sampled token of probability 1 at positive entropy is impossible, so neither
-    side's logprobs were recorded (zero-filled columns), unlike a bitwise on-policy run
-    whose identical logprobs are compared as such. One more read of one column, only when
-    delta is 0 on every token."""
-    from entr_diag.caveats import column_named
-    from entr_diag.errors import InputError
-
-    zero = ds.lf.select((pl.col("infer_logprob") == 0.0).all()).collect(engine="streaming")
-    if not zero.item():
-        return
-    n = ds.accounting.tokens_valid
-    raise InputError(
-        f"{_where(ds)}: {column_named('train_logprob', ds.mapping)} and "
-        f"{column_named('infer_logprob', ds.mapping)} are both exactly 0.0 on every one of "
-        f"the {n:,} valid loss-masked tokens: neither side's logprobs were recorded "
-        "(zero-filled columns; a sampled token of probability 1 at positive entropy is "
-        "impossible), so there is no train-inference mismatch to measure. Dump the sampled "
-        "tokens' logprobs from both sides, or map the right columns with --column "
-        "train_logprob=NAME --column infer_logprob=NAME.")
 
 
 def _why_no_fit(ds, e: FitError | str) -> str:

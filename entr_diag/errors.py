@@ -22,13 +22,6 @@ class FitError(EntrDiagError):
     """Too little (or degenerate) data to fit a statistic."""
 
 
-class IdenticalLogprobsError(FitError):
-    """delta = train_logprob - infer_logprob is 0 on every valid token: the two columns
-    hold the same numbers, so there is no mismatch to fit, gate or measure. ``fit``,
-    ``compare`` and ``report`` all refuse it (exit 2), even where a missing law is
-    otherwise optional."""
-
-
 class ParameterError(EntrDiagError):
     """A user-supplied parameter (gate spec, bins, tau...) is invalid."""
 

@@ -104,7 +104,7 @@ from entr_diag.aggregate import (
     staleness_labels,
     usable,
 )
-from entr_diag.errors import FitError, IdenticalLogprobsError, ParameterError
+from entr_diag.errors import FitError, ParameterError
 from entr_diag.frames import number, token_frame
 from entr_diag.io.schema import IMPLAUSIBLE_LOGPROB
 from entr_diag.passes import FILE_INDEX, PartialRows, column, run_pass
@@ -2157,7 +2157,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
                 "log entropy axis; check that the entropy column holds nats, not a mask."
             )
         if not np.nansum(tot["s_d2"][0]) > 0:
-            raise IdenticalLogprobsError(
+            raise FitError(
                 "delta = train_logprob - infer_logprob is 0 for every token: train and "
                 "inference log-probabilities are identical, so there is no mismatch to fit "
                 "(a bitwise on-policy run, or the trainer's column copied from the rollout's "

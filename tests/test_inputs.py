@@ -438,10 +438,11 @@ def test_compare_and_report_on_identical_logprobs(tmp_path):
 
 
 def test_both_logprob_columns_zero_filled_are_refused_by_every_command(tmp_path):
-    """Both logprob columns exactly 0.0 on every valid token (neither side recorded, not a
-    bitwise on-policy run: a token of probability 1 at positive entropy is impossible):
-    fit, compare and report refuse with exit 2 naming both columns and the token count,
-    and report writes no file; one nonzero logprob makes it the identical-columns case."""
+    """Both logprob columns exactly 0.0 on every loss-masked row (neither side recorded,
+    not a bitwise on-policy run: both sides 0.0 at an entropy of 1e-3 nats or more are
+    zero placeholders): fit, compare and report refuse with exit 2 naming both columns
+    and the row count (compare compared the gates, every one keeping everything), and
+    report writes no file; identical nonzero columns are compared."""
     from entr_diag.synth import SynthSpec, write_synth
 
     p = tmp_path / "zeros.parquet"
@@ -456,11 +457,12 @@ def test_both_logprob_columns_zero_filled_are_refused_by_every_command(tmp_path)
         assert r.exit_code == 2, (args, r.output)
         err = r.stderr.replace("\n", " ")
         assert err.startswith(f"error: {p}: train_logprob and infer_logprob are both exactly "
-                              f"0.0 on every one of the {n:,} valid"), err
+                              f"0.0 on every one of the {n:,} loss-masked rows: neither "
+                              "side's logprobs were recorded"), err
     assert not out.exists()
-    df.with_columns(pl.when(pl.int_range(pl.len()) == 5).then(-0.5).otherwise(0.0)
-                    .alias("infer_logprob")).with_columns(
-        pl.col("infer_logprob").alias("train_logprob")).write_parquet(p)
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=1))
+    pl.read_parquet(p).with_columns(pl.col("infer_logprob").alias("train_logprob")
+                                    ).write_parquet(p)
     r = runner.invoke(app, ["compare", str(p), "-q"])
     assert r.exit_code == 0, r.output
     assert "is 0 for every token" in re.sub(r"\s+", " ", r.stdout)

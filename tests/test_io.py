@@ -341,6 +341,11 @@ _BAD_CASES = {
     # +1e-7 is fp32 rounding of a near-certain token (kept); +2e-4 is not
     "positive_logprob_beyond_rounding": {"train_logprob": [1e-7, 2e-4, -0.3, 5e-5, -1.9]},
     "zero_placeholder": {"infer_logprob": [-0.12, -0.19, 0.0, -1.1, 0.0]},
+    # both sides 0.0: placeholders at an entropy of 1e-3 nats or more (0.5, 2.0), a
+    # near-certain token below it (5e-4: an fp32 log-softmax of exactly 0.0 needs H < 2e-6)
+    "zero_placeholder_both_sides": {"train_logprob": [0.0, -0.2, -0.3, 0.0, 0.0],
+                                    "infer_logprob": [0.0, -0.19, -0.35, 0.0, 0.0],
+                                    "entropy": [0.5, 0.4, 0.3, 5e-4, 2.0]},
     "invalid_entropy": {"entropy": [0.5, -0.1, float("nan"), 1.2, 2.0]},
     # an entropy is at most ln(vocabulary size) < 20 nats: 65504 (a float16 max) is garbage
     "invalid_entropy_above_ln_v": {"entropy": [0.5, 65504.0, 0.3, 20.5, 20.0]},
@@ -353,7 +358,7 @@ _BAD_CASES = {
 _EXPECTED = {"non_finite_logprob": 2, "sentinel_logprob": 2, "positive_logprob": 1,
              "positive_logprob_beyond_rounding": 1,
              "zero_placeholder": 2, "invalid_entropy": 2, "invalid_entropy_above_ln_v": 2,
-             "invalid_entropy_beyond_rounding": 1,
+             "invalid_entropy_beyond_rounding": 1, "zero_placeholder_both_sides": 2,
              "negative_version": 1, "invalid_position": 2}
 
 
@@ -362,7 +367,8 @@ def test_each_exclusion_reason_counted(tmp_path, reason):
     """Each kind of bad loss-masked token is counted under its reason and excluded."""
     ds = load_dataset([_write(tmp_path, _long(**_BAD_CASES[reason]))])
     n = _EXPECTED[reason]
-    reason = reason.removesuffix("_above_ln_v").removesuffix("_beyond_rounding")
+    reason = (reason.removesuffix("_above_ln_v").removesuffix("_beyond_rounding")
+              .removesuffix("_both_sides"))
     assert dict(ds.accounting.excluded) == {reason: n}
     assert ds.accounting.tokens_valid == 5 - n
     assert _valid(ds).height == 5 - n
@@ -1162,7 +1168,8 @@ def test_each_exclusion_reason_via_cli(tmp_path, reason):
     r = CliRunner().invoke(app, ["inspect", str(p), "--json", str(out), "-q"])
     assert r.exit_code == 0, r.output
     acc = json.loads(out.read_text())["inputs"]["accounting"]
-    canon = reason.removesuffix("_above_ln_v").removesuffix("_beyond_rounding")
+    canon = (reason.removesuffix("_above_ln_v").removesuffix("_beyond_rounding")
+             .removesuffix("_both_sides"))
     assert acc["exclusions"] == {canon: _EXPECTED[reason]}
     assert acc["tokens_valid"] == 5 - _EXPECTED[reason]
 

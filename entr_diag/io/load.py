@@ -1494,17 +1494,22 @@ def load_dataset(
         if zero_cols:  # a logprob side never computed: nothing to measure
             from entr_diag.caveats import column_named
 
+            both = len(zero_cols) == 2
+            zero_cols = tuple(sorted(zero_cols, reverse=True))  # (train_logprob first)
             raise InputError(
-                f"{inputs_named([i.path for i in infos])}: " + " and ".join(column_named(c, mapping) for c in zero_cols)
-                + f" {'is' if len(zero_cols) == 1 else 'are'} exactly 0.0 on every one of the "
-                f"{masked_rows:,} loss-masked rows: that side's logprobs were never recorded "
-                "(a zero-filled column, e.g. "
-                + ("rollout logprobs not requested from the engine"
-                   if zero_cols[0] == "infer_logprob" else "the trainer's logprobs not written "
-                   "to the dump")
-                + "), so there is no train-inference mismatch to measure. Dump the sampled tokens' "
-                "logprobs from both sides, or map the right column with --column "
-                f"{zero_cols[0]}=NAME.")
+                f"{inputs_named([i.path for i in infos])}: "
+                + " and ".join(column_named(c, mapping) for c in zero_cols)
+                + f" {'are both' if both else 'is'} exactly 0.0 on every one of the "
+                f"{masked_rows:,} loss-masked rows: "
+                + ("neither side's logprobs were recorded (zero-filled columns"
+                   if both else "that side's logprobs were never recorded (a zero-filled "
+                   "column, e.g. " + ("rollout logprobs not requested from the engine"
+                                      if zero_cols[0] == "infer_logprob" else
+                                      "the trainer's logprobs not written to the dump"))
+                + "), so there is no train-inference mismatch to measure. Dump the sampled "
+                "tokens' logprobs from both sides, or map the right column"
+                + ("s with " + " ".join(f"--column {c}=NAME" for c in zero_cols) if both
+                   else f" with --column {zero_cols[0]}=NAME") + ".")
         if nucleus is not None:  # one-token nuclei, not placeholders: read again, kept
             kept, other, keys = nucleus
             ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
@@ -2343,7 +2348,8 @@ def _reason_conditions(mapping: Mapping[str, str], nucleus: bool | pl.Series = F
         ("missing_seq_id", pl.col("seq_id").is_null()),
         *([("invalid_position", pl.col("position").is_null() | (pl.col("position") < 0))]
           if "position" in mapping else []),
-        *[(r, _either(_side_conditions(r, nucleus))) for r in _LOGPROB_REASONS],
+        *[(r, _either(_side_conditions(r, nucleus, "entropy" in mapping)))
+          for r in _LOGPROB_REASONS],
     ]
     if "entropy" in mapping:
         h = pl.col("entropy")
@@ -2390,7 +2396,8 @@ def _valid_expr(mapping: Mapping[str, str], nucleus: bool | pl.Series = False) -
         terms.append(pl.col("position") >= 0)
     for x in (tl, il):
         terms += [x > S.SENTINEL_FLOOR, x <= S.POSITIVE_LOGPROB_TOL]
-    terms.append(~_either(_side_conditions("zero_placeholder", nucleus)))
+    terms.append(~_either(_side_conditions("zero_placeholder", nucleus,
+                                           "entropy" in mapping)))
     if "entropy" in mapping:
         h = pl.col("entropy")
         terms += [h >= -S.ENTROPY_NEG_TOL, h <= S.ENTROPY_MAX]
@@ -2767,10 +2774,12 @@ def _file_exclusions(t: pl.DataFrame, infos: Sequence[FileInfo]
     return out
 
 
-def _side_conditions(reason: str, nucleus: bool | pl.Series = False) -> dict[str, pl.Expr]:
+def _side_conditions(reason: str, nucleus: bool | pl.Series = False,
+                     entropy: bool = False) -> dict[str, pl.Expr]:
     """A logprob exclusion reason's condition on each side (canonical column -> condition;
     the reason's condition in :func:`_reason_conditions` is their disjunction); {} for any
-    other reason."""
+    other reason. ``entropy``: the input has an entropy column (``zero_placeholder`` then
+    also holds both sides exactly 0.0 at an entropy of ZERO_BOTH_H_MIN nats or more)."""
     tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
     if reason == "zero_placeholder":
         # (nucleus: the engine's 0.0 is a one-token nucleus of truncated sampling, valid
@@ -2783,8 +2792,10 @@ def _side_conditions(reason: str, nucleus: bool | pl.Series = False) -> dict[str
                    .otherwise(pl.lit(S.NUCLEUS_TRAIN_MIN)))
         elif nucleus:
             thr = S.NUCLEUS_TRAIN_MIN
-        return {"train_logprob": (tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX),
-                "infer_logprob": (il == 0) & (tl < thr)}
+        both = ((tl == 0) & (il == 0) & (pl.col("entropy") >= S.ZERO_BOTH_H_MIN)
+                if entropy else pl.lit(False))
+        return {"train_logprob": ((tl == 0) & (il < S.ZERO_PLACEHOLDER_OTHER_MAX)) | both,
+                "infer_logprob": ((il == 0) & (tl < thr)) | both}
     cond = {"positive_logprob": lambda c: c > S.POSITIVE_LOGPROB_TOL,
             "sentinel_logprob": lambda c: c <= S.SENTINEL_FLOOR,
             "non_finite_logprob": lambda c: c.is_null() | ~c.is_finite()}.get(reason)
@@ -2826,7 +2837,7 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
     above = (pl.col("train_logprob") > 1.0) | (pl.col("infer_logprob") > 1.0)
     # (valid tokens with a logprob of 0 or more: what a probability at most 1e-4 reads as)
     tiny = rsn.is_null() & ((pl.col("train_logprob") >= 0) | (pl.col("infer_logprob") >= 0))
-    sides = {r: _side_conditions(r, nucleus) for r in reasons}
+    sides = {r: _side_conditions(r, nucleus, "entropy" in mapping) for r in reasons}
     kinds = {r: (_entropy_kinds() if r == "invalid_entropy" else {}) for r in reasons}
     exprs = [(rsn.is_null() | ~rsn.is_in(["unmasked", "padding", "empty_row"])).sum()
              .alias("m"), tiny.fill_null(False).sum().alias("v")]
@@ -2891,7 +2902,8 @@ def _nucleus_zeros_seen(chunks: Sequence[Chunk]
     zero placeholders or more."""
     rsn, il, tl = pl.col("reason"), pl.col("infer_logprob"), pl.col("train_logprob")
     masked = ~rsn.is_in(["unmasked", "padding", "empty_row"]).fill_null(False)
-    zero = ((rsn == "zero_placeholder") & (il == 0.0)).fill_null(False)
+    # (both sides 0.0 is no nucleus: the trainer did not renormalise; they stay excluded)
+    zero = ((rsn == "zero_placeholder") & (il == 0.0) & (tl != 0.0)).fill_null(False)
     q = [c.frame.filter(masked).group_by("seq_key").agg(
         pl.len().alias("m"), (il == 0.0).fill_null(False).sum().alias("z0"),
         (tl == 0.0).fill_null(False).sum().alias("t0"),

@@ -162,7 +162,8 @@ EXCLUSION_REASONS: dict[str, str] = {
     "non_finite_logprob": "train or infer logprob is NaN, null or +-inf",
     "sentinel_logprob": "a logprob <= -1000 (padding floors such as -9999 / -99999)",
     "positive_logprob": "a logprob > 1e-4 nats (impossible for a probability; e.g. +1.0 sentinels)",
-    "zero_placeholder": "exactly 0.0 on one side while the other side is below -0.05 nats",
+    "zero_placeholder": "exactly 0.0 on one side while the other side is below -0.05 nats, "
+                        "or on both sides at an entropy of 0.001 nats or more",
     "invalid_entropy": "entropy NaN, null, +-inf, below -1e-4 or above 20 nats (H <= ln V)",
     "negative_version": "policy_version or train_version < 0 (prompt-position marker)",
 }
@@ -180,6 +181,11 @@ SENTINEL_FLOOR = -1e3
 IMPLAUSIBLE_LOGPROB = -50.0
 #: exact 0.0 on one side counts as a placeholder when the other side is below this (nats)
 ZERO_PLACEHOLDER_OTHER_MAX = -0.05
+#: both logprobs exactly 0.0 at an entropy of this many nats or more: placeholders on both
+#: sides (a trainer's fp32 log-softmax gives exactly 0.0 only when the other tokens hold
+#: less than ~6e-8 of the mass, i.e. H below ~2e-6 nats), or a one-token nucleus of
+#: truncated sampling applied on both sides: either way delta = 0 measures no mismatch
+ZERO_BOTH_H_MIN = 1e-3
 #: ... unless the engine's exact 0.0s are one-token nuclei of top-p / top-k sampling (the
 #: kept token renormalised to probability 1): the trainer's logprob of such a token is
 #: above ln 0.5 (it holds at least top-p of the probability, top-p >= 0.5) but for
