@@ -2692,8 +2692,8 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
 
 #: an input file or a step is named as holding identical logprobs when train_logprob equals
 #: infer_logprob exactly on this share of its valid tokens or more (:func:`_identical_logprobs`);
-#: real runs of a bf16 or fp16 engine against an fp32 trainer: 0% to 0.5% of the tokens,
-#: 0.75% of a step at most (both sides 0.0 at p ~ 1, or one rounding)
+#: real runs of a bf16 or fp16 engine against an fp32 trainer: 0% to 0.39% of the tokens,
+#: 0.49% of a step at most (both sides 0.0 at p ~ 1, or one rounding)
 IDENTICAL_SHARE: float = 0.9
 #: ... when it holds this many valid tokens or more
 IDENTICAL_MIN_TOKENS: int = 50
