@@ -495,6 +495,92 @@ def file_exclusions_caveat(acc: Any, n_files: int,
             "the other files (see the warning).")
 
 
+def step_ranges(steps: Sequence[int]) -> str:
+    """Steps as ranges of consecutive values: ``[3, 5, 6, 7]`` -> ``"3, 5-7"`` (the first
+    six ranges, then how many more)."""
+    runs: list[list[int]] = []
+    for st in sorted(set(int(x) for x in steps)):
+        if runs and st == runs[-1][1] + 1:
+            runs[-1][1] = st
+        else:
+            runs.append([st, st])
+    shown = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:6]]
+    return ", ".join(shown) + (f" and {len(runs) - 6:,} more ranges" if len(runs) > 6 else "")
+
+
+def _identical_where(ident: Mapping[str, Any], n_files: int) -> str:
+    """The input files and steps of the accounting's ``identical_logprobs``, with their
+    identical and valid tokens: "1 of the 4 input files (a.parquet: 25,000 of 25,000
+    tokens)", "steps 15-19 (15,000 of 15,000 tokens)"."""
+    parts = []
+    files = sorted(ident.get("files") or [], key=lambda d: (-d["identical"], d["file"]))
+    if files:
+        listed = "; ".join(f"{d['file']}: {d['identical']:,} of {d['tokens']:,} tokens"
+                           for d in files[:_MAX_FILES_NAMED])
+        more = (f" and {len(files) - _MAX_FILES_NAMED:,} more" if len(files) > _MAX_FILES_NAMED
+                else "")
+        parts.append(f"{len(files):,} of the {n_files:,} input files ({listed}{more})")
+    steps = ident.get("steps") or []
+    if steps:
+        n_same, n_tok = sum(d["identical"] for d in steps), sum(d["tokens"] for d in steps)
+        parts.append(f"step{'s' if len(steps) > 1 else ''} "
+                     f"{step_ranges([d['step'] for d in steps])}"
+                     + (" of the other files" if files else "")
+                     + f" ({n_same:,} of {n_tok:,} tokens)")
+    return " and ".join(parts)
+
+
+def identical_logprobs_warning(ident: Mapping[str, Any] | None, n_files: int,
+                               mapping: Mapping[str, str] | None = None) -> str | None:
+    """A sentence when train_logprob equals infer_logprob exactly on (nearly) every valid
+    token of some input files or steps while the rest of the input has real mismatch
+    (``ident``: the accounting's ``identical_logprobs``; ``n_files`` input files): where,
+    how many tokens, what it usually means and its effect on the law and the gates (k
+    about ``1 - share`` times the rest's when their entropies are like the others'); None
+    when ``ident`` is None."""
+    if not ident:
+        return None
+    n, valid = int(ident["tokens"]), int(ident["tokens_valid"]) or 1
+    share = n / valid
+    train, infer = column_named("train_logprob", mapping), column_named("infer_logprob", mapping)
+    files, steps = ident.get("files") or [], ident.get("steps") or []
+    fix, where = [], []
+    if files:
+        fix.append("pass only the other files")
+        where.append("by the rank that wrote " + ("that file" if len(files) == 1
+                                                   else "those files"))
+    if steps:
+        fix.append("drop those steps from the input (e.g. filter the Parquet files on "
+                   "the step column)")
+        where.append("for those steps")
+    return (f"{train} equals {infer} exactly (delta = 0) on {n:,} of the {valid:,} valid "
+            f"tokens ({share:.0%}): every valid token, or nearly, of "
+            f"{_identical_where(ident, n_files)}, where the rest of the input has real "
+            f"mismatch (delta = 0 on {ident['others_share']:.2%} of its tokens). The "
+            "trainer's column was probably copied from the rollout's logprobs there (old "
+            f"logprobs not recomputed {' or '.join(where)}, or the same column dumped "
+            "twice). The law's k and the gates' statistics average in these tokens, which "
+            f"have no mismatch: k reads about {share:.0%} low if their entropies are like "
+            f"the other tokens'. To leave them out, {' and '.join(fix)}.")
+
+
+def identical_logprobs_caveat(acc: Any, n_files: int,
+                              mapping: Mapping[str, str] | None = None) -> str | None:
+    """A one-line caveat when train_logprob equals infer_logprob exactly on (nearly) every
+    valid token of some input files or steps (``acc``: the token accounting, its
+    ``identical_logprobs``; ``n_files`` input files; ``mapping`` names the source
+    columns), naming them; None otherwise."""
+    ident = getattr(acc, "identical_logprobs", None)
+    if not ident:
+        return None
+    share = int(ident["tokens"]) / (int(ident["tokens_valid"]) or 1)
+    train, infer = column_named("train_logprob", mapping), column_named("infer_logprob", mapping)
+    return (f"caveat: {train} equals {infer} exactly on {share:.0%} of the valid "
+            f"tokens, in {_identical_where(ident, n_files)}: trainer logprobs not recomputed "
+            f"there? The law's k (about {share:.0%} low at like entropies) and the gates' "
+            "statistics average in tokens with no mismatch (see the warning).")
+
+
 def unreadable_caveat(skipped: Sequence[tuple[str, str]], n_files: int) -> str | None:
     """A one-line caveat when input files were left out as unreadable (``skipped``: the
     Dataset's ``skipped_unreadable``, (path, why); ``n_files`` files were read), naming the

@@ -921,6 +921,11 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
                 skip=hinted_reason(acc.excluded, acc.tokens_masked, ds.mapping),
                 where=acc.excluded_where):
             _notes.add("[yellow]warning:[/yellow] " + escape(w))
+    if acc.identical_logprobs:  # trainer logprobs copied from the rollout's in some part
+        from entr_diag.caveats import identical_logprobs_warning
+
+        _notes.add("[yellow]warning:[/yellow] " + escape(identical_logprobs_warning(
+            acc.identical_logprobs, len(ds.files), ds.mapping) or ""))
     return ds
 
 
@@ -1024,6 +1029,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
         file_exclusions_caveat,
         file_units_caveat,
         findings_caveats,
+        identical_logprobs_caveat,
         implausible_caveat,
         influence_caveat,
         integer_caveat,
@@ -1048,6 +1054,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
                               acc.excluded_where),
              file_exclusions_caveat(acc, len(ds.files), ds.mapping),
              duplicates_caveat(acc, len(ds.files)), starved_caveat(acc, len(ds.files)),
+             identical_logprobs_caveat(acc, len(ds.files), ds.mapping),
              integer_caveat(ds.notes),
              rounding_caveat(rounded, ds.mapping, acc.excluded.get("zero_placeholder", 0)),
              zero_prefix_caveat(zero_prefix, ds.mapping),
@@ -1066,6 +1073,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
                                  + fd["verdict"]["text"])
     fd["rounded_logprobs"] = dict(rounded) if rounded else None  # (or {"by_file": ...})
     fd["zero_prefix"] = dict(zero_prefix) if zero_prefix else None
+    fd["identical_logprobs"] = (dict(acc.identical_logprobs) if acc.identical_logprobs
+                                else None)  # (also in inputs.accounting)
     fd["units_by_file"] = ([{"file": f, **c.to_dict()} for f, c in file_units]
                            if file_units else None)
     return fd

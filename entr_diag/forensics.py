@@ -2248,6 +2248,40 @@ def _spike_finding(spikes: list[tuple[int, float]], ev: dict, used: str) -> _Res
 
 
 def _check_drift(ctx: _Ctx) -> _Result:
+    """:func:`_drift_check` and, when it leaves out steps on which delta is exactly 0 on
+    every token (:func:`_identical_steps`: train_logprob copied from infer_logprob there),
+    those steps named in its reason and the finding's message, and in the evidence
+    (``steps_left_out_identical``)."""
+    status, f = _drift_check(ctx)
+    left, n_steps = _identical_steps(ctx) if ctx.has("step") and ctx.has("entropy") else ([], 0)
+    if not left or len(left) == n_steps:  # (identical throughout: a bitwise on-policy run)
+        return status, f
+    from entr_diag.caveats import step_ranges
+
+    what = (f"step{'s' if len(left) > 1 else ''} {step_ranges(left)} left out: delta is "
+            "exactly 0 on every token there: train_logprob a copy of infer_logprob, not "
+            "recomputed?")
+    status = dataclasses.replace(status, reason=f"{status.reason} ({what})")
+    if f is not None:
+        f = dataclasses.replace(
+            f, message=f"{f.message} ({what}.)",
+            evidence={**f.evidence, "steps_left_out_identical": list(left)})
+    return status, f
+
+
+def _identical_steps(ctx: _Ctx) -> tuple[list[int], int]:
+    """(the steps whose tokens all have delta == 0 exactly (sum |delta| of their cells is
+    0), the number of steps): the drift trend (:func:`_trend_cells`, ln mean |delta|)
+    cannot read those steps."""
+    c = ctx.cells
+    if not c.height or "_step" not in c.columns:
+        return [], 0
+    per = c.drop_nulls("_step").group_by("_step").agg(pl.col("n", "sad").sum())
+    zero = per.filter((pl.col("n") > 0) & (pl.col("sad") == 0)).sort("_step")
+    return [int(x) for x in zero["_step"].to_list()], per.height
+
+
+def _drift_check(ctx: _Ctx) -> _Result:
     """Mismatch drift over training.
 
     Signature: at fixed entropy (and fixed staleness), mean |delta| trends up across steps. A

@@ -2146,6 +2146,98 @@ def test_a_shard_whose_mask_drops_it_is_named(synth_file, tmp_path, mask):
     assert "starved_files" not in acc and "contribute" not in r.stderr
 
 
+_COPIED = {"train_logprob": pl.col("infer_logprob")}  # trainer logprobs not recomputed
+
+
+def test_a_shard_with_identical_logprobs_is_named(synth_file, tmp_path):
+    """One shard of four whose train_logprob is a copy of infer_logprob (delta == 0 on every
+    token; the others have real mismatch): fit, compare and report warn naming the shard
+    with its counts, the verdict has a caveat, JSON identical_logprobs lists it (it said
+    nothing and the law's k read the shard's share low)."""
+    d = _split(synth_file, tmp_path / "s", 4, {2: _COPIED})
+    shard = str(d / "part-2.parquet")
+    js = tmp_path / "f.json"
+    r, doc = _run_json("fit", d, js)
+    assert r.exit_code == 0, r.output
+    acc = doc["inputs"]["accounting"]
+    ident = acc["identical_logprobs"]
+    n = ident["files"][0]["tokens"]
+    assert ident["files"] == [{"file": shard, "tokens": n, "identical": n}] and n > 5000
+    assert ident["steps"] == [] and ident["tokens"] == n and ident["others_share"] == 0
+    assert ident["tokens_valid"] == acc["tokens_valid"] and acc["tokens_identical"] == n
+    assert doc["identical_logprobs"] == ident
+    err = " ".join(r.stderr.split())
+    share = f"{n / acc['tokens_valid']:.0%}"
+    assert (f"warning: train_logprob equals infer_logprob exactly (delta = 0) on {n:,} of the "
+            f"{acc['tokens_valid']:,} valid tokens ({share}): every valid token, or nearly, "
+            f"of 1 of the 4 input files ({shard}: {n:,} of {n:,} tokens)" in err), err
+    assert "pass only the other files" in err and f"k reads about {share} low" in err
+    assert (f"caveat: train_logprob equals infer_logprob exactly on {share} of the valid "
+            f"tokens, in 1 of the 4 input files ({shard}" in doc["verdict"]["caveat"])
+    r, doc = _run_json("compare", d, js)
+    assert r.exit_code == 0, r.output
+    assert doc["inputs"]["accounting"]["identical_logprobs"] == ident
+    assert shard in " ".join(r.stderr.split()) and "equals infer_logprob" in r.stderr
+    assert any("equals infer_logprob" in w for w in doc["warnings"])
+    r = runner.invoke(app, ["report", str(d), "-o", str(tmp_path / "r.html"), "-q"])
+    assert r.exit_code == 0 and "equals infer_logprob" in r.stderr, r.output
+
+
+def test_identical_logprobs_over_some_steps_are_named_as_steps(synth_file, tmp_path):
+    """train_logprob copied from infer_logprob from step 7 on in one file: the warning names
+    the steps as a range, JSON lists them, and the drift check's reason says it leaves them
+    out (it said 'clear' over the other steps only)."""
+    p = tmp_path / "steps.parquet"
+    pl.read_parquet(synth_file).with_columns(
+        train_logprob=pl.when(pl.col("step") >= 7).then(pl.col("infer_logprob"))
+        .otherwise(pl.col("train_logprob"))).write_parquet(p)
+    r, doc = _run_json("fit", p, tmp_path / "f.json")
+    assert r.exit_code == 0, r.output
+    ident = doc["inputs"]["accounting"]["identical_logprobs"]
+    assert ident["files"] == [] and [s["step"] for s in ident["steps"]] == [7, 8, 9]
+    assert all(s["identical"] == s["tokens"] > 0 for s in ident["steps"])
+    n = sum(s["tokens"] for s in ident["steps"])
+    err = " ".join(r.stderr.split())
+    assert f"every valid token, or nearly, of steps 7-9 ({n:,} of {n:,} tokens)" in err, err
+    assert "drop those steps from the input" in err
+    assert "in steps 7-9" in doc["verdict"]["caveat"]
+    drift = doc["forensics"]["checks"]["drift"]["reason"]
+    assert "steps 7-9 left out: delta is exactly 0 on every token there" in drift, drift
+
+
+def test_identical_logprobs_silent_on_a_clean_run_and_a_whole_identical_one(synth_file,
+                                                                            tmp_path):
+    """No warning and JSON identical_logprobs null on a run with real mismatch everywhere;
+    a run identical throughout (a bitwise on-policy run) keeps its own handling: fit
+    refuses ('is 0 for every token'), compare compares the gates, neither warns."""
+    js = tmp_path / "f.json"
+    r, doc = _run_json("fit", synth_file, js)
+    assert r.exit_code == 0, r.output
+    assert doc["identical_logprobs"] is None
+    assert doc["inputs"]["accounting"]["identical_logprobs"] is None
+    assert "equals infer_logprob" not in r.stderr
+    assert "left out" not in doc["forensics"]["checks"]["drift"]["reason"]
+    same = tmp_path / "same.parquet"
+    pl.read_parquet(synth_file).with_columns(**_COPIED).write_parquet(same)
+    r, _ = _run_json("fit", same, tmp_path / "g.json")
+    assert r.exit_code == 2 and "is 0 for every token" in " ".join(r.output.split())
+    assert "equals infer_logprob" not in r.stderr
+    r, doc = _run_json("compare", same, js)
+    assert r.exit_code == 0, r.output
+    acc = doc["inputs"]["accounting"]
+    assert acc["identical_logprobs"] is None and acc["tokens_identical"] == acc["tokens_valid"]
+    assert "equals infer_logprob" not in r.stderr
+
+
+def test_step_ranges():
+    """Steps read as ranges of consecutive values."""
+    from entr_diag.caveats import step_ranges
+
+    assert step_ranges([15, 16, 17, 18, 19]) == "15-19"
+    assert step_ranges([7, 3, 5, 6]) == "3, 5-7"
+    assert step_ranges(range(0, 20, 2)).endswith("and 4 more ranges")
+
+
 def test_sequences_split_over_many_files_count_in_each(synth_file, tmp_path):
     """The same sequences in three files (seq_ids restarting per rank file): the
     duplicate-position warning counts them in every file holding them, not only the
