@@ -842,6 +842,46 @@ def zero_prefix_caveat(zp: Mapping[str, Any] | None,
             "rows.")
 
 
+def _entropy_shift_head(ea: Mapping[str, Any], mapping: Mapping[str, str] | None) -> str:
+    """The shift's statement with its numbers (:func:`entropy_shift_caveat`)."""
+    lag = int(ea["best_lag"])
+    ent = column_named("entropy", mapping)
+    k = abs(lag)
+    holds = f"t{-lag:+d}"  # entropy[t] holds the entropy of token t - lag
+    files = ea.get("files") or {}
+    where = ""
+    if files:
+        where = (f" in {len(files):,} of the {int(ea.get('input_files') or 1):,} input files "
+                 f"({', '.join(list(files)[:3])}{' and more' if len(files) > 3 else ''})")
+    rc, gap = ea["rank_corr"], ea["gap_vs_lag0"]
+    halves = ea.get("gap_halves") or []
+    return (f"the {ent} column looks shifted by {k} token{'s' if k > 1 else ''} against the "
+            f"logprobs{where}: entropy[t] holds the entropy of token {holds} (the surprisal "
+            f"-infer_logprob[t] "
+            f"ranks with entropy[t{lag:+d}] at rank correlation {rc[str(lag)]:.3f}, "
+            f"{gap[str(lag)]:.2f} above lag 0's on the same tokens"
+            + (f", {min(halves):.2f} or more in each half of the sample" if halves else "")
+            + f"; {int(ea['pairs'][str(lag)]):,} token pairs of "
+            f"{int(ea['sequences']):,} sampled sequences)")
+
+
+def entropy_shift_caveat(ea: Mapping[str, Any] | None,
+                         mapping: Mapping[str, str] | None = None) -> str | None:
+    """A one-line caveat when the entropy column is shifted against the logprob columns
+    (``ea``: :meth:`entr_diag.forensics.EntropyAlignment.to_dict`, status ``shifted``),
+    else None: the law, the breakpoint and the entropy-keyed gates read each token's
+    delta against a neighbour's entropy."""
+    if not ea or ea.get("status") != "shifted" or ea.get("best_lag") is None:
+        return None
+    return (f"caveat: {_entropy_shift_head(ea, mapping)}: the fitted law, its breakpoint, "
+            "the noise regime and the entropy-keyed gates pair each token's log-ratio with "
+            "another token's entropy and mean nothing; the log-ratio metrics (KL, chi2, "
+            "ESS) do not read the entropy and stand. Check how the entropy array is sliced "
+            "against the logprobs (entropys[:, 1:] vs [:, :-1], the logits[:-1] / labels[1:] "
+            "shift, a prompt/BOS offset) and re-dump entropy[t] from the distribution token t "
+            "was sampled from.")
+
+
 def integer_columns(notes: list[str] | tuple[str, ...]) -> list[str]:
     """The integer-typed logprob or entropy columns the loader read, as its ``warning:
     CANON ('SRC') holds integers ...`` notes name them (``CANON ('SRC')``)."""

@@ -1009,7 +1009,8 @@ def _alignment_numbers(f) -> str:
 
 
 def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
-              zero_prefix=None, misaligned=None, gates: bool = False) -> dict:
+              zero_prefix=None, misaligned=None, gates: bool = False,
+              entropy_alignment=None) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
     terminal, JSON and HTML: the mostly-excluded, integer-column, unit-mistake and (with
     the forensics' ``findings``) impossible-logprob caveats, the rounded-logprob caveat
@@ -1019,12 +1020,14 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     as ``zero_prefix``), the caveat of each other forensic finding at warning or critical
     severity (:func:`~entr_diag.caveats.findings_caveats`), then the small-sample,
     interval, bend, zero-entropy and influence caveats (None when none applies); first of all ``misaligned`` (``_fit``'s: the caveat of a shift let through by
-    --allow-misaligned). ``findings``: a Findings, or its ``to_dict()`` shape
+    --allow-misaligned), then the entropy-shift caveat (``entropy_alignment``: ``_fit``'s,
+    kept as ``entropy_alignment``; a shift makes the verdict not assessable). ``findings``: a Findings, or its ``to_dict()`` shape
     (``{"findings": [...]}``, e.g. ``compare``'s, with its own implausible-logprob
     finding); ``gates``: for ``compare`` (:func:`~entr_diag.caveats.findings_caveats`)."""
     from entr_diag.caveats import (
         curvature_caveat,
         duplicates_caveat,
+        entropy_shift_caveat,
         exclusion_caveat,
         file_exclusions_caveat,
         file_units_caveat,
@@ -1048,7 +1051,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     fdict = (None if findings is None else findings if isinstance(findings, dict)
              else findings.to_dict())
     # what is wrong with the data first (it explains the statistical caveats after it)
-    parts = [misaligned,
+    parts = [misaligned, entropy_shift_caveat(entropy_alignment, ds.mapping),
              unreadable_caveat(getattr(ds, "skipped_unreadable", ()), len(ds.files)),
              exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                               acc.excluded_where),
@@ -1058,7 +1061,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              integer_caveat(ds.notes),
              rounding_caveat(rounded, ds.mapping, acc.excluded.get("zero_placeholder", 0)),
              zero_prefix_caveat(zero_prefix, ds.mapping),
-             units_caveat(_shown_units(fd.get("units"), misaligned, file_units), ds.mapping),
+             units_caveat(_shown_units(fd.get("units"), misaligned or _entropy_shifted(
+                 entropy_alignment), file_units), ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
              implausible_caveat(fdict),
              *findings_caveats(fdict, gates),
@@ -1066,7 +1070,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              curvature_caveat(fd), zero_entropy_caveat(fd), influence_caveat(fd)]
     caveats = [p for p in parts if p]
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats}
-    void = _void_verdict(ds.notes, rounded)
+    void = _void_verdict(ds.notes, rounded, entropy_alignment)
     fd["verdict"]["assessable"] = void is None
     if void:  # the caveat says the verdict means nothing: so does the verdict, up front
         fd["verdict"]["text"] = (f"not assessable ({void}: see the caveat); as computed: "
@@ -1075,6 +1079,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     fd["zero_prefix"] = dict(zero_prefix) if zero_prefix else None
     fd["identical_logprobs"] = (dict(acc.identical_logprobs) if acc.identical_logprobs
                                 else None)  # (also in inputs.accounting)
+    # (None: not checked, no entropy column or logprobs shifted; else its status and numbers)
+    fd["entropy_alignment"] = dict(entropy_alignment) if entropy_alignment else None
     fd["units_by_file"] = ([{"file": f, **c.to_dict()} for f, c in file_units]
                            if file_units else None)
     return fd
@@ -1085,10 +1091,12 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
 VOID_ROUNDING_STEP = 0.1
 
 
-def _void_verdict(notes, rounded) -> str | None:
+def _void_verdict(notes, rounded, entropy_alignment=None) -> str | None:
     """Why the law's verdict cannot be read at all, else None: a logprob or entropy column
-    stored as integers (:func:`~entr_diag.caveats.integer_columns`), or logprobs stored
-    rounded (pooled over the input) to VOID_ROUNDING_STEP nats or coarser. Their caveats
+    stored as integers (:func:`~entr_diag.caveats.integer_columns`), logprobs stored
+    rounded (pooled over the input) to VOID_ROUNDING_STEP nats or coarser, or an entropy
+    column shifted against the logprobs (``entropy_alignment``:
+    :meth:`~entr_diag.forensics.EntropyAlignment.to_dict`, status ``shifted``). Their caveats
     say so; the verdict's text then leads with it (a verdict "law holds" followed by a
     caveat that it is meaningless read as a pass)."""
     from entr_diag.caveats import integer_columns
@@ -1096,6 +1104,11 @@ def _void_verdict(notes, rounded) -> str | None:
     ints = integer_columns(notes)
     if ints:
         return f"{' and '.join(ints)} {'holds' if len(ints) == 1 else 'hold'} integers"
+    ea = entropy_alignment or {}
+    if ea.get("status") == "shifted" and ea.get("best_lag") is not None:
+        k = abs(int(ea["best_lag"]))
+        return (f"the entropy column looks shifted by {k} token{'s' if k > 1 else ''} against "
+                "the logprobs" + (" in some input files" if ea.get("files") else ""))
     coarse = {c: step for c, step in (rounded or {}).items()
               if c != "by_file" and isinstance(step, (int, float))
               and step >= VOID_ROUNDING_STEP}
@@ -1108,9 +1121,15 @@ def _void_verdict(notes, rounded) -> str | None:
     return None
 
 
+def _entropy_shifted(entropy_alignment) -> bool:
+    """True when ``entropy_alignment`` (``_fit``'s) says the entropy column is shifted."""
+    return bool(entropy_alignment) and entropy_alignment.get("status") == "shifted"
+
+
 def _shown_units(units: dict | None, misaligned, file_units=None) -> dict | None:
     """The units check as its warning and caveat read it: with a shift let through
-    (``misaligned``), or a unit mistake in some input files only (``file_units``), no
+    (``misaligned``; or an entropy column shifted against the logprobs, which pairs each
+    surprisal with a neighbour's entropy), or a unit mistake in some input files only (``file_units``), no
     entropy mismatch (the shift, or the files in another unit, explain the pooled
     surprisal / entropy gap: no second story, e.g. a temperature beside a shard in bits);
     with ``file_units``, no pooled unit mistake either (the files do not share it: it is
@@ -1169,7 +1188,7 @@ def _forensics(ds, quiet: bool):
         if plan.accumulators:
             run_pass(ds.lf, plan.accumulators)
         findings = plan.finish()
-    return (findings, *_sample_checks(ds, getattr(plan, "misalign", None)))
+    return (findings, *_sample_checks(ds, getattr(plan, "misalign", None))[:2])
 
 
 def _write_stdout(text: str) -> None:
@@ -1476,15 +1495,19 @@ def _import_meanwhile(module: str) -> None:
         threading.Thread(target=target, name=f"import {module}").start()
 
 
-def _sample_checks(ds, align) -> tuple[dict | None, dict | None]:
+def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None]:
     """The checks on the shift test's sampled sequences (``align``: its MisalignmentPlan
     after the pass, or None), each with a ``warning:`` line when it finds something:
     logprobs stored rounded (:func:`~entr_diag.forensics.rounded_logprobs`, pooled, else
-    per input file; not for an integer-typed column, which has its own warning) and
-    sequences beginning with exact zeros (:func:`~entr_diag.forensics.zero_prefixes`).
-    Returns (rounded, zero_prefix), None for nothing found."""
+    per input file; not for an integer-typed column, which has its own warning),
+    sequences beginning with exact zeros (:func:`~entr_diag.forensics.zero_prefixes`) and
+    an entropy column shifted against the logprobs
+    (:func:`~entr_diag.forensics.entropy_alignment`; not judged when the logprobs are
+    shifted against each other). Returns (rounded, zero_prefix, entropy_alignment): None
+    for nothing found, and the last None when the entropy alignment was not checked (else
+    its ``to_dict()``, whatever its status)."""
     if align is None:
-        return None, None
+        return None, None, None
     rounded = align.rounding()  # logprobs stored rounded (the sample tells)
     if not rounded:  # ... in some files only
         by_file = align.rounding_by_file()
@@ -1512,7 +1535,14 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None]:
 
         _notes.add("[yellow]warning:[/yellow] " + escape(
             zero_prefix_caveat(zero_prefix, ds.mapping).removeprefix("caveat: ")))
-    return rounded, zero_prefix
+    ent = align.entropy_alignment()
+    ent_d = None if ent is None else ent.to_dict()
+    if ent is not None and ent.shifted:  # the law reads a neighbour's entropy
+        from entr_diag.caveats import entropy_shift_caveat
+
+        _notes.add("[yellow]warning:[/yellow] " + escape(
+            (entropy_shift_caveat(ent_d, ds.mapping) or "").removeprefix("caveat: ")))
+    return rounded, zero_prefix, ent_d
 
 
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
@@ -1605,7 +1635,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if align is not None:
         misaligned = align.finish()  # (None: aligned; else refused unless allowed)
         _check_alignment(ds, misaligned, allow_misaligned)
-    rounded, zero_prefix = _sample_checks(ds, align)
+    rounded, zero_prefix, entropy_align = _sample_checks(ds, align)
     with _status("fitting...", quiet):
         out = {}
         for k, p in plans.items():
@@ -1636,7 +1666,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if out.get("fit") is not None and out["fit"].units is not None:  # a unit mistake?
         from entr_diag.caveats import units_caveat
 
-        caveat = units_caveat(_shown_units(out["fit"].units.to_dict(), misaligned,
+        caveat = units_caveat(_shown_units(out["fit"].units.to_dict(),
+                                           misaligned or _entropy_shifted(entropy_align),
                                            file_units), ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
@@ -1646,7 +1677,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         _notes.add("[yellow]warning:[/yellow] " + escape(file_units_caveat(
             file_units, len(ds.files), ds.mapping).removeprefix("caveat: ")))
     return {"unavailable": unavailable, "no_fit": no_fit, "gates": gate_plan, "rounded": rounded,
-            "zero_prefix": zero_prefix,
+            "zero_prefix": zero_prefix, "entropy_alignment": entropy_align,
             "misaligned": None if misaligned is None else _misaligned_caveat(misaligned),
             "file_units": file_units or None,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles",
@@ -1693,7 +1724,7 @@ def fit(
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework, "skip_unreadable": skip_unreadable}
         fd = _fit_dict(fit_res, ds, findings, a["rounded"], a["file_units"], a["zero_prefix"],
-                       a["misaligned"])
+                       a["misaligned"], entropy_alignment=a["entropy_alignment"])
         caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
         closed = _json_output(json_path, envelope("fit", ds.describe(), params, **fd,
@@ -1977,7 +2008,8 @@ def compare(
         fd = None if fit_res is None else _fit_dict(
             fit_res, ds, {"findings": found},
             rounded=a["rounded"], file_units=a["file_units"],
-            zero_prefix=a["zero_prefix"], misaligned=a["misaligned"], gates=True)
+            zero_prefix=a["zero_prefix"], misaligned=a["misaligned"], gates=True,
+            entropy_alignment=a["entropy_alignment"])
         with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
@@ -2098,7 +2130,8 @@ def report(
         doc = envelope("report", desc, params,
                        fit=None if fit_res is None else _fit_dict(
                            fit_res, ds, findings, a["rounded"], a["file_units"],
-                           a["zero_prefix"], a["misaligned"]),
+                           a["zero_prefix"], a["misaligned"],
+                           entropy_alignment=a["entropy_alignment"]),
                        metrics=metrics.to_dict(),
                        compare=None if cmp_res is None else cmp_res.to_dict(), profiles=prof,
                        forensics=findings.to_dict(), warnings=summary["warnings"],

@@ -67,12 +67,14 @@ __all__ = [
     "CHECKS",
     "SEVERITIES",
     "CheckStatus",
+    "EntropyAlignment",
     "Finding",
     "Findings",
     "ForensicsPlan",
     "ImplausiblePlan",
     "MisalignmentPlan",
     "detect_misalignment",
+    "entropy_alignment",
     "forensics_plan",
     "misalignment_plan",
     "run_forensics",
@@ -129,6 +131,27 @@ MISALIGN_PASS_PAIRED = 0.5
 #: for the check to say "clear": aligned runs give 40 to 120 (the bundled run 120); two
 #: columns of unrelated tokens give about 1 at every lag
 MISALIGN_CLEAR_MIN = 1.25
+
+#: entropy alignment: the lags tried, +- each (the surprisal -infer_logprob[t] against
+#: entropy[t + lag] within sequences, at consecutive positions)
+ENTROPY_ALIGN_LAGS = (1, 2, 3)
+#: entropy alignment: fewest tokens with a partner at a lag for that lag to be judged
+#: (pooled, and in each input file for the per-file test); each half of the sample (by
+#: sequence hash) needs a quarter of it
+ENTROPY_ALIGN_MIN_PAIRS = 2000
+#: entropy alignment: a lag is the entropy column's shift when its rank correlation with
+#: the surprisal exceeds lag 0's by at least this much, pooled and in both halves of the
+#: sample. Aligned runs: lag 0 leads by 0.41 to 0.51 (the bundled run and five real
+#: tiny-model runs, whose entropy drifts along a sequence) and 0.43 to 0.80 (synthetic
+#: runs, top-k engines among them); runs shifted by one token: the shift leads by 0.41
+#: (real) and 0.76 (synthetic), by 2 and 3 tokens 0.55 and 0.60 (real)
+ENTROPY_ALIGN_GAP = 0.15
+#: ... and its own rank correlation is at least this (0.43 to 0.93 at lag 0 on aligned runs;
+#: a guard against a gap between two near-zero correlations)
+ENTROPY_ALIGN_MIN_RHO = 0.2
+#: entropy alignment: at most about this many of the shift test's sampled tokens are read
+#: (whole sequences, by hash): the rank correlations are then known to about 0.005
+ENTROPY_ALIGN_MAX_TOKENS = 200_000
 
 #: temperature: the pooled within-entropy-bin slope of infer_logprob on train_logprob must
 #: be outside [1 - SLOPE_TOL, 1 + SLOPE_TOL] by Z_CLEAR standard errors (both OLS directions)
@@ -3520,6 +3543,17 @@ class MisalignmentPlan:
         return zero_prefixes(self._sample.frame(_lf_schema(self.ds)),
                              _paths(self.ds))
 
+    def entropy_alignment(self) -> EntropyAlignment | None:
+        """:func:`entropy_alignment` of the sampled sequences (after the pass). None when no
+        sample was taken (the result being cached), the input has no entropy column, or the
+        logprob columns are shifted against each other (the off-by-one finding reports
+        that; the entropy is not judged against a shifted surprisal)."""
+        if self._sample is None or "entropy" not in self._sample.cols:
+            return None
+        if self.result()[1] is not None:
+            return None
+        return entropy_alignment(self._sample.frame(_lf_schema(self.ds)), _paths(self.ds))
+
     def rounding_by_file(self) -> dict[str, dict[str, float]] | None:
         """The input files whose sampled tokens hold rounded logprobs when the others'
         do not, ``{file: {column: step}}`` (:func:`rounded_logprobs` per file, at least
@@ -3600,6 +3634,234 @@ def _nonzero_logprobs(sample: pl.DataFrame, col: str) -> np.ndarray:
         return np.zeros(0)
     x = sample.get_column(col).cast(pl.Float64)
     return x.filter(x.is_finite() & (x != 0) & (x > IMPLAUSIBLE_LOGPROB)).to_numpy()
+
+
+@dataclass(frozen=True)
+class EntropyAlignment:
+    """Result of :func:`entropy_alignment`: is the entropy column shifted against the
+    logprob columns?
+
+    ``status``: ``"shifted"`` (``best_lag`` fits clearly better than lag 0), ``"no_shift"``
+    (no lag does) or ``"cannot_tell"`` (``reason`` says why); ``reason``: one sentence with
+    the numbers. ``rank_corr``: lag -> correlation of the ranks of the surprisal
+    -infer_logprob[t] and entropy[t + lag] over the tokens with a partner at that lag (lag 0:
+    all tokens read); ``gap``: lag -> rank_corr[lag] minus the lag-0 correlation on the same
+    tokens; ``pairs``: lag -> tokens with a partner at that lag. ``best_lag`` L (None
+    unless shifted) means entropy[t] holds the entropy of token t - L; ``gap_halves``: the
+    gap at ``best_lag`` in each half of the sampled sequences (by hash). ``files``: for a
+    shift found in some input files only, path -> lag (None otherwise). ``tokens``,
+    ``sequences``: what was read.
+    """
+
+    status: str
+    reason: str
+    rank_corr: dict[int, float] = field(default_factory=dict)
+    gap: dict[int, float] = field(default_factory=dict)
+    pairs: dict[int, int] = field(default_factory=dict)
+    best_lag: int | None = None
+    gap_halves: tuple[float, float] | None = None
+    files: dict[str, int] | None = None
+    input_files: int = 1
+    tokens: int = 0
+    sequences: int = 0
+
+    @property
+    def shifted(self) -> bool:
+        return self.status == "shifted"
+
+    def to_dict(self) -> dict:
+        return {
+            "status": self.status, "reason": self.reason,
+            "lags_tested": sorted(self.rank_corr),
+            "rank_corr": {str(k): _r(v) for k, v in sorted(self.rank_corr.items())},
+            "gap_vs_lag0": {str(k): _r(v) for k, v in sorted(self.gap.items())},
+            "pairs": {str(k): v for k, v in sorted(self.pairs.items())},
+            "best_lag": self.best_lag,
+            # entropy[t] holds the entropy of token t + entropy_offset
+            "entropy_offset": None if self.best_lag is None else -self.best_lag,
+            "gap_halves": None if self.gap_halves is None else [_r(g) for g in self.gap_halves],
+            "files": self.files, "input_files": self.input_files,
+            "tokens": self.tokens, "sequences": self.sequences,
+        }
+
+
+def _corr_from_sums(n, sx, sy, sxx, syy, sxy) -> float:
+    """Pearson correlation from its sums (NaN when a side is constant or n < 3)."""
+    if n < 3:
+        return math.nan
+    vx, vy = sxx - sx * sx / n, syy - sy * sy / n
+    if vx <= 1e-15 * n or vy <= 1e-15 * n:
+        return math.nan
+    return float((sxy - sx * sy / n) / math.sqrt(vx * vy))
+
+
+def entropy_alignment(sample: pl.DataFrame, files: Sequence[str] = ()) -> EntropyAlignment:
+    """Is the entropy column shifted by 1 to 3 tokens against the logprob columns?
+
+    ``sample``: rows of whole sequences (the shift test's sample, :class:`_LagSample`, with
+    ``seq_key``, ``position``, ``infer_logprob`` in nats, ``entropy`` in nats, and
+    FILE_INDEX for the per-file test; any row order); ``files``: the input files by
+    FILE_INDEX. At most about ENTROPY_ALIGN_MAX_TOKENS tokens are read (whole sequences by
+    hash). Raises nothing: a column missing gives ``cannot_tell``.
+
+    Signature: the entropy of the distribution a token is sampled from is its expected
+    surprisal, E[-infer_logprob[t] | H[t]] = H[t] (METHOD.md; exact for the engine's own
+    entropy, monotone under a temperature or a top-k / top-p cut), so the surprisal ranks
+    with the entropy at its own position far better than with its neighbours' (which
+    share only the slow drift of entropy along a sequence). With entropy[t] holding the
+    entropy of token t - L (``entropys[:, 1:]`` against ``[:, :-1]``, logits not shifted
+    against labels, a prompt/BOS offset), entropy[t + L] fits best. The measure is the
+    correlation of ranks (Spearman's rho: ranks over all the tokens read, average ranks for
+    ties, the Pearson correlation of the ranks over each lag's pairs, from sums per half and
+    file), robust to the scale of either column. Pairs are consecutive positions of one
+    sequence; tokens with a non-finite or implausible (<= IMPLAUSIBLE_LOGPROB) logprob, or
+    a non-finite or negative entropy, are left out.
+
+    ``shifted`` when a lag L != 0 with ENTROPY_ALIGN_MIN_PAIRS pairs beats lag 0 on the
+    same tokens by ENTROPY_ALIGN_GAP, has a rank correlation of ENTROPY_ALIGN_MIN_RHO, and
+    does both in each half of the sampled sequences (a quarter of the pairs each), pooled,
+    else in some input files on their own tokens (``files``). ``cannot_tell`` with fewer
+    pairs, with a half too small, or with a constant column.
+    """
+    need = ("seq_key", "position", "infer_logprob", "entropy")
+    missing = [c for c in need if c not in sample.columns]
+    if missing:
+        return EntropyAlignment("cannot_tell", f"no {', '.join(missing)} column in the sample")
+    il, H = pl.col("infer_logprob").cast(pl.Float64), pl.col("entropy").cast(pl.Float64)
+    by_file = len(files) > 1 and FILE_INDEX in sample.columns
+    cols = [*need, *([FILE_INDEX] if by_file else [])]
+    d = sample.select(cols).filter(il.is_finite() & (il > IMPLAUSIBLE_LOGPROB)
+                                   & H.is_finite() & (H >= 0))
+    if d.height > ENTROPY_ALIGN_MAX_TOKENS:  # whole sequences, by hash (not the sampling's)
+        keep = max(1, int(1000 * ENTROPY_ALIGN_MAX_TOKENS / d.height))
+        d = d.filter((pl.col("seq_key") // 1000) % 1000 < keep)
+    d = _by_sequence_order(d).collect()
+    n = d.height
+    lags = [L for a in ENTROPY_ALIGN_LAGS for L in (-a, a)]
+    if n < 3:
+        return EntropyAlignment("cannot_tell", f"only {n} token(s) with a valid infer_logprob "
+                                f"and entropy were sampled (need {ENTROPY_ALIGN_MIN_PAIRS} "
+                                "with a neighbour)", tokens=n)
+    sk = column(d, "seq_key")
+    pos = column(d, "position").astype(np.int64)
+    x = (-d.get_column("infer_logprob").cast(pl.Float64)).rank("average").to_numpy()
+    y = d.get_column("entropy").cast(pl.Float64).rank("average").to_numpy()
+    x = (x - (n + 1) / 2) / n  # ranks centred and scaled: sums of squares stay small
+    y = (y - (n + 1) / 2) / n
+    half = ((sk // 1000) % 2).astype(np.int64)
+    fidx = column(d, FILE_INDEX).astype(np.int64) if by_file else np.zeros(n, dtype=np.int64)
+    n_files = int(fidx.max()) + 1
+    g = fidx * 2 + half
+    n_groups = 2 * n_files
+    sequences = int(1 + np.count_nonzero(sk[1:] != sk[:-1]))
+
+    # per-group sums by np.add.reduceat over the rows ordered by group (a few groups:
+    # 2 per input file; boolean gathers and bincounts cost 4x more)
+    order = np.argsort(g, kind="stable")
+    present, starts = np.unique(g[order], return_index=True)
+    xo, yo = x[order], y[order]
+
+    def sums(m: np.ndarray, yl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """((groups, 6), (groups, 6)): n, sx, sy, sxx, syy, sxy of (x, ``yl``) and of
+        (x, y) over the rows in ``m``, per group (0 for a group without rows)."""
+        mo, ylo = m[order].astype(np.float64), yl[order]
+        xm = xo * mo
+        rows = np.stack([mo, xm, ylo * mo, xm * xo, ylo * ylo * mo, xm * ylo,
+                         yo * mo, yo * yo * mo, xm * yo])
+        red = np.add.reduceat(rows, starts, axis=1)
+        out = np.zeros((9, n_groups))
+        out[:, present] = red
+        return out[:6].T, out[[0, 1, 6, 3, 7, 8]].T
+
+    # per lag: sums of (x, y shifted) and of (x, y) on the same tokens (lag 0 there)
+    table: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    s0 = sums(np.ones(n, dtype=bool), y)[0]
+    for L in lags:
+        k = abs(L)
+        m = np.zeros(n, dtype=bool)
+        yl = np.zeros(n)
+        if L > 0:  # token t pairs with entropy[t + k]
+            m[:-k] = (sk[k:] == sk[:-k]) & (pos[k:] == pos[:-k] + k)
+            yl[:-k] = y[k:]
+        else:
+            m[k:] = (sk[k:] == sk[:-k]) & (pos[k:] == pos[:-k] + k)
+            yl[k:] = y[:-k]
+        table[L] = sums(m, yl)
+
+    def corr(rows: np.ndarray) -> float:
+        return _corr_from_sums(*rows)
+
+    def judge(sel: np.ndarray) -> tuple[int | None, dict, dict, dict, tuple | None, str]:
+        """The test on the groups ``sel`` (bool, per group): (best lag or None, rho, gap,
+        pairs, gap per half at the best lag, why not)."""
+        rho: dict[int, float] = {0: corr(s0[sel].sum(0))}
+        gap: dict[int, float] = {}
+        pairs: dict[int, int] = {}
+        for L in lags:
+            sl, s0l = table[L][0][sel].sum(0), table[L][1][sel].sum(0)
+            pairs[L] = int(sl[0])
+            rho[L] = corr(sl)
+            gap[L] = rho[L] - corr(s0l)
+        judged = [L for L in lags if pairs[L] >= ENTROPY_ALIGN_MIN_PAIRS
+                  and math.isfinite(gap[L])]
+        if not judged:
+            why = ("a column is constant on the sampled tokens"
+                   if max(pairs.values()) >= ENTROPY_ALIGN_MIN_PAIRS else
+                   f"only {max(pairs.values()):,} tokens have a neighbour at the next position "
+                   f"in their sequence (need {ENTROPY_ALIGN_MIN_PAIRS:,})")
+            return None, rho, gap, pairs, None, why
+        best = max(judged, key=lambda L: (gap[L], -abs(L)))
+        if gap[best] < ENTROPY_ALIGN_GAP or rho[best] < ENTROPY_ALIGN_MIN_RHO:
+            return None, rho, gap, pairs, None, ""
+        halves = []
+        for h in (0, 1):
+            hs = sel & (np.arange(n_groups) % 2 == h)
+            sl, s0l = table[best][0][hs].sum(0), table[best][1][hs].sum(0)
+            if sl[0] < ENTROPY_ALIGN_MIN_PAIRS / 4:
+                return None, rho, gap, pairs, None, (
+                    f"lag {best:+d} fits better (rank correlation {rho[best]:.3f} against "
+                    f"{rho[best] - gap[best]:.3f} at lag 0) but half of the sampled sequences "
+                    f"hold only {int(sl[0]):,} of its pairs (need "
+                    f"{ENTROPY_ALIGN_MIN_PAIRS // 4:,}): too few sequences to confirm it")
+            halves.append(corr(sl) - corr(s0l))
+        if not all(math.isfinite(v) and v >= ENTROPY_ALIGN_GAP for v in halves):
+            return None, rho, gap, pairs, (halves[0], halves[1]), ""
+        return best, rho, gap, pairs, (halves[0], halves[1]), ""
+
+    every = np.ones(n_groups, dtype=bool)
+    best, rho, gap, pairs, halves, why = judge(every)
+    common = {"input_files": len(files) if by_file else 1, "tokens": n,
+              "sequences": sequences}
+    if best is not None:
+        return EntropyAlignment(
+            "shifted", f"the surprisal ranks with entropy[t{best:+d}] (rank correlation "
+            f"{rho[best]:.3f}) better than with entropy[t] ({rho[best] - gap[best]:.3f})",
+            rho, gap, pairs, best, halves, **common)
+    if why:
+        return EntropyAlignment("cannot_tell", why, rho, gap, pairs, **common)
+    if by_file:  # some input files only (e.g. the steps dumped by another version)
+        found: dict[int, int] = {}
+        for f in range(n_files):
+            sel = np.arange(n_groups) // 2 == f
+            b = judge(sel)[0]
+            if b is not None:
+                found[f] = b
+        if found:
+            lag = max(set(found.values()), key=lambda L: (list(found.values()).count(L), -abs(L)))
+            sel = np.isin(np.arange(n_groups) // 2, [f for f, b in found.items() if b == lag])
+            _, rf, gf, pf, hf, _ = judge(sel)
+            return EntropyAlignment(
+                "shifted", f"in {len(found)} of {len(files)} input files, the surprisal ranks "
+                f"with entropy[t{lag:+d}] (rank correlation {rf[lag]:.3f}) better than with "
+                f"entropy[t] ({rf[lag] - gf[lag]:.3f})",
+                rf, gf, pf, lag, hf,
+                files={files[f]: b for f, b in sorted(found.items()) if f < len(files)},
+                **common)
+    near = max((L for L in lags if pairs[L] >= ENTROPY_ALIGN_MIN_PAIRS),
+               key=lambda L: (gap[L], -abs(L)))
+    return EntropyAlignment(
+        "no_shift", f"lag 0 fits best: rank correlation {rho[0]:.3f} against at most "
+        f"{rho[near]:.3f} at lag {near:+d}", rho, gap, pairs, **common)
 
 
 def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:

@@ -2648,3 +2648,92 @@ def test_inspect_all_masked_says_why_it_counts_no_step(tmp_path):
     assert r.exit_code == 0, r.output
     assert "steps: 0 (steps are counted over the valid tokens: this input has none)" in " ".join(
         r.stdout.split())
+
+
+def _entropy_shifted(df: pl.DataFrame, k: int) -> pl.DataFrame:
+    """``df`` with entropy[t] replaced by the entropy of token t + k of its sequence (the
+    last k tokens, or the first, keep their own): the dump's ``entropys[:, 1:]`` slip."""
+    df = df.sort("step", "seq_id", "position")
+    moved = pl.col("entropy").shift(-k).over("step", "seq_id")
+    return df.with_columns(pl.coalesce(moved, pl.col("entropy")).alias("entropy"))
+
+
+def test_entropy_column_shifted_by_one_is_named_beside_the_verdict(synth_file, tmp_path):
+    """An entropy column off by one token against the logprobs (the logprobs aligned) read
+    'law does not hold: alpha = 0.00' with a caveat blaming temperature / top-p; it is
+    named, with its direction, in a warning, a caveat, the JSON, and the verdict leads
+    with 'not assessable'; fit and compare alike, both directions."""
+    base = pl.read_parquet(synth_file)
+    for cmd, k, lag in (("fit", 1, -1), ("compare", -1, 1)):
+        p = tmp_path / f"shift{k}.parquet"
+        _entropy_shifted(base, k).write_parquet(p)
+        js = tmp_path / f"{cmd}.json"
+        r = runner.invoke(app, [cmd, str(p), "--n-boot", "100", "--json", str(js)])
+        assert r.exit_code == 0, r.output  # a warning, not a refusal
+        err = re.sub(r"\s+", " ", r.stderr)
+        assert ("warning: the entropy column looks shifted by 1 token against the logprobs: "
+                f"entropy[t] holds the entropy of token t{k:+d} (the surprisal "
+                f"-infer_logprob[t] ranks with entropy[t{lag:+d}] at rank correlation") in err
+        assert "entropys[:, 1:] vs [:, :-1]" in err
+        # the units check's story (a temperature or truncation) is the shift's consequence
+        assert "do not describe one sampling distribution" not in err
+        doc = json.loads(js.read_text())
+        fd = doc if cmd == "fit" else doc["fit"]
+        ea = fd["entropy_alignment"]
+        assert ea["status"] == "shifted" and ea["best_lag"] == lag, ea
+        assert ea["entropy_offset"] == k and ea["lags_tested"] == [-3, -2, -1, 0, 1, 2, 3]
+        assert ea["gap_vs_lag0"][str(lag)] > 0.3 and min(ea["gap_halves"]) > 0.3
+        assert ea["rank_corr"][str(lag)] > 0.5 > abs(ea["rank_corr"]["0"]) + 0.3
+        v = fd["verdict"]
+        assert v["assessable"] is False
+        assert v["text"].startswith("not assessable (the entropy column looks shifted by 1 "
+                                    "token against the logprobs: see the caveat); as "
+                                    "computed: "), v["text"]
+        assert v["caveats"][0].startswith("caveat: the entropy column looks shifted by 1 token")
+        assert not any("sampling distribution" in c for c in v["caveats"])
+
+
+def test_entropy_shift_by_two_in_one_input_file_is_named(synth_file, tmp_path):
+    """A shift in one of two input files (e.g. steps dumped by another code version) is
+    found on that file's sampled tokens and names it; the report shows it too."""
+    base = pl.read_parquet(synth_file).sort("step", "seq_id", "position")
+    d = tmp_path / "run"
+    d.mkdir()
+    base.filter(pl.col("step") < 5).write_parquet(d / "a.parquet")
+    _entropy_shifted(base.filter(pl.col("step") >= 5), 2).write_parquet(d / "b.parquet")
+    js = tmp_path / "r.json"
+    r = runner.invoke(app, ["report", str(d), "--n-boot", "100", "--json", str(js),
+                            "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 0, r.output
+    ea = json.loads(js.read_text())["fit"]["entropy_alignment"]
+    assert ea["status"] == "shifted" and ea["best_lag"] == -2, ea
+    assert list(ea["files"].values()) == [-2] and next(iter(ea["files"])).endswith("b.parquet")
+    err = re.sub(r"\s+", " ", r.stderr)
+    assert "looks shifted by 2 tokens against the logprobs in 1 of the 2 input files" in err
+    assert "entropy[t] holds the entropy of token t+2" in err
+    assert "not assessable (the entropy column looks shifted by 2 tokens" in (
+        tmp_path / "r.html").read_text()
+
+
+def test_aligned_entropy_stays_silent(synth_file, tmp_path):
+    """An aligned run says nothing of the entropy's alignment (JSON: no_shift, with its
+    numbers), nor does a run whose logprobs are shifted against each other (the
+    off-by-one check reports that; the entropy is not judged then: null)."""
+    js = tmp_path / "fit.json"
+    r = runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert "entropy column looks shifted" not in r.stderr
+    fd = json.loads(js.read_text())
+    ea = fd["entropy_alignment"]
+    assert ea["status"] == "no_shift" and ea["best_lag"] is None, ea
+    assert ea["rank_corr"]["0"] > 0.3 and max(ea["gap_vs_lag0"].values()) < -0.2
+    assert fd["verdict"]["assessable"] is True
+    p = tmp_path / "lp.parquet"
+    pl.read_parquet(synth_file).sort("step", "seq_id", "position").with_columns(
+        pl.coalesce(pl.col("infer_logprob").shift(1).over("step", "seq_id"),
+                    pl.col("infer_logprob"))).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--allow-misaligned",
+                            "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert "entropy column looks shifted" not in r.stderr
+    assert json.loads(js.read_text())["entropy_alignment"] is None

@@ -1938,3 +1938,55 @@ def test_shares_near_one_keep_their_digits():
 
     assert [_share(x) for x in (0.9997, 0.99999, 1 - 1e-10, 1.0, 0.998, 0.5, 0.00038)] == [
         "99.97%", "99.999%", ">99.9999%", "100.0%", "99.8%", "50.0%", "0.038%"]
+
+
+def _align_sample(n_seq: int, length: int, seed: int = 0, shift: int = 0) -> pl.DataFrame:
+    """Rows of ``n_seq`` sequences whose entropy drifts along each sequence (as real
+    entropy does: neighbours correlated) and whose surprisal is H * Exp(1) (E[s | H] = H);
+    entropy[t] then holds the entropy of token t + ``shift`` (ends keep their own)."""
+    rng = np.random.default_rng(seed)
+    n = n_seq * length
+    a = rng.normal(0, 1, (n_seq, length + 4))  # a moving average over 5 tokens
+    walk = sum(a[:, i:i + length] for i in range(5)) * 0.4 + rng.normal(0, 0.9, (n_seq, length))
+    h = np.exp(walk - 1).ravel()
+    s = h * rng.standard_exponential(n)
+    idx = np.arange(length) + shift
+    idx = np.where((idx >= 0) & (idx < length), idx, np.arange(length))
+    e = h.reshape(n_seq, length)[:, idx]
+    return pl.DataFrame({
+        "seq_key": np.repeat(np.arange(n_seq, dtype=np.uint64) * 7919 + 11, length),
+        "position": np.tile(np.arange(length), n_seq),
+        "infer_logprob": -s, "entropy": e.ravel()})
+
+
+def test_entropy_alignment_finds_the_shift_and_its_direction():
+    """entropy[t] holding the entropy of token t+1 (t-1) makes lag -1 (+1) fit best; an
+    aligned sample with correlated neighbours (as real entropy is) says no_shift."""
+    ok = FX.entropy_alignment(_align_sample(200, 60))
+    assert ok.status == "no_shift" and ok.best_lag is None, ok.reason
+    assert ok.rank_corr[0] > ok.rank_corr[1] + FX.ENTROPY_ALIGN_GAP
+    for shift, lag in ((1, -1), (2, -2)):
+        got = FX.entropy_alignment(_align_sample(200, 60, shift=shift))
+        assert got.status == "shifted" and got.best_lag == lag, got
+        assert got.to_dict()["entropy_offset"] == shift
+        assert min(got.gap_halves) >= FX.ENTROPY_ALIGN_GAP
+    # the row order does not matter (the sample is put back in sequence order)
+    shuffled = _align_sample(200, 60, shift=1).sample(fraction=1.0, shuffle=True, seed=3)
+    assert FX.entropy_alignment(shuffled).best_lag == -1
+
+
+def test_entropy_alignment_cannot_tell_on_too_little():
+    """Too few consecutive pairs, a missing entropy column, a constant column: cannot_tell,
+    with the reason (never a shift read from noise)."""
+    small = FX.entropy_alignment(_align_sample(10, 50, shift=1))  # < 490 pairs < 2000
+    assert small.status == "cannot_tell" and small.best_lag is None
+    assert re.match(r"only 4\d\d tokens have a neighbour at the next position", small.reason)
+    assert small.to_dict()["best_lag"] is None
+    got = FX.entropy_alignment(_align_sample(100, 60).drop("entropy"))
+    assert got.status == "cannot_tell" and "no entropy column" in got.reason
+    flat = _align_sample(100, 60).with_columns(pl.lit(0.0).alias("infer_logprob"))
+    got = FX.entropy_alignment(flat)
+    assert got.status == "cannot_tell" and "constant" in got.reason
+    # one long sequence: its half of the sample is empty, nothing to confirm the shift on
+    one = FX.entropy_alignment(_align_sample(1, 5000, shift=1))
+    assert one.status == "cannot_tell" and "too few sequences" in one.reason
