@@ -2999,6 +2999,11 @@ def _nucleus_zeros_seen(chunks: Sequence[Chunk]
     if zero_cols:  # a side never computed: every sequence reads as placeholders
         return None, zero_cols, rows
     per = per.filter(pl.col("z") > 0)
+    # the zeros of sequences that hold other engine logprobs: when a share of them has a
+    # trainer logprob below ln 0.5, they are placeholders at random rows, not nuclei
+    part = per.filter(pl.col("z0") < pl.col("m"))
+    if int(part["zb"].sum()) >= S.NUCLEUS_MAX_LOW_SHARE * max(int(part["z"].sum()), 1):
+        return None, (), rows
     ph = (pl.col("zb") > 0) | (pl.col("z0") >= pl.col("m"))
     kept = int(per.filter(~ph)["z"].sum())
     if kept < S.NUCLEUS_MIN_TOKENS:

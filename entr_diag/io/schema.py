@@ -195,6 +195,13 @@ ZERO_BOTH_H_MIN = 1e-3
 #: trainer logprobs of every size, 10% to 50% below ln 0.5, and zeros every token)
 NUCLEUS_TRAIN_MIN = -0.6931471805599453
 NUCLEUS_MIN_TOKENS = 50
+#: ... and none are when this share of the engine zeros (with a trainer logprob below
+#: ZERO_PLACEHOLDER_OTHER_MAX) of the sequences that hold other engine logprobs (a sequence
+#: all zeros is placeholders anyway) or more have a trainer logprob below ln 0.5: a nucleus token
+#: holds top-p of the probability or more, so real nuclei almost never do (none of 13,428 on
+#: a top-p 0.9 run), while placeholder zeros at random rows do in 10% to 80% of cases, and
+#: the sequences with no such zero by chance would read as nuclei
+NUCLEUS_MAX_LOW_SHARE = 0.05
 #: a logprob above 0 but at most this (nats) is float rounding of a near-certain token
 #: (log-softmax in fp32 gives +1e-7): kept as it is; above it, ``positive_logprob``
 POSITIVE_LOGPROB_TOL = 1e-4
