@@ -1064,6 +1064,41 @@ def test_engine_zeros_of_a_sequence_not_computed_beside_nuclei(tmp_path):
     assert ds.nucleus_zeros == nuclei
 
 
+def test_minus_one_padding_inside_the_loss_mask_is_excluded(tmp_path):
+    """verl's -1 padding of rollout_log_probs let in by the loss mask (the last 5 tokens of
+    every sequence): exactly -1.0 far more often than at -0.5, -0.9, -1.1, -2.0, so they
+    are excluded as sentinel_logprob with a warning note naming the column (they went in
+    as logprobs: alpha 0.19, k 340 times the real one); -1.0 on both sides names both; a
+    column rounded to 0.1 nats, which holds -1.0 as often as its neighbours, is left as
+    it is."""
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "run.parquet"
+    write_synth(p, SynthSpec(n_tokens=30_000, seed=2))
+    df = pl.read_parquet(p)
+    last = (pl.col("position") >= pl.col("position").max().over("seq_id") - 4) & pl.col(
+        "loss_mask")
+    pad = df.with_columns(pl.when(last).then(-1.0).otherwise(pl.col("infer_logprob"))
+                          .alias("infer_logprob"))
+    n = pad.filter(last).height
+    ds = load_dataset([_write(tmp_path, pad, "pad.parquet")])
+    assert ds.accounting.excluded.get("sentinel_logprob") == n
+    assert ds.accounting.to_dict()["logprob_minus_one"]["infer_logprob"]["tokens"] == n
+    note = [x for x in ds.notes if "exactly -1.0" in x]
+    assert len(note) == 1 and note[0].startswith(
+        f"warning: {n:,} loss-masked tokens have infer_logprob exactly -1.0 (0 at -0.5")
+    both = pad.with_columns(pl.when(last).then(-1.0).otherwise(pl.col("train_logprob"))
+                            .alias("train_logprob"))
+    ds = load_dataset([_write(tmp_path, both, "both.parquet")])
+    assert ds.accounting.excluded.get("sentinel_logprob") == n
+    assert "train_logprob exactly -1.0" in ds.notes[0] and "infer_logprob" in ds.notes[0]
+    rounded = df.with_columns(pl.col("train_logprob", "infer_logprob").round(1))
+    ds = load_dataset([_write(tmp_path, rounded, "r.parquet")])
+    assert "sentinel_logprob" not in ds.accounting.excluded
+    assert not any("exactly -1.0" in x for x in ds.notes)
+    assert load_dataset([p]).accounting.minus_one["infer_logprob"][0] == 0
+
+
 def test_random_engine_zero_placeholders_are_not_read_as_nuclei(tmp_path):
     """Engine logprobs set to 0.0 at 2% of random rows (placeholders): a sequence none of
     whose few zeros has by chance a trainer logprob below ln 0.5 read as holding one-token

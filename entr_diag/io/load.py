@@ -912,6 +912,9 @@ class Accounting:
     starved_files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: valid tokens whose train_logprob equals their infer_logprob exactly (delta == 0)
     tokens_identical: int = 0
+    #: per logprob column, (valid tokens exactly -1.0, valid tokens at the control values
+    #: MINUS_ONE_CONTROLS): :func:`_minus_one_padding`
+    minus_one: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     #: the input files and steps where train_logprob equals infer_logprob exactly on
     #: (nearly) every valid token while the rest of the input has real mismatch
     #: (:func:`_identical_logprobs`); None when none
@@ -941,6 +944,8 @@ class Accounting:
             "tokens_padding": self.tokens_padding,
             "tokens_entropy_below_zero": self.tokens_entropy_below_zero,
             "tokens_identical": self.tokens_identical,
+            "logprob_minus_one": {c: {"tokens": n, "at_controls": ctrl}
+                                  for c, (n, ctrl) in self.minus_one.items()},
             "identical_logprobs": (None if self.identical_logprobs is None
                                    else dict(self.identical_logprobs)),
             **({"negative_staleness_files": dict(self.negative_staleness_files)}
@@ -1067,6 +1072,7 @@ def load_dataset(
     skip_unreadable: bool = False,
     _unusable_entropy: tuple[str, ...] = (),
     _nucleus_zeros: bool | pl.Series = False,
+    _minus_one: tuple[str, ...] = (),
 ) -> Dataset:
     """Scan Parquet inputs lazily into a validated canonical token frame.
 
@@ -1465,12 +1471,13 @@ def load_dataset(
 
     def canonical_raw(fr: pl.LazyFrame) -> pl.LazyFrame:
         return fr.with_columns(_seq_key_expr(mapping)).with_columns(
-            _reason_expr(mapping, nucleus=_nucleus_zeros).alias("reason"))
+            _reason_expr(mapping, nucleus=_nucleus_zeros, minus_one=_minus_one)
+            .alias("reason"))
 
     def canonical_valid(fr: pl.LazyFrame) -> pl.LazyFrame:
         # the filter is the reason's conjunction (the same rows as reason null)
         return (fr.with_columns(_seq_key_expr(mapping))
-                .filter(_valid_expr(mapping, _nucleus_zeros)).select(valid_cols))
+                .filter(_valid_expr(mapping, _nucleus_zeros, _minus_one)).select(valid_cols))
 
     valid_cols = _valid_columns(mapping)
     lf = canonical_valid(raw)
@@ -1496,7 +1503,25 @@ def load_dataset(
         chunks.append(Chunk(canonical_valid(fr), tokens, streamed, source, tuple(members)))
     register_chunks(raw, raw_chunks)
     register_chunks(lf, chunks)
-    accounting, fine = _account(raw, mapping, infos, _nucleus_zeros)
+    accounting, fine = _account(raw, mapping, infos, _nucleus_zeros, _minus_one)
+    pads = _minus_one_padding(accounting.minus_one) if not _minus_one else {}
+    if pads:  # -1.0 padding inside the loss mask: read again, excluded as sentinel_logprob
+        from entr_diag.caveats import column_named
+
+        ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
+                          entropy=entropy, skip_unreadable=skip_unreadable,
+                          _unusable_entropy=_unusable_entropy,
+                          _nucleus_zeros=_nucleus_zeros, _minus_one=tuple(pads))
+        note = ("warning: " + "; ".join(
+            f"{n:,} loss-masked tokens have {column_named(c, mapping)} exactly -1.0 "
+            f"({ctrl:,} at -0.5, -0.9, -1.1 and -2.0 together)" for c, (n, ctrl) in pads.items())
+            + ": a padding value (verl pads rollout_log_probs with -1), not logprobs, "
+            "inside the loss mask (a mask that does not match the logprob arrays, or "
+            "padding not masked): excluded as sentinel_logprob")
+        # (the counts as first read: now excluded, those tokens are no longer valid)
+        return dataclasses.replace(ds, notes=(note, *ds.notes), bundled=bundled,
+                                   accounting=dataclasses.replace(
+                                       ds.accounting, minus_one=accounting.minus_one))
     if (_nucleus_zeros is False
             and accounting.excluded.get("zero_placeholder", 0) >= S.NUCLEUS_MIN_TOKENS):
         nucleus, zero_cols, masked_rows = _nucleus_zeros_seen(raw_chunks)
@@ -1524,7 +1549,8 @@ def load_dataset(
             ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
                               entropy=entropy, skip_unreadable=skip_unreadable,
                               _unusable_entropy=_unusable_entropy,
-                              _nucleus_zeros=keys if keys.len() else True)
+                              _nucleus_zeros=keys if keys.len() else True,
+                              _minus_one=_minus_one)
             note = (f"{kept:,} loss-masked tokens have an engine logprob of exactly 0.0 where "
                     f"the trainer's is below {S.ZERO_PLACEHOLDER_OTHER_MAX:g} nats but above "
                     f"ln 0.5 = {S.NUCLEUS_TRAIN_MIN:.3f}, in sequences whose zeros all are and "
@@ -1549,7 +1575,7 @@ def load_dataset(
     if located:
         frames_raw = [canonical_raw(fr.select(order)) for fr, *_ in pieces]
         accounting = dataclasses.replace(accounting, excluded_where=_excluded_where(
-            frames_raw, piece_files, located, mapping, _nucleus_zeros))
+            frames_raw, piece_files, located, mapping, _nucleus_zeros, _minus_one))
     src = mapping.get("entropy")
     if (src and accounting.tokens_masked and not accounting.tokens_valid
             and accounting.excluded.get("invalid_entropy")
@@ -1560,7 +1586,7 @@ def load_dataset(
         ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
                           entropy=entropy, skip_unreadable=skip_unreadable,
                           _unusable_entropy=(*_unusable_entropy, src),
-                          _nucleus_zeros=_nucleus_zeros)
+                          _nucleus_zeros=_nucleus_zeros, _minus_one=_minus_one)
         instead = ds.mapping.get("entropy")
         kinds = ((accounting.excluded_where or {}).get("invalid_entropy") or {}).get("kinds")
         what = (", ".join(f"{n:,} {k}" for k, n in kinds.items()) if kinds
@@ -2341,7 +2367,8 @@ def _either(sides: Mapping[str, pl.Expr]) -> pl.Expr:
     return sides["train_logprob"] | sides["infer_logprob"]
 
 
-def _reason_conditions(mapping: Mapping[str, str], nucleus: bool | pl.Series = False
+def _reason_conditions(mapping: Mapping[str, str], nucleus: bool | pl.Series = False,
+                       minus_one: Sequence[str] = ()
                        ) -> list[tuple[str, pl.Expr]]:
     """(reason, condition) in order of precedence: a row's reason is the first whose
     condition is true (a null condition counts as false); no reason: a valid token.
@@ -2357,7 +2384,7 @@ def _reason_conditions(mapping: Mapping[str, str], nucleus: bool | pl.Series = F
         ("missing_seq_id", pl.col("seq_id").is_null()),
         *([("invalid_position", pl.col("position").is_null() | (pl.col("position") < 0))]
           if "position" in mapping else []),
-        *[(r, _either(_side_conditions(r, nucleus, "entropy" in mapping)))
+        *[(r, _either(_side_conditions(r, nucleus, "entropy" in mapping, minus_one)))
           for r in _LOGPROB_REASONS],
     ]
     if "entropy" in mapping:
@@ -2375,10 +2402,11 @@ def _reason_conditions(mapping: Mapping[str, str], nucleus: bool | pl.Series = F
 
 
 def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False,
+                 minus_one: Sequence[str] = (),
                  nucleus: bool | pl.Series = False) -> pl.Expr:
     """The ``reason`` of each raw row (String, null for a valid loss-masked token); with
     ``codes``: its index in :func:`_reason_conditions` (UInt8; cheaper to group by)."""
-    conds = _reason_conditions(mapping, nucleus)
+    conds = _reason_conditions(mapping, nucleus, minus_one)
     e = None
     for i, (name, cond) in enumerate(conds):
         val = pl.lit(i, dtype=pl.UInt8) if codes else pl.lit(name)
@@ -2387,7 +2415,8 @@ def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False,
     return e.otherwise(pl.lit(None, dtype=pl.UInt8 if codes else pl.String))
 
 
-def _valid_expr(mapping: Mapping[str, str], nucleus: bool | pl.Series = False) -> pl.Expr:
+def _valid_expr(mapping: Mapping[str, str], nucleus: bool | pl.Series = False,
+                minus_one: Sequence[str] = ()) -> pl.Expr:
     """True for a valid loss-masked token (``reason`` is null): no condition of
     :func:`_reason_conditions` holds (a null condition counting as false). Written as one
     term per column saying what a valid value is (a logprob in (SENTINEL_FLOOR,
@@ -2405,12 +2434,13 @@ def _valid_expr(mapping: Mapping[str, str], nucleus: bool | pl.Series = False) -
         terms.append(pl.col("position") >= 0)
     for x in (tl, il):
         terms += [x > S.SENTINEL_FLOOR, x <= S.POSITIVE_LOGPROB_TOL]
+    terms += [pl.col(c) != -1.0 for c in minus_one]  # (a padding value: sentinel_logprob)
     terms.append(~_either(_side_conditions("zero_placeholder", nucleus,
                                            "entropy" in mapping)))
     if "entropy" in mapping:
         h = pl.col("entropy")
         terms += [h >= -S.ENTROPY_NEG_TOL, h <= S.ENTROPY_MAX]
-    reasons = dict(_reason_conditions(mapping, nucleus))
+    reasons = dict(_reason_conditions(mapping, nucleus, minus_one))
     if "negative_version" in reasons:
         terms.append(~reasons["negative_version"])  # (never null)
     return pl.all_horizontal(terms).fill_null(False)
@@ -2460,7 +2490,7 @@ class _AccountingScan:
     thread pool the engine reads the next chunk with.)"""
 
     def __init__(self, mapping: Mapping[str, str], n_reasons: int,
-                 nucleus: bool | pl.Series = False) -> None:
+                 nucleus: bool | pl.Series = False, minus_one: Sequence[str] = ()) -> None:
         from entr_diag.aggregate import N_FINE, fine_bin_expr
 
         self.has_pv, self.has_tv = "policy_version" in mapping, "train_version" in mapping
@@ -2470,7 +2500,8 @@ class _AccountingScan:
         self.n_reasons = n_reasons
         valid = pl.col("_rc").is_null()
         i64 = pl.Int64
-        self.stages = [[_reason_expr(mapping, codes=True, nucleus=nucleus).alias("_rc")]]
+        self.stages = [[_reason_expr(mapping, codes=True, nucleus=nucleus,
+                                     minus_one=minus_one).alias("_rc")]]
         # (a valid token without a policy_version: n_reasons + 1, set in numpy)
         exprs = [pl.col("_rc").fill_null(n_reasons).alias("_ac_code")]
         #: (name of the range, its column): the ranges over the valid tokens that hold a
@@ -2491,6 +2522,14 @@ class _AccountingScan:
         # a valid token whose train_logprob equals its infer_logprob exactly (delta == 0)
         exprs.append((valid & (pl.col("train_logprob") == pl.col("infer_logprob")))
                      .fill_null(False).alias("_ac_same"))
+        # a valid token's logprob exactly -1.0 (bit 0: train, 1: infer), or at one of the
+        # control values a rounded column holds as often (bit 2: train, 3: infer)
+        m1 = pl.lit(0, dtype=pl.UInt8)
+        for bit, (c, vals) in enumerate([(c, v) for v in ([-1.0], list(S.MINUS_ONE_CONTROLS))
+                                         for c in ("train_logprob", "infer_logprob")]):
+            m1 = m1 + ((valid & pl.col(c).is_in(vals)).fill_null(False).cast(pl.UInt8)
+                       * (1 << bit))
+        exprs.append(m1.alias("_ac_m1"))
         self.exprs = exprs
         self.columns = ["seq_key", FILE_INDEX, *(c for _, c in self.ranges)]
         #: valid tokens with a negative staleness per input file (by FILE_INDEX)
@@ -2511,6 +2550,7 @@ class _AccountingScan:
         merge.append(pl.col("same").sum())  # valid tokens with delta == 0 exactly
         self.parts = PartialRows(["seq_key"], merge, 4_000_000)
         self.counts = np.zeros(N_FINE + 3, dtype=np.int64)
+        self.minus_one = np.zeros(16, dtype=np.int64)  # valid tokens per _ac_m1 code
         self.stale: dict[int, int] = {}
 
     @staticmethod
@@ -2571,6 +2611,7 @@ class _AccountingScan:
         self.parts.add(cols)
         if self.fine:
             self.counts += np.bincount(column(batch, "_ac_fine"), minlength=self.counts.size)
+        self.minus_one += np.bincount(column(batch, "_ac_m1"), minlength=16)
         if self.has_pv and self.has_tv:
             (pv, pv_ok), (tv, tv_ok) = values["pv"], values["tv"]
             both = pv_ok & tv_ok
@@ -2623,15 +2664,15 @@ class _AccountingScan:
 
 
 def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo],
-             nucleus: bool | pl.Series = False
+             nucleus: bool | pl.Series = False, minus_one: Sequence[str] = ()
              ) -> tuple[Accounting, tuple[np.ndarray | None, tuple[int, int] | None]]:
     """Token and sequence counts in one streaming pass (chunk by chunk), memory
     O(sequences); with an entropy column, the same pass counts the valid tokens per fine
     entropy bin (returned with their step range, for the fit: a valid token is one the fit
     uses). See :class:`_AccountingScan`."""
     reasons = ["unmasked", "padding", "empty_row", *S.EXCLUSION_REASONS]
-    names = [name for name, _ in _reason_conditions(mapping, nucleus)]
-    scan = _AccountingScan(mapping, len(names), nucleus)
+    names = [name for name, _ in _reason_conditions(mapping, nucleus, minus_one)]
+    scan = _AccountingScan(mapping, len(names), nucleus, minus_one)
     try:
         run_pass(raw, [scan])
     except pl.exceptions.ComputeError as e:  # e.g. a value that does not cast
@@ -2713,6 +2754,9 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         staleness=(dict(sorted(scan.stale.items())) if scan.has_pv and scan.has_tv
                    else None),
         sequences_with_version_switch=n_switch,
+        minus_one={c: (int(scan.minus_one[[k for k in range(16) if k & (1 << b)]].sum()),
+                       int(scan.minus_one[[k for k in range(16) if k & (4 << b)]].sum()))
+                   for b, c in enumerate(("train_logprob", "infer_logprob"))},
         sequences_with_duplicate_positions=n_dup,
         tokens_without_step=n_nullstep,
         tokens_padding=count["padding"],
@@ -2724,6 +2768,19 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_identical=int(get("_same").sum()) if per.height else 0,
         identical_logprobs=identical,
     ), fine
+
+
+def _minus_one_padding(counts: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """The logprob columns whose exact -1.0 is a padding value (verl pads
+    ``rollout_log_probs`` with -1) that the loss mask let in, from the accounting's
+    ``minus_one`` (column -> (valid tokens exactly -1.0, at the MINUS_ONE_CONTROLS)): at
+    least MINUS_ONE_MIN_TOKENS of them, and MINUS_ONE_EXCESS times as many as at a control
+    value on average (+1). A logprob computed in float is exactly -1.0 about once in 10^8
+    tokens; a column rounded to a decimal step holds -0.5, -0.9, -1.1 or -2.0 about as
+    often as -1.0, so it is not flagged."""
+    n_ctrl = len(S.MINUS_ONE_CONTROLS)
+    return {c: (n, ctrl) for c, (n, ctrl) in counts.items()
+            if n >= S.MINUS_ONE_MIN_TOKENS and n >= S.MINUS_ONE_EXCESS * (ctrl / n_ctrl + 1)}
 
 
 #: an input file or a step is named as holding identical logprobs when train_logprob equals
@@ -2855,11 +2912,14 @@ def _file_exclusions(t: pl.DataFrame, infos: Sequence[FileInfo]
 
 
 def _side_conditions(reason: str, nucleus: bool | pl.Series = False,
-                     entropy: bool = False) -> dict[str, pl.Expr]:
+                     entropy: bool = False, minus_one: Sequence[str] = ()
+                     ) -> dict[str, pl.Expr]:
     """A logprob exclusion reason's condition on each side (canonical column -> condition;
     the reason's condition in :func:`_reason_conditions` is their disjunction); {} for any
     other reason. ``entropy``: the input has an entropy column (``zero_placeholder`` then
-    also holds both sides exactly 0.0 at an entropy of ZERO_BOTH_H_MIN nats or more)."""
+    also holds both sides exactly 0.0 at an entropy of ZERO_BOTH_H_MIN nats or more);
+    ``minus_one``: the logprob columns whose exact -1.0 is a padding value
+    (``sentinel_logprob``: :func:`_minus_one_padding`)."""
     tl, il = pl.col("train_logprob"), pl.col("infer_logprob")
     if reason == "zero_placeholder":
         # (nucleus: the engine's 0.0 is a one-token nucleus of truncated sampling, valid
@@ -2879,7 +2939,13 @@ def _side_conditions(reason: str, nucleus: bool | pl.Series = False,
     cond = {"positive_logprob": lambda c: c > S.POSITIVE_LOGPROB_TOL,
             "sentinel_logprob": lambda c: c <= S.SENTINEL_FLOOR,
             "non_finite_logprob": lambda c: c.is_null() | ~c.is_finite()}.get(reason)
-    return {} if cond is None else {"train_logprob": cond(tl), "infer_logprob": cond(il)}
+    if cond is None:
+        return {}
+    out = {"train_logprob": cond(tl), "infer_logprob": cond(il)}
+    if reason == "sentinel_logprob":
+        for c in minus_one:
+            out[c] = out[c] | (pl.col(c) == -1.0)
+    return out
 
 
 def _entropy_kinds() -> dict[str, pl.Expr]:
@@ -2894,7 +2960,8 @@ def _entropy_kinds() -> dict[str, pl.Expr]:
 
 def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
                     reasons: Sequence[str], mapping: Mapping[str, str],
-                    nucleus: bool | pl.Series = False) -> dict[str, dict[str, Any]]:
+                    nucleus: bool | pl.Series = False, minus_one: Sequence[str] = ()
+                    ) -> dict[str, dict[str, Any]]:
     """Where the rows excluded for each of ``reasons`` are, ``{reason: {"columns":
     {canonical logprob column: excluded rows whose value on that side meets the reason's
     condition}, "files": {path: excluded rows}, "valid_left": {path: valid tokens with a
@@ -2917,7 +2984,8 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
     above = (pl.col("train_logprob") > 1.0) | (pl.col("infer_logprob") > 1.0)
     # (valid tokens with a logprob of 0 or more: what a probability at most 1e-4 reads as)
     tiny = rsn.is_null() & ((pl.col("train_logprob") >= 0) | (pl.col("infer_logprob") >= 0))
-    sides = {r: _side_conditions(r, nucleus, "entropy" in mapping) for r in reasons}
+    sides = {r: _side_conditions(r, nucleus, "entropy" in mapping, minus_one)
+             for r in reasons}
     kinds = {r: (_entropy_kinds() if r == "invalid_entropy" else {}) for r in reasons}
     exprs = [(rsn.is_null() | ~rsn.is_in(["unmasked", "padding", "empty_row"])).sum()
              .alias("m"), tiny.fill_null(False).sum().alias("v")]
