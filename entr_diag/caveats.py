@@ -532,8 +532,8 @@ def _identical_where(ident: Mapping[str, Any], n_files: int) -> str:
 
 def identical_logprobs_warning(ident: Mapping[str, Any] | None, n_files: int,
                                mapping: Mapping[str, str] | None = None) -> str | None:
-    """A sentence when train_logprob equals infer_logprob exactly on (nearly) every valid
-    token of some input files or steps while the rest of the input has real mismatch
+    """A sentence when train_logprob equals infer_logprob exactly on much of the valid
+    tokens of some input files or steps (20% or more: IDENTICAL_SHARE) while the rest of the input has real mismatch
     (``ident``: the accounting's ``identical_logprobs``; ``n_files`` input files): where,
     how many tokens, what it usually means and its effect on the law and the gates (k
     about ``1 - share`` times the rest's when their entropies are like the others'); None
@@ -554,7 +554,7 @@ def identical_logprobs_warning(ident: Mapping[str, Any] | None, n_files: int,
                    "the step column)")
         where.append("for those steps")
     return (f"{train} equals {infer} exactly (delta = 0) on {n:,} of the {valid:,} valid "
-            f"tokens ({share:.0%}): every valid token, or nearly, of "
+            f"tokens ({share:.0%}), concentrated in "
             f"{_identical_where(ident, n_files)}, where the rest of the input has real "
             f"mismatch (delta = 0 on {ident['others_share']:.2%} of its tokens). The "
             "trainer's column was probably copied from the rollout's logprobs there (old "

@@ -2169,8 +2169,8 @@ def test_a_shard_with_identical_logprobs_is_named(synth_file, tmp_path):
     err = " ".join(r.stderr.split())
     share = f"{n / acc['tokens_valid']:.0%}"
     assert (f"warning: train_logprob equals infer_logprob exactly (delta = 0) on {n:,} of the "
-            f"{acc['tokens_valid']:,} valid tokens ({share}): every valid token, or nearly, "
-            f"of 1 of the 4 input files ({shard}: {n:,} of {n:,} tokens)" in err), err
+            f"{acc['tokens_valid']:,} valid tokens ({share}), concentrated in "
+            f"1 of the 4 input files ({shard}: {n:,} of {n:,} tokens)" in err), err
     assert "pass only the other files" in err and f"k reads about {share} low" in err
     assert (f"caveat: train_logprob equals infer_logprob exactly on {share} of the valid "
             f"tokens, in 1 of the 4 input files ({shard}" in doc["verdict"]["caveat"])
@@ -2198,11 +2198,20 @@ def test_identical_logprobs_over_some_steps_are_named_as_steps(synth_file, tmp_p
     assert all(s["identical"] == s["tokens"] > 0 for s in ident["steps"])
     n = sum(s["tokens"] for s in ident["steps"])
     err = " ".join(r.stderr.split())
-    assert f"every valid token, or nearly, of steps 7-9 ({n:,} of {n:,} tokens)" in err, err
+    assert f"concentrated in steps 7-9 ({n:,} of {n:,} tokens)" in err, err
     assert "drop those steps from the input" in err
     assert "in steps 7-9" in doc["verdict"]["caveat"]
     drift = doc["forensics"]["checks"]["drift"]["reason"]
     assert "steps 7-9 left out: delta is exactly 0 on every token there" in drift, drift
+    # copied on half the rows of those steps only: named as well (real runs: 0.49% at most)
+    pl.read_parquet(synth_file).with_columns(
+        train_logprob=pl.when((pl.col("step") >= 7) & (pl.col("position") % 2 == 0))
+        .then(pl.col("infer_logprob")).otherwise(pl.col("train_logprob"))).write_parquet(p)
+    r, doc = _run_json("fit", p, tmp_path / "f.json")
+    ident = doc["inputs"]["accounting"]["identical_logprobs"]
+    assert [s["step"] for s in ident["steps"]] == [7, 8, 9]
+    assert all(0.3 < s["identical"] / s["tokens"] < 0.7 for s in ident["steps"])
+    assert "concentrated in steps 7-9" in " ".join(r.stderr.split())
 
 
 def test_identical_logprobs_silent_on_a_clean_run_and_a_whole_identical_one(synth_file,
