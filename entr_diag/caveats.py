@@ -871,6 +871,17 @@ def entropy_shift_caveat(ea: Mapping[str, Any] | None,
     (``ea``: :meth:`entr_diag.forensics.EntropyAlignment.to_dict`, status ``shifted``),
     else None: the law, the breakpoint and the entropy-keyed gates read each token's
     delta against a neighbour's entropy."""
+    if ea and ea.get("status") == "surprisal":
+        src = str(ea.get("surprisal_column") or "infer_logprob")
+        return (f"caveat: the {column_named('entropy', mapping)} column equals the sampled "
+                f"token's surprisal -{column_named(src, mapping)} on "
+                f"{float(ea.get('surprisal_share') or 0):.0%} of the sampled tokens: it holds "
+                "-logprob of the sampled token, not the entropy of the distribution the token "
+                "was sampled from, so the fitted law, its breakpoint, the noise regime and the "
+                "entropy-keyed gates regress delta^2 on the logprobs themselves and mean "
+                "nothing; the log-ratio metrics (KL, chi2, ESS) do not read the entropy and "
+                "stand. Dump H = -sum_v p(v) log p(v) over the vocabulary at each position "
+                "(verl's entropys, or the engine's), or map it with --column entropy=NAME.")
     if not ea or ea.get("status") != "shifted" or ea.get("best_lag") is None:
         return None
     return (f"caveat: {_entropy_shift_head(ea, mapping)}: the fitted law, its breakpoint, "

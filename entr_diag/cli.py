@@ -1105,6 +1105,8 @@ def _void_verdict(notes, rounded, entropy_alignment=None) -> str | None:
     if ints:
         return f"{' and '.join(ints)} {'holds' if len(ints) == 1 else 'hold'} integers"
     ea = entropy_alignment or {}
+    if ea.get("status") == "surprisal":
+        return "the entropy column holds the sampled token's surprisal, not an entropy"
     if ea.get("status") == "shifted" and ea.get("best_lag") is not None:
         k = abs(int(ea["best_lag"]))
         return (f"the entropy column looks shifted by {k} token{'s' if k > 1 else ''} against "
@@ -1123,7 +1125,8 @@ def _void_verdict(notes, rounded, entropy_alignment=None) -> str | None:
 
 def _entropy_shifted(entropy_alignment) -> bool:
     """True when ``entropy_alignment`` (``_fit``'s) says the entropy column is shifted."""
-    return bool(entropy_alignment) and entropy_alignment.get("status") == "shifted"
+    return bool(entropy_alignment) and entropy_alignment.get("status") in ("shifted",
+                                                                            "surprisal")
 
 
 def _shown_units(units: dict | None, misaligned, file_units=None) -> dict | None:
@@ -1537,7 +1540,7 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None]:
             zero_prefix_caveat(zero_prefix, ds.mapping).removeprefix("caveat: ")))
     ent = align.entropy_alignment()
     ent_d = None if ent is None else ent.to_dict()
-    if ent is not None and ent.shifted:  # the law reads a neighbour's entropy
+    if ent is not None and ent.status in ("shifted", "surprisal"):  # no entropy of its own
         from entr_diag.caveats import entropy_shift_caveat
 
         _notes.add("[yellow]warning:[/yellow] " + escape(

@@ -3664,6 +3664,10 @@ class EntropyAlignment:
     input_files: int = 1
     tokens: int = 0
     sequences: int = 0
+    #: status "surprisal": the logprob column whose surprisal the entropy column equals,
+    #: and on which share of the sampled tokens (:func:`_entropy_is_surprisal`)
+    surprisal_column: str | None = None
+    surprisal_share: float | None = None
 
     @property
     def shifted(self) -> bool:
@@ -3682,6 +3686,9 @@ class EntropyAlignment:
             "gap_halves": None if self.gap_halves is None else [_r(g) for g in self.gap_halves],
             "files": self.files, "input_files": self.input_files,
             "tokens": self.tokens, "sequences": self.sequences,
+            "surprisal_column": self.surprisal_column,
+            "surprisal_share": None if self.surprisal_share is None
+            else _r(self.surprisal_share),
         }
 
 
@@ -3693,6 +3700,39 @@ def _corr_from_sums(n, sx, sy, sxx, syy, sxy) -> float:
     if vx <= 1e-15 * n or vy <= 1e-15 * n:
         return math.nan
     return float((sxy - sx * sy / n) / math.sqrt(vx * vy))
+
+
+#: the entropy column holds the sampled token's surprisal when it equals -infer_logprob or
+#: -train_logprob (to 1e-6 relative) on this share of the sampled tokens whose surprisal is
+#: above 1e-3 nats or more (an entropy equals its token's surprisal only by chance)
+SURPRISAL_SHARE = 0.5
+
+
+def _entropy_is_surprisal(sample: pl.DataFrame) -> EntropyAlignment | None:
+    """``status "surprisal"`` when the entropy column equals the sampled token's surprisal
+    (-infer_logprob or -train_logprob, nats) on SURPRISAL_SHARE of the sampled tokens whose
+    surprisal is above 1e-3 nats (100 of them at least), else None: the column then holds
+    -logprob of the sampled token, not the entropy of the distribution it was sampled from,
+    and the law would regress delta^2 on a function of the logprobs themselves."""
+    H = pl.col("entropy").cast(pl.Float64)
+    best = None
+    for c in ("infer_logprob", "train_logprob"):
+        if c not in sample.columns:
+            continue
+        s = -pl.col(c).cast(pl.Float64)
+        d = sample.select(((H - s).abs() <= 1e-6 * (1 + s)).alias("eq"), s.alias("s")).filter(
+            pl.col("s").is_finite() & (pl.col("s") > 1e-3) & pl.col("eq").is_not_null())
+        if d.height >= 100:
+            share = float(d["eq"].mean())
+            if share >= SURPRISAL_SHARE and (best is None or share > best[1]):
+                best = (c, share, d.height)
+    if best is None:
+        return None
+    c, share, n = best
+    return EntropyAlignment(
+        "surprisal", f"the entropy column equals the sampled token's surprisal -{c} on "
+        f"{share:.1%} of {n:,} sampled tokens (surprisal above 1e-3 nats)", tokens=n,
+        surprisal_column=c, surprisal_share=share)
 
 
 def entropy_alignment(sample: pl.DataFrame, files: Sequence[str] = ()) -> EntropyAlignment:
@@ -3728,6 +3768,9 @@ def entropy_alignment(sample: pl.DataFrame, files: Sequence[str] = ()) -> Entrop
     if missing:
         return EntropyAlignment("cannot_tell", f"no {', '.join(missing)} column in the sample")
     il, H = pl.col("infer_logprob").cast(pl.Float64), pl.col("entropy").cast(pl.Float64)
+    surprisal = _entropy_is_surprisal(sample)
+    if surprisal is not None:
+        return surprisal
     by_file = len(files) > 1 and FILE_INDEX in sample.columns
     cols = [*need, *([FILE_INDEX] if by_file else [])]
     d = sample.select(cols).filter(il.is_finite() & (il > IMPLAUSIBLE_LOGPROB)

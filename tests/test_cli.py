@@ -2724,6 +2724,29 @@ def test_entropy_shift_by_two_in_one_input_file_is_named(synth_file, tmp_path):
         tmp_path / "r.html").read_text()
 
 
+def test_an_entropy_column_holding_the_surprisal_is_named(synth_file, tmp_path):
+    """An entropy column that holds -infer_logprob (the sampled token's surprisal, a
+    mapping or dump slip) read as 'law holds': a warning, the caveat, a verdict led by
+    'not assessable' and JSON entropy_alignment status 'surprisal' (fit and compare)."""
+    p = tmp_path / "sur.parquet"
+    pl.read_parquet(synth_file).with_columns(entropy=-pl.col("infer_logprob")).write_parquet(p)
+    js = tmp_path / "f.json"
+    for cmd in ("fit", "compare"):
+        r = runner.invoke(app, [cmd, str(p), "--n-boot", "100", "--json", str(js)])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(js.read_text())
+        fd = doc if cmd == "fit" else doc["fit"]
+        ea = fd["entropy_alignment"]
+        assert ea["status"] == "surprisal" and ea["surprisal_column"] == "infer_logprob"
+        assert ea["surprisal_share"] > 0.99
+        err = " ".join(r.stderr.split())
+        assert ("warning: the entropy column equals the sampled token's surprisal "
+                "-infer_logprob on 100% of the sampled tokens") in err, err
+        assert fd["verdict"]["assessable"] is False and fd["verdict"]["text"].startswith(
+            "not assessable (the entropy column holds the sampled token's surprisal")
+        assert "holds -logprob of the sampled token" in fd["verdict"]["caveat"]
+
+
 def test_aligned_entropy_stays_silent(synth_file, tmp_path):
     """An aligned run says nothing of the entropy's alignment (JSON: no_shift, with its
     numbers), nor does a run whose logprobs are shifted against each other (the
@@ -2737,6 +2760,7 @@ def test_aligned_entropy_stays_silent(synth_file, tmp_path):
     assert ea["status"] == "no_shift" and ea["best_lag"] is None, ea
     assert ea["rank_corr"]["0"] > 0.3 and max(ea["gap_vs_lag0"].values()) < -0.2
     assert fd["verdict"]["assessable"] is True
+    assert ea["surprisal_column"] is None and "holds -logprob" not in r.stderr
     p = tmp_path / "lp.parquet"
     pl.read_parquet(synth_file).sort("step", "seq_id", "position").with_columns(
         pl.coalesce(pl.col("infer_logprob").shift(1).over("step", "seq_id"),
