@@ -850,6 +850,8 @@ def _entropy_shift_head(ea: Mapping[str, Any], mapping: Mapping[str, str] | None
     holds = f"t{-lag:+d}"  # entropy[t] holds the entropy of token t - lag
     files = ea.get("files") or {}
     where = ""
+    if ea.get("steps"):
+        where = f" in steps {step_ranges(ea['steps'])}"
     if files:
         where = (f" in {len(files):,} of the {int(ea.get('input_files') or 1):,} input files "
                  f"({', '.join(list(files)[:3])}{' and more' if len(files) > 3 else ''})")

@@ -1110,7 +1110,8 @@ def _void_verdict(notes, rounded, entropy_alignment=None) -> str | None:
     if ea.get("status") == "shifted" and ea.get("best_lag") is not None:
         k = abs(int(ea["best_lag"]))
         return (f"the entropy column looks shifted by {k} token{'s' if k > 1 else ''} against "
-                "the logprobs" + (" in some input files" if ea.get("files") else ""))
+                "the logprobs" + (" in some input files" if ea.get("files") else "")
+                + (" in some steps" if ea.get("steps") else ""))
     coarse = {c: step for c, step in (rounded or {}).items()
               if c != "by_file" and isinstance(step, (int, float))
               and step >= VOID_ROUNDING_STEP}

@@ -3668,6 +3668,8 @@ class EntropyAlignment:
     #: and on which share of the sampled tokens (:func:`_entropy_is_surprisal`)
     surprisal_column: str | None = None
     surprisal_share: float | None = None
+    #: a shift found in these steps only (:func:`_entropy_shift_in_steps`), else None
+    steps: tuple[int, ...] | None = None
 
     @property
     def shifted(self) -> bool:
@@ -3686,6 +3688,7 @@ class EntropyAlignment:
             "gap_halves": None if self.gap_halves is None else [_r(g) for g in self.gap_halves],
             "files": self.files, "input_files": self.input_files,
             "tokens": self.tokens, "sequences": self.sequences,
+            "steps": None if self.steps is None else list(self.steps),
             "surprisal_column": self.surprisal_column,
             "surprisal_share": None if self.surprisal_share is None
             else _r(self.surprisal_share),
@@ -3735,7 +3738,44 @@ def _entropy_is_surprisal(sample: pl.DataFrame) -> EntropyAlignment | None:
         surprisal_column=c, surprisal_share=share)
 
 
-def entropy_alignment(sample: pl.DataFrame, files: Sequence[str] = ()) -> EntropyAlignment:
+#: entropy alignment: with no shift found pooled or per file, the sampled steps are cut into
+#: at most this many contiguous blocks, each tested on its own (a dump slip from some step
+#: on, e.g. after a resume with other code); the blocks shifted alike are then tested together
+ENTROPY_ALIGN_STEP_BLOCKS = 8
+
+
+def _entropy_shift_in_steps(sample: pl.DataFrame) -> EntropyAlignment | None:
+    """:func:`entropy_alignment` per block of consecutive steps (ENTROPY_ALIGN_STEP_BLOCKS
+    at most, on at most ENTROPY_ALIGN_MAX_TOKENS tokens of whole sequences in all): when
+    some blocks read shifted, the same lag for most of them, those blocks are tested
+    together, and the result, shifted at that lag, is returned with their ``steps``; None
+    otherwise (one step, no step column, or no block shifted)."""
+    if "step" not in sample.columns:
+        return None
+    if sample.height > ENTROPY_ALIGN_MAX_TOKENS:  # (the pooled test's sequences)
+        keep = max(1, int(1000 * ENTROPY_ALIGN_MAX_TOKENS / sample.height))
+        sample = sample.filter((pl.col("seq_key") // 1000) % 1000 < keep)
+    steps = np.sort(sample.get_column("step").drop_nulls().unique().to_numpy())
+    if steps.size < 2:
+        return None
+    blocks = [b.tolist() for b in np.array_split(steps, min(ENTROPY_ALIGN_STEP_BLOCKS,
+                                                             steps.size))]
+    hit = [(b, r.best_lag) for b in blocks
+           if (r := entropy_alignment(sample.filter(pl.col("step").is_in(b)), (),
+                                      _by_steps=False)).shifted]
+    if not hit:
+        return None
+    lags = [L for _, L in hit]
+    lag = max(set(lags), key=lambda L: (lags.count(L), -abs(L or 0)))
+    shifted = sorted(int(s) for b, L in hit if L == lag for s in b)
+    r = entropy_alignment(sample.filter(pl.col("step").is_in(shifted)), (), _by_steps=False)
+    if not r.shifted or r.best_lag != lag:
+        return None
+    return dataclasses.replace(r, steps=tuple(shifted))
+
+
+def entropy_alignment(sample: pl.DataFrame, files: Sequence[str] = (),
+                      _by_steps: bool = True) -> EntropyAlignment:
     """Is the entropy column shifted by 1 to 3 tokens against the logprob columns?
 
     ``sample``: rows of whole sequences (the shift test's sample, :class:`_LagSample`, with
@@ -3900,6 +3940,11 @@ def entropy_alignment(sample: pl.DataFrame, files: Sequence[str] = ()) -> Entrop
                 rf, gf, pf, lag, hf,
                 files={files[f]: b for f, b in sorted(found.items()) if f < len(files)},
                 **common)
+    in_steps = _entropy_shift_in_steps(sample) if _by_steps else None
+    if in_steps is not None:  # some steps only (the numbers, tokens and sequences of those)
+        return dataclasses.replace(
+            in_steps, reason=f"in {len(in_steps.steps or ()):,} of the sampled steps, "
+            + in_steps.reason, input_files=common["input_files"])
     near = max((L for L in lags if pairs[L] >= ENTROPY_ALIGN_MIN_PAIRS),
                key=lambda L: (gap[L], -abs(L)))
     return EntropyAlignment(

@@ -2724,6 +2724,33 @@ def test_entropy_shift_by_two_in_one_input_file_is_named(synth_file, tmp_path):
         tmp_path / "r.html").read_text()
 
 
+def test_an_entropy_shift_in_some_steps_only_is_named_with_them(tmp_path):
+    """The entropy column shifted by one token from step 12 on in one file (a dump slip
+    after a resume), the logprobs untouched: the pooled and per-file tests read no shift,
+    the step blocks do; the warning names the steps, the verdict is not assessable, JSON
+    entropy_alignment.steps lists them (the drift check had blamed a mismatch jump at
+    step 12 on the engine)."""
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    key = ["step", "seq_id"]
+    p = tmp_path / "late.parquet"
+    pl.read_parquet(src).sort(*key, "position").with_columns(
+        pl.when(pl.col("step") >= 12).then(pl.col("entropy").shift(1).over(key))
+        .otherwise(pl.col("entropy")).alias("entropy")).drop_nulls("entropy").write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    fd = json.loads(js.read_text())
+    ea = fd["entropy_alignment"]
+    assert ea["status"] == "shifted" and ea["best_lag"] == 1
+    assert ea["steps"] == [12, 13, 14, 15], ea
+    err = " ".join(r.stderr.split())
+    assert ("the entropy column looks shifted by 1 token against the logprobs in steps "
+            "12-15") in err, err
+    assert fd["verdict"]["text"].startswith("not assessable (the entropy column looks shifted "
+                                            "by 1 token against the logprobs in some steps")
+
+
 def test_an_entropy_column_holding_the_surprisal_is_named(synth_file, tmp_path):
     """An entropy column that holds -infer_logprob (the sampled token's surprisal, a
     mapping or dump slip) read as 'law holds': a warning, the caveat, a verdict led by
