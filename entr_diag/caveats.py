@@ -566,8 +566,8 @@ def identical_logprobs_warning(ident: Mapping[str, Any] | None, n_files: int,
 
 def identical_logprobs_caveat(acc: Any, n_files: int,
                               mapping: Mapping[str, str] | None = None) -> str | None:
-    """A one-line caveat when train_logprob equals infer_logprob exactly on (nearly) every
-    valid token of some input files or steps (``acc``: the token accounting, its
+    """A one-line caveat when train_logprob equals infer_logprob exactly on 20% or more of
+    the valid tokens of some input files or steps (``acc``: the token accounting, its
     ``identical_logprobs``; ``n_files`` input files; ``mapping`` names the source
     columns), naming them; None otherwise."""
     ident = getattr(acc, "identical_logprobs", None)

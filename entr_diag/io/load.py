@@ -916,7 +916,8 @@ class Accounting:
     #: MINUS_ONE_CONTROLS): :func:`_minus_one_padding`
     minus_one: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     #: the input files and steps where train_logprob equals infer_logprob exactly on
-    #: (nearly) every valid token while the rest of the input has real mismatch
+    #: IDENTICAL_SHARE (20%) of their valid tokens or more while the rest of the input has
+    #: real mismatch
     #: (:func:`_identical_logprobs`); None when none
     identical_logprobs: Mapping[str, Any] | None = None
 
