@@ -2790,6 +2790,8 @@ def _minus_one_padding(counts: Mapping[str, tuple[int, int]]) -> dict[str, tuple
 #: 0.49% of a step at most (both sides 0.0 at p ~ 1, or one rounding); a trainer column
 #: copied from the rollout's on half the rows of some steps must be named too
 IDENTICAL_SHARE: float = 0.2
+#: ... and this many times the median file's or step's share (:func:`_identical_logprobs`)
+IDENTICAL_OVER_BASE: float = 3.0
 #: ... when it holds this many valid tokens or more
 IDENTICAL_MIN_TOKENS: int = 50
 #: ... and when the rest of the input has real mismatch: delta == 0 on less than this share
@@ -2801,7 +2803,8 @@ IDENTICAL_REST_SHARE: float = 0.5
 def _identical_logprobs(per: pl.DataFrame, infos: Sequence[FileInfo], *, valid_total: int
                         ) -> dict[str, Any] | None:
     """The input files, then the steps (of the other files), on which train_logprob equals
-    infer_logprob exactly (delta == 0) on IDENTICAL_SHARE of the valid tokens or more while
+    infer_logprob exactly (delta == 0) on IDENTICAL_SHARE of the valid tokens or more, and
+    IDENTICAL_OVER_BASE times the median file's or step's share, while
     the rest of the input has real mismatch (delta == 0 on less than IDENTICAL_REST_SHARE
     of its valid tokens): the trainer's column copied from the rollout's there (old
     logprobs not recomputed on a rank or for some steps, the same column dumped twice).
@@ -2814,13 +2817,20 @@ def _identical_logprobs(per: pl.DataFrame, infos: Sequence[FileInfo], *, valid_t
     (tokens: valid tokens), or None when no file or step qualifies."""
     if "_same" not in per.columns or not int(per["_same"].sum()):
         return None
-    big = (pl.col("_same") >= IDENTICAL_SHARE * pl.col("_valid")) & (
-        pl.col("_valid") >= IDENTICAL_MIN_TOKENS)
+    def big(groups: pl.DataFrame) -> pl.Expr:
+        """IDENTICAL_SHARE of a group's valid tokens, and IDENTICAL_OVER_BASE times the
+        median group's share (logprobs dumped in bf16 on both sides are equal on 17% of
+        the tokens throughout: a step's binomial scatter above it is no copy)."""
+        shares = (groups["_same"] / groups["_valid"]).filter(groups["_valid"] > 0)
+        base = float(shares.median() or 0.0) if shares.len() else 0.0
+        return (pl.col("_same") >= max(IDENTICAL_SHARE, IDENTICAL_OVER_BASE * base)
+                * pl.col("_valid")) & (pl.col("_valid") >= IDENTICAL_MIN_TOKENS)
+
     files: list[dict[str, Any]] = []
     rest = per
     if len(infos) > 1 and "_file_lo" in per.columns:
-        by_file = (per.group_by("_file_lo").agg(pl.col("_valid", "_same").sum())
-                   .filter(big).sort("_file_lo"))
+        by_file = per.group_by("_file_lo").agg(pl.col("_valid", "_same").sum())
+        by_file = by_file.filter(big(by_file)).sort("_file_lo")
         idx = [int(f) for f in by_file["_file_lo"].to_list()
                if f is not None and 0 <= int(f) < len(infos)]
         files = [{"file": str(infos[f].path), "tokens": int(v), "identical": int(n)}
@@ -2829,8 +2839,9 @@ def _identical_logprobs(per: pl.DataFrame, infos: Sequence[FileInfo], *, valid_t
         rest = per.filter(~pl.col("_file_lo").is_in(idx))
     steps: list[dict[str, Any]] = []
     if "_step" in per.columns:
-        by_step = (rest.drop_nulls("_step").group_by("_step")
-                   .agg(pl.col("_valid", "_same").sum()).filter(big).sort("_step"))
+        by_step = rest.drop_nulls("_step").group_by("_step").agg(
+            pl.col("_valid", "_same").sum())
+        by_step = by_step.filter(big(by_step)).sort("_step")
         steps = [{"step": int(st), "tokens": int(v), "identical": int(n)}
                  for st, v, n in by_step.select("_step", "_valid", "_same").iter_rows()]
         rest = rest.filter(~pl.col("_step").is_in([d["step"] for d in steps])
