@@ -1099,6 +1099,25 @@ def test_minus_one_padding_inside_the_loss_mask_is_excluded(tmp_path):
     assert load_dataset([p]).accounting.minus_one["infer_logprob"][0] == 0
 
 
+def test_both_logprobs_zero_at_some_rows_are_excluded_with_a_warning(tmp_path):
+    """Both logprobs exactly 0.0 on 10% of the rows (above 1e-3 nats): excluded as
+    zero_placeholder with a warning saying what they may be (zero-filled on both sides,
+    or top-p nuclei truncated on both sides; they read as a unit mistake before)."""
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "run.parquet"
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=5))
+    df = pl.read_parquet(p)
+    hit = pl.Series(np.random.default_rng(0).random(df.height) < 0.1)
+    z = df.with_columns(pl.when(hit).then(0.0).otherwise(pl.col(c)).alias(c)
+                        for c in ("train_logprob", "infer_logprob"))
+    n = z.filter(hit & pl.col("loss_mask") & (pl.col("entropy") >= 1e-3)).height
+    ds = load_dataset([_write(tmp_path, z, "z.parquet")])
+    assert ds.accounting.excluded.get("zero_placeholder") == n
+    assert ds.notes[0].startswith(f"warning: {n:,} loss-masked tokens have both logprobs "
+                                  "exactly 0.0 at an entropy of 0.001 nats or more")
+
+
 def test_random_engine_zero_placeholders_are_not_read_as_nuclei(tmp_path):
     """Engine logprobs set to 0.0 at 2% of random rows (placeholders): a sequence none of
     whose few zeros has by chance a trainer logprob below ln 0.5 read as holding one-token

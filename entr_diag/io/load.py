@@ -1523,9 +1523,10 @@ def load_dataset(
         return dataclasses.replace(ds, notes=(note, *ds.notes), bundled=bundled,
                                    accounting=dataclasses.replace(
                                        ds.accounting, minus_one=accounting.minus_one))
+    notes_extra: tuple[str, ...] = ()  # (the both-sides-0.0 warning)
     if (_nucleus_zeros is False
             and accounting.excluded.get("zero_placeholder", 0) >= S.NUCLEUS_MIN_TOKENS):
-        nucleus, zero_cols, masked_rows = _nucleus_zeros_seen(raw_chunks)
+        nucleus, zero_cols, masked_rows, both_zero = _nucleus_zeros_seen(raw_chunks)
         if zero_cols:  # a logprob side never computed: nothing to measure
             from entr_diag.caveats import column_named
 
@@ -1545,6 +1546,14 @@ def load_dataset(
                 "tokens' logprobs from both sides, or map the right column"
                 + ("s with " + " ".join(f"--column {c}=NAME" for c in zero_cols) if both
                    else f" with --column {zero_cols[0]}=NAME") + ".")
+        if both_zero >= S.NUCLEUS_MIN_TOKENS and not zero_cols:  # say what they may be
+            notes_extra = (
+                f"warning: {both_zero:,} loss-masked tokens have both logprobs exactly 0.0 at "
+                f"an entropy of {S.ZERO_BOTH_H_MIN:g} nats or more, excluded as "
+                "zero_placeholder: rows zero-filled on both sides, or one-token nuclei of "
+                "top-p / top-k sampling applied on both sides (the trainer renormalised over "
+                "the engine's nucleus, which lie at low entropy: the low-entropy bins are "
+                "then thinned); either way their delta of 0 measures no mismatch",)
         if nucleus is not None:  # one-token nuclei, not placeholders: read again, kept
             kept, other, keys = nucleus
             ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
@@ -1563,7 +1572,7 @@ def load_dataset(
                        "placeholders (a zero whose trainer logprob is below ln 0.5, or every "
                        "token zero: an engine side not computed, zero-filled prompt rows) "
                        "stay excluded as zero_placeholder" if other else ""))
-            return dataclasses.replace(ds, notes=(note, *ds.notes), bundled=bundled,
+            return dataclasses.replace(ds, notes=(note, *notes_extra, *ds.notes), bundled=bundled,
                                        nucleus_zeros=kept)
     from entr_diag.caveats import hinted_reason
 
@@ -1597,7 +1606,7 @@ def load_dataset(
                 + (f"; using the trainer-side entropy ('{instead}')" if instead else ""))
         return dataclasses.replace(ds, notes=(note, *ds.notes), bundled=bundled)
     return Dataset(
-        lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=tuple(notes),
+        lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=(*notes_extra, *notes),
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
         seq_id_dtype=sid_dtype, entropy_fine_counts=fine[0], step_range=fine[1],
         skipped_unreadable=tuple(unreadable),
@@ -3045,7 +3054,8 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
 
 
 def _nucleus_zeros_seen(chunks: Sequence[Chunk]
-                        ) -> tuple[tuple[int, int, pl.Series] | None, tuple[str, ...], int]:
+                        ) -> tuple[tuple[int, int, pl.Series] | None, tuple[str, ...], int,
+                                   int]:
     """Whether the rows excluded as ``zero_placeholder`` for an engine logprob of exactly
     0.0 are one-token nuclei of truncated sampling (top-p / top-k renormalise a nucleus of
     one token to probability 1: the token then holds at least top-p of the probability,
@@ -3060,7 +3070,7 @@ def _nucleus_zeros_seen(chunks: Sequence[Chunk]
     exactly 0.0 on every loss-masked row (an engine or trainer side never computed: no
     nucleus is read then) and the number of those rows. One more read of three columns of
     the input (the raw ``chunks``), only when the accounting excluded NUCLEUS_MIN_TOKENS
-    zero placeholders or more."""
+    zero placeholders or more. Last, the zero placeholders with both sides 0.0."""
     rsn, il, tl = pl.col("reason"), pl.col("infer_logprob"), pl.col("train_logprob")
     masked = ~rsn.is_in(["unmasked", "padding", "empty_row"]).fill_null(False)
     # (both sides 0.0 is no nucleus: the trainer did not renormalise; they stay excluded)
@@ -3069,28 +3079,31 @@ def _nucleus_zeros_seen(chunks: Sequence[Chunk]
         pl.len().alias("m"), (il == 0.0).fill_null(False).sum().alias("z0"),
         (tl == 0.0).fill_null(False).sum().alias("t0"),
         zero.sum().alias("z"), (zero & (tl < S.NUCLEUS_TRAIN_MIN)).fill_null(False).sum()
-        .alias("zb")) for c in chunks]
+        .alias("zb"), ((rsn == "zero_placeholder") & (il == 0.0) & (tl == 0.0))
+        .fill_null(False).sum().alias("zz")) for c in chunks]
     parts = []
     for i in range(0, len(q), _MAX_FILES_PER_CHUNK):
         parts += pl.collect_all(q[i:i + _MAX_FILES_PER_CHUNK], engine="streaming")
-    per = pl.concat(parts).group_by("seq_key").agg(pl.col("m", "z0", "t0", "z", "zb").sum())
+    per = pl.concat(parts).group_by("seq_key").agg(pl.col("m", "z0", "t0", "z", "zb", "zz")
+                                                   .sum())
     rows = int(per["m"].sum())
+    both = int(per["zz"].sum())  # excluded with both sides 0.0
     zero_cols = tuple(c for c, z in (("infer_logprob", "z0"), ("train_logprob", "t0"))
                       if rows and int(per[z].sum()) == rows)
     if zero_cols:  # a side never computed: every sequence reads as placeholders
-        return None, zero_cols, rows
+        return None, zero_cols, rows, both
     per = per.filter(pl.col("z") > 0)
     # the zeros of sequences that hold other engine logprobs: when a share of them has a
     # trainer logprob below ln 0.5, they are placeholders at random rows, not nuclei
     part = per.filter(pl.col("z0") < pl.col("m"))
     if int(part["zb"].sum()) >= S.NUCLEUS_MAX_LOW_SHARE * max(int(part["z"].sum()), 1):
-        return None, (), rows
+        return None, (), rows, both
     ph = (pl.col("zb") > 0) | (pl.col("z0") >= pl.col("m"))
     kept = int(per.filter(~ph)["z"].sum())
     if kept < S.NUCLEUS_MIN_TOKENS:
-        return None, (), rows
+        return None, (), rows, both
     placeholders = per.filter(ph)
-    return (kept, int(placeholders["z"].sum()), placeholders["seq_key"]), (), rows
+    return (kept, int(placeholders["z"].sum()), placeholders["seq_key"]), (), rows, both
 
 
 def _pair(lo, hi) -> tuple[int, int] | None:
