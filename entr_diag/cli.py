@@ -900,7 +900,7 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             + (f"; {acc.tokens_entropy_below_zero:,} valid token(s) have an entropy just "
                f"below 0 (down to -{ENTROPY_NEG_TOL:g} nats: floating-point rounding of a "
                "near-certain distribution), read as 0"
-               if getattr(acc, "tokens_entropy_below_zero", 0) else "")
+               if acc.tokens_entropy_below_zero else "")
         )
     from entr_diag.caveats import exclusion_caveat
 
@@ -1095,8 +1095,9 @@ def _void_verdict(notes, rounded, entropy_alignment=None) -> str | None:
     """Why the law's verdict cannot be read at all, else None: a logprob or entropy column
     stored as integers (:func:`~entr_diag.caveats.integer_columns`), logprobs stored
     rounded (pooled over the input) to VOID_ROUNDING_STEP nats or coarser, or an entropy
-    column shifted against the logprobs (``entropy_alignment``:
-    :meth:`~entr_diag.forensics.EntropyAlignment.to_dict`, status ``shifted``). Their caveats
+    column shifted against the logprobs or holding the surprisal (``entropy_alignment``:
+    :meth:`~entr_diag.forensics.EntropyAlignment.to_dict`, status ``shifted`` or
+    ``surprisal``). Their caveats
     say so; the verdict's text then leads with it (a verdict "law holds" followed by a
     caveat that it is meaningless read as a pass)."""
     from entr_diag.caveats import integer_columns

@@ -3744,6 +3744,15 @@ def _entropy_is_surprisal(sample: pl.DataFrame) -> EntropyAlignment | None:
 ENTROPY_ALIGN_STEP_BLOCKS = 8
 
 
+def _at_most_entropy_tokens(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` cut to about ENTROPY_ALIGN_MAX_TOKENS rows of whole sequences, by a hash of
+    seq_key other than the sampling's; as it is when no larger."""
+    if df.height <= ENTROPY_ALIGN_MAX_TOKENS:
+        return df
+    keep = max(1, int(1000 * ENTROPY_ALIGN_MAX_TOKENS / df.height))
+    return df.filter((pl.col("seq_key") // 1000) % 1000 < keep)
+
+
 def _entropy_shift_in_steps(sample: pl.DataFrame) -> EntropyAlignment | None:
     """:func:`entropy_alignment` per block of consecutive steps (ENTROPY_ALIGN_STEP_BLOCKS
     at most, on at most ENTROPY_ALIGN_MAX_TOKENS tokens of whole sequences in all): when
@@ -3752,9 +3761,7 @@ def _entropy_shift_in_steps(sample: pl.DataFrame) -> EntropyAlignment | None:
     otherwise (one step, no step column, or no block shifted)."""
     if "step" not in sample.columns:
         return None
-    if sample.height > ENTROPY_ALIGN_MAX_TOKENS:  # (the pooled test's sequences)
-        keep = max(1, int(1000 * ENTROPY_ALIGN_MAX_TOKENS / sample.height))
-        sample = sample.filter((pl.col("seq_key") // 1000) % 1000 < keep)
+    sample = _at_most_entropy_tokens(sample)  # (the pooled test's sequences)
     steps = np.sort(sample.get_column("step").drop_nulls().unique().to_numpy())
     if steps.size < 2:
         return None
@@ -3815,10 +3822,7 @@ def entropy_alignment(sample: pl.DataFrame, files: Sequence[str] = (),
     cols = [*need, *([FILE_INDEX] if by_file else [])]
     d = sample.select(cols).filter(il.is_finite() & (il > IMPLAUSIBLE_LOGPROB)
                                    & H.is_finite() & (H >= 0))
-    if d.height > ENTROPY_ALIGN_MAX_TOKENS:  # whole sequences, by hash (not the sampling's)
-        keep = max(1, int(1000 * ENTROPY_ALIGN_MAX_TOKENS / d.height))
-        d = d.filter((pl.col("seq_key") // 1000) % 1000 < keep)
-    d = _by_sequence_order(d).collect()
+    d = _by_sequence_order(_at_most_entropy_tokens(d)).collect()
     n = d.height
     lags = [L for a in ENTROPY_ALIGN_LAGS for L in (-a, a)]
     if n < 3:

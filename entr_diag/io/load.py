@@ -1505,14 +1505,20 @@ def load_dataset(
     register_chunks(raw, raw_chunks)
     register_chunks(lf, chunks)
     accounting, fine = _account(raw, mapping, infos, _nucleus_zeros, _minus_one)
+
+    def read_again(**how: Any) -> Dataset:
+        """The input read once more with the same options and what the accounting found
+        (``how``: the private options that change, e.g. ``_minus_one``)."""
+        private = {"_unusable_entropy": _unusable_entropy, "_nucleus_zeros": _nucleus_zeros,
+                   "_minus_one": _minus_one, **how}
+        return load_dataset(paths, columns=columns, framework=framework, layout=layout,
+                            entropy=entropy, skip_unreadable=skip_unreadable, **private)
+
     pads = _minus_one_padding(accounting.minus_one) if not _minus_one else {}
     if pads:  # -1.0 padding inside the loss mask: read again, excluded as sentinel_logprob
         from entr_diag.caveats import column_named
 
-        ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
-                          entropy=entropy, skip_unreadable=skip_unreadable,
-                          _unusable_entropy=_unusable_entropy,
-                          _nucleus_zeros=_nucleus_zeros, _minus_one=tuple(pads))
+        ds = read_again(_minus_one=tuple(pads))
         note = ("warning: " + "; ".join(
             f"{n:,} loss-masked tokens have {column_named(c, mapping)} exactly -1.0 "
             f"({ctrl:,} at -0.5, -0.9, -1.1 and -2.0 together)" for c, (n, ctrl) in pads.items())
@@ -1556,11 +1562,7 @@ def load_dataset(
                 "then thinned); either way their delta of 0 measures no mismatch",)
         if nucleus is not None:  # one-token nuclei, not placeholders: read again, kept
             kept, other, keys = nucleus
-            ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
-                              entropy=entropy, skip_unreadable=skip_unreadable,
-                              _unusable_entropy=_unusable_entropy,
-                              _nucleus_zeros=keys if keys.len() else True,
-                              _minus_one=_minus_one)
+            ds = read_again(_nucleus_zeros=keys if keys.len() else True)
             note = (f"{kept:,} loss-masked tokens have an engine logprob of exactly 0.0 where "
                     f"the trainer's is below {S.ZERO_PLACEHOLDER_OTHER_MAX:g} nats but above "
                     f"ln 0.5 = {S.NUCLEUS_TRAIN_MIN:.3f}, in sequences whose zeros all are and "
@@ -1593,10 +1595,7 @@ def load_dataset(
         # an entropy column without a usable value (e.g. NaN-filled by an engine that does
         # not compute it) excluded every token: as if absent (the gates that need no
         # entropy can still be compared), or the trainer-side one instead
-        ds = load_dataset(paths, columns=columns, framework=framework, layout=layout,
-                          entropy=entropy, skip_unreadable=skip_unreadable,
-                          _unusable_entropy=(*_unusable_entropy, src),
-                          _nucleus_zeros=_nucleus_zeros, _minus_one=_minus_one)
+        ds = read_again(_unusable_entropy=(*_unusable_entropy, src))
         instead = ds.mapping.get("entropy")
         kinds = ((accounting.excluded_where or {}).get("invalid_entropy") or {}).get("kinds")
         what = (", ".join(f"{n:,} {k}" for k, n in kinds.items()) if kinds
