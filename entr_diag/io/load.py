@@ -174,7 +174,7 @@ def resolve_paths(paths: Sequence[str | Path], *, skipped: list[Path] | None = N
                 "save it to a file first (e.g. `cat > run.parquet`) and pass that file.")
         elif any(ch in text for ch in "*?["):
             matched = sorted((Path(m) for m in glob.glob(text, recursive=True)), key=_natural)
-            found = [m for m in matched if m.is_file()]
+            found = [m for m in matched if m.is_file() or _parquet_link_to_nothing(m)]
             # folders the pattern matches are searched like a folder named on its own
             # ('runs/step*' quoted, as the shell would have passed them)
             hidden, other_here, in_dirs = [], [], []
@@ -248,7 +248,7 @@ def _walk(p: Path) -> tuple[list[Path], list[Path], list[Path]]:
             is_file = q.is_file()
         except OSError:  # e.g. a link into a folder this user may not enter
             is_file = False
-        if not is_file and not (q.is_symlink() and _looks_parquet(q.with_name("x" + q.name))):
+        if not is_file and not _parquet_link_to_nothing(q):
             continue  # (a Parquet-named link to nothing is listed: read, refused or skipped)
         veiled = any(part.startswith((".", "_")) for part in q.relative_to(p).parts)
         if _looks_parquet(q.with_name("x" + q.name)):  # a Parquet name
@@ -256,6 +256,14 @@ def _walk(p: Path) -> tuple[list[Path], list[Path], list[Path]]:
         elif not veiled and _data_suffix(q):
             other.append(q)
     return found, hidden, other
+
+
+def _parquet_link_to_nothing(q: Path) -> bool:
+    """Whether ``q`` is a symbolic link with a Parquet name that leads to no file (a loop,
+    a missing target): a folder search or a glob lists it, so that reading it refuses it
+    (or ``--skip-unreadable`` leaves it out with a warning) rather than skip it unsaid."""
+    return (q.is_symlink() and not os.path.exists(q)
+            and _looks_parquet(q.with_name("x" + q.name)))
 
 
 def _none_found(hidden: Sequence[Path], other: Sequence[Path]) -> str:
