@@ -59,7 +59,8 @@ def influence_caveat(fit: Mapping) -> str | None:
     return (
         f"caveat: the verdict rests on a few tokens: {n} of the {inf['blocks_nonempty']} "
         f"sequence blocks ({inf['token_share']:.2%} of the tokens) each carry a tenth or more "
-        f"of sum delta^2 in {len(ranges)} entropy bin(s) (H {shown} nats), ten times their "
+        f"of sum delta^2 in {len(ranges)} entropy bin(s) (H "
+        f"{entropy_text(shown, '', fit.get('units'))}), ten times their "
         f"share of its tokens or more ({inf['delta2_share']:.1%} of the run's sum delta^2 in "
         "all): a few extreme log-ratios set those bins; fitted without "
         f"{'it' if n == 1 else 'them'}: {inf['verdict']}. Look for the extreme tokens in "
@@ -119,6 +120,7 @@ def curvature_caveat(fit: Mapping) -> str | None:
     ci = (f" [{lo:.2f}, {hi:.2f}]" if isinstance(lo, float) and isinstance(hi, float)
           else "")
     (a0, a1), (b0, b1) = c["low_range"], c["high_range"]
+    units = fit.get("units")  # (an entropy column read as bits: the ranges in its unit)
     if c["change"] > 0:
         how = "mean delta^2 steepens as the entropy grows"
     elif c["slope_high"] < -BEND_FALLS:
@@ -127,8 +129,9 @@ def curvature_caveat(fit: Mapping) -> str | None:
         how = "mean delta^2 levels off as the entropy grows"
     return (
         f"caveat: the law's bins bend in log-log space: slope {c['slope_low']:.2f} over H "
-        f"{a0:.3g}-{a1:.3g} nats (the lowest third of the bins), {c['slope_high']:.2f} over "
-        f"{b0:.3g}-{b1:.3g} nats (the highest; change {c['change']:.2f}{ci}): {how}, which "
+        f"{entropy_text(f'{a0:.3g}-{a1:.3g}', '', units)} (the lowest third of the bins), "
+        f"{c['slope_high']:.2f} over {entropy_text(f'{b0:.3g}-{b1:.3g}', '', units)} (the "
+        f"highest; change {c['change']:.2f}{ci}): {how}, which "
         "no power law does (a bend over the range, or a step where a few tokens with a large "
         f"delta set some bins' means). alpha = {power.get('alpha', float('nan')):.2f} "
         "averages the slope over the fitted range, so alpha, R^2 and the law's reading move "

@@ -81,7 +81,7 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
@@ -423,6 +423,8 @@ class BreakpointSearch:
     support: float  # share of bootstrap replicates whose BIC favours a break
     found: bool
     reason: str
+    #: the best split's entropy: the upper edge of the bins below it (nan before a search)
+    split_h: float = _NAN
 
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -1086,10 +1088,7 @@ def _search_break(
             f" <= {BIC_MARGIN:g})"
         )
     elif excess <= 0:
-        reasons.append(
-            f"the bins below the best split (H < {h_hi[s_best - 1]:.3g} nats) lie below the "
-            f"law fitted to the bins above it (x{math.exp(excess):.3g}), not above it (no "
-            "excess)")
+        reasons.append(_no_excess_reason(float(h_hi[s_best - 1]), math.exp(excess)))
     elif math.exp(excess) < MIN_EXCESS:
         reasons.append(
             f"the low-entropy excess is only x{math.exp(excess):.2f} (< x{MIN_EXCESS:g})"
@@ -1129,6 +1128,7 @@ def _search_break(
         support=support,
         found=found,
         reason=reason,
+        split_h=float(h_hi[s_best - 1]),
     )
     if not found:
         return search, None, 0
@@ -1380,6 +1380,21 @@ def _law_status(power: PowerLaw) -> tuple[str, str]:
     else:
         law, head = "holds_approximately", f"law holds approximately: {a_txt} (interval excludes 1)"
     return law, head
+
+
+def _no_excess_reason(split_h: float, excess_ratio: float,
+                      units: Mapping | None = None) -> str:
+    """The breakpoint search's reason when the bins below the best split (entropy
+    ``split_h``, as the column reads) lie below the law fitted above it (``excess_ratio``
+    < 1); with a units check that reads the entropy column as bits (a fit's
+    ``to_dict()["units"]``), the entropy is named in the column's unit and in nats."""
+    from entr_diag.caveats import entropy_text, entropy_unit
+
+    unit = entropy_unit(units)
+    h_txt = entropy_text(f"{split_h:.3g}", "", units,
+                         None if unit is None else f"{split_h * unit[1]:.3g}")
+    return (f"the bins below the best split (H < {h_txt}) lie below the law fitted to the "
+            f"bins above it (x{excess_ratio:.3g}), not above it (no excess)")
 
 
 def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSearch,
@@ -2300,6 +2315,11 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         "source": "arXiv:2607.22186 (ENTR / ESTR)",
     }
     units = _fit_units(per_bin, reg, point, S, fs)
+    if search.reason.startswith("the bins below the best split") and units is not None:
+        # (an entropy column read as bits: the split's entropy in its unit and in nats)
+        search = replace(search, reason=_no_excess_reason(search.split_h,
+                                                          search.excess_ratio,
+                                                          units.to_dict()))
     verdict = _make_verdict(power, bp, search, regime, units)
     return FitResult(
         parameters=params,

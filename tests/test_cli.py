@@ -795,6 +795,38 @@ def test_entropy_in_bits_is_warned_about_and_reaches_the_verdict(synth_file, tmp
             f"{h * math.log(2):.4g} nats)") in " ".join(r.stdout.split())
 
 
+def test_entropy_in_bits_names_its_unit_where_no_break_and_a_bend_are_read(tmp_path):
+    """The bundled run with its entropy in bits has no low-entropy break (the bins below
+    the best split lie below the law) and bins that bend: the verdict's and the
+    Breakpoint line's split entropy and the bend caveat's ranges are named in the column's
+    unit (probably bits), not labelled nats; the same run in nats says nats."""
+    import math
+
+    LONG = str(Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data"
+               / "sample_run_long.parquet")
+    p = tmp_path / "bits.parquet"
+    pl.read_parquet(LONG).with_columns(pl.col("entropy") / math.log(2)).write_parquet(p)
+    for path, bits in ((LONG, False), (p, True)):
+        js = tmp_path / "f.json"
+        r = runner.invoke(app, ["fit", str(path), "--n-boot", "100", "-q", "--json", str(js)])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(js.read_text())
+        search = doc["regime"]["breakpoint_search"]
+        assert doc["breakpoint"] is None and search["reason"].startswith(
+            "the bins below the best split (H < ")
+        h = search["split_h"]
+        said = (f"(H < {h:.3g} in the entropy column's unit (probably bits; "
+                f"{h * math.log(2):.3g} nats))" if bits else f"(H < {h:.3g} nats)")
+        assert said in search["reason"] and said in doc["verdict"]["text"]
+        out = " ".join(r.stdout.split())
+        assert f"Breakpoint: none (the bins below the best split {said}" in out
+        lo, hi = doc["laws"]["power"]["curvature"]["low_range"]
+        bend = [c for c in doc["verdict"]["caveats"] if "bend in log-log" in c]
+        unit = "in the entropy column's unit (probably bits)" if bits else "nats"
+        assert len(bend) == 1 and f"over H {lo:.3g}-{hi:.3g} {unit} (the lowest" in bend[0]
+        assert ("nats (the lowest" in bend[0]) is not bits
+
+
 def test_versions_counted_in_thousands_keep_their_staleness_buckets(synth_file, tmp_path):
     """policy_version and train_version counted in 1000s: fit's staleness strata and
     compare's keep rate by staleness count lags of 1000 versions (labels in versions, the
