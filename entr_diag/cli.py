@@ -1885,7 +1885,7 @@ def _gate_plan(ds, entr, panel, sweeps):
         ds.lf, entr=entr, panel=panel,
         sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
         sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
-        staleness_unit=_staleness_unit(ds),
+        staleness_unit=_staleness_unit(ds), no_entropy=ds.entropy_unused,
     )
 
 

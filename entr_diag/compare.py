@@ -1603,8 +1603,14 @@ class ComparePlan:
         sweep_c: np.ndarray | Sequence[float] | None = None,
         no_fit: str | None = None,
         staleness_unit: int = 1,
+        no_entropy: str | None = None,
     ) -> None:
         entr = entr if entr is not None else EntrGate()
+        if no_entropy is not None and not isinstance(no_entropy, str):
+            raise TypeError("compare_gates: expected no_entropy as a str (why the frame has "
+                            f"no entropy column) or None, got {given(no_entropy)}.")
+        #: why the frame has no entropy column, in the caller's words (None: it has none)
+        self.no_entropy = no_entropy or "the token frame has no entropy column"
         if (isinstance(staleness_unit, bool) or not isinstance(staleness_unit, numbers.Integral)
                 or staleness_unit < 1):
             raise ParameterError("compare_gates: staleness_unit must be an integer >= 1, got "
@@ -1654,7 +1660,7 @@ class ComparePlan:
                 )
             self.unavailable = (UnavailableGate(
                 name=entr.name, spec=entr.spec(), label=entr.label,
-                reason="the token frame has no entropy column, and ENTR's score "
+                reason=f"{self.no_entropy}, and ENTR's score "
                 "delta^2/(H+eps) needs the entropy H (so do the matched band, the agreement "
                 "with ENTR, the tau sweep and the keep rate by entropy bin)",
             ),)
@@ -1753,7 +1759,7 @@ class ComparePlan:
                 "no entropy breakpoint H* (the fit found no low-entropy noise regime, or none "
                 "was given): there is no noise to admit"
                 if self.has_entropy else
-                "no entropy column: no low-entropy noise regime can be located"
+                f"{self.no_entropy}: no low-entropy noise regime can be located"
             )
             law_region = pl.lit(True)
         else:
@@ -1766,7 +1772,7 @@ class ComparePlan:
                 if self.no_fit and self.has_entropy else
                 "no fitted law (law_k not given): the law's scale is undefined"
                 if self.has_entropy else
-                "no entropy column: no law of the entropy can be fitted"
+                f"{self.no_entropy}: no law of the entropy can be fitted"
             )
         else:
             is_law = law_region & (d2 <= CHI2_1_99 * law_k * H.pow(law_alpha))
@@ -2270,6 +2276,7 @@ def compare_gates(
     sweep_c: np.ndarray | Sequence[float] | None = None,
     no_fit: str | None = None,
     staleness_unit: int = 1,
+    no_entropy: str | None = None,
 ) -> CompareResult:
     """Simulate ENTR and a panel of gates on a token frame and compare what they keep.
 
@@ -2296,6 +2303,10 @@ def compare_gates(
     staleness_unit : the staleness buckets count lags of this many versions (an integer >=
         1; :func:`~entr_diag.aggregate.staleness_unit` of the staleness values, e.g. 1000
         for versions counted in 1000s); their labels stay in versions (``"2000-3000"``).
+    no_entropy : why the frame has no entropy column (a phrase, e.g. "the entropy column
+        ('entropy') holds no valid value for any loss-masked token", from
+        ``Dataset.entropy_unused``): ENTR's unavailable reason and ``null_reasons`` say it
+        instead of "the token frame has no entropy column"; ignored when it has one.
 
     Returns a :class:`CompareResult`. Raises SchemaError (missing column; a panel gate
     needing the missing entropy), InputError (no token, or null entropy), ParameterError
@@ -2304,7 +2315,7 @@ def compare_gates(
     ``flag_tau`` or ``flag_eps`` not a real number; an entry of ``sweep_tau``, ``sweep_c``,
     ``entropy_edges`` or ``p_edges`` not a real number, e.g. a str or a nested list;
     ``panel`` a str, a mapping, a single gate spec, not a sequence, or holding anything but
-    gate specs; ``entr`` not an EntrGate; ``no_fit`` not a str). Two
+    gate specs; ``entr`` not an EntrGate; ``no_fit`` or ``no_entropy`` not a str). Two
     streaming passes (:class:`ComparePlan`).
     """
     lf = token_frame(lf, "compare_gates")
@@ -2312,6 +2323,7 @@ def compare_gates(
         lf, entr=entr, panel=panel, h_star=h_star, law_k=law_k, law_alpha=law_alpha,
         flag_tau=flag_tau, flag_eps=flag_eps, entropy_edges=entropy_edges, p_edges=p_edges,
         sweep_tau=sweep_tau, sweep_c=sweep_c, no_fit=no_fit, staleness_unit=staleness_unit,
+        no_entropy=no_entropy,
     )
     run_pass(lf, plan.accumulators)
     return plan.finish()

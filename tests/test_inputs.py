@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -904,10 +905,19 @@ def test_compare_runs_without_an_entropy_column_that_holds_no_valid_value(tmp_pa
     p = tmp_path / "nan.parquet"
     pl.read_parquet(src).drop("train_entropy").with_columns(
         pl.lit(float("nan")).alias("entropy")).write_parquet(p)
-    r = CliRunner().invoke(app, ["compare", str(p), "--n-boot", "100"])
+    js = tmp_path / "c.json"
+    r = CliRunner().invoke(app, ["compare", str(p), "--n-boot", "100", "--json", str(js)])
     assert r.exit_code == 0, r.output
     err = " ".join(r.stderr.split())
     assert "warning: entropy ('entropy') holds no valid value" in err
+    # the JSON's reasons name the column and why (they said "no entropy column")
+    why = ("the entropy column ('entropy') holds no valid value for any loss-masked token "
+           "(155,478 null or NaN)")
+    doc = json.loads(js.read_text())["compare"]
+    assert doc["unavailable"][0]["reason"].startswith(why + ", and ENTR's score")
+    assert doc["null_reasons"]["noise_admitted"] == (
+        why + ": no low-entropy noise regime can be located")
+    assert doc["null_reasons"]["exploration_discarded"].startswith(why + ": ")
     assert "Gates on 155,478 tokens" in r.stdout
     assert "the entropy column ('entropy') holds no valid value for any loss-masked token" \
         in " ".join(r.stdout.split())
@@ -933,6 +943,25 @@ def test_fit_names_both_entropy_columns_when_neither_holds_a_valid_value(tmp_pat
     assert r.exit_code == 2
     assert ("the entropy columns ('entropy' and 'train_entropy') hold no valid value for "
             "any loss-masked token (155,478 null or NaN each)") in " ".join(r.stderr.split())
+    js = tmp_path / "c.json"  # compare's reasons name both
+    r = CliRunner().invoke(app, ["compare", str(p), "-q", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(js.read_text())["compare"]["unavailable"][0]["reason"].startswith(
+        "the entropy column ('entropy') holds no valid value for any loss-masked token "
+        "(155,478 null or NaN); the entropy column ('train_entropy') holds no valid value "
+        "for any loss-masked token (155,478 null or NaN), and ENTR's score")
+    # an entropy column of nulls only, and none at all
+    for frame, why in ((pl.read_parquet(src).drop("train_entropy").with_columns(
+            pl.lit(None, dtype=pl.Float32).alias("entropy")),
+            "the entropy column ('entropy') holds only nulls"),
+            (pl.read_parquet(src).drop("train_entropy", "entropy"),
+             "the token frame has no entropy column")):
+        frame.write_parquet(p)
+        r = CliRunner().invoke(app, ["compare", str(p), "-q", "--json", str(js)])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(js.read_text())["compare"]
+        assert doc["unavailable"][0]["reason"].startswith(why + ", and ENTR's score")
+        assert doc["null_reasons"]["noise_admitted"].startswith(why + ": ")
 
 
 def test_a_shard_with_an_empty_schema_says_so(tmp_path):

@@ -1010,6 +1010,10 @@ class Dataset:
     step_range: tuple[int, int] | None = None
     #: input files left out as unreadable (``skip_unreadable``): (path, why)
     skipped_unreadable: tuple[tuple[str, str], ...] = ()
+    #: why an entropy column of the input is not used, as if absent (a phrase: it holds
+    #: only nulls, no valid value for any loss-masked token, or is missing from some
+    #: files); None when the input has none or it is used
+    entropy_unused: str | None = None
     #: loss-masked tokens whose engine logprob of exactly 0.0 (the trainer's below -0.05
     #: nats) was read as a one-token nucleus of top-p / top-k sampling and kept as valid
     #: (:data:`~entr_diag.io.schema.NUCLEUS_TRAIN_MIN`); 0 when the loader read none so
@@ -1277,6 +1281,7 @@ def load_dataset(
                 + f" that other inputs have; this file has: {', '.join(sorted(names))}."
             )  # (a file without any column is refused as such by _read_footer)
     has_names = {f: set(schemas[f].names) | set(_hive_values(f)) for f in file_list}
+    entropy_unused: str | None = None  # (Dataset.entropy_unused)
     for canon in list(mapping):
         src = mapping[canon]
         lacking = [f for f in file_list if src not in has_names[f]]
@@ -1311,6 +1316,9 @@ def load_dataset(
                 f"{canon} ('{src}') is missing from {len(lacking)} of {len(file_list)} files "
                 f"(e.g. {lacking[0]}): not used"
             )
+            if canon == "entropy":
+                entropy_unused = (f"the entropy column ('{src}') is missing from "
+                                  f"{len(lacking)} of {len(file_list)} files")
             del mapping[canon]
     train = mapping.get("train_entropy")
     if train and train != mapping.get("entropy") \
@@ -1332,6 +1340,7 @@ def load_dataset(
     if src and all(_only_nulls(metas[f], src) for f in file_list):
         notes.append(f"entropy ('{src}') holds only nulls in every file: not used (as if "
                      "absent)")
+        entropy_unused = f"the entropy column ('{src}') holds only nulls"
         del mapping["entropy"]
     notes += _float_int_notes(mapping, file_list, schemas)
     for canon in ("train_logprob", "infer_logprob", "entropy"):  # read, but say so
@@ -1611,12 +1620,16 @@ def load_dataset(
         note = (f"warning: entropy ('{src}') holds no valid value for any loss-masked token "
                 f"({what}): not used, as if absent"
                 + (f"; using the trainer-side entropy ('{instead}')" if instead else ""))
-        return dataclasses.replace(ds, notes=(note, *ds.notes), bundled=bundled)
+        return dataclasses.replace(
+            ds, notes=(note, *ds.notes), bundled=bundled,
+            entropy_unused=ds.entropy_unused if instead else "; ".join(
+                (f"the entropy column ('{src}') holds no valid value for any loss-masked "
+                 f"token ({what})", *filter(None, [ds.entropy_unused]))))
     return Dataset(
         lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=(*notes_extra, *notes),
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
         seq_id_dtype=sid_dtype, entropy_fine_counts=fine[0], step_range=fine[1],
-        skipped_unreadable=tuple(unreadable),
+        skipped_unreadable=tuple(unreadable), entropy_unused=entropy_unused,
     )
 
 
