@@ -757,14 +757,31 @@ def _where(ds) -> str:
 
 
 def _require_tokens(ds) -> None:
-    """Stop with the reason when no valid loss-masked token is left to analyse."""
+    """Stop with the reason when no valid loss-masked token is left to analyse, or when
+    more than half of the loss-masked tokens are ``positive_logprob`` (but +1.0
+    placeholders): a logprob column then holds probabilities, negative log-likelihoods or
+    an offset, and the tokens left are the rows whose wrong values happen to lie at or
+    below 1e-4 nats (a biased remainder with the same mistake), not a sample to analyse."""
     from entr_diag.errors import InputError
     from entr_diag.io.schema import EXCLUSION_REASONS
 
     acc = ds.accounting
+    where = _where(ds)
+    n_pos = acc.excluded.get("positive_logprob", 0)
+    ones = int(((acc.excluded_where or {}).get("positive_logprob") or {}).get("ones") or 0)
+    if acc.tokens_valid > 0 and n_pos > acc.tokens_masked / 2 and ones <= n_pos / 2:
+        from entr_diag.caveats import exclusion_lead
+
+        lead = exclusion_lead(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
+                              acc.excluded_where)
+        raise InputError(
+            f"{where}: {lead} The {acc.tokens_valid:,} token(s) left are not analysed: "
+            "they are other files' rows or those whose wrong values happen to lie at or "
+            "below 1e-4 nats, not a sample of the run. Fix the column, or analyse the "
+            "files without the mistake on their own (`entr-diag inspect` lists the "
+            "exclusions and where they are).")
     if acc.tokens_valid > 0:
         return
-    where = _where(ds)
     if acc.tokens_total == 0:  # (nested rows whose per-token lists are all empty)
         rows = sum(f.rows for f in ds.files)
         nested = sum(f.rows for f in ds.files if f.layout == "nested")

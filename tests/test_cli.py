@@ -910,10 +910,10 @@ def test_run_with_no_full_entropy_bin_says_so_in_a_sentence(tmp_path):
 
 def test_law_refused_after_most_tokens_were_excluded_leads_with_the_exclusions(tmp_path):
     """Probabilities stored in the logprob columns: all but a few tokens are excluded as
-    positive_logprob and the law cannot be fitted on the rest. The refusal of fit (and
-    compare's 'No scaling law:' line) leads with the exclusions and their probable cause,
-    not with advice to give more tokens; spread over reasons without a dominant one, the
-    counts are still named."""
+    positive_logprob. fit and compare refuse the few left (the probabilities at most 1e-4),
+    leading with the exclusions and their probable cause, not with advice to give more
+    tokens. Spread over reasons without a dominant one, the tokens left are too few for
+    the law: fit's refusal and compare's 'No scaling law:' line name the counts."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -931,12 +931,9 @@ def test_law_refused_after_most_tokens_were_excluded_leads_with_the_exclusions(t
                           "excluded (positive_logprob 2,960): both train_logprob "
                           "and infer_logprob may hold "
                           "probabilities rather than log-probabilities"), msg
-    assert "The law cannot be fitted on the 40 tokens left: no entropy bin holds" in msg
-    assert "give more tokens" not in msg
-    r = runner.invoke(app, ["compare", str(p), "-q"])
-    assert r.exit_code == 0, r.output
-    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("No scaling law:"))
-    assert "(positive_logprob 2,960): both" in line and "give more" not in line
+    assert "The 40 token(s) left are not analysed: " in msg and "give more tokens" not in msg
+    r = runner.invoke(app, ["compare", str(p), "-q"])  # (it compared the 40 tokens)
+    assert r.exit_code == 2 and " ".join(r.stderr.split()) == msg, r.output
     # no dominant reason: the counts, and where to look, without the advice
     infer[:1500] = -5000.0  # sentinel_logprob (probabilities get their hint from 1%)
     infer[1500:2960] = np.nan
@@ -948,6 +945,11 @@ def test_law_refused_after_most_tokens_were_excluded_leads_with_the_exclusions(t
     assert r.exit_code == 2 and ("(98.7%) were excluded (sentinel_logprob 1,500, "
                                  "non_finite_logprob 1,460): see `entr-diag inspect`") in msg, msg
     assert "give more tokens" not in msg
+    r = runner.invoke(app, ["compare", str(p), "-q"])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("No scaling law:"))
+    assert "(sentinel_logprob 1,500, non_finite_logprob 1,460)" in line
+    assert "give more" not in line
 
 
 def test_exact_off_by_one_stops_with_the_shift(tmp_path):
@@ -1087,15 +1089,16 @@ def test_positive_logprobs_read_as_nll_probabilities_or_an_offset(synth_file, tm
     probability is) are told to be negated, not converted from probabilities; real
     probabilities keep the probability hint; a column shifted up by 0.3 nats is not said
     to leave its thousands of valid tokens as 'probabilities' (they are negative logprobs:
-    only those at 0 or above can be probabilities of at most 1e-4)."""
+    only those at 0 or above can be probabilities of at most 1e-4). Each excludes most
+    tokens as positive_logprob: refused (exit 2), as the tokens left are not a sample."""
     df = pl.read_parquet(synth_file)
     lp = ("train_logprob", "infer_logprob")
     cases = {
         "nll_both": (df.with_columns(-pl.col(*lp)), 2, "Negate the columns"),
-        "nll_infer": (df.with_columns(-pl.col("infer_logprob")), 0, "Negate the column."),
-        "prob": (df.with_columns(pl.col("infer_logprob").exp()), 0,
+        "nll_infer": (df.with_columns(-pl.col("infer_logprob")), 2, "Negate the column."),
+        "prob": (df.with_columns(pl.col("infer_logprob").exp()), 2,
                  "may hold probabilities rather than log-probabilities"),
-        "shift": (df.with_columns(pl.col("infer_logprob") + 0.3), 0,
+        "shift": (df.with_columns(pl.col("infer_logprob") + 0.3), 2,
                   "may hold probabilities rather than log-probabilities"),
     }
     for name, (d, code, text) in cases.items():
@@ -1114,29 +1117,40 @@ def test_positive_logprobs_read_as_nll_probabilities_or_an_offset(synth_file, tm
 
 
 def test_a_shift_refusal_after_mostly_excluded_tokens_leads_with_the_exclusions(tmp_path):
-    """A trainer column of negative log-likelihoods whose confident tokens were clamped to
-    -1e-7 (they pass as logprobs once negated): three quarters of the tokens are excluded
-    as positive_logprob, and the shift test on the rest reads a shift. The refusal (exit
-    2) leads with the exclusions and their hint (negate the column), then the shift on the
-    tokens left; it said only that the columns look shifted."""
+    """Shifted columns (train_logprob[t] = infer_logprob[t-1]) in a run whose trainer
+    logprobs are NaN in 60% of the sequences: the refusal (exit 2) leads with the
+    exclusions, then the shift on the tokens left; it said only that the columns look
+    shifted. A trainer column of negative log-likelihoods whose confident tokens were
+    clamped to -1e-7 (they pass as logprobs once negated; the shift test on them read a
+    shift) is refused for the exclusions alone, with their hint (negate the column)."""
     rng = np.random.default_rng(0)
     n_seq, n_pos = 300, 100
     n = n_seq * n_pos
     h = np.exp(rng.uniform(np.log(1e-4), np.log(4), n))
     infer = -rng.exponential(h)
+    seq = np.repeat(np.arange(n_seq), n_pos)
+    shifted = np.where(np.arange(n) % n_pos == 0, -0.5, np.roll(infer, 1))
+    shifted[seq < 180] = np.nan
+    p = tmp_path / "shift.parquet"
+    frame = {"seq_id": seq, "position": np.tile(np.arange(n_pos), n_seq),
+             "step": seq // 30, "infer_logprob": infer, "entropy": h}
+    pl.DataFrame({**frame, "train_logprob": shifted}).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2, r.output
+    err = " ".join(r.stderr.split())
+    assert err.startswith(f"error: {p}: 18,000 of the 30,000 loss-masked tokens (60.0%) "
+                          "were excluded (non_finite_logprob 18,000): "), err
+    assert err.index("were excluded") < err.index("On the 12,000 tokens left") < err.index(
+        "look shifted by")
     train = np.minimum(infer + rng.normal(0, np.sqrt(0.02 * h)), -1e-7)
     p = tmp_path / "nll.parquet"
-    pl.DataFrame({"seq_id": np.repeat(np.arange(n_seq), n_pos),
-                  "position": np.tile(np.arange(n_pos), n_seq),
-                  "step": np.repeat(np.arange(n_seq), n_pos) // 30, "train_logprob": -train,
-                  "infer_logprob": infer, "entropy": h}).write_parquet(p)
+    pl.DataFrame({**frame, "train_logprob": -train}).write_parquet(p)
     r = runner.invoke(app, ["fit", str(p), "-q"])
     assert r.exit_code == 2, r.output
     err = " ".join(r.stderr.split())
     assert re.match(rf"error: {re.escape(str(p))}: [\d,]+ of the 30,000 loss-masked tokens "
                     r"\([\d.]+%\) were excluded \(positive_logprob [\d,]+\): ", err), err
-    assert err.index("Negate the column") < err.index("On the ") < err.index(
-        "look shifted by")
+    assert "Negate the column" in err and "shifted" not in err
 
 
 def test_logprob_columns_of_different_tokens_are_named(synth_file, tmp_path):

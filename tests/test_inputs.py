@@ -763,31 +763,49 @@ def test_mostly_excluded_over_several_reasons_is_warned_about(tmp_path):
 
 
 def test_mostly_excluded_caveat_reaches_the_verdict_even_quiet(tmp_path):
-    """The mostly-excluded caveat is part of the verdict (terminal, JSON verdict.caveat,
+    """The excluded-tokens caveat is part of the verdict (terminal, JSON verdict.caveat,
     HTML), also with --quiet, and the corrupt-rows finding names the column problem instead
-    of blaming a few rows."""
+    of blaming a few rows: here probabilities in a third of the sequences. When they are
+    in most rows, every analysing command refuses (exit 2, one error paragraph leading with
+    the exclusions: the tokens left are the probabilities at or below 1e-4, not a sample;
+    they ran on them with a warning); inspect still shows the accounting."""
     import json
 
     from entr_diag.synth import SynthSpec, write_synth
 
     p = tmp_path / "probs.parquet"
     write_synth(p, SynthSpec(n_tokens=60_000, seed=2))
-    pl.read_parquet(p).with_columns(pl.col("train_logprob", "infer_logprob").exp()
-                                    ).write_parquet(p)
+    good = pl.read_parquet(p)
+    third = pl.col("seq_id").cast(pl.String).hash() % 3 == 0
+    lp = pl.col("train_logprob", "infer_logprob")
+    good.with_columns(pl.when(third).then(lp.exp()).otherwise(lp)).write_parquet(p)
     js = tmp_path / "f.json"
     r = runner.invoke(app, ["fit", str(p), "-q", "--json", str(js)])
     assert r.exit_code == 0, r.output
     doc = json.loads(js.read_text())
     caveat = doc["verdict"]["caveat"]
-    assert "of the loss-masked tokens are excluded" in caveat and "probabilities" in caveat
+    assert re.search(r"caveat: 3\d\.\d% of the loss-masked tokens are excluded", caveat)
     named = "both train_logprob and infer_logprob may hold probabilities"
     assert named in caveat and "probabilities rather" in " ".join(r.stdout.split())
     found = [f for f in doc["forensics"]["findings"] if f["kind"] == "corrupt_rows"]
-    assert found and found[0]["title"].startswith("Most loss-masked tokens are invalid")
+    assert found and re.match(r"3\d\.\d% of the loss-masked tokens are invalid",
+                              found[0]["title"]), found
     assert named in found[0]["message"]
     out = tmp_path / "r.html"
     r = runner.invoke(app, ["report", str(p), "-q", "-o", str(out)])
     assert r.exit_code == 0 and "of the loss-masked tokens are excluded" in out.read_text()
+    # probabilities in every row: refused, but by inspect
+    good.with_columns(lp.exp()).write_parquet(p)
+    for cmd in (["fit"], ["compare"], ["report", "-o", str(out)], ["flag", "-o",
+                                                                   str(tmp_path / "n.pq")]):
+        r = runner.invoke(app, [*cmd, str(p), "-q"])
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1, (cmd, r.output)
+        err = " ".join(r.stderr.split())
+        assert re.match(rf"error: {re.escape(str(p))}: [\d,]+ of the [\d,]+ loss-masked "
+                        r"tokens \(9\d\.\d%\) were excluded \(positive_logprob [\d,]+\): "
+                        + named, err), err
+        assert "token(s) left are not analysed: " in err
+    assert runner.invoke(app, ["inspect", str(p)]).exit_code == 0
 
 
 # ------------------------------------------------------------------ our own outputs
