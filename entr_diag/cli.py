@@ -1898,6 +1898,19 @@ def _gate_plan(ds, entr, panel, sweeps):
 
     from entr_diag.compare import compare_plan
 
+    n_h = ds.accounting.excluded.get("invalid_entropy", 0)
+    seq_gates = list(dict.fromkeys(g.name for g in panel
+                                   if getattr(g, "level", "") == "sequence"))
+    if n_h and seq_gates:  # tokens with valid logprobs missing from the sequences' sums
+        _notes.add(
+            f"[yellow]warning:[/yellow] {n_h:,} loss-masked token(s) excluded as "
+            "invalid_entropy (no usable entropy) are left out of every gate, also of the "
+            f"sequence gates ({escape(', '.join(seq_gates))}), which decide their "
+            "sequences on the tokens left; verl and slime read no entropy and count them, "
+            "so a sequence they would drop (a vetoed token among them, a ratio product out "
+            "of bounds) may read as kept here. Fix the entropy column (or map another with "
+            "--column entropy=NAME / --entropy train) to compare the sequence gates on "
+            "every token.")
     return compare_plan(
         ds.lf, entr=entr, panel=panel,
         sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),

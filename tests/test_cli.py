@@ -2878,3 +2878,36 @@ def test_aligned_entropy_stays_silent(synth_file, tmp_path):
     assert r.exit_code == 0, r.output
     assert "entropy column looks shifted" not in r.stderr
     assert json.loads(js.read_text())["entropy_alignment"] is None
+
+
+def test_sequence_gates_warn_when_tokens_without_entropy_are_left_out(tmp_path):
+    """Tokens with valid logprobs but no usable entropy (invalid_entropy) are left out of
+    every gate, the sequence gates' sums and veto too, which verl and slime (reading no
+    entropy) would count: compare and report warn (stderr, also with --quiet, and the
+    JSON's warnings), naming the sequence gates; a panel without sequence gates, or a run
+    without such tokens, does not."""
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    df = pl.read_parquet(src).drop("train_entropy")
+    p = tmp_path / "some_nan.parquet"
+    nan = pl.int_range(pl.len()) % 97 == 0
+    df.with_columns(pl.when(nan).then(float("nan")).otherwise(pl.col("entropy"))
+                    .alias("entropy")).write_parquet(p)
+    n = df.filter(pl.col("loss_mask") & (pl.int_range(pl.len()) % 97 == 0)).height
+    said = (f"warning: {n:,} loss-masked token(s) excluded as invalid_entropy (no usable "
+            "entropy) are left out of every gate, also of the sequence gates (seq-is, "
+            "seq-tis, geo-rs, k3, veto), which decide their sequences on the tokens left")
+    js = tmp_path / "c.json"
+    r = runner.invoke(app, ["compare", str(p), "-q", "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    assert said in " ".join(r.stderr.split())
+    assert any(w.startswith(said.removeprefix("warning: "))
+               for w in json.loads(js.read_text())["warnings"])
+    r = runner.invoke(app, ["report", str(p), "-q", "--n-boot", "100", "-o",
+                            str(tmp_path / "r.html")])
+    assert r.exit_code == 0 and said in " ".join(r.stderr.split()), r.output
+    r = runner.invoke(app, ["compare", str(p), "-q", "--n-boot", "100", "--gate", "fixed",
+                            "--gate", "icepop"])
+    assert r.exit_code == 0 and "invalid_entropy" not in r.stderr, r.output
+    r = runner.invoke(app, ["compare", str(src), "-q", "--n-boot", "100"])
+    assert r.exit_code == 0 and "invalid_entropy" not in r.stderr, r.output
