@@ -236,6 +236,12 @@ FINDING_CONSEQUENCES: dict[str, str] = {
     "corrupt_rows_scattered": "the excluded tokens are scattered through the sequences, not "
                               "a pattern: the law rests on the rows left, unbiased only if "
                               "what made them invalid is unrelated to delta",
+    # (excluded tokens mostly both logprobs 0.0: evidence both_zero_only, or
+    # placeholder_tokens_both_zero for half or more of the scattered ones)
+    "corrupt_rows_both_zero": "the excluded tokens with both logprobs exactly 0.0 measure no "
+                              "mismatch (delta 0 by construction, zero-filled or one-token "
+                              "nuclei on both sides): the law rests on the rows left; if they "
+                              "are nuclei, the low-entropy bins are thinned",
 }
 #: findings whose caveat is written elsewhere (:func:`implausible_caveat`, the misalignment
 #: caveat of the CLI)
@@ -261,10 +267,14 @@ def findings_caveats(findings: Mapping | None, gates: bool = False) -> list[str]
         kind = f.get("kind")
         if f.get("severity") not in ("warning", "critical") or kind in _OWN_CAVEAT:
             continue
-        scattered = kind == "corrupt_rows" and "scattered_token_share" in (
-            f.get("evidence") or {})
-        effect = FINDING_CONSEQUENCES.get(f"{kind}_scattered" if scattered else kind,
-                                          "read the finding before the law")
+        ev = f.get("evidence") or {}
+        scattered = kind == "corrupt_rows" and "scattered_token_share" in ev
+        both_zero = kind == "corrupt_rows" and (ev.get("both_zero_only") or (
+            scattered and 2 * int(ev.get("placeholder_tokens_both_zero") or 0)
+            >= int(ev.get("scattered_bad_tokens") or 0) > 0))
+        effect = FINDING_CONSEQUENCES.get(
+            f"{kind}_both_zero" if both_zero else f"{kind}_scattered" if scattered else kind,
+            "read the finding before the law")
         tail = (" The gates' noise admitted and exploration discarded rest on that law; "
                 "`entr-diag fit` or `entr-diag report` shows the finding." if gates else "")
         out.append(f"caveat: {f.get('title', kind)} [{kind}]: {effect}.{tail}")

@@ -2753,6 +2753,8 @@ def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
     il_nf = (il.is_null() | ~il.is_finite().fill_null(False)) & nf
     tl_nf = (tl.is_null() | ~tl.is_finite().fill_null(False)) & nf
     ph_zero = ph & (reason == "zero_placeholder") & (il == 0.0).fill_null(False)
+    # (both sides 0.0: zero-filled rows, or one-token nuclei of truncation on both sides)
+    ph_both = ph_zero & (tl == 0.0).fill_null(False)
     pos = pl.col("position")
     file = [pl.col(FILE_INDEX).min().alias("file")] if with_file else []
     return GroupAgg(
@@ -2768,6 +2770,7 @@ def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
             pl.when(nf).then(pos).min().alias("first_nf"),
             ph.sum().cast(pl.Int64).alias("n_ph"),
             ph_zero.sum().cast(pl.Int64).alias("n_ph_zero"),
+            ph_both.sum().cast(pl.Int64).alias("n_ph_both"),
             pos.filter(ph).alias("ph_pos"),
             pos.filter(nf).alias("nf_pos"),
         ],
@@ -2776,7 +2779,7 @@ def _bad_rows_acc(with_file: bool = False) -> GroupAgg:
             pl.col("seq_id").first(),
             pl.col("n_nf", "n_nf_infer", "n_nf_train").sum(),
             pl.col("first_nf").min(),
-            pl.col("n_ph", "n_ph_zero").sum(),
+            pl.col("n_ph", "n_ph_zero", "n_ph_both").sum(),
             pl.col("ph_pos").list.explode(keep_nulls=False, empty_as_null=False),
             pl.col("nf_pos").list.explode(keep_nulls=False, empty_as_null=False),
         ],
@@ -2963,6 +2966,8 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         pl.col("ph_run").sum().alias("n_run"),
         pl.col("n_ph").filter(pl.col("ph_run")).sum().alias("tok_run"),
         pl.col("n_ph_zero").filter(pl.col("ph_run")).sum().alias("tok_run_zero"),
+        pl.col("n_ph_both").filter(pl.col("ph_run")).sum().alias("tok_run_both"),
+        pl.col("n_ph_both").sum().alias("tok_ph_both"),
         pl.col("nf_burst").sum().alias("n_burst"),
         pl.col("nf_runs").filter(pl.col("nf_burst")).sum().alias("runs_burst"),
         pl.col("ph_runs").filter(pl.col("ph_run")).sum().alias("runs_ph"),
@@ -3019,6 +3024,9 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         "sequences_with_placeholder_run": n_run,
         "placeholder_tokens_in_runs": int(s["tok_run"]),
         "placeholder_run_tokens_engine_exact_zero": int(s["tok_run_zero"]),
+        #: of those, both logprobs exactly 0.0 (zero_placeholder at an entropy >= 1e-3)
+        "placeholder_run_tokens_both_zero": int(s["tok_run_both"]),
+        "placeholder_tokens_both_zero": int(s["tok_ph_both"]),
         "placeholder_run_examples_seq_id": [str(x) for x in er["seq_id"].to_list()],
         "sequences_with_nonfinite_run": n_burst,
         "nonfinite_run_tokens": int(s["tok_burst"]),
@@ -3062,20 +3070,38 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
             f"inside, not at their end ({int(s['tok_burst'])} non-finite tokens in those "
             f"sequences), e.g. seq_id {', '.join(ev['nonfinite_run_examples_seq_id'][:3])}"
         )
-    if n_run:
+    both_zero = int(s["tok_run_both"])
+    one_zero = int(s["tok_run_zero"]) - both_zero
+    if n_run and both_zero == int(s["tok_run"]):  # every one both 0.0: maybe nuclei
+        parts.append(
+            f"{n_run} sequence(s) hold runs of >= {CORRUPT_MIN_RUN} tokens whose logprobs "
+            f"are both exactly 0.0 at an entropy of {S.ZERO_BOTH_H_MIN:g} nats or more, "
+            f"inside the loss mask ({both_zero} tokens), e.g. seq_id "
+            f"{', '.join(ev['placeholder_run_examples_seq_id'][:3])}: rows zero-filled on "
+            "both sides, or one-token nuclei of top-p / top-k sampling applied on both sides "
+            "(the trainer renormalised over the engine's nucleus); either way their delta "
+            "of 0 measures no mismatch"
+        )
+    elif n_run:
         parts.append(
             f"{n_run} sequence(s) hold runs of >= {CORRUPT_MIN_RUN} values no sampler logs "
-            "(0.0 on one side only, <= -1000, or above 0: placeholders, or probabilities) "
+            "(0.0 on one side only, or on both at an entropy where no log-softmax gives it, "
+            "<= -1000, or above 0: placeholders, or probabilities) "
             f"inside the loss mask ({int(s['tok_run'])} tokens), e.g. "
             f"seq_id {', '.join(ev['placeholder_run_examples_seq_id'][:3])}"
             + (
-                f" ({int(s['tok_run_zero'])} of them exact 0.0 engine logprobs: the loader "
+                f" ({one_zero} of them exact 0.0 engine logprobs: the loader "
                 "keeps such zeros only when, 50 or more, their trainer logprobs read as "
                 "one-token top-p / top-k nuclei)"
-                if int(s["tok_run_zero"]) else ""
+                if one_zero else ""
             )
+            + (f" ({both_zero} of them 0.0 on both sides)" if both_zero else "")
         )
     title = "Corrupt rows: whole runs of invalid logprobs inside the loss mask"
+    if (n_run and both_zero == int(s["tok_run"]) and not n_suffix and not n_burst):
+        title = ("Runs of tokens with both logprobs exactly 0.0 inside the loss mask "
+                 "(zero-filled rows, or one-token nuclei on both sides)")
+        ev["both_zero_only"] = True
     lead = ""
     if acc is not None:  # most tokens invalid: the columns, not a few rows, are the problem
         from entr_diag.caveats import exclusion_hint, hinted_reason
@@ -3110,12 +3136,18 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
         severity="info" if minor else "warning",
         title=title,
         message=lead + "; ".join(parts)
-        + ". These tokens are excluded; the pattern points at the dump or the mask, not noise."
+        + (". These tokens are excluded (the loader's warning counts them all)."
+           if ev.get("both_zero_only") else
+           ". These tokens are excluded; the pattern points at the dump or the mask, not noise.")
         + (f" They are {_share(n_pattern / masked)} of the loss-masked tokens: listed, too few "
            "to move the fit." if minor else "")
         + where,
         evidence=ev,
         check=(
+            "whether the engine samples with top-p / top-k and the trainer's logprobs are "
+            "computed over the same nucleus (then these are one-token nuclei, left out "
+            "rightly), or the dump writes 0.0 where it has no logprob."
+            if ev.get("both_zero_only") else
             "that the engine returns one logprob per generated token (max_tokens / stop "
             "handling, logprobs requested for every token), how arrays of unequal length are "
             "padded, and that the loss mask excludes tool / padding spans."
@@ -3157,6 +3189,17 @@ def _scattered_finding(ev: dict[str, Any], scattered: int, masked: int, n_seqs: 
             if ev[f"{k}_runs_by_chance"]]
     runs = (f" Runs of >= {CORRUPT_MIN_RUN} occur no more often than chance at that rate "
             f"({'; '.join(seen)}), so no span of the dump is cut." if seen else "")
+    both = int(ev.get("placeholder_tokens_both_zero") or 0)
+    if 2 * both >= scattered > 0:  # mostly both sides 0.0: zero-filled rows or nuclei
+        tail = (f" {both:,} of them have both logprobs exactly 0.0 at an entropy of "
+                f"{S.ZERO_BOTH_H_MIN:g} nats or more: rows zero-filled on both sides, or "
+                "one-token nuclei of top-p / top-k sampling applied on both sides; either "
+                "way their delta of 0 measures no mismatch, and they are excluded.")
+    else:
+        tail = (" These tokens are excluded; a share this large points at a column "
+                "or a kernel (NaN from an overflow, a dtype cast), not at a few bad rows, "
+                "and any selection by the failure (e.g. overflow at extreme logits) biases "
+                "the tokens left.")
     f = Finding(
         kind="corrupt_rows",
         severity="warning",
@@ -3164,11 +3207,7 @@ def _scattered_finding(ev: dict[str, Any], scattered: int, masked: int, n_seqs: 
               "tokens",
         message=f"{lead}{scattered:,} loss-masked tokens in {n_seqs:,} sequence(s) have a "
                 "non-finite or placeholder logprob, spread through the sequences at random."
-                + runs + (f" Besides: {'; '.join(parts)}." if parts else "")
-                + " These tokens are excluded; a share this large points at a column "
-                "or a kernel (NaN from an overflow, a dtype cast), not at a few bad rows, "
-                "and any selection by the failure (e.g. overflow at extreme logits) biases "
-                "the tokens left.",
+                + runs + (f" Besides: {'; '.join(parts)}." if parts else "") + tail,
         evidence=ev,
         check="how the logprob columns are computed and written: overflow in bf16 / fp16 "
               "(NaN or inf), a cast or join that fills missing values, logprobs requested "

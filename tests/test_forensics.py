@@ -1022,6 +1022,53 @@ def test_nonfinite_logprobs_scattered_at_random_are_not_called_bursts(tmp_path):
     assert "1 sequence(s) hold runs of >= 3" in f.message
 
 
+def test_both_sides_zero_runs_and_scatter_are_named_as_such(tmp_path):
+    """Both logprobs exactly 0.0 (at an entropy >= 1e-3, excluded as zero_placeholder) in
+    runs inside sequences, as top-p applied on both sides leaves them: the finding's title
+    and message name them (zero-filled rows or one-token nuclei, delta 0 measuring no
+    mismatch), not 'values no sampler logs (0.0 on one side only ...)', and its caveat
+    says they measure no mismatch; scattered at random, the scattered finding says the
+    same instead of blaming an overflow; one-sided -9999 runs keep the old wording."""
+    from entr_diag.caveats import findings_caveats
+
+    base = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, masked_share=0.0))
+    n_tok = pl.len().over("seq_id")
+    run = (pl.col("seq_id") % 5 == 1) & pl.col("position").is_between(3, 8) & (n_tok >= 10) \
+        & (H >= 1e-3)
+    zero = [pl.when(run).then(0.0).otherwise(c).alias(c.meta.output_name()) for c in (IL, TL)]
+    res = run_forensics(_load(tmp_path, base.with_columns(zero)), checks=["corrupt_rows"])
+    f = res.by_kind("corrupt_rows")
+    assert f is not None and f.severity == "warning"
+    assert f.title.startswith("Runs of tokens with both logprobs exactly 0.0 inside the loss")
+    assert f.evidence["both_zero_only"] is True
+    n = f.evidence["placeholder_tokens_in_runs"]
+    assert f.evidence["placeholder_run_tokens_both_zero"] == n > 0
+    assert "whose logprobs are both exactly 0.0 at an entropy of 0.001 nats or more" in \
+        f.message and "0.0 on one side only" not in f.message
+    assert "one-token nuclei of top-p / top-k" in f.message and "top-p / top-k" in f.check
+    (cav,) = findings_caveats(res.to_dict())
+    assert "measure no mismatch" in cav and "form patterns" not in cav
+    # at random, a fifth of the rows: scattered, said to be both-zero
+    rng = np.random.default_rng(0)
+    hit = pl.Series(rng.random(base.height) < 0.2) & (H >= 1e-3)
+    zero = [pl.when(hit).then(0.0).otherwise(c).alias(c.meta.output_name()) for c in (IL, TL)]
+    res = run_forensics(_load(tmp_path, base.with_columns(zero), "zf.parquet"),
+                        checks=["corrupt_rows"])
+    f = res.by_kind("corrupt_rows")
+    assert f is not None and f.title.startswith("Scattered invalid logprobs")
+    assert "have both logprobs exactly 0.0" in f.message and "overflow" not in f.message
+    (cav,) = findings_caveats(res.to_dict())
+    assert "measure no mismatch" in cav and "unrelated to delta" not in cav
+    # -9999 on the engine side in runs: values no sampler logs, as before
+    df = base.with_columns(pl.when(run).then(-9999.0).otherwise(IL).alias("infer_logprob"))
+    res = run_forensics(_load(tmp_path, df, "ph.parquet"), checks=["corrupt_rows"])
+    f = res.by_kind("corrupt_rows")
+    assert f is not None and f.title.startswith("Corrupt rows: whole runs")
+    assert "values no sampler logs" in f.message and "both sides" not in f.message
+    (cav,) = findings_caveats(res.to_dict())
+    assert "form patterns" in cav
+
+
 def test_trainer_side_suffix_is_described(tmp_path):
     """Null trainer logprobs at the end of some sequences (a trainer that truncated the
     response, or a forward pass that overflowed): the suffix is reported with its side,
