@@ -775,6 +775,53 @@ def file_units_caveat(flagged: Any, n_files: int,
             + " ".join(parts) + more)
 
 
+#: significant bits of the binary storage formats :func:`storage_caveat` names
+_FORMAT_BITS = {"bf16": 8, "fp16": 11}
+
+
+def storage_caveat(storage: Mapping[str, Any] | None,
+                   mapping: Mapping[str, str] | None = None) -> str | None:
+    """A one-line caveat when logprob columns are stored in bf16 or fp16 and the rounding
+    to that grid makes up STORAGE_SHARE_MIN or more of mean delta^2 in some entropy decile
+    (``storage``: :func:`entr_diag.forensics.storage_precision`, ``distorts`` True), naming
+    the columns, their format and the deciles where the rounding's share is largest; else
+    None."""
+    if not storage or not storage.get("distorts"):
+        return None
+    from entr_diag.forensics import STORAGE_SHARE_MIN
+
+    cols = storage.get("columns") or {}
+    fmts = sorted(set(cols.values()))
+    if len(fmts) == 1:
+        names = " and ".join(column_named(c, mapping) for c in cols)
+        what = f"{names} {'are' if len(cols) > 1 else 'is'} stored in {fmts[0]}"
+    else:
+        what = " and ".join(f"{column_named(c, mapping)} in {f}" for c, f in cols.items())
+        what = f"the logprobs are stored rounded ({what})"
+    bits = ", ".join((f"{f}: " if len(fmts) > 1 else "")
+                     + f"{_FORMAT_BITS[f]} significant bits, a spacing of "
+                     f"2^-{_FORMAT_BITS[f]} to 2^-{_FORMAT_BITS[f] - 1} of |logprob|"
+                     for f in fmts if f in _FORMAT_BITS)
+
+    def pct(x: float) -> str:
+        return "nearly all" if x >= 0.95 else f"{x:.0%}"
+
+    big = [b for b in storage.get("by_entropy") or () if b["share"] >= STORAGE_SHARE_MIN]
+    if big:
+        big = sorted(sorted(big, key=lambda b: -b["share"])[:2], key=lambda b: b["h_lo"])
+        where = " and ".join(
+            f"{pct(b['share'])}{' of mean delta^2' if i == 0 else ''} at H "
+            f"{b['h_lo']:.2g}-{b['h_hi']:.2g}" for i, b in enumerate(big)) + (
+            " (entropy deciles; JSON storage_precision)")
+    else:
+        where = (f"{pct(float(storage.get('share_pooled') or 0.0))} of mean delta^2 (JSON "
+                 "storage_precision)")
+    return (f"caveat: {what} ({bits}): the rounding alone makes up an estimated {where}: "
+            "k, alpha and any low-entropy excess read high where it is large. Dump the "
+            "logprobs as float32 (a log-softmax computed and stored in float32) to measure "
+            "the mismatch alone.")
+
+
 def rounding_caveat(rounded: Mapping[str, Any] | None,
                     mapping: Mapping[str, str] | None = None,
                     zero_placeholder: int = 0, nucleus_zeros: int = 0) -> str | None:

@@ -1027,12 +1027,13 @@ def _alignment_numbers(f) -> str:
 
 def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
               zero_prefix=None, misaligned=None, gates: bool = False,
-              entropy_alignment=None) -> dict:
+              entropy_alignment=None, storage=None) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
     terminal, JSON and HTML: the mostly-excluded, integer-column, unit-mistake and (with
     the forensics' ``findings``) impossible-logprob caveats, the rounded-logprob caveat
     (``rounded``: ``_fit``'s, column -> step, also kept as ``rounded_logprobs``), the
-    unit-mistake-in-some-files caveat (``file_units``: ``_fit``'s, also kept as
+    bf16 / fp16 storage caveat (``storage``: ``_fit``'s, also kept as
+    ``storage_precision``), the unit-mistake-in-some-files caveat (``file_units``: ``_fit``'s, also kept as
     ``units_by_file``), the zero-prefix caveat (``zero_prefix``: ``_fit``'s, also kept
     as ``zero_prefix``), the caveat of each other forensic finding at warning or critical
     severity (:func:`~entr_diag.caveats.findings_caveats`), then the small-sample,
@@ -1057,6 +1058,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
         rounding_caveat,
         small_sample_caveat,
         starved_caveat,
+        storage_caveat,
         units_caveat,
         unreadable_caveat,
         zero_entropy_caveat,
@@ -1077,6 +1079,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              identical_logprobs_caveat(acc, len(ds.files), ds.mapping),
              integer_caveat(ds.notes),
              rounding_caveat(rounded, ds.mapping, acc.excluded.get("zero_placeholder", 0)),
+             storage_caveat(storage, ds.mapping),
              zero_prefix_caveat(zero_prefix, ds.mapping),
              units_caveat(_shown_units(fd.get("units"), misaligned or _entropy_shifted(
                  entropy_alignment), file_units), ds.mapping),
@@ -1094,6 +1097,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
                                  + fd["verdict"]["text"])
     fd["rounded_logprobs"] = dict(rounded) if rounded else None  # (or {"by_file": ...})
     fd["zero_prefix"] = dict(zero_prefix) if zero_prefix else None
+    # (None: no logprob column stored in bf16 / fp16, or not checked)
+    fd["storage_precision"] = dict(storage) if storage else None
     fd["identical_logprobs"] = (dict(acc.identical_logprobs) if acc.identical_logprobs
                                 else None)  # (also in inputs.accounting)
     # (None: not checked, no entropy column or logprobs shifted; else its status and numbers)
@@ -1201,7 +1206,7 @@ def _critical_notes(findings) -> None:
 
 def _forensics(ds, quiet: bool):
     """The mismatch forensics (for ``inspect``) and the checks on the shift test's sampled
-    sequences (:func:`_sample_checks`): (Findings, rounded, zero_prefix)."""
+    sequences (:func:`_sample_checks`): (Findings, rounded, zero_prefix, storage)."""
     from entr_diag.forensics import forensics_plan
     from entr_diag.passes import run_pass
 
@@ -1210,7 +1215,8 @@ def _forensics(ds, quiet: bool):
         if plan.accumulators:
             run_pass(ds.lf, plan.accumulators)
         findings = plan.finish()
-    return (findings, *_sample_checks(ds, getattr(plan, "misalign", None))[:2])
+    rounded, zero_prefix, _, storage = _sample_checks(ds, getattr(plan, "misalign", None))
+    return findings, rounded, zero_prefix, storage
 
 
 def _write_stdout(text: str) -> None:
@@ -1339,9 +1345,9 @@ def inspect(
         ds = _load(paths, column, framework, layout, entropy, quiet, analyse=False,
                    skip_unreadable=skip_unreadable)
         desc = ds.describe()
-        findings = rounded = zero_prefix = None
+        findings = rounded = zero_prefix = storage = None
         if ds.accounting.tokens_valid:
-            findings, rounded, zero_prefix = _forensics(ds, quiet)
+            findings, rounded, zero_prefix, storage = _forensics(ds, quiet)
             _implausible_note(findings.by_kind("implausible_logprobs"))
             _critical_notes(findings)
         warnings = _notes.warnings()
@@ -1349,7 +1355,8 @@ def inspect(
             "inspect", desc, {"layout": layout, "entropy": entropy, "framework": framework,
                               "skip_unreadable": skip_unreadable},
             forensics=None if findings is None else findings.to_dict(), warnings=warnings,
-            rounded_logprobs=rounded, zero_prefix=zero_prefix), quiet)
+            rounded_logprobs=rounded, zero_prefix=zero_prefix,
+            storage_precision=storage), quiet)
         out = _tables(json_path)
         render_inspect(desc, out)
         if findings is not None:
@@ -1517,7 +1524,7 @@ def _import_meanwhile(module: str) -> None:
         threading.Thread(target=target, name=f"import {module}").start()
 
 
-def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None]:
+def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None, dict | None]:
     """The checks on the shift test's sampled sequences (``align``: its MisalignmentPlan
     after the pass, or None), each with a ``warning:`` line when it finds something:
     logprobs stored rounded (:func:`~entr_diag.forensics.rounded_logprobs`, pooled, else
@@ -1525,11 +1532,13 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None]:
     sequences beginning with exact zeros (:func:`~entr_diag.forensics.zero_prefixes`) and
     an entropy column shifted against the logprobs
     (:func:`~entr_diag.forensics.entropy_alignment`; not judged when the logprobs are
-    shifted against each other). Returns (rounded, zero_prefix, entropy_alignment): None
-    for nothing found, and the last None when the entropy alignment was not checked (else
-    its ``to_dict()``, whatever its status)."""
+    shifted against each other), and logprobs stored in bf16 or fp16
+    (:func:`~entr_diag.forensics.storage_precision`, a warning when the rounding distorts
+    the law). Returns (rounded, zero_prefix, entropy_alignment, storage): None for nothing
+    found, entropy_alignment None when it was not checked (else its ``to_dict()``,
+    whatever its status)."""
     if align is None:
-        return None, None, None
+        return None, None, None, None
     rounded = align.rounding()  # logprobs stored rounded (the sample tells)
     if not rounded:  # ... in some files only
         by_file = align.rounding_by_file()
@@ -1551,6 +1560,16 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None]:
             rounded, ds.mapping, ds.accounting.excluded.get("zero_placeholder", 0),
             nucleus_zeros=nuclei,
         ).removeprefix("caveat: ")))
+    # logprobs stored in bf16 / fp16 (not judged for a column rounded to a decimal step
+    # or integer-typed: the warnings above cover it)
+    from entr_diag.caveats import integer_columns, storage_caveat
+
+    skip = {c.split(" ", 1)[0] for c in integer_columns(ds.notes)} | set(
+        rounded if rounded and "by_file" not in rounded else ())
+    storage = align.storage(tuple(skip))
+    caveat = storage_caveat(storage, ds.mapping)
+    if caveat:
+        _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     zero_prefix = align.zero_prefix()
     if zero_prefix:  # the loss mask covering the prompt, written as zeros
         from entr_diag.caveats import zero_prefix_caveat
@@ -1564,7 +1583,7 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None]:
 
         _notes.add("[yellow]warning:[/yellow] " + escape(
             (entropy_shift_caveat(ent_d, ds.mapping) or "").removeprefix("caveat: ")))
-    return rounded, zero_prefix, ent_d
+    return rounded, zero_prefix, ent_d, storage
 
 
 def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned: bool,
@@ -1657,7 +1676,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if align is not None:
         misaligned = align.finish()  # (None: aligned; else refused unless allowed)
         _check_alignment(ds, misaligned, allow_misaligned)
-    rounded, zero_prefix, entropy_align = _sample_checks(ds, align)
+    rounded, zero_prefix, entropy_align, storage = _sample_checks(ds, align)
     with _status("fitting...", quiet):
         out = {}
         for k, p in plans.items():
@@ -1700,6 +1719,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
             file_units, len(ds.files), ds.mapping).removeprefix("caveat: ")))
     return {"unavailable": unavailable, "no_fit": no_fit, "gates": gate_plan, "rounded": rounded,
             "zero_prefix": zero_prefix, "entropy_alignment": entropy_align,
+            "storage": storage,
             "misaligned": None if misaligned is None else _misaligned_caveat(misaligned),
             "file_units": file_units or None,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles",
@@ -1746,7 +1766,7 @@ def fit(
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
                   "framework": framework, "skip_unreadable": skip_unreadable}
         fd = _fit_dict(fit_res, ds, findings, a["rounded"], a["file_units"], a["zero_prefix"],
-                       a["misaligned"], entropy_alignment=a["entropy_alignment"])
+                       a["misaligned"], entropy_alignment=a["entropy_alignment"], storage=a["storage"])
         caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
         closed = _json_output(json_path, envelope("fit", ds.describe(), params, **fd,
@@ -2044,7 +2064,7 @@ def compare(
             fit_res, ds, {"findings": found},
             rounded=a["rounded"], file_units=a["file_units"],
             zero_prefix=a["zero_prefix"], misaligned=a["misaligned"], gates=True,
-            entropy_alignment=a["entropy_alignment"])
+            entropy_alignment=a["entropy_alignment"], storage=a["storage"])
         with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
@@ -2166,7 +2186,7 @@ def report(
                        fit=None if fit_res is None else _fit_dict(
                            fit_res, ds, findings, a["rounded"], a["file_units"],
                            a["zero_prefix"], a["misaligned"],
-                           entropy_alignment=a["entropy_alignment"]),
+                           entropy_alignment=a["entropy_alignment"], storage=a["storage"]),
                        metrics=metrics.to_dict(),
                        compare=None if cmp_res is None else cmp_res.to_dict(), profiles=prof,
                        forensics=findings.to_dict(), warnings=summary["warnings"],

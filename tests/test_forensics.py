@@ -1778,6 +1778,92 @@ def test_rounded_logprobs_are_found_by_their_step(base):
     assert rounded_logprobs(r2.head(100)) is None
 
 
+def _to_bf16(x: pl.Expr) -> pl.Expr:
+    """float32 values rounded to the nearest bf16 (ties to even), kept as float32."""
+    def rnd(s: pl.Series) -> pl.Series:
+        u = s.cast(pl.Float32).to_numpy().view(np.uint32).astype(np.uint64)
+        r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16).astype(np.uint32)
+        return pl.Series(s.name, r.view(np.float32))
+    return x.map_batches(rnd, return_dtype=pl.Float32)
+
+
+def test_storage_precision_names_bf16_and_fp16_columns_and_their_share(base):
+    """Logprob columns stored in bf16 or fp16 are named with their format; the rounding's
+    estimated share of mean delta^2 by entropy decile is s^2/12 per stored column over the
+    decile's mean delta^2 (s the grid's spacing at each value), and ``distorts`` from 20%
+    in one decile; float32 / float64 columns, decimal-rounded ones skipped, and too few
+    values give None."""
+    from entr_diag.forensics import STORAGE_SHARE_MIN, storage_precision
+
+    assert storage_precision(base) is None
+    assert storage_precision(base.with_columns(TL.cast(pl.Float32), IL.cast(pl.Float32))) \
+        is None
+    bf = base.with_columns(_to_bf16(TL).alias("train_logprob"),
+                           _to_bf16(IL).alias("infer_logprob"))
+    assert (bf["train_logprob"] - base["train_logprob"]).abs().max() > 0
+    r = storage_precision(bf)
+    assert r["columns"] == {"train_logprob": "bf16", "infer_logprob": "bf16"}
+    assert len(r["by_entropy"]) == 10 and sum(b["tokens"] for b in r["by_entropy"]) == bf.height
+    # the share by hand, in the highest-entropy decile
+    t, i = (bf[c].cast(pl.Float64).to_numpy() for c in ("train_logprob", "infer_logprob"))
+    h = bf["entropy"].to_numpy()
+    top = np.argsort(h, kind="stable")[-(bf.height - 9 * (bf.height // 10)):]
+
+    def sp(x):
+        return np.where(x != 0, 2.0 ** (np.floor(np.log2(np.abs(np.where(x != 0, x, 1.0))))
+                                         - 7), 0.0)
+    want = np.sum((sp(t[top]) ** 2 + sp(i[top]) ** 2) / 12) / np.sum((t[top] - i[top]) ** 2)
+    assert r["by_entropy"][-1]["share"] == pytest.approx(want, rel=1e-3)
+    assert r["distorts"] == (r["max_share"] >= STORAGE_SHARE_MIN)
+    # a delta 100 times wider: the same rounding is a small share of it
+    wide = base.with_columns((IL + 10 * (TL - IL)).clip(upper_bound=-1e-6)
+                             .alias("train_logprob"))
+    wide = wide.with_columns(_to_bf16(TL).alias("train_logprob"))
+    r = storage_precision(wide)
+    assert r["columns"] == {"train_logprob": "bf16"} and r["distorts"] is False
+    fp = base.with_columns(IL.cast(pl.Float16).cast(pl.Float32)
+                           if hasattr(pl, "Float16") else
+                           pl.Series("infer_logprob", base["infer_logprob"].to_numpy()
+                                     .astype(np.float16).astype(np.float32)))
+    assert storage_precision(fp)["columns"] == {"infer_logprob": "fp16"}
+    assert storage_precision(bf, skip=("train_logprob", "infer_logprob")) is None
+    assert storage_precision(bf.head(100)) is None
+
+
+def test_logprobs_stored_in_bf16_are_warned_about_when_the_rounding_distorts(tmp_path):
+    """A run with a small mismatch whose logprobs are stored in bf16 on both sides: a
+    warning and a caveat beside the verdict name the columns, the format and the deciles
+    where the rounding makes up 20% or more of mean delta^2 (JSON storage_precision); the
+    bundled run, whose engine logprobs are bf16 (at most 10% of a decile), gets the JSON
+    only."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    df = generate(SynthSpec(n_tokens=60_000, seed=4, k=1e-4, noise_share=0.0))
+    p = tmp_path / "bf16.parquet"
+    df.with_columns(_to_bf16(TL).alias("train_logprob"),
+                    _to_bf16(IL).alias("infer_logprob")).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = CliRunner().invoke(app, ["fit", str(p), "-q", "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert ("warning: train_logprob and infer_logprob are stored in bf16 (8 significant "
+            "bits, a spacing of 2^-8 to 2^-7 of |logprob|): the rounding alone makes up an "
+            "estimated ") in err, err
+    doc = json.loads(js.read_text())
+    st = doc["storage_precision"]
+    assert st["distorts"] is True and st["columns"]["infer_logprob"] == "bf16"
+    assert any(c.startswith("caveat: train_logprob and infer_logprob are stored in bf16")
+               for c in doc["verdict"]["caveats"])
+    big = max(st["by_entropy"], key=lambda b: b["share"])
+    assert f"{min(big['share'], 0.99):.0%}" in err
+    r = CliRunner().invoke(app, ["fit", "-q", "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0 and "bf16" not in r.stderr, r.output
+    st = json.loads(js.read_text())["storage_precision"]
+    assert st["columns"] == {"infer_logprob": "bf16"} and st["distorts"] is False
+
+
 @pytest.mark.parametrize("max_values", [400_000, 300])
 def test_rounding_by_file_equals_the_check_of_each_file(base, monkeypatch, max_values):
     """The per-file rounding check (all files at once) names what rounded_logprobs says of
