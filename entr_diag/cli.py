@@ -887,6 +887,13 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             "sequences are keyed (null, seq_id), apart from any tokens of the same seq_id "
             "that have a step, and they count in no step's row of the per-step tables."
         )
+    nostale = ds.accounting.tokens_without_staleness
+    if nostale:
+        _notes.add(
+            f"[yellow]warning:[/yellow] {nostale:,} valid token(s) have no policy_version "
+            "or train_version (null; in a float column also NaN, fractional or beyond the "
+            "64-bit integer range): they are in no staleness bucket (the staleness tables "
+            "and checks leave them out; the fit, metrics and gates keep them).")
     ahead = sum(n for s, n in (ds.accounting.staleness or {}).items() if s < 0)
     if ahead:
         from entr_diag.caveats import files_listed

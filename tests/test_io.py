@@ -417,6 +417,31 @@ def test_null_step_tokens_are_counted_and_warned_about(tmp_path):
         .tokens_without_step == 0
 
 
+def test_tokens_without_a_version_are_counted_and_warned_about(tmp_path):
+    """Valid tokens with a null policy_version or train_version (or, in a float column, a
+    whole value beyond int64, read as null) are in no staleness bucket: counted
+    (tokens_without_staleness; the buckets summed with them give every valid token) and
+    warned about; without a train_version column there is no staleness to miss."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    p = _write(tmp_path, _long(policy_version=[1, None, 2, 0, 0]))
+    acc = load_dataset([p]).accounting
+    assert acc.tokens_without_staleness == 1
+    assert sum(acc.staleness.values()) + 1 == acc.tokens_valid == 5
+    assert acc.to_dict()["tokens_without_staleness"] == 1
+    r = CliRunner().invoke(app, ["inspect", str(p)])
+    assert "warning: 1 valid token(s) have no policy_version or train_version" in r.stderr
+    p = _write(tmp_path, _long(train_version=[2.0, 2.0, 1e30, 2.0, float("nan")]), "f.parquet")
+    assert load_dataset([p]).accounting.tokens_without_staleness == 2
+    p = _write(tmp_path, _long(policy_version=[1, None, 2, 0, 0]).drop("train_version"),
+               "pv.parquet")
+    assert load_dataset([p]).accounting.tokens_without_staleness == 0
+    ok = load_dataset([_write(tmp_path, _long(), "ok.parquet")]).accounting
+    assert ok.tokens_without_staleness == 0
+
+
 def test_padding_with_marker_positions_is_no_duplicate(tmp_path):
     """Rows outside the loss mask (or excluded) with a marker position (-1, null) do not
     make a sequence look duplicated; a copied shard still does."""

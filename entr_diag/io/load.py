@@ -888,6 +888,10 @@ class Accounting:
     #: valid tokens whose step is null (their sequence is keyed (null, seq_id): apart from
     #: the same seq_id's tokens that have a step, and in no step's row)
     tokens_without_step: int = 0
+    #: valid tokens without a staleness though both version columns exist: a null
+    #: policy_version or train_version (null, or NaN, fractional or out of the int64 range
+    #: in a float column); in no staleness bucket (0 without both columns)
+    tokens_without_staleness: int = 0
     #: rows of nested files without a loss mask taken for tensor padding (leading or
     #: trailing rows whose logprobs and entropy are exactly 0.0), counted in
     #: ``tokens_unmasked``
@@ -950,6 +954,7 @@ class Accounting:
             "sequences_with_version_switch": self.sequences_with_version_switch,
             "sequences_with_duplicate_positions": self.sequences_with_duplicate_positions,
             "tokens_without_step": self.tokens_without_step,
+            "tokens_without_staleness": self.tokens_without_staleness,
             "tokens_padding": self.tokens_padding,
             "tokens_entropy_below_zero": self.tokens_entropy_below_zero,
             "tokens_identical": self.tokens_identical,
@@ -1816,7 +1821,8 @@ def _float_int_notes(mapping: Mapping[str, str], files: Sequence[Path],
                 f"{canon}{'' if src == canon else f' ({src!r})'} holds floating-point values "
                 f"in {len(floats)} of {len(files)} files (e.g. {floats[0]}; an integer column "
                 "with a missing value, as pandas writes it): whole values are read as "
-                "integers, NaN and fractional ones as null")
+                "integers, NaN, fractional ones and whole ones beyond the 64-bit integer "
+                "range as null")
     return out
 
 
@@ -2789,6 +2795,8 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
                    for b, c in enumerate(("train_logprob", "infer_logprob"))},
         sequences_with_duplicate_positions=n_dup,
         tokens_without_step=n_nullstep,
+        tokens_without_staleness=(valid_n - sum(scan.stale.values())
+                                  if scan.has_pv and scan.has_tv else 0),
         tokens_padding=count["padding"],
         tokens_entropy_below_zero=below_zero,
         negative_staleness_files={str(infos[i].path): n for i, n in sorted(scan.ahead.items())},
