@@ -442,6 +442,30 @@ def test_tokens_without_a_version_are_counted_and_warned_about(tmp_path):
     assert ok.tokens_without_staleness == 0
 
 
+def test_step_folders_named_like_verl_are_read_as_the_step(tmp_path):
+    """Shards in folders named global_step_N (verl), step_N or step-N without a step
+    column: the step is read from the folder, with a note; a step=N folder above wins,
+    a file's own step column is the one used, and other names (ckpt_step_3) are no step."""
+    run = tmp_path / "run"
+    for i, name in enumerate(("global_step_1", "global_step_2", "step_3", "step-4")):
+        _write(run, _long(seq_id=[10 * i + 1] * 3 + [10 * i + 2] * 2).drop("step"),
+               f"{name}/data.parquet")
+    ds = load_dataset([str(run)])
+    assert ds.mapping["step"] == "step" and ds.accounting.steps == (1, 2, 3, 4)
+    assert any(n.startswith("step <- the folder names (global_step_N") for n in ds.notes)
+    top = tmp_path / "top"
+    _write(top, _long().drop("step"), "step=7/global_step_1/data.parquet")
+    assert load_dataset([str(top)]).accounting.steps == (7,)
+    own = tmp_path / "own"
+    _write(own, _long(), "global_step_1/data.parquet")  # its step column holds 3
+    ds = load_dataset([str(own)])
+    assert ds.accounting.steps == (3,)
+    assert not any(n.startswith("step <- the folder names") for n in ds.notes)
+    other = tmp_path / "other"
+    _write(other, _long().drop("step"), "ckpt_step_3/data.parquet")
+    assert "step" not in load_dataset([str(other)]).mapping
+
+
 def test_padding_with_marker_positions_is_no_duplicate(tmp_path):
     """Rows outside the loss mask (or excluded) with a marker position (-1, null) do not
     make a sequence look duplicated; a copied shard still does."""

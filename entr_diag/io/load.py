@@ -367,15 +367,26 @@ def _hive_values(path: Path) -> dict[str, str]:
     return dict(_hive_items(path))
 
 
+#: a folder named for a training step without ``key=``: ``global_step_12`` (verl's
+#: checkpoint and dump folders), ``step_12``, ``step-12``: read as the partition
+#: ``step=12`` unless a ``step=`` folder is above the file too
+_STEP_FOLDER = re.compile(r"^(?:global_step|step)[_-](\d+)$")
+
+
 @functools.lru_cache(maxsize=65_536)
 def _hive_items(path: Path) -> tuple[tuple[str, str], ...]:
     """:func:`_hive_values` as a tuple, parsed once per path (the loader asks for every file
     several times per canonical column: thousands of shards)."""
     vals: dict[str, str] = {}
+    steps: dict[str, str] = {}
     for part in path.parent.parts:
         m = _HIVE_SEGMENT.match(part)
         if m:
             vals[m.group(1)] = m.group(2)
+        elif m := _STEP_FOLDER.match(part):  # verl's global_step_N naming
+            steps["step"] = m.group(1)
+    if steps and "step" not in vals:
+        vals.update(steps)
     return tuple(vals.items())
 
 
@@ -1220,6 +1231,12 @@ def load_dataset(
         if folder:
             raise SchemaError(f"{e} {folder}") from None
         raise
+    if mapping.get("step") == "step" and any(  # the step from verl-style folder names
+            "step" not in schemas[f].names and "step" in _hive_values(Path(f))
+            and any(_STEP_FOLDER.match(part) for part in Path(f).parent.parts)
+            for f in file_list):
+        notes.append("step <- the folder names (global_step_N, step_N or step-N, read as "
+                     "the partition step=N)")
     for k, c in agreeing.items():
         if c in mapping.values():
             notes.append(f"the partition folders {k}=... agree with the files' '{c}' column "
