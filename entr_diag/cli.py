@@ -887,6 +887,17 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             "sequences are keyed (null, seq_id), apart from any tokens of the same seq_id "
             "that have a step, and they count in no step's row of the per-step tables."
         )
+    rep, checked = ds.accounting.tokens_repeating_row, ds.accounting.tokens_row_checked
+    from entr_diag.io.load import REPEAT_H_MIN, REPEAT_MIN_SHARE, REPEAT_MIN_TOKENS
+
+    if rep >= REPEAT_MIN_TOKENS and rep >= REPEAT_MIN_SHARE * checked:
+        _notes.add(
+            f"[yellow]warning:[/yellow] {rep:,} valid token(s) repeat the row before them "
+            "in their sequence exactly (train_logprob, infer_logprob and entropy, at an "
+            f"entropy of {REPEAT_H_MIN:g} nats or more, where real runs never do): rows "
+            "written twice in a row, which count twice in every result; the input has no "
+            "position column to tell them apart: drop the repeated rows, or dump a "
+            "position column.")
     nostale = ds.accounting.tokens_without_staleness
     if nostale:
         _notes.add(

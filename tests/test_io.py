@@ -466,6 +466,38 @@ def test_step_folders_named_like_verl_are_read_as_the_step(tmp_path):
     assert "step" not in load_dataset([str(other)]).mapping
 
 
+def test_rows_written_twice_without_a_position_column_are_counted(tmp_path):
+    """Without a position column, rows repeating the row before them exactly (both
+    logprobs and the entropy, at 0.01 nats or more) are counted and warned about: rows
+    written twice in a row, which the numbering by row order cannot show; near-certain
+    tokens repeating (H below 0.01) and runs without repeats count none, and with a
+    position column the duplicate-position check tells instead."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    df = pl.read_parquet(src).filter(pl.col("loss_mask")).sort("seq_id", "position")
+    twice = pl.int_range(pl.len()) % 10 == 0
+    ix = df.with_row_index("_r")
+    dup = pl.concat([ix, ix.filter(twice)]).sort("_r", maintain_order=True).drop("_r")
+    n = df.filter(twice & (pl.col("entropy") >= 0.01)).height
+    p = _write(tmp_path, dup.drop("position"), "dup.parquet")
+    acc = load_dataset([p]).accounting
+    assert acc.tokens_repeating_row == n > 1000
+    assert acc.tokens_row_checked == dup.filter(pl.col("entropy") >= 0.01).height
+    assert acc.to_dict()["tokens_repeating_row"] == n
+    r = CliRunner().invoke(app, ["inspect", str(p)])
+    assert f"warning: {n:,} valid token(s) repeat the row before them in their sequence " \
+        "exactly" in " ".join(r.stderr.split())
+    ok = load_dataset([_write(tmp_path, df.drop("position"), "ok.parquet")]).accounting
+    assert ok.tokens_repeating_row == 0 and ok.tokens_row_checked > 0
+    # with a position column: not checked this way (the positions tell)
+    acc = load_dataset([_write(tmp_path, dup, "pos.parquet")]).accounting
+    assert acc.tokens_row_checked == 0 and acc.sequences_with_duplicate_positions > 0
+
+
 def test_padding_with_marker_positions_is_no_duplicate(tmp_path):
     """Rows outside the loss mask (or excluded) with a marker position (-1, null) do not
     make a sequence look duplicated; a copied shard still does."""

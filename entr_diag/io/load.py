@@ -899,6 +899,11 @@ class Accounting:
     #: valid tokens whose step is null (their sequence is keyed (null, seq_id): apart from
     #: the same seq_id's tokens that have a step, and in no step's row)
     tokens_without_step: int = 0
+    #: without a position column: valid tokens (entropy >= REPEAT_H_MIN) repeating the row
+    #: before them in their sequence exactly (both logprobs and the entropy): rows
+    #: written twice, which count twice; and the tokens checked (0 with a position column)
+    tokens_repeating_row: int = 0
+    tokens_row_checked: int = 0
     #: valid tokens without a staleness though both version columns exist: a null
     #: policy_version or train_version (null, or NaN, fractional or out of the int64 range
     #: in a float column); in no staleness bucket (0 without both columns)
@@ -966,6 +971,7 @@ class Accounting:
             "sequences_with_duplicate_positions": self.sequences_with_duplicate_positions,
             "tokens_without_step": self.tokens_without_step,
             "tokens_without_staleness": self.tokens_without_staleness,
+            "tokens_repeating_row": self.tokens_repeating_row,
             "tokens_padding": self.tokens_padding,
             "tokens_entropy_below_zero": self.tokens_entropy_below_zero,
             "tokens_identical": self.tokens_identical,
@@ -2524,6 +2530,16 @@ def _valid_columns(mapping: Mapping[str, str]) -> list[pl.Expr]:
 _I64_MAX, _I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 
+#: the entropy (nats) from which a valid token repeating the row before it exactly is
+#: counted as a row written twice (:class:`_AccountingScan`): near-certain tokens (H ~ 0,
+#: logprobs ~ 0) repeat their values legitimately; above 0.01 nats no real run repeats
+#: all three values in consecutive tokens (0 of 160,000 tokens, bf16 columns included)
+REPEAT_H_MIN = 0.01
+#: ... warned about from this many tokens and this share of those checked
+REPEAT_MIN_TOKENS = 20
+REPEAT_MIN_SHARE = 1e-3
+
+
 class _AccountingScan:
     """The accounting pass over the raw frame: a batch accumulator.
 
@@ -2585,6 +2601,13 @@ class _AccountingScan:
         exprs.append(m1.alias("_ac_m1"))
         self.exprs = exprs
         self.columns = ["seq_key", FILE_INDEX, *(c for _, c in self.ranges)]
+        #: without a position column (rows numbered in file order), valid tokens repeating
+        #: the row before them in their sequence exactly (both logprobs and the entropy, at
+        #: an entropy of REPEAT_H_MIN or more): rows written twice; and the tokens checked
+        self.row_check = "position" not in mapping and self.fine
+        self.row_repeats = self.row_checked = 0
+        if self.row_check:
+            self.columns += ["train_logprob", "infer_logprob", "entropy"]
         #: valid tokens with a negative staleness per input file (by FILE_INDEX)
         self.ahead: dict[int, int] = {}
         cols = [f"c{i}" for i in range(self.n_codes)]
@@ -2605,6 +2628,20 @@ class _AccountingScan:
         self.counts = np.zeros(N_FINE + 3, dtype=np.int64)
         self.minus_one = np.zeros(16, dtype=np.int64)  # valid tokens per _ac_m1 code
         self.stale: dict[int, int] = {}
+
+    def _repeated_rows(self, batch: pl.DataFrame, valid: np.ndarray) -> None:
+        """Count the valid tokens (entropy >= REPEAT_H_MIN) that repeat the row before them
+        in their sequence: the same train_logprob, infer_logprob and entropy (a row
+        written twice in a row, which positions numbered by row order cannot show)."""
+        h = column(batch, "entropy")
+        ok = valid & (h >= REPEAT_H_MIN)
+        self.row_checked += int(ok.sum())
+        if batch.height < 2:
+            return
+        t, i, sk = (column(batch, c) for c in ("train_logprob", "infer_logprob", "seq_key"))
+        same = ((t[1:] == t[:-1]) & (i[1:] == i[:-1]) & (h[1:] == h[:-1])
+                & (sk[1:] == sk[:-1]) & ok[1:] & valid[:-1])
+        self.row_repeats += int(same.sum())
 
     @staticmethod
     def _counted(batch: pl.DataFrame, name: str, valid: np.ndarray
@@ -2649,6 +2686,8 @@ class _AccountingScan:
             sk = column(batch, "seq_key")
             rep[1:] = (p[1:] == p[:-1]) & p_ok[1:] & p_ok[:-1] & (sk[1:] == sk[:-1])
         cols["prep"] = np.add.reduceat(rep, starts)
+        if self.row_check:
+            self._repeated_rows(batch, valid)
         cols["same"] = np.add.reduceat(column(batch, "_ac_same"), starts, dtype=np.int64)
         if FILE_INDEX in batch.columns:
             f = column(batch, FILE_INDEX)
@@ -2814,6 +2853,8 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_without_step=n_nullstep,
         tokens_without_staleness=(valid_n - sum(scan.stale.values())
                                   if scan.has_pv and scan.has_tv else 0),
+        tokens_repeating_row=scan.row_repeats,
+        tokens_row_checked=scan.row_checked,
         tokens_padding=count["padding"],
         tokens_entropy_below_zero=below_zero,
         negative_staleness_files={str(infos[i].path): n for i, n in sorted(scan.ahead.items())},
