@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from entr_diag.aggregate import staleness_step
+from entr_diag.aggregate import H_MIN, staleness_step
 from entr_diag.errors import ParameterError
 from entr_diag.frames import dataset
 from entr_diag.io import schema as S
@@ -4042,6 +4042,9 @@ STORAGE_FORMATS: dict[str, int] = {"bf16": 7, "fp16": 10}
 #: verdict turned from "does not hold" (alpha 1.12) to "holds" (0.96); stored in fp16, or
 #: the engine's side alone in bf16 as vLLM returns them on the bundled run: at most 12%)
 STORAGE_SHARE_MIN = 0.2
+#: the storage format is judged on the values of |logprob| at or above this (nats): near 0
+#: a float32 log-softmax (logit - logsumexp) holds few significant bits unrounded
+STORAGE_LP_MIN = 0.1
 
 
 def _on_storage_grid(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -4094,6 +4097,9 @@ def storage_precision(sample: pl.DataFrame, skip: Sequence[str] = ()) -> dict[st
         if col in skip:
             continue
         x = _nonzero_logprobs(sample, col)
+        # (near 0 a float32 logit - logsumexp holds few significant bits: a multiple of
+        # ulp(lse), 2^-19 for lse in [16, 32), below 5e-4 is on the bf16 grid unrounded)
+        x = x[np.abs(x) >= STORAGE_LP_MIN]
         x = x[::max(1, -(-x.size // ROUNDED_MAX_VALUES))]
         if x.size < ROUNDED_MIN_VALUES:
             continue
@@ -4110,16 +4116,17 @@ def storage_precision(sample: pl.DataFrame, skip: Sequence[str] = ()) -> dict[st
     ok = np.isfinite(d2) & np.isfinite(ex)
     h = (sample.get_column("entropy").cast(pl.Float64).to_numpy()
          if "entropy" in sample.columns else None)
-    if h is not None:
-        ok &= np.isfinite(h)
+    if h is not None:  # (below the law's range, H < H_MIN, no law to distort)
+        ok &= np.isfinite(h) & (h >= H_MIN)
         h = h[ok]
     d2, ex = d2[ok], ex[ok]
     if d2.size == 0:
         return None
 
     def share(m: np.ndarray | slice) -> float:
+        # (no mismatch at all: NaN, no share to tell; counted in no maximum)
         den = float(d2[m].sum())
-        return float(ex[m].sum()) / den if den > 0 else math.inf
+        return float(ex[m].sum()) / den if den > 0 else math.nan
 
     by_h: list[dict[str, Any]] = []
     if h is not None and h.size >= 10 * ROUNDED_MIN_VALUES:
@@ -4128,7 +4135,8 @@ def storage_precision(sample: pl.DataFrame, skip: Sequence[str] = ()) -> dict[st
             by_h.append({"h_lo": _r(h[part[0]]), "h_hi": _r(h[part[-1]]),
                          "tokens": int(part.size), "share": _r(share(part))})
     pooled = share(slice(None))
-    top = max([b["share"] for b in by_h] or [pooled])
+    top = max([b["share"] for b in by_h if math.isfinite(b["share"])]
+              or [pooled if math.isfinite(pooled) else 0.0])
     return {"columns": cols, "share_pooled": _r(pooled), "by_entropy": by_h,
             "max_share": _r(top), "distorts": bool(top >= STORAGE_SHARE_MIN)}
 

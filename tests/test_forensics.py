@@ -1828,6 +1828,24 @@ def test_storage_precision_names_bf16_and_fp16_columns_and_their_share(base):
     assert storage_precision(fp)["columns"] == {"infer_logprob": "fp16"}
     assert storage_precision(bf, skip=("train_logprob", "infer_logprob")) is None
     assert storage_precision(bf.head(100)) is None
+    # near-certain tokens (both 0.0, H below the law's range) on a fifth of the rows: no
+    # decile of delta = 0 reads as 'rounding is all of it' (it read inf, and warned)
+    sure = pl.int_range(pl.len()) % 5 == 0
+    quiet = wide.with_columns(
+        pl.when(sure).then(0.0).otherwise(c).alias(c) for c in ("train_logprob",
+                                                                  "infer_logprob")
+    ).with_columns(pl.when(sure).then(1e-7).otherwise(H).alias("entropy"))
+    r = storage_precision(quiet)
+    assert r["distorts"] is False and math.isfinite(r["max_share"])
+    assert all(not math.isinf(b["share"]) for b in r["by_entropy"])
+    # float32 logit - logsumexp: near-certain values are small multiples of 2^-19, on the
+    # bf16 grid unrounded; the format is judged on |logprob| >= 0.1 only
+    rng = np.random.default_rng(5)
+    lp = base["train_logprob"].to_numpy().astype(np.float32).copy()
+    near = rng.random(lp.size) < 0.95
+    lp[near] = -rng.integers(1, 250, near.sum()) * 2.0 ** -19
+    fused = base.with_columns(pl.Series("train_logprob", lp))
+    assert storage_precision(fused) is None
 
 
 def test_logprobs_stored_in_bf16_are_warned_about_when_the_rounding_distorts(tmp_path):
