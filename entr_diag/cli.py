@@ -1566,7 +1566,8 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None, di
 
         ints = {c.split(" ", 1)[0] for c in integer_columns(ds.notes)}
         rounded = {c: step for c, step in rounded.items() if c not in ints} or None
-    if rounded:
+    if rounded:  # equal values in consecutive tokens are the rounding's, not rows written
+        _notes.discard("repeat the row before them")  # twice (a repeated row's warning)
         from entr_diag.caveats import rounding_caveat
 
         # engine zeros read as one-token nuclei are, in a rounded engine column, logprobs

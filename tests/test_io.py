@@ -493,6 +493,13 @@ def test_rows_written_twice_without_a_position_column_are_counted(tmp_path):
         "exactly" in " ".join(r.stderr.split())
     ok = load_dataset([_write(tmp_path, df.drop("position"), "ok.parquet")]).accounting
     assert ok.tokens_repeating_row == 0 and ok.tokens_row_checked > 0
+    # columns rounded to 0.01 nats repeat values in consecutive tokens: the rounding
+    # warning explains them, no "rows written twice" (its advice would drop real tokens)
+    lp3 = pl.col("train_logprob", "infer_logprob", "entropy")
+    p = _write(tmp_path, df.drop("position").with_columns(lp3.round(2)), "r2.parquet")
+    assert load_dataset([p]).accounting.tokens_repeating_row >= 20
+    r = CliRunner().invoke(app, ["inspect", str(p)])
+    assert "stored rounded" in r.stderr and "repeat the row before" not in r.stderr
     # with a position column: not checked this way (the positions tell)
     acc = load_dataset([_write(tmp_path, dup, "pos.parquet")]).accounting
     assert acc.tokens_row_checked == 0 and acc.sequences_with_duplicate_positions > 0
