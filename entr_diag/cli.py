@@ -759,21 +759,39 @@ def _where(ds) -> str:
 def _require_tokens(ds) -> None:
     """Stop with the reason when no valid loss-masked token is left to analyse, or when
     more than half of the loss-masked tokens are ``positive_logprob`` (but +1.0
-    placeholders): a logprob column then holds probabilities, negative log-likelihoods or
-    an offset, and the tokens left are the rows whose wrong values happen to lie at or
-    below 1e-4 nats (a biased remainder with the same mistake), not a sample to analyse."""
+    placeholders), or more than half of those whose value in one logprob column can tell
+    (not within 1e-4 of 0, ``Accounting.tokens_near_zero``): a logprob column then holds
+    probabilities, negative log-likelihoods or an offset, and the tokens left are the rows
+    whose wrong values happen to lie at or below 1e-4 nats (a biased remainder with the
+    same mistake), not a sample to analyse."""
     from entr_diag.errors import InputError
     from entr_diag.io.schema import EXCLUSION_REASONS
 
     acc = ds.accounting
     where = _where(ds)
     n_pos = acc.excluded.get("positive_logprob", 0)
-    ones = int(((acc.excluded_where or {}).get("positive_logprob") or {}).get("ones") or 0)
-    if acc.tokens_valid > 0 and n_pos > acc.tokens_masked / 2 and ones <= n_pos / 2:
+    at = (acc.excluded_where or {}).get("positive_logprob") or {}
+    ones = int(at.get("ones") or 0)
+    # (a column's share among the tokens whose value can tell: a near-certain token's
+    # logprob, within 1e-4 of 0, reads the same negated; a peaked run is mostly those)
+    near = getattr(acc, "tokens_near_zero", None) or {}
+    telling = max((n / (acc.tokens_masked - near.get(c, 0))
+                   for c, n in (at.get("columns") or {}).items()
+                   if acc.tokens_masked > near.get(c, 0)), default=0.0)
+    if (acc.tokens_valid > 0 and (n_pos > acc.tokens_masked / 2 or telling > 0.5)
+            and ones <= n_pos / 2):
         from entr_diag.caveats import exclusion_lead
 
         lead = exclusion_lead(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                               acc.excluded_where)
+        if not lead:  # most of the tokens whose value can tell, not most of all
+            from entr_diag.caveats import exclusion_hint
+
+            lead = (f"{n_pos:,} of the {acc.tokens_masked:,} loss-masked tokens were "
+                    f"excluded as positive_logprob, {telling:.1%} of those whose logprob is "
+                    "not within 1e-4 of 0 (the others, near-certain tokens, read the same "
+                    "either way): " + exclusion_hint(acc.excluded, acc.tokens_masked,
+                                                     ds.mapping, acc.excluded_where))
         raise InputError(
             f"{where}: {lead} The {acc.tokens_valid:,} token(s) left are not analysed: "
             "they are other files' rows or those whose wrong values happen to lie at or "

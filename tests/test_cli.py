@@ -2911,3 +2911,33 @@ def test_sequence_gates_warn_when_tokens_without_entropy_are_left_out(tmp_path):
     assert r.exit_code == 0 and "invalid_entropy" not in r.stderr, r.output
     r = runner.invoke(app, ["compare", str(src), "-q", "--n-boot", "100"])
     assert r.exit_code == 0 and "invalid_entropy" not in r.stderr, r.output
+
+
+def test_negated_logprobs_of_a_peaked_run_are_refused(tmp_path):
+    """A peaked run (85% near-certain tokens, logprobs within 1e-4 of 0) whose trainer
+    column is negated: only 15% of the tokens are excluded as positive_logprob, but all
+    of those whose value can tell; fit refuses (exit 2) naming that share and the hint
+    (negate the column) instead of fitting the near-certain remainder; the same run with
+    the column right is analysed."""
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    rng = np.random.default_rng(0)
+    df = pl.read_parquet(src).drop("train_entropy")
+    sure = pl.Series(rng.random(df.height) < 0.85)
+    peaked = df.with_columns(
+        pl.when(sure).then(-1e-6).otherwise(pl.col(c)).alias(c)
+        for c in ("train_logprob", "infer_logprob")
+    ).with_columns(pl.when(sure).then(1e-5).otherwise(pl.col("entropy")).alias("entropy"))
+    ok = tmp_path / "ok.parquet"
+    peaked.write_parquet(ok)
+    r = runner.invoke(app, ["fit", str(ok), "-q", "--n-boot", "100"])
+    assert r.exit_code == 0, r.output
+    bad = tmp_path / "neg.parquet"
+    peaked.with_columns(-pl.col("train_logprob")).write_parquet(bad)
+    r = runner.invoke(app, ["fit", str(bad), "-q"])
+    assert r.exit_code == 2, r.output
+    err = " ".join(r.stderr.split())
+    assert re.match(rf"error: {re.escape(str(bad))}: [\d,]+ of the [\d,]+ loss-masked tokens "
+                    r"were excluded as positive_logprob, 100\.0% of those whose logprob is "
+                    "not within 1e-4 of 0", err), err
+    assert "Negate the column" in err and "token(s) left are not analysed" in err

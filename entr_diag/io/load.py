@@ -904,6 +904,9 @@ class Accounting:
     #: written twice, which count twice; and the tokens checked (0 with a position column)
     tokens_repeating_row: int = 0
     tokens_row_checked: int = 0
+    #: per logprob column, valid tokens whose value is within POSITIVE_LOGPROB_TOL of 0
+    #: (a near-certain token: its value reads the same negated)
+    tokens_near_zero: Mapping[str, int] = field(default_factory=dict)
     #: valid tokens without a staleness though both version columns exist: a null
     #: policy_version or train_version (null, or NaN, fractional or out of the int64 range
     #: in a float column); in no staleness bucket (0 without both columns)
@@ -972,6 +975,7 @@ class Accounting:
             "tokens_without_step": self.tokens_without_step,
             "tokens_without_staleness": self.tokens_without_staleness,
             "tokens_repeating_row": self.tokens_repeating_row,
+            "tokens_near_zero": dict(self.tokens_near_zero),
             "tokens_padding": self.tokens_padding,
             "tokens_entropy_below_zero": self.tokens_entropy_below_zero,
             "tokens_identical": self.tokens_identical,
@@ -2598,6 +2602,11 @@ class _AccountingScan:
                                          for c in ("train_logprob", "infer_logprob")]):
             m1 = m1 + ((valid & pl.col(c).is_in(vals)).fill_null(False).cast(pl.UInt8)
                        * (1 << bit))
+        # ... and (bit 4: train, 5: infer) a valid token's logprob within
+        # POSITIVE_LOGPROB_TOL of 0: a value that cannot tell a logprob from its negation
+        for bit, c in ((4, "train_logprob"), (5, "infer_logprob")):
+            m1 = m1 + ((valid & (pl.col(c).abs() <= S.POSITIVE_LOGPROB_TOL)).fill_null(False)
+                       .cast(pl.UInt8) * (1 << bit))
         exprs.append(m1.alias("_ac_m1"))
         self.exprs = exprs
         self.columns = ["seq_key", FILE_INDEX, *(c for _, c in self.ranges)]
@@ -2626,7 +2635,7 @@ class _AccountingScan:
         merge.append(pl.col("same").sum())  # valid tokens with delta == 0 exactly
         self.parts = PartialRows(["seq_key"], merge, 4_000_000)
         self.counts = np.zeros(N_FINE + 3, dtype=np.int64)
-        self.minus_one = np.zeros(16, dtype=np.int64)  # valid tokens per _ac_m1 code
+        self.minus_one = np.zeros(64, dtype=np.int64)  # valid tokens per _ac_m1 code
         self.stale: dict[int, int] = {}
 
     def _repeated_rows(self, batch: pl.DataFrame, valid: np.ndarray) -> None:
@@ -2703,7 +2712,7 @@ class _AccountingScan:
         self.parts.add(cols)
         if self.fine:
             self.counts += np.bincount(column(batch, "_ac_fine"), minlength=self.counts.size)
-        self.minus_one += np.bincount(column(batch, "_ac_m1"), minlength=16)
+        self.minus_one += np.bincount(column(batch, "_ac_m1"), minlength=64)
         if self.has_pv and self.has_tv:
             (pv, pv_ok), (tv, tv_ok) = values["pv"], values["tv"]
             both = pv_ok & tv_ok
@@ -2846,9 +2855,11 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         staleness=(dict(sorted(scan.stale.items())) if scan.has_pv and scan.has_tv
                    else None),
         sequences_with_version_switch=n_switch,
-        minus_one={c: (int(scan.minus_one[[k for k in range(16) if k & (1 << b)]].sum()),
-                       int(scan.minus_one[[k for k in range(16) if k & (4 << b)]].sum()))
+        minus_one={c: (int(scan.minus_one[[k for k in range(64) if k & (1 << b)]].sum()),
+                       int(scan.minus_one[[k for k in range(64) if k & (4 << b)]].sum()))
                    for b, c in enumerate(("train_logprob", "infer_logprob"))},
+        tokens_near_zero={c: int(scan.minus_one[[k for k in range(64) if k & (16 << b)]].sum())
+                          for b, c in enumerate(("train_logprob", "infer_logprob"))},
         sequences_with_duplicate_positions=n_dup,
         tokens_without_step=n_nullstep,
         tokens_without_staleness=(valid_n - sum(scan.stale.values())
