@@ -239,9 +239,10 @@ FINDING_CONSEQUENCES: dict[str, str] = {
     # (excluded tokens mostly both logprobs 0.0: evidence both_zero_only, or
     # placeholder_tokens_both_zero for half or more of the scattered ones)
     "corrupt_rows_both_zero": "the excluded tokens with both logprobs exactly 0.0 measure no "
-                              "mismatch (delta 0 by construction, zero-filled or one-token "
-                              "nuclei on both sides): the law rests on the rows left; if they "
-                              "are nuclei, the low-entropy bins are thinned",
+                              "mismatch (delta 0 by construction: zero-filled, one-token "
+                              "nuclei or a bf16 log-softmax on both sides): the law rests on "
+                              "the rows left; if they are real tokens, the low-entropy bins "
+                              "are thinned",
 }
 #: findings whose caveat is written elsewhere (:func:`implausible_caveat`, the misalignment
 #: caveat of the CLI)

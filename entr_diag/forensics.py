@@ -3078,9 +3078,10 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
             f"are both exactly 0.0 at an entropy of {S.ZERO_BOTH_H_MIN:g} nats or more, "
             f"inside the loss mask ({both_zero} tokens), e.g. seq_id "
             f"{', '.join(ev['placeholder_run_examples_seq_id'][:3])}: rows zero-filled on "
-            "both sides, or one-token nuclei of top-p / top-k sampling applied on both sides "
-            "(the trainer renormalised over the engine's nucleus); either way their delta "
-            "of 0 measures no mismatch"
+            "both sides, one-token nuclei of top-p / top-k sampling applied on both sides "
+            "(the trainer renormalised over the engine's nucleus), or logprobs computed in "
+            "bf16 / fp16 on both sides (a bf16 log-softmax gives exactly 0.0 for p above "
+            "~0.996); either way their delta of 0 measures no mismatch"
         )
     elif n_run:
         parts.append(
@@ -3100,7 +3101,7 @@ def _check_corrupt(ctx: _Ctx) -> _Result:
     title = "Corrupt rows: whole runs of invalid logprobs inside the loss mask"
     if (n_run and both_zero == int(s["tok_run"]) and not n_suffix and not n_burst):
         title = ("Runs of tokens with both logprobs exactly 0.0 inside the loss mask "
-                 "(zero-filled rows, or one-token nuclei on both sides)")
+                 "(zero-filled rows, one-token nuclei, or a bf16 log-softmax on both sides)")
         ev["both_zero_only"] = True
     lead = ""
     if acc is not None:  # most tokens invalid: the columns, not a few rows, are the problem
@@ -3192,9 +3193,10 @@ def _scattered_finding(ev: dict[str, Any], scattered: int, masked: int, n_seqs: 
     both = int(ev.get("placeholder_tokens_both_zero") or 0)
     if 2 * both >= scattered > 0:  # mostly both sides 0.0: zero-filled rows or nuclei
         tail = (f" {both:,} of them have both logprobs exactly 0.0 at an entropy of "
-                f"{S.ZERO_BOTH_H_MIN:g} nats or more: rows zero-filled on both sides, or "
-                "one-token nuclei of top-p / top-k sampling applied on both sides; either "
-                "way their delta of 0 measures no mismatch, and they are excluded.")
+                f"{S.ZERO_BOTH_H_MIN:g} nats or more: rows zero-filled on both sides, "
+                "one-token nuclei of top-p / top-k sampling applied on both sides, or "
+                "logprobs computed in bf16 / fp16 on both sides; either way their delta of 0 "
+                "measures no mismatch, and they are excluded.")
     else:
         tail = (" These tokens are excluded; a share this large points at a column "
                 "or a kernel (NaN from an overflow, a dtype cast), not at a few bad rows, "

@@ -1046,6 +1046,7 @@ def test_both_sides_zero_runs_and_scatter_are_named_as_such(tmp_path):
     assert "whose logprobs are both exactly 0.0 at an entropy of 0.001 nats or more" in \
         f.message and "0.0 on one side only" not in f.message
     assert "one-token nuclei of top-p / top-k" in f.message and "top-p / top-k" in f.check
+    assert "or logprobs computed in bf16 / fp16 on both sides" in f.message
     (cav,) = findings_caveats(res.to_dict())
     assert "measure no mismatch" in cav and "form patterns" not in cav
     # at random, a fifth of the rows: scattered, said to be both-zero

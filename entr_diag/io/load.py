@@ -1605,10 +1605,12 @@ def load_dataset(
             notes_extra = (
                 f"warning: {both_zero:,} loss-masked tokens have both logprobs exactly 0.0 at "
                 f"an entropy of {S.ZERO_BOTH_H_MIN:g} nats or more, excluded as "
-                "zero_placeholder: rows zero-filled on both sides, or one-token nuclei of "
+                "zero_placeholder: rows zero-filled on both sides, one-token nuclei of "
                 "top-p / top-k sampling applied on both sides (the trainer renormalised over "
                 "the engine's nucleus, which lie at low entropy: the low-entropy bins are "
-                "then thinned); either way their delta of 0 measures no mismatch",)
+                "then thinned), or logprobs computed in bf16 / fp16 on both sides (a bf16 "
+                "log-softmax gives exactly 0.0 for p above ~0.996, at an entropy up to ~0.03 "
+                "nats); either way their delta of 0 measures no mismatch",)
         if nucleus is not None:  # one-token nuclei, not placeholders: read again, kept
             kept, other, keys = nucleus
             ds = read_again(_nucleus_zeros=keys if keys.len() else True)
