@@ -906,8 +906,16 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             "that have a step, and they count in no step's row of the per-step tables."
         )
     rep, checked = ds.accounting.tokens_repeating_row, ds.accounting.tokens_row_checked
-    from entr_diag.io.load import REPEAT_H_MIN, REPEAT_MIN_SHARE, REPEAT_MIN_TOKENS
+    from entr_diag.io.load import (
+        REPEAT_ANY_MIN_SAMPLED,
+        REPEAT_ANY_MIN_SHARE,
+        REPEAT_H_MIN,
+        REPEAT_MIN_SHARE,
+        REPEAT_MIN_TOKENS,
+        REPEAT_SAMPLE,
+    )
 
+    sampled, again = ds.accounting.repeated_rows_sampled
     if rep >= REPEAT_MIN_TOKENS and rep >= REPEAT_MIN_SHARE * checked:
         _notes.add(
             f"[yellow]warning:[/yellow] {rep:,} valid token(s) repeat the row before them "
@@ -916,6 +924,15 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             "written twice in a row, which count twice in every result; the input has no "
             "position column to tell them apart: drop the repeated rows, or dump a "
             "position column.")
+    elif again >= REPEAT_ANY_MIN_SAMPLED and again >= REPEAT_ANY_MIN_SHARE * sampled:
+        _notes.add(
+            f"[yellow]warning:[/yellow] about {again / sampled:.1%} of the valid tokens "
+            f"({again:,} of {sampled:,} sampled by hash, 1 in {REPEAT_SAMPLE}) repeat another "
+            "row of their sequence exactly (train_logprob, infer_logprob and entropy, at an "
+            f"entropy of {REPEAT_H_MIN:g} nats or more): sequences or shards written twice "
+            "(e.g. a dump re-encoded into a second file), whose tokens count twice in every "
+            "result; the input has no position column to tell them apart: drop the "
+            "copies, or dump a position column.")
     nostale = ds.accounting.tokens_without_staleness
     if nostale:
         _notes.add(
@@ -1586,6 +1603,7 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None, di
         rounded = {c: step for c, step in rounded.items() if c not in ints} or None
     if rounded:  # equal values in consecutive tokens are the rounding's, not rows written
         _notes.discard("repeat the row before them")  # twice (a repeated row's warning)
+        _notes.discard("repeat another row of their sequence")
         from entr_diag.caveats import rounding_caveat
 
         # engine zeros read as one-token nuclei are, in a rounded engine column, logprobs

@@ -493,6 +493,25 @@ def test_rows_written_twice_without_a_position_column_are_counted(tmp_path):
         "exactly" in " ".join(r.stderr.split())
     ok = load_dataset([_write(tmp_path, df.drop("position"), "ok.parquet")]).accounting
     assert ok.tokens_repeating_row == 0 and ok.tokens_row_checked > 0
+    assert ok.repeated_rows_sampled[1] < 10 and ok.repeated_rows_sampled[0] > 1000
+    # a fifth of the sequences written twice as a block (A A), and the run written again
+    # into a second file re-encoded: rows repeat rows of their sequence, not in a row
+    blocks = pl.concat([g if int(g["seq_id"][0]) % 5 else pl.concat([g, g])
+                        for g in df.partition_by("seq_id", maintain_order=True)])
+    p = _write(tmp_path, blocks.drop("position"), "blocks.parquet")
+    acc = load_dataset([p]).accounting
+    assert acc.tokens_repeating_row < 20
+    sampled, again = acc.repeated_rows_sampled
+    share = (blocks.height - df.height) / blocks.height
+    assert again >= 10 and again / sampled == pytest.approx(share, abs=0.05)
+    r = CliRunner().invoke(app, ["inspect", str(p)])
+    assert "of the valid tokens (" in r.stderr and "repeat another row of their sequence" \
+        in " ".join(r.stderr.split())
+    a = _write(tmp_path, df.drop("position"), "a.parquet")
+    df.drop("position").write_parquet(tmp_path / "b.parquet", compression="snappy",
+                                      row_group_size=10_000)
+    sampled, again = load_dataset([a, tmp_path / "b.parquet"]).accounting.repeated_rows_sampled
+    assert again / sampled == pytest.approx(0.5, abs=0.02)
     # columns rounded to 0.01 nats repeat values in consecutive tokens: the rounding
     # warning explains them, no "rows written twice" (its advice would drop real tokens)
     lp3 = pl.col("train_logprob", "infer_logprob", "entropy")
@@ -500,6 +519,7 @@ def test_rows_written_twice_without_a_position_column_are_counted(tmp_path):
     assert load_dataset([p]).accounting.tokens_repeating_row >= 20
     r = CliRunner().invoke(app, ["inspect", str(p)])
     assert "stored rounded" in r.stderr and "repeat the row before" not in r.stderr
+    assert "repeat another row" not in r.stderr
     # with a position column: not checked this way (the positions tell)
     acc = load_dataset([_write(tmp_path, dup, "pos.parquet")]).accounting
     assert acc.tokens_row_checked == 0 and acc.sequences_with_duplicate_positions > 0

@@ -904,6 +904,10 @@ class Accounting:
     #: written twice, which count twice; and the tokens checked (0 with a position column)
     tokens_repeating_row: int = 0
     tokens_row_checked: int = 0
+    #: ... and (rows sampled, of them repeating another sampled row of their sequence
+    #: anywhere): 1 in REPEAT_SAMPLE of the checked tokens by hash (a sequence or shard
+    #: written twice); (0, 0) with a position column
+    repeated_rows_sampled: tuple[int, int] = (0, 0)
     #: per logprob column, valid tokens whose value is within POSITIVE_LOGPROB_TOL of 0
     #: (a near-certain token: its value reads the same negated)
     tokens_near_zero: Mapping[str, int] = field(default_factory=dict)
@@ -975,6 +979,9 @@ class Accounting:
             "tokens_without_step": self.tokens_without_step,
             "tokens_without_staleness": self.tokens_without_staleness,
             "tokens_repeating_row": self.tokens_repeating_row,
+            "repeated_rows_sampled": {"sampled": self.repeated_rows_sampled[0],
+                                      "repeating": self.repeated_rows_sampled[1],
+                                      "one_in": REPEAT_SAMPLE},
             "tokens_near_zero": dict(self.tokens_near_zero),
             "tokens_padding": self.tokens_padding,
             "tokens_entropy_below_zero": self.tokens_entropy_below_zero,
@@ -2544,6 +2551,21 @@ REPEAT_H_MIN = 0.01
 #: ... warned about from this many tokens and this share of those checked
 REPEAT_MIN_TOKENS = 20
 REPEAT_MIN_SHARE = 1e-3
+#: rows repeating any row of their sequence (not in a row) are estimated on 1 in this many
+#: hashed rows, and warned about from REPEAT_ANY_MIN_SAMPLED repeats in the sample and
+#: REPEAT_ANY_MIN_SHARE of it (real runs with all three columns in bf16: 0.02% at most,
+#: equal values by chance; a tenth of the sequences written twice: 10%)
+REPEAT_SAMPLE = 64
+REPEAT_ANY_MIN_SAMPLED = 10
+REPEAT_ANY_MIN_SHARE = 5e-3
+
+
+def _sampled_repeats(hashes: Sequence[np.ndarray]) -> tuple[int, int]:
+    """(rows sampled, of them repeating another: rows minus distinct hashes)."""
+    if not hashes:
+        return 0, 0
+    h = np.concatenate(hashes)
+    return int(h.size), int(h.size - np.unique(h).size)
 
 
 class _AccountingScan:
@@ -2617,6 +2639,7 @@ class _AccountingScan:
         #: an entropy of REPEAT_H_MIN or more): rows written twice; and the tokens checked
         self.row_check = "position" not in mapping and self.fine
         self.row_repeats = self.row_checked = 0
+        self.row_hashes: list[np.ndarray] = []  # (the sampled hashes, _repeated_rows)
         if self.row_check:
             self.columns += ["train_logprob", "infer_logprob", "entropy"]
         #: valid tokens with a negative staleness per input file (by FILE_INDEX)
@@ -2653,6 +2676,17 @@ class _AccountingScan:
         same = ((t[1:] == t[:-1]) & (i[1:] == i[:-1]) & (h[1:] == h[:-1])
                 & (sk[1:] == sk[:-1]) & ok[1:] & valid[:-1])
         self.row_repeats += int(same.sum())
+        # rows repeating any row of their sequence (a sequence or a shard written twice,
+        # not in a row): a hash of (sequence, logprobs, entropy) per checked token, kept
+        # for 1 in REPEAT_SAMPLE of the hashes: the copies of a row share its hash, so
+        # the sample holds all of them or none, and its repeats estimate the input's
+        hx = np.ascontiguousarray(sk[ok]).astype(np.uint64)
+        with np.errstate(over="ignore"):
+            for x in (t[ok], i[ok], h[ok]):
+                hx = (hx ^ np.ascontiguousarray(x, dtype=np.float64).view(np.uint64)) \
+                    * np.uint64(0x9E3779B97F4A7C15)
+                hx ^= hx >> np.uint64(29)
+        self.row_hashes.append(hx[hx % np.uint64(REPEAT_SAMPLE) == 0])
 
     @staticmethod
     def _counted(batch: pl.DataFrame, name: str, valid: np.ndarray
@@ -2868,6 +2902,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
                                   if scan.has_pv and scan.has_tv else 0),
         tokens_repeating_row=scan.row_repeats,
         tokens_row_checked=scan.row_checked,
+        repeated_rows_sampled=_sampled_repeats(scan.row_hashes),
         tokens_padding=count["padding"],
         tokens_entropy_below_zero=below_zero,
         negative_staleness_files={str(infos[i].path): n for i, n in sorted(scan.ahead.items())},
