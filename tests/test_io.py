@@ -438,6 +438,14 @@ def test_tokens_without_a_version_are_counted_and_warned_about(tmp_path):
     p = _write(tmp_path, _long(policy_version=[1, None, 2, 0, 0]).drop("train_version"),
                "pv.parquet")
     assert load_dataset([p]).accounting.tokens_without_staleness == 0
+    # a version (or step) column of nulls only: not used, as if absent, with a note
+    nulls = pl.Series([None] * 5, dtype=pl.Int64)
+    p = _write(tmp_path, _long(policy_version=nulls, step=nulls), "allnull.parquet")
+    ds = load_dataset([p])
+    assert "policy_version" not in ds.mapping and "step" not in ds.mapping
+    assert ds.accounting.tokens_without_staleness == 0
+    assert "policy_version holds only nulls in every file: not used (as if absent)" \
+        in ds.notes
     ok = load_dataset([_write(tmp_path, _long(), "ok.parquet")]).accounting
     assert ok.tokens_without_staleness == 0
 

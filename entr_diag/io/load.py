@@ -1359,6 +1359,12 @@ def load_dataset(
                 entropy_unused = (f"the entropy column ('{src}') is missing from "
                                   f"{len(lacking)} of {len(file_list)} files")
             del mapping[canon]
+    for canon in ("step", "policy_version", "train_version"):  # written, never filled
+        src = mapping.get(canon)
+        if src and all(_only_nulls(metas[f], src) for f in file_list):
+            notes.append(f"{canon}{'' if src == canon else f' ({src!r})'} holds only nulls "
+                         "in every file: not used (as if absent)")
+            del mapping[canon]
     train = mapping.get("train_entropy")
     if train and train != mapping.get("entropy") \
             and all(_only_nulls(metas[f], train) for f in file_list):
