@@ -461,6 +461,12 @@ def test_step_folders_named_like_verl_are_read_as_the_step(tmp_path):
     ds = load_dataset([str(run)])
     assert ds.mapping["step"] == "step" and ds.accounting.steps == (1, 2, 3, 4)
     assert any(n.startswith("step <- the folder names (global_step_N") for n in ds.notes)
+    two = tmp_path / "two"
+    _write(two, _long().drop("step"), "global_step_3/step_1/data.parquet")
+    ds = load_dataset([str(two)])
+    assert ds.accounting.steps == (1,)
+    assert any("1 file(s) lie under several such folders with different numbers" in n
+               and n.endswith("the innermost is read") for n in ds.notes)
     top = tmp_path / "top"
     _write(top, _long().drop("step"), "step=7/global_step_1/data.parquet")
     assert load_dataset([str(top)]).accounting.steps == (7,)

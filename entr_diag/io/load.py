@@ -1252,8 +1252,13 @@ def load_dataset(
             "step" not in schemas[f].names and "step" in _hive_values(Path(f))
             and any(_STEP_FOLDER.match(part) for part in Path(f).parent.parts)
             for f in file_list):
+        nested = [f for f in file_list if len({m.group(1) for part in Path(f).parent.parts
+                                                if (m := _STEP_FOLDER.match(part))}) > 1]
         notes.append("step <- the folder names (global_step_N, step_N or step-N, read as "
-                     "the partition step=N)")
+                     "the partition step=N)"
+                     + (f"; {len(nested):,} file(s) lie under several such folders with "
+                        f"different numbers (e.g. {nested[0]}): the innermost is read"
+                        if nested else ""))
     for k, c in agreeing.items():
         if c in mapping.values():
             notes.append(f"the partition folders {k}=... agree with the files' '{c}' column "
