@@ -575,10 +575,38 @@ def _tables(*outputs: Path | None) -> Console:
     return stderr_tables if any(_is_stdout(p) for p in outputs) else stdout
 
 
-def _check_output(path: Path | None, what: str) -> None:
-    """Refuse, before any work, an output path that cannot be written."""
+def _foreign_parquet(path: Path) -> bool:
+    """Whether ``path`` is an existing regular file holding Parquet (``PAR1`` at its
+    start) that entr-diag did not write (no :data:`~entr_diag.io.load.OUTPUT_MARK` nor
+    synth mark in its metadata): a rollout dump, never to be replaced by an output."""
+    try:
+        if not path.is_file():
+            return False
+        with open(path, "rb") as fh:
+            if fh.read(4) != b"PAR1":
+                return False
+        import pyarrow.parquet as pq
+
+        from entr_diag.io.load import OUTPUT_MARK
+        from entr_diag.synth import SYNTH_METADATA_KEY
+
+        md = pq.read_metadata(path).metadata or {}  # (the file's key-value metadata)
+    except Exception:  # unreadable: the output checks that follow say what is wrong
+        return False
+    return OUTPUT_MARK.encode() not in md and SYNTH_METADATA_KEY not in md
+
+
+def _check_output(path: Path | None, what: str, foreign_ok: bool = False) -> None:
+    """Refuse, before any work, an output path that cannot be written, or that names an
+    existing Parquet file entr-diag did not write (a dump named by a typo; ``foreign_ok``:
+    the caller checks that itself, as synth does)."""
     if path is None or (what == "--json" and _to_stdout(path)):
         return
+    if (not foreign_ok and str(path) != "" and not _to_stdout(path)
+            and _foreign_parquet(Path(path))):
+        raise ParameterError(
+            f"{what} {path} exists and is a Parquet file entr-diag did not write (a rollout "
+            "dump?): not overwritten; remove it first or give another name.")
     if str(path) == "":  # typed as '' (see _output_path), never taken for the directory '.'
         raise ParameterError(f"empty output path for {what}: give a file name.")
     from entr_diag.errors import InputError
@@ -778,6 +806,22 @@ def _require_tokens(ds) -> None:
     telling = max((n / (acc.tokens_masked - near.get(c, 0))
                    for c, n in (at.get("columns") or {}).items()
                    if acc.tokens_masked > near.get(c, 0)), default=0.0)
+    left = at.get("valid_left") or {}
+    if left and ones <= n_pos / 2 and acc.tokens_valid > 0 and not (
+            n_pos > acc.tokens_masked / 2 or telling > 0.5):
+        # files of probabilities among others: their rows at or below 1e-4 pass as
+        # logprobs near 0 and would enter every result (0.24% of a run flipped its verdict)
+        from entr_diag.caveats import files_listed
+
+        n_left = sum(left.values())
+        raise InputError(
+            f"{where}: {n_pos:,} loss-masked tokens were excluded as positive_logprob, "
+            f"and the {n_left:,} valid token(s) left in the files that hold them ("
+            + files_listed(left, len(ds.files)) + ") are probably probabilities too (at "
+            "most 1e-4, which pass as log-probabilities near 0 nats): they would distort "
+            "every result (a few hundred such tokens read as a noise regime and alpha 4 on "
+            "a run whose other files give alpha 1). Leave those files out (analyse the "
+            "others on their own), or convert the column (the log of each probability).")
     if (acc.tokens_valid > 0 and (n_pos > acc.tokens_masked / 2 or telling > 0.5)
             and ones <= n_pos / 2):
         from entr_diag.caveats import exclusion_lead
@@ -794,8 +838,8 @@ def _require_tokens(ds) -> None:
                                                      ds.mapping, acc.excluded_where))
         raise InputError(
             f"{where}: {lead} The {acc.tokens_valid:,} token(s) left are not analysed: "
-            "they are other files' rows or those whose wrong values happen to lie at or "
-            "below 1e-4 nats, not a sample of the run. Fix the column, or analyse the "
+            "they are rows whose wrong values happen to lie at or below 1e-4 nats, or "
+            "other files' rows, the minority of the input. Fix the column, or analyse the "
             "files without the mistake on their own (`entr-diag inspect` lists the "
             "exclusions and where they are).")
     if acc.tokens_valid > 0:
@@ -2332,7 +2376,7 @@ def synth(
             raise ParameterError(f"--tokens must be positive (got {tokens}).")
         if layout not in ("long", "nested"):
             raise ParameterError(f"--layout must be long or nested (got {layout}).")
-        _check_output(output, "--output")
+        _check_output(output, "--output", foreign_ok=True)  # (its own check, below)
         from entr_diag.atomic import output_target
 
         target, atomic = output_target(output)

@@ -396,14 +396,21 @@ def _shards(tmp_path: Path, n: int, bad: dict[int, dict], tokens: int = 400) -> 
 
 
 def test_probabilities_in_one_shard_name_the_column_and_the_shard(tmp_path):
-    """One shard of four with the trainer's column in probabilities: the warning names that
-    column alone and that shard, and the JSON accounting says the same."""
+    """One shard of four with the trainer's column in probabilities: inspect's warning
+    names that column alone and that shard, and the JSON accounting says the same; fit
+    refuses (exit 2): the shard's 5 probabilities below 1e-4 would pass as logprobs near 0
+    and distort every result (it analysed them with the warning)."""
     # five loss-masked probabilities below 1e-4: they pass as log-probabilities near 0
     tiny = pl.col("loss_mask") & (pl.col("loss_mask").cast(pl.Int64).cum_sum() <= 5)
     d = _shards(tmp_path, 4, {2: {"train_logprob": pl.when(tiny).then(1e-6)
                                   .otherwise(pl.col("train_logprob").exp())}})
     j = tmp_path / "fit.json"
-    r = runner.invoke(app, ["fit", str(d), "--json", str(j)])
+    r = runner.invoke(app, ["fit", str(d), "-q"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert ("the 5 valid token(s) left in the files that hold them (all in "
+            f"{d / 'part-2.parquet'}, 1 of the 4 input files) are probably probabilities too"
+            in " ".join(r.stderr.split())) and "Leave those files out" in r.stderr
+    r = runner.invoke(app, ["inspect", str(d), "--json", str(j)])
     msg = re.sub(r"\s+", " ", r.stderr)
     assert ("positive_logprob: train_logprob may hold probabilities"
             in msg), msg
@@ -624,8 +631,14 @@ def test_where_gates_disagree_is_the_joint_cell_of_the_exported_decisions(synth_
 
 def test_flag_without_break_writes_empty_file(tmp_path):
     """With no noise regime, flag replaces any earlier output by an empty file (0 rows)."""
-    out = tmp_path / "noise.parquet"
-    pl.DataFrame({"stale": [1, 2, 3]}).write_parquet(out)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from entr_diag.io.load import OUTPUT_MARK
+
+    out = tmp_path / "noise.parquet"  # an earlier output (entr-diag's mark in its metadata)
+    pq.write_table(pa.table({"stale": [1, 2, 3]}).replace_schema_metadata(
+        {OUTPUT_MARK: "entr-diag flag"}), out)
     r = runner.invoke(app, ["flag", "-o", str(out), "--n-boot", "100", "-q"])
     assert r.exit_code == 0, r.output
     df = pl.read_parquet(out)
@@ -637,7 +650,8 @@ def test_output_checks_before_reading(tmp_path):
     p = _file(tmp_path)
     r = runner.invoke(app, ["flag", str(p), "-o", str(p)])
     assert r.exit_code == 2
-    assert "valid loss-masked tokens" not in r.stderr and "never overwrites" in r.stderr
+    assert "valid loss-masked tokens" not in r.stderr and (
+        "never overwrites" in r.stderr or "entr-diag did not write" in r.stderr)
 
 
 def test_progress_bar_counts_rows_on_a_terminal(monkeypatch, tmp_path):
@@ -2189,7 +2203,7 @@ def test_a_shard_whose_mask_drops_it_is_named(synth_file, tmp_path, mask):
             f"{st[shard]['outside_mask']:,} outside the loss mask" in err), err
     p = _split(synth_file, tmp_path / "p", 4,
                {2: {c: pl.col(c).exp() for c in ("train_logprob", "infer_logprob")}})
-    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js), "-q"])
+    r = runner.invoke(app, ["inspect", str(p), "--json", str(js), "-q"])
     acc = json.loads(js.read_text())["inputs"]["accounting"]
     assert "starved_files" not in acc and "contribute" not in r.stderr
 
@@ -2941,3 +2955,28 @@ def test_negated_logprobs_of_a_peaked_run_are_refused(tmp_path):
                     r"were excluded as positive_logprob, 100\.0% of those whose logprob is "
                     "not within 1e-4 of 0", err), err
     assert "Negate the column" in err and "token(s) left are not analysed" in err
+
+
+def test_outputs_never_replace_a_parquet_file_entr_diag_did_not_write(tmp_path):
+    """An output naming an existing Parquet file entr-diag did not write (a rollout dump
+    named by a typo, not an input of the run) is refused before any work (exit 2), the
+    file unchanged: flag -o, compare --export, report -o and --json alike; entr-diag's own
+    earlier outputs are replaced as before."""
+    import hashlib
+
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    dump = tmp_path / "step4.parquet"
+    dump.write_bytes(src.read_bytes())
+    md5 = hashlib.md5(dump.read_bytes()).hexdigest()
+    for cmd, opt in ((["flag"], "-o"), (["compare"], "--export"), (["report"], "-o"),
+                     (["fit"], "--json")):
+        r = runner.invoke(app, [*cmd, opt, str(dump), "-q"])
+        assert r.exit_code == 2 and r.stderr.startswith(
+            f"error: {opt.replace('-o', '--output') if opt == '-o' else opt} {dump} exists "
+            "and is a Parquet file entr-diag did not write"), (cmd, r.output)
+    assert hashlib.md5(dump.read_bytes()).hexdigest() == md5
+    own = tmp_path / "noise.parquet"
+    for _ in range(2):
+        r = runner.invoke(app, ["flag", "-o", str(own), "-q", "--n-boot", "100"])
+        assert r.exit_code == 0, r.output
