@@ -1640,10 +1640,11 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None, di
     if not rounded:  # ... in some files only
         by_file = align.rounding_by_file()
         rounded = {"by_file": by_file, "input_files": len(ds.files)} if by_file else None
-    if rounded and "by_file" not in rounded:  # an integer-typed column has its own
-        from entr_diag.caveats import integer_columns  # warning (integer_caveat)
+    from entr_diag.caveats import integer_columns, storage_caveat
 
-        ints = {c.split(" ", 1)[0] for c in integer_columns(ds.notes)}
+    # an integer-typed column has its own warning (integer_caveat): judged by neither check
+    ints = {c.split(" ", 1)[0] for c in integer_columns(ds.notes)}
+    if rounded and "by_file" not in rounded:
         rounded = {c: step for c, step in rounded.items() if c not in ints} or None
     if rounded:  # equal values in consecutive tokens are the rounding's, not rows written
         _notes.discard("repeat the row before them")  # twice (a repeated row's warning)
@@ -1661,10 +1662,7 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None, di
         ).removeprefix("caveat: ")))
     # logprobs stored in bf16 / fp16 (not judged for a column rounded to a decimal step
     # or integer-typed: the warnings above cover it)
-    from entr_diag.caveats import integer_columns, storage_caveat
-
-    skip = {c.split(" ", 1)[0] for c in integer_columns(ds.notes)} | set(
-        rounded if rounded and "by_file" not in rounded else ())
+    skip = ints | set(rounded if rounded and "by_file" not in rounded else ())
     storage = align.storage(tuple(skip))
     caveat = storage_caveat(storage, ds.mapping)
     if caveat:

@@ -3674,6 +3674,11 @@ ROUNDED_MIN_VALUES = 200
 ROUNDED_MAX_VALUES = 400_000
 
 
+def _even_subsample(x: np.ndarray) -> np.ndarray:
+    """An evenly strided subsample of ``x`` of at most ROUNDED_MAX_VALUES values."""
+    return x[::max(1, -(-x.size // ROUNDED_MAX_VALUES))]
+
+
 def _nonzero_logprobs(sample: pl.DataFrame, col: str) -> np.ndarray:
     """The finite non-zero values of a logprob column of ``sample`` (none without it),
     without impossible ones (at or below IMPLAUSIBLE_LOGPROB: placeholders such as -300.0,
@@ -4018,7 +4023,7 @@ def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:
     out: dict[str, float] = {}
     for col in ("train_logprob", "infer_logprob"):
         x = _nonzero_logprobs(sample, col)
-        x = x[::max(1, -(-x.size // ROUNDED_MAX_VALUES))]  # an even subsample decides
+        x = _even_subsample(x)  # an even subsample decides
         for step in ROUNDING_STEPS:
             # a value rounded to the step and not 0 is at least the step away from 0: the
             # values closer than half a step (e.g. probabilities below 1e-4 taken for
@@ -4101,8 +4106,7 @@ def storage_precision(sample: pl.DataFrame, skip: Sequence[str] = ()) -> dict[st
         x = _nonzero_logprobs(sample, col)
         # (near 0 a float32 logit - logsumexp holds few significant bits: a multiple of
         # ulp(lse), 2^-19 for lse in [16, 32), below 5e-4 is on the bf16 grid unrounded)
-        x = x[np.abs(x) >= STORAGE_LP_MIN]
-        x = x[::max(1, -(-x.size // ROUNDED_MAX_VALUES))]
+        x = _even_subsample(x[np.abs(x) >= STORAGE_LP_MIN])
         if x.size < ROUNDED_MIN_VALUES:
             continue
         for fmt in STORAGE_FORMATS:
