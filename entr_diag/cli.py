@@ -575,25 +575,33 @@ def _tables(*outputs: Path | None) -> Console:
     return stderr_tables if any(_is_stdout(p) for p in outputs) else stdout
 
 
-def _foreign_parquet(path: Path) -> bool:
-    """Whether ``path`` is an existing regular file holding Parquet (``PAR1`` at its
-    start) that entr-diag did not write (no :data:`~entr_diag.io.load.OUTPUT_MARK` nor
-    synth mark in its metadata): a rollout dump, never to be replaced by an output."""
+def _foreign_parquet(path: Path) -> str | None:
+    """Why ``path`` must not be replaced by an output, or None: it is an existing regular
+    file holding Parquet (``PAR1`` at its start) that entr-diag did not write (no
+    :data:`~entr_diag.io.load.OUTPUT_MARK` nor synth mark in its metadata), a rollout
+    dump; or one whose footer cannot be read (a damaged dump, or one still being written:
+    no output of entr-diag is ever left so, they are written atomically)."""
     try:
         if not path.is_file():
-            return False
+            return None
         with open(path, "rb") as fh:
             if fh.read(4) != b"PAR1":
-                return False
-        import pyarrow.parquet as pq
+                return None
+    except OSError:  # unreadable: the output checks that follow say what is wrong
+        return None
+    import pyarrow.parquet as pq
 
-        from entr_diag.io.load import OUTPUT_MARK
-        from entr_diag.synth import SYNTH_METADATA_KEY
+    from entr_diag.io.load import OUTPUT_MARK
+    from entr_diag.synth import SYNTH_METADATA_KEY
 
+    try:
         md = pq.read_metadata(path).metadata or {}  # (the file's key-value metadata)
-    except Exception:  # unreadable: the output checks that follow say what is wrong
-        return False
-    return OUTPUT_MARK.encode() not in md and SYNTH_METADATA_KEY not in md
+    except Exception as exc:  # noqa: BLE001 (any reader error: not a file entr-diag wrote)
+        return ("starts as a Parquet file but its footer cannot be read (a damaged dump, "
+                f"or one still being written: {str(exc).splitlines()[0][:120]})")
+    if OUTPUT_MARK.encode() in md or SYNTH_METADATA_KEY in md:
+        return None
+    return "is a Parquet file entr-diag did not write (a rollout dump?)"
 
 
 def _check_output(path: Path | None, what: str, foreign_ok: bool = False) -> None:
@@ -602,11 +610,11 @@ def _check_output(path: Path | None, what: str, foreign_ok: bool = False) -> Non
     the caller checks that itself, as synth does)."""
     if path is None or (what == "--json" and _to_stdout(path)):
         return
-    if (not foreign_ok and str(path) != "" and not _to_stdout(path)
-            and _foreign_parquet(Path(path))):
-        raise ParameterError(
-            f"{what} {path} exists and is a Parquet file entr-diag did not write (a rollout "
-            "dump?): not overwritten; remove it first or give another name.")
+    why = (_foreign_parquet(Path(path))
+           if not foreign_ok and str(path) != "" and not _to_stdout(path) else None)
+    if why:
+        raise ParameterError(f"{what} {path} exists and {why}: not overwritten; remove it "
+                             "first or give another name.")
     if str(path) == "":  # typed as '' (see _output_path), never taken for the directory '.'
         raise ParameterError(f"empty output path for {what}: give a file name.")
     from entr_diag.errors import InputError

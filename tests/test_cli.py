@@ -2980,3 +2980,29 @@ def test_outputs_never_replace_a_parquet_file_entr_diag_did_not_write(tmp_path):
     for _ in range(2):
         r = runner.invoke(app, ["flag", "-o", str(own), "-q", "--n-boot", "100"])
         assert r.exit_code == 0, r.output
+
+
+def test_outputs_never_replace_a_damaged_parquet_file(tmp_path):
+    """A file that starts as Parquet but whose footer cannot be read (a dump cut short by a
+    crash, or one still being written) is not replaced by an output either: exit 2 naming
+    the unreadable footer, the file unchanged."""
+    import hashlib
+
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    data = src.read_bytes()
+    for name, body in (("cut.parquet", data[: len(data) // 2]), ("magic.bin", b"PAR1junk")):
+        dump = tmp_path / name
+        dump.write_bytes(body)
+        md5 = hashlib.md5(body).hexdigest()
+        for cmd, opt in (("flag", "-o"), ("fit", "--json")):
+            r = runner.invoke(app, [cmd, opt, str(dump), "-q"])
+            what = "--output" if opt == "-o" else opt
+            assert r.exit_code == 2 and r.stderr.startswith(
+                f"error: {what} {dump} exists and starts as a Parquet file but its footer "
+                "cannot be read"), r.output
+        assert hashlib.md5(dump.read_bytes()).hexdigest() == md5
+    text = tmp_path / "notes.txt"  # (not Parquet: replaced as any other output path)
+    text.write_text("PAR")
+    r = runner.invoke(app, ["fit", "--json", str(text), "-q", "--n-boot", "100"])
+    assert r.exit_code == 0, r.output
