@@ -1209,7 +1209,34 @@ def entropy_mismatch_caveat(units: Mapping, mapping: Mapping[str, str] | None = 
         "distribution has its entropy as mean surprisal (E[-log mu(y)] = H(mu), 0.99 to 1.01 "
         f"on consistent logs); {why}. Check how the engine computes the entropy and which "
         "logprobs it returns (before or after temperature and truncation)."
+        + _unit_alike(units, mapping)
     )
+
+
+def _unit_alike(units: Mapping, mapping: Mapping[str, str] | None) -> str:
+    """A sentence for the entropy-mismatch caveat when its ratio is also a unit mistake's
+    factor, alike in the entropy bins (``ratio_spread`` within :data:`UNIT_MAX_SPREAD`),
+    that :func:`unit_mistake` did not name because ``train_over_infer`` is off that
+    signature's value (e.g. entropy in bits on a top-p run: 0.694 with the two columns 1.07
+    apart); else ''."""
+    r, spread = units.get("ratio_binned", math.nan), units.get("ratio_spread", math.nan)
+    t = units.get("train_over_infer", math.nan)
+    if not (math.isfinite(spread) and spread <= UNIT_MAX_SPREAD and r > 0):
+        return ""
+    near = [(abs(t / f_train - 1) if t > 0 else math.inf, key)
+            for key, (_c, _u, _n, f_ratio, f_train) in UNIT_SIGNATURES.items()
+            if math.isfinite(f_ratio) and abs(r / f_ratio - 1) <= UNIT_TOLERANCE]
+    if not near:
+        return ""
+    key = min(near)[1]
+    canon, unit, to_nats, f_ratio, f_train = UNIT_SIGNATURES[key]
+    cols = " and ".join(column_named(c, mapping) for c in canon)
+    return (f" Its {r:.3g} is also near {'1/' if 'logprob' in key else ''}{to_nats} = "
+            f"{f_ratio:.3f}, alike in the entropy bins (those holding 80% of the entropy "
+            f"within a factor {spread:.3g} of each other), as {cols} in {unit} would read: "
+            f"not named so because train_logprob averages {t:.3g} times infer_logprob, "
+            f"not {f_train:.3g} (the two logprob columns differ, as truncated sampling or "
+            f"staleness make them); rule that unit out first.")
 
 
 def unrelated_columns(within_bin_corr: float, tokens: int, ratio: float = 1.0,

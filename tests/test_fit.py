@@ -1050,3 +1050,25 @@ def test_split_rss_equals_a_fit_per_segment():
         np.testing.assert_allclose(rss[i], want, rtol=1e-9, atol=1e-12, equal_nan=True)
     # split 2: rows [0, 2) hold no usable entry in column 0 (no residual), one in column 1
     assert np.isfinite(rss[1, 0]) and np.isnan(rss[1, 1]) and np.isnan(rss[2, 1])
+
+
+def test_entropy_mismatch_caveat_names_a_unit_factor_it_reads():
+    """An entropy-mismatch ratio that is also a unit mistake's factor, alike in the bins
+    (entropy in bits on a top-p run: 0.694, the two logprob columns 1.07 apart, so no
+    signature matched), makes the caveat say so; a ratio bent across the bins or far from
+    every factor does not."""
+    from entr_diag.caveats import units_caveat
+
+    base = {"likely_mistake": None, "entropy_mismatch": True, "ratio_binned": 0.694,
+            "ratio_spread": 1.02, "train_over_infer": 1.072}
+    text = units_caveat(base, {"entropy": "ent"})
+    assert text.startswith("caveat: entropy ('ent') and infer_logprob do not describe one")
+    assert ("Its 0.694 is also near ln 2 = 0.693, alike in the entropy bins (those holding "
+            "80% of the entropy within a factor 1.02 of each other), as entropy ('ent') in "
+            "bits (log base 2) would read: not named so because train_logprob averages "
+            "1.07 times infer_logprob, not 1") in text
+    for other in ({"ratio_spread": 1.6}, {"ratio_binned": 0.5}, {"ratio_spread": math.nan}):
+        assert "also near" not in units_caveat({**base, **other})
+    # logprobs in log2 on both sides: the factor 1/ln 2 of the nearer signature
+    text = units_caveat({**base, "ratio_binned": 1.44, "train_over_infer": 1.1})
+    assert "also near 1/ln 2 = 1.443" in text and "train_logprob and infer_logprob in log2" in text
