@@ -2026,21 +2026,19 @@ def _gate_plan(ds, entr, panel, sweeps):
     n_h = ds.accounting.excluded.get("invalid_entropy", 0)
     seq_gates = list(dict.fromkeys(g.name for g in panel
                                    if getattr(g, "level", "") == "sequence"))
-    if n_h and seq_gates:  # tokens with valid logprobs missing from the sequences' sums
+    if n_h and seq_gates:  # tokens with valid logprobs, outside the analysis
         _notes.add(
-            f"[yellow]warning:[/yellow] {n_h:,} loss-masked token(s) excluded as "
-            "invalid_entropy (no usable entropy) are left out of every gate, also of the "
-            f"sequence gates ({escape(', '.join(seq_gates))}), which decide their "
-            "sequences on the tokens left; verl and slime read no entropy and count them, "
-            "so a sequence they would drop (a vetoed token among them, a ratio product out "
-            "of bounds) may read as kept here. Fix the entropy column (or map another with "
-            "--column entropy=NAME / --entropy train) to compare the sequence gates on "
-            "every token.")
+            f"note: {n_h:,} loss-masked token(s) excluded as invalid_entropy (no usable "
+            "entropy; their logprobs valid) enter the sequence gates' statistics "
+            f"({escape(', '.join(seq_gates))}: ratio sums, means, the veto's minimum), as "
+            "verl and slime count them, but no kept count: the tables count analysed "
+            "tokens only.")
     return compare_plan(
         ds.lf, entr=entr, panel=panel,
         sweep_tau=sweeps.get("tau", np.geomspace(0.5, 16, 25)),
         sweep_c=sweeps.get("c", np.geomspace(0.02, 2.0, 25)),
         staleness_unit=_staleness_unit(ds), no_entropy=ds.entropy_unused,
+        unscored=ds.unscored(),
     )
 
 
@@ -2180,7 +2178,7 @@ def compare(
                 from entr_diag.atomic import when_written, write_with
                 from entr_diag.compare import export_frame
 
-                lf = export_frame(ds.lf, res).with_columns(
+                lf = export_frame(ds.lf, res, ds.unscored()).with_columns(
                     pl.col("seq_id").cast(ds.seq_id_dtype))
                 meta = {**_output_mark("compare --export"),
                         **({UNAVAILABLE_MARK: no_entr} if no_entr else {})}

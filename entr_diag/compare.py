@@ -592,6 +592,11 @@ def _token_keep_exprs(
     return exprs, cuts
 
 
+#: sequence partials that count the analysed tokens a sequence's decision applies to, not
+#: the terms of its statistic: tokens outside the analysis do not add to them
+_ANALYSED_COUNTS = frozenset({"n_tokens"})
+
+
 def _seq_stat_aggs(gates: Sequence[GateSpec]
                    ) -> tuple[list[pl.Expr], dict[int, pl.Expr], dict[int, pl.Expr]]:
     """Aggregations over one sequence for every sequence gate, each gate's keep rule on
@@ -614,21 +619,30 @@ def _seq_stat_aggs(gates: Sequence[GateSpec]
 
 
 def _attach_decisions(
-    lf: pl.LazyFrame, gates: Sequence[GateSpec], names: Sequence[str], keep_order: bool = False
+    lf: pl.LazyFrame, gates: Sequence[GateSpec], names: Sequence[str], keep_order: bool = False,
+    unscored: pl.LazyFrame | None = None,
 ) -> tuple[pl.LazyFrame, dict[int, float]]:
     """``lf`` with one Boolean column per gate (``names[i]``), plus resolved M2PO cuts.
 
-    Sequence gates: their per-sequence statistics come from ONE ``group_by("seq_key")``,
-    collected eagerly (one row per sequence: memory O(sequences), not O(tokens)) and joined
-    back on ``seq_key``. M2PO: the cut is resolved eagerly here
-    (:func:`resolve_m2po_cut`), then compared per token.
+    Sequence gates: their per-sequence statistics come from ONE ``group_by("seq_key")``
+    (over ``lf``'s log-ratios and ``unscored``'s: see :func:`compare_gates`), collected
+    eagerly (one row per sequence: memory O(sequences), not O(tokens)) and joined back on
+    ``seq_key``. M2PO: the cut is resolved eagerly here (:func:`resolve_m2po_cut`), then
+    compared per token.
     """
     tok, cuts = _token_keep_exprs(lf, gates)
     aggs, rules, weights = _seq_stat_aggs(gates)
     out = lf
     if rules:
+        rows = lf.select("seq_key", "delta")
+        if unscored is not None:
+            rows = pl.concat([rows, unscored.lazy().select(
+                "seq_key", pl.col("delta").cast(rows.collect_schema()["delta"]))])
+        if any(isinstance(gates[i], SeqTIS) for i in weights):
+            # (n_tokens of sequence TIS counts lf's tokens only: weights need no count)
+            pass
         seq = (
-            lf.group_by("seq_key")
+            rows.group_by("seq_key")
             .agg(aggs)
             .select("seq_key", *[r.alias(names[i]) for i, r in rules.items()],
                     *[w.alias(weight_column(gates[i])) for i, w in weights.items()])
@@ -644,15 +658,17 @@ def _attach_decisions(
     return out, cuts
 
 
-def decisions_frame(lf: pl.LazyFrame, gates: Sequence[GateSpec]) -> pl.LazyFrame:
+def decisions_frame(lf: pl.LazyFrame, gates: Sequence[GateSpec],
+                    unscored: pl.LazyFrame | None = None) -> pl.LazyFrame:
     """Per-token keep/drop of each gate, with the keys to join back (for ``--export``).
 
     Returns a LazyFrame, one row per input token: ``seq_id``, ``seq_key``, ``position``,
     ``step`` (if present), in input row order, then one Boolean column per gate named
     :func:`decision_column` (``"keep[entr:tau=4,eps=0.01]"``; True = kept), and for TIS
     also ``"weight[<spec>]"`` = ``min(r, cap)`` (for sequence TIS the sequence's weight
-    ``min(exp(sum_t delta_t), cap)``). Duplicate specs get one column. M2PO cuts
-    are resolved eagerly (a few streaming passes over ``delta``); everything else stays lazy,
+    ``min(exp(sum_t delta_t), cap)``). Duplicate specs get one column. ``unscored``: tokens
+    left out of ``lf`` whose log-ratios the sequence gates read too (see
+    :func:`compare_gates`); no row of theirs is returned. M2PO cuts are resolved eagerly (a few streaming passes over ``delta``); everything else stays lazy,
     so the caller can ``sink_parquet`` it.
     """
     lf = token_frame(lf, "decisions_frame")
@@ -665,7 +681,7 @@ def decisions_frame(lf: pl.LazyFrame, gates: Sequence[GateSpec]) -> pl.LazyFrame
             seen.add(g.spec())
             uniq.append(g)
     names = [decision_column(g) for g in uniq]
-    out, _ = _attach_decisions(lf, uniq, names, keep_order=True)
+    out, _ = _attach_decisions(lf, uniq, names, keep_order=True, unscored=unscored)
     keys = [c for c in ("seq_id", "seq_key", "position", "step") if c in schema]
     extra = [g.weight_expr().alias(weight_column(g)) if isinstance(g, TIS)
              else pl.col(weight_column(g))  # (joined per sequence)
@@ -699,16 +715,18 @@ def weight_column(gate: GateSpec) -> str:
     return f"weight[{gate.spec()}]"
 
 
-def export_frame(lf: pl.LazyFrame, result: CompareResult) -> pl.LazyFrame:
+def export_frame(lf: pl.LazyFrame, result: CompareResult,
+                 unscored: pl.LazyFrame | None = None) -> pl.LazyFrame:
     """The per-token decisions of a comparison (``compare --export``): :func:`decisions_frame`
     of ``result``'s gates and its matched band, and for each gate it could not simulate
     (``result.unavailable``, e.g. ENTR without an entropy column) a ``keep[<spec>]`` column
-    of nulls (no decision), placed before the others. One row per token of ``lf``, lazy."""
+    of nulls (no decision), placed before the others. One row per token of ``lf``, lazy.
+    ``unscored``: as for :func:`decisions_frame` (give the one the comparison had)."""
     lf = token_frame(lf, "export_frame")
     gates = list(result.gate_specs)
     if result.matched_spec is not None:
         gates.append(result.matched_spec)
-    out = decisions_frame(lf, gates)
+    out = decisions_frame(lf, gates, unscored)
     if not result.unavailable:
         return out
     names = out.collect_schema().names()
@@ -1604,8 +1622,17 @@ class ComparePlan:
         no_fit: str | None = None,
         staleness_unit: int = 1,
         no_entropy: str | None = None,
+        unscored: pl.LazyFrame | None = None,
     ) -> None:
         entr = entr if entr is not None else EntrGate()
+        if unscored is not None and not isinstance(unscored, pl.LazyFrame | pl.DataFrame):
+            raise TypeError("compare_gates: expected unscored as a polars LazyFrame (columns "
+                            f"seq_key, delta) or None, got {given(unscored)}.")
+        #: tokens left out of the analysis whose log-ratio is valid (an invalid entropy):
+        #: they enter the sequence gates' statistics only (:meth:`_merge_unscored`)
+        self.unscored = None if unscored is None else unscored.lazy()
+        #: how many of them did (sequences holding analysed tokens); None: none given
+        self.unscored_tokens: int | None = None
         if no_entropy is not None and not isinstance(no_entropy, str):
             raise TypeError("compare_gates: expected no_entropy as a str (why the frame has "
                             f"no entropy column) or None, got {given(no_entropy)}.")
@@ -1692,6 +1719,34 @@ class ComparePlan:
         self._cuts: list[_Cut] = []
         self._per_seq: pl.DataFrame | None = None
         self.set_law(**law, entropy_edges=entropy_edges)
+
+    def _merge_unscored(self, per_seq: pl.DataFrame) -> pl.DataFrame:
+        """``per_seq`` (pass 1's per-sequence partials) with the sequence gates' partials of
+        :attr:`unscored` merged in (sum and count partials added, minima and maxima
+        taken), for the sequences that hold analysed tokens: verl's and slime's sequence
+        ratios, geometric means, k3 means and veto read every loss-masked token's
+        log-ratio, not its entropy. ``n_tokens`` (sequence TIS: the analysed tokens its
+        weight applies to) is left as it is; :attr:`unscored_tokens` counts the rows
+        merged."""
+        aggs = [getattr(e, how)().alias(f"__u_{name}")
+                for name, (e, how) in self.partials.items() if name not in _ANALYSED_COUNTS]
+        side = (self.unscored.select("seq_key", "delta")  # type: ignore[union-attr]
+                .group_by("seq_key").agg(pl.len().alias("__u_n"), *aggs)
+                .join(per_seq.lazy().select("seq_key"), on="seq_key", how="semi")
+                .collect(engine="streaming"))
+        self.unscored_tokens = int(side["__u_n"].sum()) if side.height else 0
+        if not side.height:
+            return per_seq
+        merged = []
+        for name, (_e, how) in self.partials.items():
+            if name in _ANALYSED_COUNTS:
+                continue
+            a, u = pl.col(f"__p_{name}"), pl.col(f"__u_{name}")
+            merged.append((a + u.fill_null(0) if how in ("sum", "count")
+                           else pl.min_horizontal(a, u) if how == "min"
+                           else pl.max_horizontal(a, u)).alias(f"__p_{name}"))
+        return (per_seq.join(side, on="seq_key", how="left").with_columns(merged)
+                .drop(side.columns[1:]))
 
     def _h(self, h: float) -> str:
         """An entropy with its unit: ``0.034 nats``, or ``0.048 in the entropy column's
@@ -1852,6 +1907,10 @@ class ComparePlan:
         per_seq = f.seq.result()
         seq_idx = [i for i, g in enumerate(self.gates) if isinstance(g, SequenceGate)]
         decisions = None
+        if seq_idx and self.unscored is not None:
+            per_seq = self._merge_unscored(per_seq)
+        elif self.unscored is not None:
+            self.unscored_tokens = 0  # (no sequence gate to count them)
         if seq_idx:
             cols = {k: pl.col(f"__p_{k}") for k in self.partials}
             per_seq = per_seq.with_columns(
@@ -2224,6 +2283,7 @@ class ComparePlan:
             "flag_eps": flag_eps,
             "entropy_unit": self.entropy_unit or "nats",
             "staleness_unit": self.staleness_unit,
+            "unscored_tokens_in_sequence_gates": self.unscored_tokens,
             "law_scale_quantile": 0.99,
             "law_scale_factor": CHI2_1_99,
             "m2po_cuts": {
@@ -2277,6 +2337,7 @@ def compare_gates(
     no_fit: str | None = None,
     staleness_unit: int = 1,
     no_entropy: str | None = None,
+    unscored: pl.LazyFrame | None = None,
 ) -> CompareResult:
     """Simulate ENTR and a panel of gates on a token frame and compare what they keep.
 
@@ -2307,6 +2368,13 @@ def compare_gates(
         ('entropy') holds no valid value for any loss-masked token", from
         ``Dataset.entropy_unused``): ENTR's unavailable reason and ``null_reasons`` say it
         instead of "the token frame has no entropy column"; ignored when it has one.
+    unscored : tokens left out of ``lf`` whose log-ratio is valid but whose entropy is not
+        (columns ``seq_key``, ``delta``: :meth:`entr_diag.io.load.Dataset.unscored`), or
+        None. Their log-ratios enter the sequence gates' statistics (the ratio product, the
+        geometric mean, the k3 mean, the veto's minimum) of the sequences holding tokens of
+        ``lf``, as verl and slime count every loss-masked token; no kept count includes
+        them. ``parameters["unscored_tokens_in_sequence_gates"]``: how many did (None when
+        not given).
 
     Returns a :class:`CompareResult`. Raises SchemaError (missing column; a panel gate
     needing the missing entropy), InputError (no token, or null entropy), ParameterError
@@ -2323,7 +2391,7 @@ def compare_gates(
         lf, entr=entr, panel=panel, h_star=h_star, law_k=law_k, law_alpha=law_alpha,
         flag_tau=flag_tau, flag_eps=flag_eps, entropy_edges=entropy_edges, p_edges=p_edges,
         sweep_tau=sweep_tau, sweep_c=sweep_c, no_fit=no_fit, staleness_unit=staleness_unit,
-        no_entropy=no_entropy,
+        no_entropy=no_entropy, unscored=unscored,
     )
     run_pass(lf, plan.accumulators)
     return plan.finish()

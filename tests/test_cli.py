@@ -2894,37 +2894,73 @@ def test_aligned_entropy_stays_silent(synth_file, tmp_path):
     assert json.loads(js.read_text())["entropy_alignment"] is None
 
 
-def test_sequence_gates_warn_when_tokens_without_entropy_are_left_out(tmp_path):
+def test_sequence_gates_count_tokens_without_entropy(tmp_path):
     """Tokens with valid logprobs but no usable entropy (invalid_entropy) are left out of
-    every gate, the sequence gates' sums and veto too, which verl and slime (reading no
-    entropy) would count: compare and report warn (stderr, also with --quiet, and the
-    JSON's warnings), naming the sequence gates; a panel without sequence gates, or a run
-    without such tokens, does not."""
+    the analysis, but verl and slime (reading no entropy) count them in their sequence
+    statistics: a catastrophic ratio (e^-12) on a NaN-entropy token in 30 sequences makes
+    veto, seq-is and k3 drop exactly those 30, as a polars computation over every
+    loss-masked token says (they kept all 1536 before); the export's decisions agree with
+    the counts; a note says so (JSON
+    ``parameters.unscored_tokens_in_sequence_gates``); no kept count includes them; a
+    panel without sequence gates, or a run without such tokens, gets no note."""
     src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
         "sample_run_long.parquet"
     df = pl.read_parquet(src).drop("train_entropy")
+    first = pl.col("loss_mask") & (pl.col("position") == pl.col("position").filter(
+        pl.col("loss_mask")).min().over("step", "seq_id"))
+    hit = df.select("step", "seq_id").unique(maintain_order=True).head(30).with_columns(
+        _hit=pl.lit(True))
+    df = (df.join(hit, on=["step", "seq_id"], how="left")
+          .with_columns(_t=first & pl.col("_hit").fill_null(False)))
+    assert df["_t"].sum() == 30
+    df = df.with_columns(
+        pl.when("_t").then(float("nan")).otherwise(pl.col("entropy")).alias("entropy"),
+        pl.when("_t").then(pl.col("infer_logprob") - 12).otherwise(pl.col("train_logprob"))
+        .alias("train_logprob")).drop("_hit", "_t")
     p = tmp_path / "some_nan.parquet"
-    nan = pl.int_range(pl.len()) % 97 == 0
-    df.with_columns(pl.when(nan).then(float("nan")).otherwise(pl.col("entropy"))
-                    .alias("entropy")).write_parquet(p)
-    n = df.filter(pl.col("loss_mask") & (pl.int_range(pl.len()) % 97 == 0)).height
-    said = (f"warning: {n:,} loss-masked token(s) excluded as invalid_entropy (no usable "
-            "entropy) are left out of every gate, also of the sequence gates (seq-is, "
-            "seq-tis, geo-rs, k3, veto), which decide their sequences on the tokens left")
-    js = tmp_path / "c.json"
-    r = runner.invoke(app, ["compare", str(p), "-q", "--n-boot", "100", "--json", str(js)])
+    df.write_parquet(p)
+    per = (df.filter("loss_mask")
+           .with_columns(d=pl.col("train_logprob") - pl.col("infer_logprob"))
+           .group_by("step", "seq_id")
+           .agg(s=pl.col("d").sum(), m=pl.col("d").mean(), mn=pl.col("d").min(),
+                k3=(pl.col("d").exp() - 1 - pl.col("d")).mean()))
+    want = {"veto": per.filter(pl.col("mn") >= math.log(1e-4)).height,
+            "seq-is": per.filter(pl.col("s").is_between(math.log(0.5), math.log(2))).height,
+            "k3": per.filter(pl.col("k3") <= 0.01).height,
+            "geo-rs": per.filter(pl.col("m").is_between(math.log(0.999),
+                                                        math.log(1.001))).height}
+    assert want["veto"] == per.height - 30
+    js, ex = tmp_path / "c.json", tmp_path / "d.parquet"
+    r = runner.invoke(app, ["compare", str(p), "--n-boot", "100", "--json", str(js),
+                            "--export", str(ex)])
     assert r.exit_code == 0, r.output
-    assert said in " ".join(r.stderr.split())
-    assert any(w.startswith(said.removeprefix("warning: "))
-               for w in json.loads(js.read_text())["warnings"])
+    said = ("note: 30 loss-masked token(s) excluded as invalid_entropy (no usable entropy; "
+            "their logprobs valid) enter the sequence gates' statistics (seq-is, seq-tis, "
+            "geo-rs, k3, veto: ratio sums, means, the veto's minimum)")
+    assert said in " ".join(r.stderr.split()), r.stderr
+    c = json.loads(js.read_text())["compare"]
+    assert c["parameters"]["unscored_tokens_in_sequence_gates"] == 30
+    assert c["n_tokens"] == df.filter("loss_mask").height - 30
+    gates = {g["spec"].split(":")[0]: g for g in c["gates"]}
+    for name, n in want.items():
+        assert gates[name]["kept_sequences"] == n, (name, gates[name])
+    assert gates["fixed"]["kept_sequences"] == per.height  # (a token gate: unchanged)
+    dec = pl.read_parquet(ex)
+    assert dec.height == c["n_tokens"]
+    for g in c["gates"]:
+        assert int(dec[f"keep[{g['spec']}]"].sum()) == g["kept_tokens"], g["spec"]
     r = runner.invoke(app, ["report", str(p), "-q", "--n-boot", "100", "-o",
                             str(tmp_path / "r.html")])
-    assert r.exit_code == 0 and said in " ".join(r.stderr.split()), r.output
-    r = runner.invoke(app, ["compare", str(p), "-q", "--n-boot", "100", "--gate", "fixed",
-                            "--gate", "icepop"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["compare", str(p), "--n-boot", "100", "--gate", "fixed",
+                            "--gate", "icepop", "--json", str(js)])
+    assert r.exit_code == 0 and "enter the sequence gates" not in r.stderr, r.output
+    assert json.loads(js.read_text())["compare"]["parameters"][
+        "unscored_tokens_in_sequence_gates"] == 0
+    r = runner.invoke(app, ["compare", str(src), "--n-boot", "100", "--json", str(js)])
     assert r.exit_code == 0 and "invalid_entropy" not in r.stderr, r.output
-    r = runner.invoke(app, ["compare", str(src), "-q", "--n-boot", "100"])
-    assert r.exit_code == 0 and "invalid_entropy" not in r.stderr, r.output
+    assert json.loads(js.read_text())["compare"]["parameters"][
+        "unscored_tokens_in_sequence_gates"] is None
 
 
 def test_negated_logprobs_of_a_peaked_run_are_refused(tmp_path):

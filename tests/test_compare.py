@@ -966,3 +966,57 @@ def test_distinct_counts_equal_the_sorted_counts(nb, extra, steps, n, seed):
     u2, c2 = _sorted_counts(np.sort(key))
     np.testing.assert_array_equal(u, u2)
     np.testing.assert_array_equal(c, c2)
+
+
+def test_unscored_tokens_enter_the_sequence_gates_only():
+    """``unscored`` rows (tokens left out for their entropy, log-ratio valid) are merged into
+    the sequence gates' statistics of the sequences holding analysed tokens: the result
+    equals the gates' rules over analysed + unscored rows together (polars group-by), the
+    export's decisions agree, the token gates and every kept count are unchanged, sequence
+    TIS's truncated tokens count analysed tokens only, and rows of a sequence without
+    analysed tokens are ignored."""
+    from entr_diag.gates import CatastrophicVeto
+
+    df = _frame(3, 400)
+    rng = np.random.default_rng(5)
+    keys = df["seq_key"].unique().sort()
+    side = pl.DataFrame({
+        "seq_key": pl.concat([keys.sample(60, seed=1), pl.Series([999_999], dtype=pl.UInt64)]),
+        "delta": np.append(rng.choice([-12.0, -1.0, 0.8, 0.0005], 60), -20.0),
+    })
+    panel = [SeqIS(), SeqTIS(cap=1.5), GeoRS(low=0.9, high=1.1), K3SeqRS(), CatastrophicVeto(),
+             IcePop()]
+    kw = dict(entr=EntrGate(tau=2.0), panel=panel, h_star=0.05, law_k=0.09,
+              entropy_edges=[0, 0.05, 0.2, 1, 10])
+    base = compare_gates(df.lazy(), **kw)
+    res = compare_gates(df.lazy(), unscored=side.lazy(), **kw)
+    assert res.parameters["unscored_tokens_in_sequence_gates"] == 60
+    assert base.parameters["unscored_tokens_in_sequence_gates"] is None
+    assert res.n_tokens == base.n_tokens == df.height
+    both = pl.concat([df.select("seq_key", "delta"), side]).join(
+        df.select("seq_key").unique(), on="seq_key", how="semi")
+    per = both.group_by("seq_key").agg(
+        s=pl.col("delta").sum(), m=pl.col("delta").mean(), mn=pl.col("delta").min(),
+        k3=(pl.col("delta").exp() - 1 - pl.col("delta")).mean())
+    n_tok = df.group_by("seq_key").len()
+    per = per.join(n_tok, on="seq_key")
+    want = {"seq-is": pl.col("s").is_between(math.log(0.5), math.log(2.0)),
+            "geo-rs": pl.col("m").is_between(math.log(0.9), math.log(1.1)),
+            "k3": pl.col("k3") <= 0.01, "veto": pl.col("mn") >= math.log(1e-4)}
+    got = {g.name: g for g in res.gates}
+    for name, rule in want.items():
+        kept = per.filter(rule)
+        assert got[name].kept_sequences == kept.height, name
+        assert got[name].kept_tokens == int(kept["len"].sum()), name
+    assert got["veto"].kept_sequences < {g.name: g for g in base.gates}["veto"].kept_sequences
+    assert got["icepop"] == {g.name: g for g in base.gates}["icepop"]
+    tis = got["seq-tis"].tis
+    trunc = per.filter(pl.col("s") > math.log(1.5))
+    assert tis.truncated_sequences == trunc.height
+    assert tis.truncated_tokens == int(trunc["len"].sum())
+    dec = decisions_frame(df.lazy(), panel, unscored=side.lazy()).collect()
+    for g in res.gates[1:]:
+        assert int(dec[decision_column(g_spec := next(
+            p for p in panel if p.spec() == g.spec))].sum()) == g.kept_tokens, g_spec
+    with pytest.raises(TypeError, match="expected unscored as a polars LazyFrame"):
+        compare_gates(df.lazy(), unscored={"seq_key": [1]}, **kw)

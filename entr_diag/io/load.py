@@ -1062,6 +1062,19 @@ class Dataset:
         50 ms to resolve, and the analyses ask often)."""
         return self.lf.collect_schema()
 
+    def unscored(self) -> pl.LazyFrame | None:
+        """The loss-masked tokens excluded as ``invalid_entropy`` (their logprobs valid, their
+        entropy null, NaN, infinite or out of range), columns ``seq_key`` and ``delta`` =
+        train_logprob - infer_logprob (nats), one row per token; None when there is none.
+        A gate that reads no entropy counts them (verl's and slime's sequence ratios and
+        veto do): :func:`entr_diag.compare.compare_gates` merges them into the sequence
+        gates' statistics. Lazy; reading it scans the input again."""
+        if not self.accounting.excluded.get("invalid_entropy"):
+            return None
+        return (self.raw.filter(pl.col("reason") == "invalid_entropy")
+                .select("seq_key", (pl.col("train_logprob") - pl.col("infer_logprob"))
+                        .alias("delta")))
+
     @functools.cached_property
     def raw_schema(self) -> pl.Schema:
         """The schema of :attr:`raw`, resolved once."""
