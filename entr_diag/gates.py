@@ -412,6 +412,12 @@ class SequenceGate(GateSpec):
         raise NotImplementedError  # pragma: no cover - abstract
 
 
+def _log_bound(ratio: float) -> float:
+    """log of a ratio bound in [0, inf]: -inf for 0 and inf for inf (no bound on that
+    side), where ``math.log(0)`` raises."""
+    return -math.inf if ratio == 0 else math.log(ratio)
+
+
 @dataclass(frozen=True)
 class SeqIS(SequenceGate):
     """Sequence IS rejection: drop the sequence if ``exp(sum_t delta_t)`` leaves
@@ -432,12 +438,14 @@ class SeqIS(SequenceGate):
     summary: ClassVar[str] = "drop seq if exp(sum delta) outside [lower, upper]"
 
     def _validate(self) -> None:
-        if self.lower is None and math.isfinite(self.upper) and self.upper > 0:
-            object.__setattr__(self, "lower", 1.0 / self.upper)
+        if self.lower is None and not math.isnan(self.upper) and self.upper > 0:
+            object.__setattr__(self, "lower", 1.0 / self.upper)  # (upper inf: 0, no bound)
         lo = self.lower if self.lower is not None else float("nan")
         self._check(
-            math.isfinite(self.upper) and math.isfinite(lo) and 0 < lo <= self.upper,
-            "need 0 < lower <= upper (sequence ratio bounds; lower defaults to 1/upper)",
+            not math.isnan(self.upper) and math.isfinite(lo) and 0 <= lo <= self.upper
+            and self.upper > 0,
+            "need 0 <= lower <= upper, upper > 0 (sequence ratio bounds; upper may be inf "
+            "and lower 0: no bound on that side; lower defaults to 1/upper)",
         )
 
     def seq_aggs(self) -> dict[str, pl.Expr]:
@@ -451,7 +459,7 @@ class SeqIS(SequenceGate):
 
     def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
         s = stats["sum_delta"]
-        return (s >= math.log(self.lower)) & (s <= math.log(self.upper))  # type: ignore[arg-type]
+        return (s >= _log_bound(self.lower)) & (s <= _log_bound(self.upper))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -524,8 +532,10 @@ class GeoRS(SequenceGate):
 
     def _validate(self) -> None:
         self._check(
-            math.isfinite(self.low) and math.isfinite(self.high) and 0 < self.low <= self.high,
-            "need 0 < low <= high (geometric-mean ratio bounds)",
+            math.isfinite(self.low) and not math.isnan(self.high) and 0 <= self.low <= self.high
+            and self.high > 0,
+            "need 0 <= low <= high, high > 0 (geometric-mean ratio bounds; high may be inf "
+            "and low 0: no bound on that side)",
         )
 
     def seq_aggs(self) -> dict[str, pl.Expr]:
@@ -540,7 +550,7 @@ class GeoRS(SequenceGate):
 
     def keep_from(self, stats: Mapping[str, pl.Expr]) -> pl.Expr:
         m = stats["mean_delta"]
-        return (m >= math.log(self.low)) & (m <= math.log(self.high))
+        return (m >= _log_bound(self.low)) & (m <= _log_bound(self.high))
 
 
 @dataclass(frozen=True)

@@ -378,3 +378,31 @@ def test_refinement_of_a_bracket_narrower_than_a_normal_float():
     src = pl.DataFrame({"x": [0.0] * 50}).lazy()
     got = _refine(src, lambda n, s: n >= 30, 0.0, 4.3458e-311, 0, 0.0, 50, bins=4, small=2)
     assert got == 0.0
+
+
+def test_sequence_ratio_bounds_may_be_open():
+    """seq-is and geo-rs take an upper bound of inf and a lower bound of 0 (no bound on that
+    side), as the README says of every ratio bound: upper=inf alone leaves no bound at
+    all (lower defaults to 1/upper = 0); the rules then keep by the other bound only."""
+    import math
+
+    import polars as pl
+
+    from entr_diag.gates import parse_gate_spec
+
+    df = pl.DataFrame({"seq_key": [1, 1, 2, 2, 3], "delta": [0.5, 0.4, -0.2, -0.3, 0.01]})
+    cases = {"seq-is:upper=inf,lower=0.9": [True, True, False, False, True],
+             "seq-is:upper=inf": [True] * 5,
+             "seq-is:upper=3,lower=0": [True] * 5,
+             "seq-is:upper=1.5,lower=0": [False, False, True, True, True],
+             "geo-rs:low=0.9,high=inf": [True, True, False, False, True],
+             "geo-rs:low=0,high=1.01": [False, False, True, True, True]}
+    for spec, want in cases.items():
+        g = parse_gate_spec(spec)
+        assert df.select(g.keep_expr())[:, 0].to_list() == want, spec
+    assert parse_gate_spec("seq-is:upper=inf").lower == 0
+    assert math.isinf(parse_gate_spec("geo-rs:high=inf").high)
+    for bad in ("seq-is:upper=0", "seq-is:upper=1,lower=2", "geo-rs:low=2,high=1",
+                "geo-rs:low=inf,high=inf", "seq-is:upper=nan"):
+        with pytest.raises(ParameterError):
+            parse_gate_spec(bad)
