@@ -390,7 +390,7 @@ def test_sequence_ratio_bounds_may_be_open():
 
     from entr_diag.gates import parse_gate_spec
 
-    df = pl.DataFrame({"seq_key": [1, 1, 2, 2, 3], "delta": [0.5, 0.4, -0.2, -0.3, 0.01]})
+    df = pl.DataFrame({"seq_key": [1, 1, 2, 2, 3], "delta": [0.5, 0.4, -0.2, -0.3, 0.005]})
     cases = {"seq-is:upper=inf,lower=0.9": [True, True, False, False, True],
              "seq-is:upper=inf": [True] * 5,
              "seq-is:upper=3,lower=0": [True] * 5,
