@@ -322,7 +322,10 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
                         "or floating-point values with a fraction, which read as null): "
                         "map another with --column position=NAME, or drop it to number "
                         "tokens in row order",
-    "negative_version": "version -1 marks prompt positions: the mask may cover the prompt",
+    "negative_version": "version -1 marks prompt tokens (AReaL numbers them so), yet these "
+                        "have valid logprobs: the mask may cover the prompt, or -1 is a "
+                        "real version (step - lag at the start of an asynchronous run: "
+                        "number the versions from 0 to keep those tokens)",
 }
 
 #: the hint instead when the reason's values are all in one logprob column: a placeholder
@@ -338,9 +341,10 @@ ONE_SIDE_HINTS: dict[str, str] = {
 #: for the reasons that are never legitimate (others: more than half): a probability above
 #: 1; an entropy that is NaN, null or out of range (e.g. one shard of two written without
 #: it, while a trainer-side entropy could be used); a mask value other than 0 or 1 (a loss
-#: weight column mapped as the mask, e.g. in one shard of four)
+#: weight column mapped as the mask, e.g. in one shard of four); a version of -1 on tokens
+#: with valid logprobs (a prompt marker inside the mask, or a real version)
 HINT_MIN_SHARE: dict[str, float] = {"positive_logprob": 0.01, "invalid_entropy": 0.05,
-                                    "invalid_loss_mask": 0.05}
+                                    "invalid_loss_mask": 0.05, "negative_version": 0.01}
 
 
 #: input files named at most in where the excluded rows are

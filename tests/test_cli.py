@@ -3042,3 +3042,27 @@ def test_outputs_never_replace_a_damaged_parquet_file(tmp_path):
     text.write_text("PAR")
     r = runner.invoke(app, ["fit", "--json", str(text), "-q", "--n-boot", "100"])
     assert r.exit_code == 0, r.output
+
+
+def test_version_minus_one_on_a_few_percent_of_tokens_is_warned_about(tmp_path):
+    """Tokens excluded as negative_version (version -1, with valid logprobs) get a warning
+    and a caveat from 1% of the loss-masked tokens (they were only in the accounting line),
+    saying -1 may be a real version; versions below -1 are read as version numbers."""
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    df = pl.read_parquet(src)
+    p = tmp_path / "v.parquet"
+    df.with_columns(pl.when(pl.col("step") == 0).then(-1).otherwise(pl.col("policy_version"))
+                    .alias("policy_version")).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "-q", "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert "are negative_version: version -1 marks prompt tokens (AReaL numbers them so), " \
+           "yet these have valid logprobs" in err, err
+    assert "-1 is a real version" in json.loads(js.read_text())["verdict"]["caveat"]
+    df.with_columns(pl.when(pl.col("step") == 0).then(-2).otherwise(pl.col("policy_version"))
+                    .alias("policy_version")).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "-q", "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0 and "read as version numbers" in r.stderr, r.output
+    assert json.loads(js.read_text())["inputs"]["accounting"]["exclusions"] == {}

@@ -1797,3 +1797,26 @@ def test_a_nested_shard_written_twice_is_named(tmp_path):
     assert warned and warned[0].startswith(
         f"warning: {part / 'p-1-retry.parquet'} repeats the rows of {part / 'p-1.parquet'} "
         "(8 of its 8 rows")
+
+
+def test_versions_below_minus_one_are_read_as_version_numbers(tmp_path):
+    """Only -1 is the prompt-token marker: versions of -2 or below among the rows that would
+    be excluded as negative_version (policy_version = step - lag at the start of an
+    asynchronous run, versions offset by -100) make every negative version a version
+    number, read again and kept, with a warning note naming the column and the lowest
+    value; the staleness is their difference. -1 alone stays excluded."""
+    p = _write(tmp_path, _long(policy_version=[-2, -1, 0, -1, 1]))
+    ds = load_dataset([p])
+    assert ds.accounting.excluded == {} and ds.accounting.tokens_valid == 5
+    assert any(n.startswith("warning: 3 loss-masked tokens with valid logprobs have "
+                            "policy_version below 0 (from -2), not only -1: read as version "
+                            "numbers") for n in ds.notes), ds.notes
+    assert _valid(ds)["staleness"].to_list() == [4, 3, 2, 3, 1]
+    off = _write(tmp_path, _long(policy_version=[-99, -99, -98, -100, -100],
+                                 train_version=[-98] * 5), "off.parquet")
+    ds = load_dataset([off])
+    assert ds.accounting.tokens_valid == 5
+    assert any("policy_version or train_version below 0 (from -100)" in n for n in ds.notes)
+    ds = load_dataset([_write(tmp_path, _long(policy_version=[-1, -1, 0, 1, 1]), "m.parquet")])
+    assert ds.accounting.excluded == {"negative_version": 2}
+    assert not any("read as version numbers" in n for n in ds.notes)

@@ -1132,6 +1132,7 @@ def load_dataset(
     _unusable_entropy: tuple[str, ...] = (),
     _nucleus_zeros: bool | pl.Series = False,
     _minus_one: tuple[str, ...] = (),
+    _versions_below_zero: bool = False,
 ) -> Dataset:
     """Scan Parquet inputs lazily into a validated canonical token frame.
 
@@ -1552,13 +1553,14 @@ def load_dataset(
 
     def canonical_raw(fr: pl.LazyFrame) -> pl.LazyFrame:
         return fr.with_columns(_seq_key_expr(mapping)).with_columns(
-            _reason_expr(mapping, nucleus=_nucleus_zeros, minus_one=_minus_one)
-            .alias("reason"))
+            _reason_expr(mapping, nucleus=_nucleus_zeros, minus_one=_minus_one,
+                         below_zero=_versions_below_zero).alias("reason"))
 
     def canonical_valid(fr: pl.LazyFrame) -> pl.LazyFrame:
         # the filter is the reason's conjunction (the same rows as reason null)
         return (fr.with_columns(_seq_key_expr(mapping))
-                .filter(_valid_expr(mapping, _nucleus_zeros, _minus_one)).select(valid_cols))
+                .filter(_valid_expr(mapping, _nucleus_zeros, _minus_one, _versions_below_zero))
+                .select(valid_cols))
 
     valid_cols = _valid_columns(mapping)
     lf = canonical_valid(raw)
@@ -1584,16 +1586,33 @@ def load_dataset(
         chunks.append(Chunk(canonical_valid(fr), tokens, streamed, source, tuple(members)))
     register_chunks(raw, raw_chunks)
     register_chunks(lf, chunks)
-    accounting, fine = _account(raw, mapping, infos, _nucleus_zeros, _minus_one)
+    accounting, fine = _account(raw, mapping, infos, _nucleus_zeros, _minus_one,
+                                _versions_below_zero)
 
     def read_again(**how: Any) -> Dataset:
         """The input read once more with the same options and what the accounting found
         (``how``: the private options that change, e.g. ``_minus_one``)."""
         private = {"_unusable_entropy": _unusable_entropy, "_nucleus_zeros": _nucleus_zeros,
-                   "_minus_one": _minus_one, **how}
+                   "_minus_one": _minus_one, "_versions_below_zero": _versions_below_zero,
+                   **how}
         return load_dataset(paths, columns=columns, framework=framework, layout=layout,
                             entropy=entropy, skip_unreadable=skip_unreadable, **private)
 
+    below = (_negative_versions(raw, mapping)
+             if not _versions_below_zero and accounting.excluded.get("negative_version")
+             else None)
+    if below is not None:  # version numbers below 0, not -1 markers: read again, kept
+        from entr_diag.caveats import column_named
+
+        ds = read_again(_versions_below_zero=True)
+        n, lo, cols = below
+        note = (f"warning: {n:,} loss-masked tokens with valid logprobs have "
+                + " or ".join(column_named(c, mapping) for c in cols)
+                + f" below 0 (from {lo:,}), not only -1: read as version numbers (e.g. step "
+                "- lag at the start of an asynchronous run, or versions offset), not as the "
+                "-1 prompt-token marker, and kept; the staleness is still train_version - "
+                "policy_version")
+        return dataclasses.replace(ds, notes=(note, *ds.notes), bundled=bundled)
     pads = _minus_one_padding(accounting.minus_one) if not _minus_one else {}
     if pads:  # -1.0 padding inside the loss mask: read again, excluded as sentinel_logprob
         from entr_diag.caveats import column_named
@@ -2464,12 +2483,13 @@ def _either(sides: Mapping[str, pl.Expr]) -> pl.Expr:
 
 
 def _reason_conditions(mapping: Mapping[str, str], nucleus: bool | pl.Series = False,
-                       minus_one: Sequence[str] = ()
+                       minus_one: Sequence[str] = (), below_zero: bool = False
                        ) -> list[tuple[str, pl.Expr]]:
     """(reason, condition) in order of precedence: a row's reason is the first whose
     condition is true (a null condition counts as false); no reason: a valid token.
     ``nucleus``: an engine logprob of exactly 0.0 is a one-token nucleus
-    (:func:`_side_conditions`)."""
+    (:func:`_side_conditions`); ``below_zero``: versions below 0 are version numbers (no
+    ``negative_version``: :func:`_negative_versions`)."""
     mask = pl.col("loss_mask") if "loss_mask" in mapping else pl.lit(True)
     out = [
         ("empty_row", pl.col("_empty")),
@@ -2488,7 +2508,8 @@ def _reason_conditions(mapping: Mapping[str, str], nucleus: bool | pl.Series = F
         out.append(("invalid_entropy",
                     h.is_null() | ~h.is_finite() | (h < -S.ENTROPY_NEG_TOL)
                     | (h > S.ENTROPY_MAX)))
-    vers = [pl.col(c) < 0 for c in ("policy_version", "train_version") if c in mapping]
+    vers = [pl.col(c) < 0 for c in ("policy_version", "train_version")
+            if c in mapping and not below_zero]
     if vers:
         cond = vers[0]
         for v in vers[1:]:
@@ -2499,10 +2520,10 @@ def _reason_conditions(mapping: Mapping[str, str], nucleus: bool | pl.Series = F
 
 def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False,
                  minus_one: Sequence[str] = (),
-                 nucleus: bool | pl.Series = False) -> pl.Expr:
+                 nucleus: bool | pl.Series = False, below_zero: bool = False) -> pl.Expr:
     """The ``reason`` of each raw row (String, null for a valid loss-masked token); with
     ``codes``: its index in :func:`_reason_conditions` (UInt8; cheaper to group by)."""
-    conds = _reason_conditions(mapping, nucleus, minus_one)
+    conds = _reason_conditions(mapping, nucleus, minus_one, below_zero)
     e = None
     for i, (name, cond) in enumerate(conds):
         val = pl.lit(i, dtype=pl.UInt8) if codes else pl.lit(name)
@@ -2512,7 +2533,7 @@ def _reason_expr(mapping: Mapping[str, str], *, codes: bool = False,
 
 
 def _valid_expr(mapping: Mapping[str, str], nucleus: bool | pl.Series = False,
-                minus_one: Sequence[str] = ()) -> pl.Expr:
+                minus_one: Sequence[str] = (), below_zero: bool = False) -> pl.Expr:
     """True for a valid loss-masked token (``reason`` is null): no condition of
     :func:`_reason_conditions` holds (a null condition counting as false). Written as one
     term per column saying what a valid value is (a logprob in (SENTINEL_FLOOR,
@@ -2536,7 +2557,7 @@ def _valid_expr(mapping: Mapping[str, str], nucleus: bool | pl.Series = False,
     if "entropy" in mapping:
         h = pl.col("entropy")
         terms += [h >= -S.ENTROPY_NEG_TOL, h <= S.ENTROPY_MAX]
-    reasons = dict(_reason_conditions(mapping, nucleus, minus_one))
+    reasons = dict(_reason_conditions(mapping, nucleus, minus_one, below_zero))
     if "negative_version" in reasons:
         terms.append(~reasons["negative_version"])  # (never null)
     return pl.all_horizontal(terms).fill_null(False)
@@ -2611,7 +2632,8 @@ class _AccountingScan:
     thread pool the engine reads the next chunk with.)"""
 
     def __init__(self, mapping: Mapping[str, str], n_reasons: int,
-                 nucleus: bool | pl.Series = False, minus_one: Sequence[str] = ()) -> None:
+                 nucleus: bool | pl.Series = False, minus_one: Sequence[str] = (),
+                 below_zero: bool = False) -> None:
         from entr_diag.aggregate import N_FINE, fine_bin_expr
 
         self.has_pv, self.has_tv = "policy_version" in mapping, "train_version" in mapping
@@ -2622,7 +2644,8 @@ class _AccountingScan:
         valid = pl.col("_rc").is_null()
         i64 = pl.Int64
         self.stages = [[_reason_expr(mapping, codes=True, nucleus=nucleus,
-                                     minus_one=minus_one).alias("_rc")]]
+                                     minus_one=minus_one, below_zero=below_zero)
+                        .alias("_rc")]]
         # (a valid token without a policy_version: n_reasons + 1, set in numpy)
         exprs = [pl.col("_rc").fill_null(n_reasons).alias("_ac_code")]
         #: (name of the range, its column): the ranges over the valid tokens that hold a
@@ -2825,15 +2848,16 @@ class _AccountingScan:
 
 
 def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[FileInfo],
-             nucleus: bool | pl.Series = False, minus_one: Sequence[str] = ()
+             nucleus: bool | pl.Series = False, minus_one: Sequence[str] = (),
+             below_zero: bool = False
              ) -> tuple[Accounting, tuple[np.ndarray | None, tuple[int, int] | None]]:
     """Token and sequence counts in one streaming pass (chunk by chunk), memory
     O(sequences); with an entropy column, the same pass counts the valid tokens per fine
     entropy bin (returned with their step range, for the fit: a valid token is one the fit
     uses). See :class:`_AccountingScan`."""
     reasons = ["unmasked", "padding", "empty_row", *S.EXCLUSION_REASONS]
-    names = [name for name, _ in _reason_conditions(mapping, nucleus, minus_one)]
-    scan = _AccountingScan(mapping, len(names), nucleus, minus_one)
+    names = [name for name, _ in _reason_conditions(mapping, nucleus, minus_one, below_zero)]
+    scan = _AccountingScan(mapping, len(names), nucleus, minus_one, below_zero)
     try:
         run_pass(raw, [scan])
     except pl.exceptions.ComputeError as e:  # e.g. a value that does not cast
@@ -2936,6 +2960,27 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_identical=int(get("_same").sum()) if per.height else 0,
         identical_logprobs=identical,
     ), fine
+
+
+def _negative_versions(raw: pl.LazyFrame, mapping: Mapping[str, str]
+                       ) -> tuple[int, int, tuple[str, ...]] | None:
+    """The rows excluded as ``negative_version`` (``raw``: the canonical raw frame, with
+    ``reason``) when some version among them is below -1: (rows, lowest version, the
+    version columns below 0), else None. Only -1 is a marker (AReaL numbers prompt tokens
+    -1); -2, -100, ... on tokens with valid logprobs are version numbers (policy_version =
+    step - lag at the start of an asynchronous run, versions offset), which
+    :func:`load_dataset` then reads as such. One more read of the input, only when such
+    rows exist."""
+    cols = [c for c in ("policy_version", "train_version") if c in mapping]
+    if not cols:
+        return None
+    got = (raw.filter(pl.col("reason") == "negative_version")
+           .select(pl.len().alias("n"), *[pl.col(c).min().alias(c) for c in cols])
+           .collect(engine="streaming"))
+    lows = {c: got[c][0] for c in cols if got[c][0] is not None and got[c][0] < 0}
+    if not lows or min(lows.values()) >= -1:
+        return None
+    return int(got["n"][0]), int(min(lows.values())), tuple(lows)
 
 
 def _minus_one_padding(counts: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
