@@ -494,6 +494,21 @@ def duplicates_caveat(acc: Any, n_files: int) -> str | None:
             "result (resampling, sequence gates, outliers); see the warning.")
 
 
+def across_files_caveat(acc: Any, n_files: int) -> str | None:
+    """A one-line caveat when, without a position column, more sequence keys continue from
+    one input file into a later one than the ``n_files - 1`` file boundaries could split
+    (``acc``: the token accounting, its ``sequences_across_files``): seq_ids repeating
+    across files (per-rank local indices) merge different sequences; None otherwise."""
+    n = int(getattr(acc, "sequences_across_files", 0) or 0)
+    if n <= max(n_files - 1, 0):
+        return None
+    return (f"caveat: {n:,} sequence(s) continue from one input file into a later one, more "
+            f"than the {n_files - 1:,} file boundaries could split: their seq_ids probably "
+            "repeat across files (per-rank local indices), which merges different sequences "
+            "into one for every per-sequence result (resampling, sequence gates, per-sequence "
+            "metrics, outliers); see the warning.")
+
+
 def file_exclusions_caveat(acc: Any, n_files: int,
                            mapping: Mapping[str, str] | None = None) -> str | None:
     """A one-line caveat when an exclusion reason removes 20% or more of some input files'

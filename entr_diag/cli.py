@@ -1148,6 +1148,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     (``{"findings": [...]}``, e.g. ``compare``'s, with its own implausible-logprob
     finding); ``gates``: for ``compare`` (:func:`~entr_diag.caveats.findings_caveats`)."""
     from entr_diag.caveats import (
+        across_files_caveat,
         curvature_caveat,
         duplicates_caveat,
         entropy_shift_caveat,
@@ -1180,7 +1181,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                               acc.excluded_where),
              file_exclusions_caveat(acc, len(ds.files), ds.mapping),
-             duplicates_caveat(acc, len(ds.files)), starved_caveat(acc, len(ds.files)),
+             duplicates_caveat(acc, len(ds.files)), across_files_caveat(acc, len(ds.files)),
+             starved_caveat(acc, len(ds.files)),
              identical_logprobs_caveat(acc, len(ds.files), ds.mapping),
              integer_caveat(ds.notes),
              rounding_caveat(rounded, ds.mapping, acc.excluded.get("zero_placeholder", 0)),

@@ -1,6 +1,7 @@
 """Chunked passes: an input read as many chunks (row-group ranges) gives the results of the
 same input read whole, for every command's JSON, in both layouts and on dirty data."""
 
+import dataclasses
 import json
 import math
 
@@ -303,3 +304,33 @@ def test_alike_small_files_are_read_by_one_scan(tmp_path, monkeypatch):
     for key in ("bins", "laws", "breakpoint", "regime", "strata", "verdict", "metrics"):
         _close(many[key], single[key], key)
     assert many["inputs"]["accounting"] == single["inputs"]["accounting"]
+
+
+def test_seq_ids_restarting_in_each_file_are_warned_about(tmp_path):
+    """Per-rank shards without a position column whose seq_ids restart in each file (local
+    sample indices) merge different sequences: more keys continue into a later file than
+    the file boundaries could split, so the note becomes a warning saying why, with a
+    caveat and JSON ``accounting.sequences_across_files``; a run split into files at
+    arbitrary rows (one sequence per boundary) keeps the plain note."""
+    from entr_diag.caveats import across_files_caveat
+
+    one = tmp_path / "one.parquet"
+    write_synth(one, SynthSpec(n_tokens=12_000, seed=4), layout="long")
+    t = pl.read_parquet(one).drop("position")
+    ids = t.select("step", "seq_id").unique(maintain_order=True).with_row_index("i")
+    t = t.join(ids, on=["step", "seq_id"]).with_columns(
+        rank=pl.col("i") % 2, seq_id=pl.col("i") // 2)
+    d = tmp_path / "ranks"
+    d.mkdir()
+    for r in range(2):
+        t.filter(pl.col("rank") == r).drop("rank", "i").write_parquet(d / f"rank{r}.parquet")
+    ds = load_dataset([d])
+    warn = [n for n in ds.notes if "continue from one file" in n]
+    n = ds.accounting.sequences_across_files
+    assert n > 1 and warn[0].startswith(f"warning: {n:,} sequence(s) continue from one file")
+    assert "more than the 1 file boundaries could split: their seq_ids probably repeat" \
+        in warn[0]
+    assert ds.accounting.to_dict()["sequences_across_files"] == n
+    assert across_files_caveat(ds.accounting, 2).startswith(f"caveat: {n:,} sequence(s)")
+    assert across_files_caveat(dataclasses.replace(ds.accounting, sequences_across_files=1),
+                               2) is None

@@ -899,6 +899,10 @@ class Accounting:
     #: valid tokens whose step is null (their sequence is keyed (null, seq_id): apart from
     #: the same seq_id's tokens that have a step, and in no step's row)
     tokens_without_step: int = 0
+    #: without a position column: sequence keys whose rows continue from one input file
+    #: into a later one (numbered in file order as one sequence); more than the file
+    #: boundaries could split means ids repeating across files (per-rank local indices)
+    sequences_across_files: int = 0
     #: without a position column: valid tokens (entropy >= REPEAT_H_MIN) repeating the row
     #: before them in their sequence exactly (both logprobs and the entropy): rows
     #: written twice, which count twice; and the tokens checked (0 with a position column)
@@ -977,6 +981,7 @@ class Accounting:
             "sequences_with_version_switch": self.sequences_with_version_switch,
             "sequences_with_duplicate_positions": self.sequences_with_duplicate_positions,
             "tokens_without_step": self.tokens_without_step,
+            "sequences_across_files": self.sequences_across_files,
             "tokens_without_staleness": self.tokens_without_staleness,
             "tokens_repeating_row": self.tokens_repeating_row,
             "repeated_rows_sampled": {"sampled": self.repeated_rows_sampled[0],
@@ -1501,12 +1506,22 @@ def load_dataset(
     offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype)
     if continued:
         unkeyed = unkeyed_partitions([p[2] for p in plans], mapping)
+        # (a writer splitting the rows into files splits at most one sequence per boundary)
+        merged = continued > len(plans) - 1
         notes.append(
-            ("warning: " if unkeyed else "")
+            ("warning: " if unkeyed or merged else "")
             + f"{continued:,} sequence(s) continue from one file into a later one: without a "
-            "position column their rows are numbered in file order as one sequence (if those "
-            "files are copies of each other, map a position column to have them counted as "
-            "duplicates)" + unkeyed)
+            "position column their rows are numbered in file order as one sequence"
+            + (f", more than the {len(plans) - 1:,} file boundaries could split: their "
+               "seq_ids probably repeat across files (per-rank or per-shard local indices "
+               "restarting in each file), which merges different sequences into one for "
+               "every per-sequence result (sequence gates, per-sequence metrics, "
+               "resampling blocks, outliers); give each file's sequences distinct ids, or "
+               "analyse one file at a time (unless a writer interleaving sequences "
+               "rotated its files mid-sequence; if the files are copies of each other, map "
+               "a position column to have them counted as duplicates)" if merged else
+               " (if those files are copies of each other, map a position column to have "
+               "them counted as duplicates)") + unkeyed)
     labels = _file_labels([p[0] for p in plans])
     for i, (f, types, hive, file_layout, scan, ranges, _numbered) in enumerate(plans):
         # (each row's input file: its index in Dataset.files, a constant per file)
@@ -1588,6 +1603,8 @@ def load_dataset(
     register_chunks(lf, chunks)
     accounting, fine = _account(raw, mapping, infos, _nucleus_zeros, _minus_one,
                                 _versions_below_zero)
+    if continued:
+        accounting = dataclasses.replace(accounting, sequences_across_files=continued)
 
     def read_again(**how: Any) -> Dataset:
         """The input read once more with the same options and what the accounting found
