@@ -43,6 +43,33 @@ def small_sample_caveat(fit: Mapping, sequences: int | None = None) -> str | Non
     )
 
 
+def catastrophic_caveat(fit: Mapping) -> str | None:
+    """A one-line caveat when tokens with a catastrophic log-ratio (``fit["catastrophic"]``,
+    :class:`entr_diag.fit.Catastrophic`: |delta| >= ln 1e4 = 9.21 nats) carry
+    CATASTROPHIC_SHARE (20%) or more of the fit's sum delta^2, or the law fitted without
+    them reads otherwise: the bins' mean delta^2, the law and the break are then theirs.
+    Names their count, share and largest |delta|, and the verdict without them; else
+    None."""
+    from entr_diag.fit import CATASTROPHIC_SHARE
+
+    c = fit.get("catastrophic") or {}
+    share = c.get("delta2_share")
+    if not c or not (c.get("changes") or (share is not None and share >= CATASTROPHIC_SHARE)):
+        return None
+    n = c["tokens"]
+    without = (f"fitted without them: {c['verdict']}" if c.get("verdict")
+               else "too few bins are left to fit the law without them")
+    return (
+        f"caveat: {n:,} token(s) ({c['token_share']:.2%} of the fitted tokens) have a "
+        f"catastrophic log-ratio, |delta| >= ln 1e4 = {c['threshold']:.2f} nats (an "
+        "importance ratio below 1e-4 or above 1e4, which verl's and slime's veto reject; "
+        f"up to {c['max_abs_delta']:.3g} nats), and carry {share:.1%} of sum delta^2: the "
+        f"bins' mean delta^2, the law, any break and the forensic checks' regressions are "
+        f"mostly theirs; {without}. Find them "
+        "with `compare --gate veto --export` (or the sequence_outliers finding): a broken "
+        "kernel or cache on some sequences, or logprobs of another token?")
+
+
 def influence_caveat(fit: Mapping) -> str | None:
     """A one-line caveat when the verdict rests on a few tokens: the fit's influence check
     (``fit["influence"]``, :class:`entr_diag.fit.Influence`) found a few sequence blocks

@@ -1149,6 +1149,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     finding); ``gates``: for ``compare`` (:func:`~entr_diag.caveats.findings_caveats`)."""
     from entr_diag.caveats import (
         across_files_caveat,
+        catastrophic_caveat,
         curvature_caveat,
         duplicates_caveat,
         entropy_shift_caveat,
@@ -1191,7 +1192,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              units_caveat(_shown_units(fd.get("units"), misaligned or _entropy_shifted(
                  entropy_alignment), file_units), ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
-             implausible_caveat(fdict),
+             implausible_caveat(fdict), catastrophic_caveat(fd),
              *findings_caveats(fdict, gates),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
              curvature_caveat(fd), zero_entropy_caveat(fd), influence_caveat(fd)]

@@ -179,6 +179,14 @@ DOMINANT_RUN_SHARE: float = 0.01
 #: ... and the law is fitted again without the dominating blocks, at most this share of the
 #: non-empty blocks (at least one), those adding most first
 MAX_DOMINANT_SHARE: float = 0.05
+#: Catastrophic tokens: an importance ratio below 1e-4 or above 1e4, |delta| >= ln 1e4 =
+#: 9.21 nats (the veto threshold of verl and slime). None on the bundled run, synthetic
+#: runs or real bf16 / fp16 runs (largest |delta| 3.6 nats); 0.1% of a run's tokens at
+#: delta -13 carry 77% of its sum delta^2 and read as "alpha = -0.14".
+CATASTROPHIC_LOG_RATIO: float = math.log(1e4)
+#: ... the caveat speaks when they carry this share of the fit's sum delta^2 or more, or
+#: when the law fitted without them reads otherwise (:class:`Catastrophic`)
+CATASTROPHIC_SHARE: float = 0.2
 #: Verdict tolerance on alpha around 1.
 ALPHA_TOL: float = 0.2
 #: Verdict: alpha within 1 +/- ALPHA_EXACT counts as 1 even when a very narrow interval misses 1.
@@ -509,6 +517,35 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Catastrophic:
+    """The fit's tokens with a catastrophic log-ratio, ``|delta| >= CATASTROPHIC_LOG_RATIO``
+    (ln 1e4 = 9.21 nats: an importance ratio below 1e-4 or above 1e4, which verl's and
+    slime's veto reject), and the law and break fitted again without them (their sums
+    taken out of every bin and sequence block; the bootstrap's blocks stay).
+
+    Fields: ``threshold`` (nats), ``tokens``, ``token_share`` (of the fit's tokens),
+    ``delta2_share`` (of its sum delta^2), ``max_abs_delta`` (nats), ``law`` and
+    ``noise_regime`` (the law reading and whether a break is found without them; None when
+    too few bins are left), ``verdict`` (its text without them, or None), ``changes`` (the
+    law reading or the break differs from the verdict's). The caveat
+    (:func:`entr_diag.caveats.catastrophic_caveat`) speaks when ``changes`` or when
+    ``delta2_share`` >= CATASTROPHIC_SHARE."""
+
+    threshold: float
+    tokens: int
+    token_share: float
+    delta2_share: float
+    max_abs_delta: float
+    law: str | None
+    noise_regime: bool | None
+    verdict: str | None
+    changes: bool
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
 class Influence:
     """Does the verdict rest on a few tokens? (:func:`_influence`)
 
@@ -698,11 +735,13 @@ class FitResult:
     verdict: Verdict
     units: UnitsCheck | None = None
     influence: Influence | None = None
+    catastrophic: Catastrophic | None = None
 
     def to_dict(self) -> dict:
         """Plain Python: keys ``parameters, bins, laws, breakpoint, regime, strata, verdict,
         units`` (:class:`UnitsCheck`, None when not computed), ``influence``
-        (:class:`Influence`, None when no few blocks dominate a bin).
+        (:class:`Influence`, None when no few blocks dominate a bin), ``catastrophic``
+        (:class:`Catastrophic`, None when no token's |delta| reaches ln 1e4).
 
         ``breakpoint`` is None when no break was found; the search diagnostics are in
         ``regime["breakpoint_search"]``. ``verdict["caveats"]``: the small-sample and
@@ -711,7 +750,12 @@ class FitResult:
         ``verdict["caveat"]`` the same lines joined by newlines, or None (the CLI adds the
         token accounting's). Floats may be NaN (the JSON writer maps them to null).
         """
-        from entr_diag.caveats import influence_caveat, interval_caveat, small_sample_caveat
+        from entr_diag.caveats import (
+            catastrophic_caveat,
+            influence_caveat,
+            interval_caveat,
+            small_sample_caveat,
+        )
 
         regime = self.regime.to_dict()
         regime["breakpoint_search"] = self.breakpoint_search.to_dict()
@@ -725,8 +769,10 @@ class FitResult:
             "verdict": self.verdict.to_dict(),
             "units": None if self.units is None else self.units.to_dict(),
             "influence": None if self.influence is None else self.influence.to_dict(),
+            "catastrophic": None if self.catastrophic is None else self.catastrophic.to_dict(),
         }
-        caveats = [small_sample_caveat(out), interval_caveat(out), influence_caveat(out)]
+        caveats = [catastrophic_caveat(out), small_sample_caveat(out), interval_caveat(out),
+                   influence_caveat(out)]
         out["verdict"]["caveats"] = [c for c in caveats if c]
         out["verdict"]["caveat"] = "\n".join(out["verdict"]["caveats"]) or None
         return out
@@ -1582,6 +1628,11 @@ class _FitSums:
         #: IMPLAUSIBLE_LOGPROB on either side): the units check leaves them out (a few -300
         #: placeholders would read as log2 logprobs)
         self.units_out = np.zeros((7, self.nb))
+        #: sums per (step range, cell, staleness, block) of the tokens with a catastrophic
+        #: log-ratio (:data:`CATASTROPHIC_LOG_RATIO`), made at the first one; their largest
+        #: |delta|
+        self.cat: dict[str, np.ndarray] | None = None
+        self.cat_max = 0.0
         self.masks = PartialRows(["seq_key"],
                                  [pl.col(f"m{w}").bitwise_or() for w in range(self.words)])
 
@@ -1611,6 +1662,9 @@ class _FitSums:
         self._add(self.joint["s_d2"][span], kj, d2)
         k = col("_fit_reg")
         np.abs(d, out=t1)
+        top = float(t1.max())
+        if top >= CATASTROPHIC_LOG_RATIO:  # (rare: a token at most batches' cost)
+            self._catastrophic(t1 >= CATASTROPHIC_LOG_RATIO, kj + lo, h, d2, top)
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (H + eps ~ 0: --eps 0)
             np.divide(d2, np.add(h, self.eps, out=t2), out=t2)
         lp = col("infer_logprob")
@@ -1644,16 +1698,36 @@ class _FitSums:
             cols[f"m{w}"] = np.bitwise_or.reduceat(bits, starts)
         self.masks.add(cols)
 
-    def _joint(self, name: str) -> np.ndarray:
+    def _catastrophic(self, m: np.ndarray, keys: np.ndarray, h: np.ndarray, d2: np.ndarray,
+                      top: float) -> None:
+        """Adds the tokens ``m`` of a batch (joint ``keys``) to :attr:`cat`."""
+        if self.cat is None:
+            self.cat = {c: np.zeros_like(v) for c, v in self.joint.items()}
+        k = keys[m]
+        np.add.at(self.cat["n"], k, 1.0)
+        np.add.at(self.cat["s_h"], k, h[m])
+        np.add.at(self.cat["s_d2"], k, d2[m])
+        self.cat_max = max(self.cat_max, top)
+
+    def _joint(self, name: str, table: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Sums per (cell, staleness, step range, block), ``(nc, S1, R1, B)`` C-contiguous
-        (the tables below are reduced from this layout)."""
-        J = self.joint[name].reshape(self.R1, self.nc, self.S1, self.B)
+        (the tables below are reduced from this layout); ``table``: another table of the
+        joint's layout (:attr:`cat`)."""
+        J = (self.joint if table is None else table)[name].reshape(
+            self.R1, self.nc, self.S1, self.B)
         return np.ascontiguousarray(J.transpose(1, 2, 0, 3))
 
     @property
     def cb(self) -> dict[str, np.ndarray]:
         """Sums per (cell, block), flat ``(nc * B,)``."""
         return {c: self._joint(c).sum(axis=(1, 2)).ravel() for c in self.joint}
+
+    @property
+    def cb_catastrophic(self) -> dict[str, np.ndarray] | None:
+        """:attr:`cb` of the catastrophic tokens alone; None when there is none."""
+        if self.cat is None:
+            return None
+        return {c: self._joint(c, self.cat).sum(axis=(1, 2)).ravel() for c in self.cat}
 
     def _strata(self, axis: int, n: int) -> dict[str, np.ndarray]:
         out = {}
@@ -2074,6 +2148,50 @@ def _core(cb: dict, binning: CoarseBinning, brk: CoarseBinning, cells: CoarseBin
     return _Core(S, tot, bd_all, Sb, bd_brk, search, bp, bd, law_bins, grid)
 
 
+def _refit(alt: _Core) -> tuple[str, Breakpoint | None, str] | None:
+    """The law reading, the break and the verdict's text of a fit made again on other sums
+    (``alt``: :func:`_core` of them); None when fewer than 3 bins are left."""
+    if alt.search is None or alt.bd is None or alt.bd.idx.size < 3:
+        return None
+    k, alpha, kr, ar, chi2, r2 = _fit_power(alt.bd)
+    power = PowerLaw(k, _ci(kr), alpha, _ci(ar), chi2, r2, int(alt.bd.idx.size),
+                     float(alt.bd.lo[0]), float(alt.bd.hi[-1]),
+                     RobustPower(_NAN, _NAN, _CI_NAN, False, ""))
+    law, head = _law_status(power)
+    bp = alt.bp
+    text = f"{head}, k = {_fmt(k)}; " + (
+        f"noise regime below H* = {_fmt(bp.h_star, 2)} [{_fmt(bp.h_star_ci[0], 2)}, "
+        f"{_fmt(bp.h_star_ci[1], 2)}]" if bp is not None
+        else f"no low-entropy break: {alt.search.reason}")
+    return law, bp, text
+
+
+def _catastrophic(fs: _FitSums, cb: dict, verdict: Verdict, binning: CoarseBinning,
+                  brk: CoarseBinning, cells: CoarseBinning, B: int, boot: _Boot
+                  ) -> Catastrophic | None:
+    """:class:`Catastrophic` from the fit's sums (``fs.cb_catastrophic`` taken out of
+    ``cb``); None when no token's |delta| reaches CATASTROPHIC_LOG_RATIO."""
+    cat = fs.cb_catastrophic
+    if cat is None:
+        return None
+    n_all, d2_all = float(cb["n"].sum()), float(cb["s_d2"].sum())
+    rest = {c: np.maximum(cb[c] - cat[c], 0.0) for c in cb}  # (rounding: never below 0)
+    again = _refit(_core(rest, binning, brk, cells, B, boot))
+    law, bp, text = again if again is not None else (None, None, None)
+    return Catastrophic(
+        threshold=CATASTROPHIC_LOG_RATIO,
+        tokens=int(round(cat["n"].sum())),
+        token_share=float(cat["n"].sum() / n_all) if n_all else _NAN,
+        delta2_share=float(cat["s_d2"].sum() / d2_all) if d2_all > 0 else _NAN,
+        max_abs_delta=fs.cat_max,
+        law=law,
+        noise_regime=None if again is None else bp is not None,
+        verdict=text,
+        changes=again is not None and (law != verdict.law
+                                       or (bp is not None) != verdict.noise_regime),
+    )
+
+
 def _influence(core: _Core, verdict: Verdict, cb: dict, binning: CoarseBinning,
                brk: CoarseBinning, cells: CoarseBinning, B: int, boot: _Boot
                ) -> Influence | None:
@@ -2104,19 +2222,10 @@ def _influence(core: _Core, verdict: Verdict, cb: dict, binning: CoarseBinning,
     blocks = np.sort(blocks[:max(1, int(MAX_DOMINANT_SHARE * boot.blocks.size))])
     keep = np.ones(B)
     keep[blocks] = 0.0
-    alt = _core(cb, binning, brk, cells, B, boot, keep)
-    if alt.search is None or alt.bd is None or alt.bd.idx.size < 3:
+    again = _refit(_core(cb, binning, brk, cells, B, boot, keep))
+    if again is None:
         return None
-    k, alpha, kr, ar, chi2, r2 = _fit_power(alt.bd)
-    power = PowerLaw(k, _ci(kr), alpha, _ci(ar), chi2, r2, int(alt.bd.idx.size),
-                     float(alt.bd.lo[0]), float(alt.bd.hi[-1]),
-                     RobustPower(_NAN, _NAN, _CI_NAN, False, ""))
-    law, head = _law_status(power)
-    bp = alt.bp
-    text = f"{head}, k = {_fmt(k)}; " + (
-        f"noise regime below H* = {_fmt(bp.h_star, 2)} [{_fmt(bp.h_star_ci[0], 2)}, "
-        f"{_fmt(bp.h_star_ci[1], 2)}]" if bp is not None
-        else f"no low-entropy break: {alt.search.reason}")
+    law, bp, text = again
     S = core.S
     dom = idx[hit.any(axis=1)]
     return Influence(
@@ -2335,6 +2444,7 @@ def _finish_fit(plan: FitPlan) -> FitResult:
         verdict=verdict,
         units=units,
         influence=_influence(core, verdict, cb, binning, brk, cells, B, boot),
+        catastrophic=_catastrophic(fs, cb, verdict, binning, brk, cells, B, boot),
     )
 
 

@@ -3066,3 +3066,25 @@ def test_version_minus_one_on_a_few_percent_of_tokens_is_warned_about(tmp_path):
     r = runner.invoke(app, ["fit", str(p), "-q", "--n-boot", "100", "--json", str(js)])
     assert r.exit_code == 0 and "read as version numbers" in r.stderr, r.output
     assert json.loads(js.read_text())["inputs"]["accounting"]["exclusions"] == {}
+
+
+def test_catastrophic_tokens_get_a_caveat_with_the_law_without_them(tmp_path):
+    """0.1% of the bundled run's tokens with a log-ratio of -13 nats (a ratio below 1e-4)
+    take the law: the verdict's caveats name them, their share of sum delta^2 and the
+    verdict without them (JSON ``catastrophic``), which reads as the clean run's."""
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    p, js = tmp_path / "cat.parquet", tmp_path / "f.json"
+    pl.read_parquet(src).with_columns(
+        pl.when(pl.int_range(pl.len()) % 1000 == 3).then(pl.col("infer_logprob") - 13.0)
+        .otherwise(pl.col("train_logprob")).alias("train_logprob")).write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    c = doc["catastrophic"]
+    assert c["tokens"] > 100 and c["delta2_share"] > 0.5
+    said = [x for x in doc["verdict"]["caveats"] if "catastrophic log-ratio" in x]
+    assert said and f"fitted without them: {c['verdict']}" in said[0]
+    assert "catastrophic log-ratio" in " ".join(r.stdout.split())
+    r = runner.invoke(app, ["fit", str(src), "--n-boot", "100", "--json", str(js)])
+    assert json.loads(js.read_text())["catastrophic"] is None

@@ -442,7 +442,7 @@ def test_to_dict_layout_and_json():
     r = _fit(n_tokens=50_000, seed=0, h_star=0.03)
     d = r.to_dict()
     assert list(d) == ["parameters", "bins", "laws", "breakpoint", "regime", "strata", "verdict",
-                       "units", "influence"]
+                       "units", "influence", "catastrophic"]
     assert set(d["laws"]) == {"proportional", "affine", "power", "grid"}
     for key in ("k", "alpha", "alpha_ci", "k_ci", "robust"):
         assert key in d["laws"]["power"]
@@ -1072,3 +1072,38 @@ def test_entropy_mismatch_caveat_names_a_unit_factor_it_reads():
     # logprobs in log2 on both sides: the factor 1/ln 2 of the nearer signature
     text = units_caveat({**base, "ratio_binned": 1.44, "train_over_infer": 1.1})
     assert "also near 1/ln 2 = 1.443" in text and "train_logprob and infer_logprob in log2" in text
+
+
+def test_catastrophic_tokens_are_counted_and_the_law_fitted_without_them():
+    """Tokens with |delta| >= ln 1e4 (verl's and slime's veto) are counted with their share
+    of sum delta^2, and the law and break fitted again without them: 0.2% of a run at
+    delta -13 break the law; without them it holds again and finds the planted break. The
+    caveat names them; a clean run has none (None)."""
+    from entr_diag.caveats import catastrophic_caveat
+    from entr_diag.fit import CATASTROPHIC_LOG_RATIO
+
+    df, lf = synth(n_tokens=60_000, seed=1, noise_share=0.1)
+    clean = fit_scaling_law(lf, n_boot=100)
+    assert clean.catastrophic is None and clean.to_dict()["catastrophic"] is None
+    assert catastrophic_caveat(clean.to_dict()) is None
+    hit = (pl.int_range(pl.len()) % 500 == 7) & pl.col("loss_mask")
+    bad = df.with_columns(pl.when(hit).then(pl.col("infer_logprob") - 13.0)
+                          .otherwise(pl.col("train_logprob")).alias("train_logprob"))
+    n_hit = df.select(hit.sum()).item()
+    res = fit_scaling_law(canonical(bad), n_boot=100)
+    c = res.to_dict()["catastrophic"]
+    toks = canonical(bad).collect()
+    d2 = (toks["delta"] ** 2)
+    assert c["tokens"] == n_hit == int((toks["delta"].abs() >= CATASTROPHIC_LOG_RATIO).sum())
+    assert c["delta2_share"] == pytest.approx(
+        float(d2.filter(toks["delta"].abs() >= CATASTROPHIC_LOG_RATIO).sum() / d2.sum()))
+    assert c["delta2_share"] > 0.5 and c["max_abs_delta"] == pytest.approx(
+        float(toks["delta"].abs().max()))
+    assert res.verdict.law != "holds" or not res.verdict.noise_regime
+    assert c["law"] == clean.verdict.law and c["noise_regime"] is clean.verdict.noise_regime
+    assert c["changes"] is True
+    text = catastrophic_caveat(res.to_dict())
+    assert clean.verdict.law == "holds" and clean.verdict.noise_regime
+    assert text.startswith(f"caveat: {n_hit:,} token(s)")
+    assert "fitted without them: law holds: alpha = " in text and "noise regime below" in text
+    assert text in res.to_dict()["verdict"]["caveats"]
