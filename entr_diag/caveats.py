@@ -64,10 +64,11 @@ def catastrophic_caveat(fit: Mapping) -> str | None:
         f"catastrophic log-ratio, |delta| >= ln 1e4 = {c['threshold']:.2f} nats (an "
         "importance ratio below 1e-4 or above 1e4, which verl's and slime's veto reject; "
         f"up to {c['max_abs_delta']:.3g} nats), and carry {share:.1%} of sum delta^2: the "
-        f"bins' mean delta^2, the law, any break and the forensic checks' regressions are "
-        f"mostly theirs; {without}. Find them "
+        f"bins' mean delta^2, the law and any break are mostly theirs; {without}. Find them "
         "with `compare --gate veto --export` (or the sequence_outliers finding): a broken "
-        "kernel or cache on some sequences, or logprobs of another token?")
+        "kernel or cache on some sequences, or logprobs of another token?"
+        + (" (The forensic checks' regressions, e.g. a temperature or truncation finding, "
+           "read them too.)" if c.get("changes") else ""))
 
 
 def influence_caveat(fit: Mapping) -> str | None:
