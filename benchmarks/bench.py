@@ -38,6 +38,8 @@ from rich.table import Table
 
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"
+#: the entr-diag of the interpreter running this script (not whichever is first on PATH)
+ENTR_DIAG = [sys.executable, "-m", "entr_diag"]
 COLUMNS = ["seq_id", "step", "train_logprob", "infer_logprob", "entropy", "loss_mask",
            "policy_version", "train_version"]
 
@@ -95,7 +97,7 @@ def ensure_input(tokens: int, seed: int) -> Path:
     if not path.exists():
         print(f"generating {tokens:,} tokens -> {path}", file=sys.stderr)
         subprocess.run(
-            ["entr-diag", "synth", "-o", str(path), "--tokens", str(tokens), "--seed", str(seed),
+            [*ENTR_DIAG, "synth", "-o", str(path), "--tokens", str(tokens), "--seed", str(seed),
              "--noise-share", "0.05", "--quiet"],
             check=True, stdout=subprocess.DEVNULL,
         )
@@ -133,7 +135,7 @@ def main() -> None:
             extra = {"fit": ["--json", str(out_dir / "fit.json")],
                      "compare": ["--json", str(out_dir / "compare.json")],
                      "report": ["-o", str(out_dir / "report.html")]}.get(cmd, [])
-            todo.append((f"entr-diag {cmd}", ["entr-diag", cmd, str(path), "--quiet", *extra]))
+            todo.append((f"entr-diag {cmd}", [*ENTR_DIAG, cmd, str(path), "--quiet", *extra]))
         best: dict[str, tuple[float, float, float, int]] = {}
         for _ in range(args.repeat):  # interleaved: a slow spell hits every row alike
             for what, argv in todo:
