@@ -522,6 +522,36 @@ def duplicates_caveat(acc: Any, n_files: int) -> str | None:
             "result (resampling, sequence gates, outliers); see the warning.")
 
 
+def separate_blocks(acc: Any) -> tuple[int, int, int] | None:
+    """(sequence keys, blocks, rows) when, without a position column, enough sequence keys
+    have their rows in several separate blocks of long runs (``acc``: the token
+    accounting, its ``sequences_in_separate_blocks``; thresholds SPLIT_MIN_KEYS,
+    SPLIT_MIN_RUN, SPLIT_MIN_SHARE of :mod:`entr_diag.io.load`): different sequences
+    sharing a seq_id; else None."""
+    from entr_diag.io.load import SPLIT_MIN_KEYS, SPLIT_MIN_RUN, SPLIT_MIN_SHARE
+
+    keys, blocks, rows = getattr(acc, "sequences_in_separate_blocks", None) or (0, 0, 0)
+    total = int(getattr(acc, "tokens_total", 0) or 0)
+    if (keys >= SPLIT_MIN_KEYS and blocks and rows >= SPLIT_MIN_RUN * blocks
+            and rows >= SPLIT_MIN_SHARE * total):
+        return keys, blocks, rows
+    return None
+
+
+def separate_blocks_caveat(acc: Any) -> str | None:
+    """A one-line caveat for :func:`separate_blocks`; None when it does not apply."""
+    got = separate_blocks(acc)
+    if got is None:
+        return None
+    keys, blocks, rows = got
+    return (f"caveat: {keys:,} sequence(s) have their rows in several separate blocks "
+            f"({blocks:,} blocks of {rows / blocks:,.0f} rows on average, other sequences' "
+            "rows between them) and the input has no position column: probably different "
+            "sequences sharing a seq_id (a per-step sample index without a step column), "
+            "merged into one for every per-sequence result (resampling, sequence gates, "
+            "per-sequence metrics, outliers); see the warning.")
+
+
 def across_files_caveat(acc: Any, n_files: int) -> str | None:
     """A one-line caveat when, without a position column, more sequence keys continue from
     one input file into a later one than the ``n_files - 1`` file boundaries could split

@@ -950,6 +950,19 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             "such as a prompt or group id like verl's uid, which merges them into one)"
             + escape(unkeyed_partitions([f.hive for f in ds.files], ds.mapping)) + "."
         )
+    from entr_diag.caveats import separate_blocks
+
+    split = separate_blocks(ds.accounting)
+    if split is not None:
+        keys, blocks, rows = split
+        _notes.add(
+            f"[yellow]warning:[/yellow] {keys:,} sequence(s) have their rows in several "
+            f"separate blocks ({blocks:,} blocks of {rows / blocks:,.0f} rows on average, "
+            "other sequences' rows between them) and the input has no position column: "
+            "probably different sequences sharing a seq_id (e.g. a per-step sample index "
+            "without a step column), which are numbered and analysed as one sequence; map "
+            "a step column (--column step=NAME) or a globally unique id, or dump a position "
+            "column.")
     nostep = ds.accounting.tokens_without_step
     if nostep:
         _notes.add(
@@ -1163,6 +1176,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
         integer_caveat,
         interval_caveat,
         rounding_caveat,
+        separate_blocks_caveat,
         small_sample_caveat,
         starved_caveat,
         storage_caveat,
@@ -1183,6 +1197,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
                               acc.excluded_where),
              file_exclusions_caveat(acc, len(ds.files), ds.mapping),
              duplicates_caveat(acc, len(ds.files)), across_files_caveat(acc, len(ds.files)),
+             separate_blocks_caveat(acc),
              starved_caveat(acc, len(ds.files)),
              identical_logprobs_caveat(acc, len(ds.files), ds.mapping),
              integer_caveat(ds.notes),

@@ -3088,3 +3088,34 @@ def test_catastrophic_tokens_get_a_caveat_with_the_law_without_them(tmp_path):
     assert "catastrophic log-ratio" in " ".join(r.stdout.split())
     r = runner.invoke(app, ["fit", str(src), "--n-boot", "100", "--json", str(js)])
     assert json.loads(js.read_text())["catastrophic"] is None
+
+
+def test_seq_ids_reused_across_steps_without_step_or_position_are_warned_about(tmp_path):
+    """No step and no position column, seq_id a per-step sample index: each id names one
+    sequence per step, in separate blocks of the file, and is read as one sequence. A
+    warning and a caveat say so (JSON accounting.sequences_in_separate_blocks); the same
+    rows with a step column, or shuffled token by token (interleaved logging, regrouped),
+    get neither."""
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    df = pl.read_parquet(src).drop("position")
+    local = df.select("step", "seq_id").unique(maintain_order=True).with_columns(
+        local=pl.int_range(pl.len()).over("step"))
+    df = df.join(local, on=["step", "seq_id"], how="left", maintain_order="left")
+    p, js = tmp_path / "local.parquet", tmp_path / "f.json"
+    df.with_columns(seq_id=pl.col("local")).drop("local", "step").write_parquet(p)
+    r = runner.invoke(app, ["fit", str(p), "-q", "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    sep = doc["inputs"]["accounting"]["sequences_in_separate_blocks"]
+    n_ids = df["local"].n_unique()
+    assert sep["sequences"] == n_ids and sep["rows"] > 0.9 * df.height, sep
+    err = " ".join(r.stderr.split())
+    assert (f"warning: {sep['sequences']:,} sequence(s) have their rows in several separate "
+            "blocks") in err and "sharing a seq_id" in err
+    assert any("several separate blocks" in c for c in doc["verdict"]["caveats"])
+    for ok in (df.with_columns(seq_id=pl.col("local")).drop("local"),
+               df.drop("local").sample(fraction=1.0, shuffle=True, seed=3)):
+        ok.write_parquet(p)
+        r = runner.invoke(app, ["fit", str(p), "-q", "--n-boot", "100", "--json", str(js)])
+        assert r.exit_code == 0 and "separate blocks" not in r.stderr, r.output

@@ -907,6 +907,9 @@ class Accounting:
     #: before them in their sequence exactly (both logprobs and the entropy): rows
     #: written twice, which count twice; and the tokens checked (0 with a position column)
     tokens_repeating_row: int = 0
+    #: without a position column: (sequence keys, blocks, rows) of keys whose rows come in
+    #: several separate blocks of one batch, other keys' rows between them
+    sequences_in_separate_blocks: tuple[int, int, int] = (0, 0, 0)
     tokens_row_checked: int = 0
     #: ... and (rows sampled, of them repeating another sampled row of their sequence
     #: anywhere): 1 in REPEAT_SAMPLE of the checked tokens by hash (a sequence or shard
@@ -984,6 +987,9 @@ class Accounting:
             "sequences_across_files": self.sequences_across_files,
             "tokens_without_staleness": self.tokens_without_staleness,
             "tokens_repeating_row": self.tokens_repeating_row,
+            "sequences_in_separate_blocks": dict(zip(
+                ("sequences", "blocks", "rows"), self.sequences_in_separate_blocks,
+                strict=True)),
             "repeated_rows_sampled": {"sampled": self.repeated_rows_sampled[0],
                                       "repeating": self.repeated_rows_sampled[1],
                                       "one_in": REPEAT_SAMPLE},
@@ -2610,6 +2616,14 @@ _I64_MAX, _I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 #: logprobs ~ 0) repeat their values legitimately; above 0.01 nats no real run repeats
 #: all three values in consecutive tokens (0 of 160,000 tokens, bf16 columns included)
 REPEAT_H_MIN = 0.01
+#: without a position column: a sequence key whose rows come in several blocks of one
+#: batch, other keys' rows between them (a per-step sample index reused as seq_id without
+#: a step column), is warned about from this many such keys, blocks of this many rows on
+#: average (rows logged interleaved come in shorter runs, regrouped by the passes) and
+#: this share of the rows
+SPLIT_MIN_KEYS = 10
+SPLIT_MIN_RUN = 32
+SPLIT_MIN_SHARE = 0.01
 #: ... warned about from this many tokens and this share of those checked
 REPEAT_MIN_TOKENS = 20
 REPEAT_MIN_SHARE = 1e-3
@@ -2704,6 +2718,11 @@ class _AccountingScan:
         self.row_check = "position" not in mapping and self.fine
         self.row_repeats = self.row_checked = 0
         self.row_hashes: list[np.ndarray] = []  # (the sampled hashes, _repeated_rows)
+        #: without a position column: sequence keys whose rows come in several separate
+        #: blocks of one batch, those blocks and their rows (:meth:`_split_blocks`)
+        self.block_check = "position" not in mapping
+        self.split = [0, 0, 0]
+        self.split_keys: set[int] = set()
         if self.row_check:
             self.columns += ["train_logprob", "infer_logprob", "entropy"]
         #: valid tokens with a negative staleness per input file (by FILE_INDEX)
@@ -2765,6 +2784,17 @@ class _AccountingScan:
         return (s.fill_null(0).cast(pl.Int64).to_numpy(),
                 valid & s.is_not_null().to_numpy())
 
+    def _split_blocks(self, keys: np.ndarray, starts: np.ndarray, height: int) -> None:
+        """Counts the keys of a batch's runs (``keys``, one per run from ``starts``) that
+        have several runs in it, their runs and rows (:attr:`split`)."""
+        u, inv, cnt = np.unique(keys, return_inverse=True, return_counts=True)
+        many = cnt[inv] > 1
+        if many.any():
+            lengths = np.diff(np.append(starts, height))
+            self.split_keys.update(u[cnt > 1].tolist())
+            self.split[1] += int(many.sum())
+            self.split[2] += int(lengths[many].sum())
+
     def update(self, batch: pl.DataFrame) -> None:
         starts = run_starts(batch, ["seq_key"])
         code = column(batch, "_ac_code")
@@ -2780,6 +2810,8 @@ class _AccountingScan:
         per = np.bincount(rid, minlength=starts.size * self.n_codes).reshape(
             starts.size, self.n_codes)
         cols: dict[str, np.ndarray] = {"seq_key": column(batch, "seq_key")[starts]}
+        if self.block_check and starts.size > 1:
+            self._split_blocks(cols["seq_key"], starts, batch.height)
         cols.update({f"c{i}": per[:, i] for i in range(self.n_codes)})
         valid = code >= self.n_reasons
         values: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -2966,6 +2998,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_without_staleness=(valid_n - sum(scan.stale.values())
                                   if scan.has_pv and scan.has_tv else 0),
         tokens_repeating_row=scan.row_repeats,
+        sequences_in_separate_blocks=(len(scan.split_keys), *scan.split[1:]),
         tokens_row_checked=scan.row_checked,
         repeated_rows_sampled=_sampled_repeats(scan.row_hashes),
         tokens_padding=count["padding"],
