@@ -57,18 +57,27 @@ def catastrophic_caveat(fit: Mapping) -> str | None:
     if not c or not (c.get("changes") or (share is not None and share >= CATASTROPHIC_SHARE)):
         return None
     n = c["tokens"]
-    without = (f"fitted without them: {c['verdict']}" if c.get("verdict")
-               else "too few bins are left to fit the law without them")
+    changes = bool(c.get("changes"))
+    if not c.get("verdict"):
+        reading = ("the bins' mean delta^2 and the law may be mostly theirs; too few bins "
+                   "are left to fit the law without them")
+    elif changes:
+        reading = ("the bins' mean delta^2, the law and any break are mostly theirs; fitted "
+                   f"without them: {c['verdict']}")
+    else:
+        reading = ("yet the law's reading and the break are the same without them (they "
+                   "sit where the law is not read, below H* or at an entropy of about 0): "
+                   f"{c['verdict']}; the bins' mean delta^2 there is theirs")
     return (
-        f"caveat: {n:,} token(s) ({c['token_share']:.2%} of the fitted tokens) have a "
+        f"caveat: {n:,} token(s) ({c['token_share']:.2%} of the tokens fitted) have a "
         f"catastrophic log-ratio, |delta| >= ln 1e4 = {c['threshold']:.2f} nats (an "
-        "importance ratio below 1e-4 or above 1e4, which verl's and slime's veto reject; "
-        f"up to {c['max_abs_delta']:.3g} nats), and carry {share:.1%} of sum delta^2: the "
-        f"bins' mean delta^2, the law and any break are mostly theirs; {without}. Find them "
-        "with `compare --gate veto --export` (or the sequence_outliers finding): a broken "
-        "kernel or cache on some sequences, or logprobs of another token?"
+        "importance ratio below 1e-4, which verl's and slime's veto reject, or above 1e4, "
+        f"which IcePop and token MIS drop; up to {c['max_abs_delta']:.3g} nats), and carry "
+        f"{share:.1%} of sum delta^2: {reading}. They are the tokens of the input with "
+        f"|train_logprob - infer_logprob| >= {c['threshold']:.2f}: a broken kernel or cache "
+        "on some sequences, or logprobs of another token?"
         + (" (The forensic checks' regressions, e.g. a temperature or truncation finding, "
-           "read them too.)" if c.get("changes") else ""))
+           "read them too.)" if changes else ""))
 
 
 def influence_caveat(fit: Mapping) -> str | None:
@@ -350,7 +359,8 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
                         "or floating-point values with a fraction, which read as null): "
                         "map another with --column position=NAME, or drop it to number "
                         "tokens in row order",
-    "negative_version": "version -1 marks prompt tokens (AReaL numbers them so), yet these "
+    "negative_version": "a version of -1 marks prompt tokens (AReaL numbers them so), one "
+                        "far below the others (e.g. -9999) an unknown version, yet these "
                         "have valid logprobs: the mask may cover the prompt, or -1 is a "
                         "real version (step - lag at the start of an asynchronous run: "
                         "number the versions from 0 to keep those tokens)",
@@ -522,14 +532,17 @@ def duplicates_caveat(acc: Any, n_files: int) -> str | None:
             "result (resampling, sequence gates, outliers); see the warning.")
 
 
-def separate_blocks(acc: Any) -> tuple[int, int, int] | None:
+def separate_blocks(acc: Any, n_files: int = 1) -> tuple[int, int, int] | None:
     """(sequence keys, blocks, rows) when, without a position column, enough sequence keys
     have their rows in several separate blocks of long runs (``acc``: the token
     accounting, its ``sequences_in_separate_blocks``; thresholds SPLIT_MIN_KEYS,
     SPLIT_MIN_RUN, SPLIT_MIN_SHARE of :mod:`entr_diag.io.load`): different sequences
-    sharing a seq_id; else None."""
+    sharing a seq_id; else None, also when :func:`across_files_caveat` says it already
+    (``n_files`` input files: ids restarting in each file, read together)."""
     from entr_diag.io.load import SPLIT_MIN_KEYS, SPLIT_MIN_RUN, SPLIT_MIN_SHARE
 
+    if across_files_caveat(acc, n_files) is not None:
+        return None
     keys, blocks, rows = getattr(acc, "sequences_in_separate_blocks", None) or (0, 0, 0)
     total = int(getattr(acc, "tokens_total", 0) or 0)
     if (keys >= SPLIT_MIN_KEYS and blocks and rows >= SPLIT_MIN_RUN * blocks
@@ -538,16 +551,16 @@ def separate_blocks(acc: Any) -> tuple[int, int, int] | None:
     return None
 
 
-def separate_blocks_caveat(acc: Any) -> str | None:
+def separate_blocks_caveat(acc: Any, n_files: int = 1) -> str | None:
     """A one-line caveat for :func:`separate_blocks`; None when it does not apply."""
-    got = separate_blocks(acc)
+    got = separate_blocks(acc, n_files)
     if got is None:
         return None
     keys, blocks, rows = got
     return (f"caveat: {keys:,} sequence(s) have their rows in several separate blocks "
             f"({blocks:,} blocks of {rows / blocks:,.0f} rows on average, other sequences' "
             "rows between them) and the input has no position column: probably different "
-            "sequences sharing a seq_id (a per-step sample index without a step column), "
+            "sequences sharing a seq_id (a per-step or per-rank sample index), "
             "merged into one for every per-sequence result (resampling, sequence gates, "
             "per-sequence metrics, outliers); see the warning.")
 

@@ -952,17 +952,21 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         )
     from entr_diag.caveats import separate_blocks
 
-    split = separate_blocks(ds.accounting)
+    split = separate_blocks(ds.accounting, len(ds.files))
     if split is not None:
         keys, blocks, rows = split
         _notes.add(
             f"[yellow]warning:[/yellow] {keys:,} sequence(s) have their rows in several "
             f"separate blocks ({blocks:,} blocks of {rows / blocks:,.0f} rows on average, "
             "other sequences' rows between them) and the input has no position column: "
-            "probably different sequences sharing a seq_id (e.g. a per-step sample index "
-            "without a step column), which are numbered and analysed as one sequence; map "
-            "a step column (--column step=NAME) or a globally unique id, or dump a position "
-            "column.")
+            "probably different sequences sharing a seq_id ("
+            + ("e.g. a per-rank sample index restarting in each step), which are numbered "
+               "and analysed as one sequence; give them globally unique ids"
+               if "step" in ds.mapping else
+               "e.g. a per-step sample index without a step column), which are numbered and "
+               "analysed as one sequence; map a step column (--column step=NAME) or a "
+               "globally unique id")
+            + ", or dump a position column.")
     nostep = ds.accounting.tokens_without_step
     if nostep:
         _notes.add(
@@ -1197,7 +1201,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
                               acc.excluded_where),
              file_exclusions_caveat(acc, len(ds.files), ds.mapping),
              duplicates_caveat(acc, len(ds.files)), across_files_caveat(acc, len(ds.files)),
-             separate_blocks_caveat(acc),
+             separate_blocks_caveat(acc, len(ds.files)),
              starved_caveat(acc, len(ds.files)),
              identical_logprobs_caveat(acc, len(ds.files), ds.mapping),
              integer_caveat(ds.notes),

@@ -426,7 +426,13 @@ def _by_sequence(frame: pl.DataFrame) -> pl.DataFrame:
     runs = 1 + int(np.count_nonzero(k[1:] != k[:-1]))
     if runs * MIN_MEAN_RUN <= frame.height:
         return frame
+    REGROUPED[0] += 1
     return frame.sort("seq_key", maintain_order=True)
+
+
+#: batches :func:`_by_sequence` regrouped in this process (rows of sequences interleaved,
+#: e.g. logged token by token): the loader reads it around its accounting pass
+REGROUPED = [0]
 
 
 def _stream(lf: pl.LazyFrame, accumulators: Sequence[Accumulator], chunk_size: int) -> int:

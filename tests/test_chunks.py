@@ -334,3 +334,27 @@ def test_seq_ids_restarting_in_each_file_are_warned_about(tmp_path):
     assert across_files_caveat(ds.accounting, 2).startswith(f"caveat: {n:,} sequence(s)")
     assert across_files_caveat(dataclasses.replace(ds.accounting, sequences_across_files=1),
                                2) is None
+
+
+def test_interleaved_rows_in_rotated_files_are_not_called_merged(tmp_path):
+    """A writer logging the sequences of a batch token by token (interleaved rows) and
+    rotating its files every few thousand rows leaves every sequence in flight continuing
+    into the next file: more than the file boundaries, yet no merge; the plain note says
+    why, no warning, no caveat (accounting.sequences_across_files 0), and every sequence
+    is read whole."""
+    from entr_diag.caveats import across_files_caveat
+
+    one = tmp_path / "one.parquet"
+    write_synth(one, SynthSpec(n_tokens=12_000, seed=4), layout="long")
+    t = (pl.read_parquet(one).with_columns(_t=pl.col("position"))
+         .sort("step", "_t", "seq_id").drop("position", "_t"))
+    d = tmp_path / "rot"
+    d.mkdir()
+    for i in range(0, t.height, 2_000):
+        t.slice(i, 2_000).write_parquet(d / f"part-{i // 2_000:02d}.parquet")
+    ds = load_dataset([d])
+    note = [n for n in ds.notes if "continue from one file" in n]
+    assert note and not note[0].startswith("warning") and "interleaved" in note[0], note
+    assert ds.accounting.sequences_across_files == 0
+    assert across_files_caveat(ds.accounting, len(ds.files)) is None
+    assert ds.accounting.sequences_valid == t.select("step", "seq_id").n_unique()

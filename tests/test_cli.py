@@ -3058,8 +3058,8 @@ def test_version_minus_one_on_a_few_percent_of_tokens_is_warned_about(tmp_path):
     r = runner.invoke(app, ["fit", str(p), "-q", "--n-boot", "100", "--json", str(js)])
     assert r.exit_code == 0, r.output
     err = " ".join(r.stderr.split())
-    assert "are negative_version: version -1 marks prompt tokens (AReaL numbers them so), " \
-           "yet these have valid logprobs" in err, err
+    assert "are negative_version: a version of -1 marks prompt tokens (AReaL numbers them " \
+           "so)" in err, err
     assert "-1 is a real version" in json.loads(js.read_text())["verdict"]["caveat"]
     df.with_columns(pl.when(pl.col("step") == 0).then(-2).otherwise(pl.col("policy_version"))
                     .alias("policy_version")).write_parquet(p)
@@ -3084,7 +3084,7 @@ def test_catastrophic_tokens_get_a_caveat_with_the_law_without_them(tmp_path):
     c = doc["catastrophic"]
     assert c["tokens"] > 100 and c["delta2_share"] > 0.5
     said = [x for x in doc["verdict"]["caveats"] if "catastrophic log-ratio" in x]
-    assert said and f"fitted without them: {c['verdict']}" in said[0]
+    assert said and c['verdict'] in said[0]
     assert "catastrophic log-ratio" in " ".join(r.stdout.split())
     r = runner.invoke(app, ["fit", str(src), "--n-boot", "100", "--json", str(js)])
     assert json.loads(js.read_text())["catastrophic"] is None

@@ -1820,3 +1820,7 @@ def test_versions_below_minus_one_are_read_as_version_numbers(tmp_path):
     ds = load_dataset([_write(tmp_path, _long(policy_version=[-1, -1, 0, 1, 1]), "m.parquet")])
     assert ds.accounting.excluded == {"negative_version": 2}
     assert not any("read as version numbers" in n for n in ds.notes)
+    # a placeholder far below the valid versions (0..2): an unknown version, still excluded
+    ds = load_dataset([_write(tmp_path, _long(policy_version=[-9999, 1, 0, 2, 1]), "s.parquet")])
+    assert ds.accounting.excluded == {"negative_version": 1}
+    assert not any("read as version numbers" in n for n in ds.notes)

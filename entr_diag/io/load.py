@@ -38,6 +38,7 @@ from entr_diag.io import schema as S
 from entr_diag.passes import (
     FILE_INDEX,
     NATIVE_SEQ_ID,
+    REGROUPED,
     Chunk,
     PartialRows,
     add_counts,
@@ -901,7 +902,9 @@ class Accounting:
     tokens_without_step: int = 0
     #: without a position column: sequence keys whose rows continue from one input file
     #: into a later one (numbered in file order as one sequence); more than the file
-    #: boundaries could split means ids repeating across files (per-rank local indices)
+    #: boundaries could split means ids repeating across files (per-rank local indices);
+    #: 0 when the rows of sequences are interleaved (a writer logging token by token and
+    #: rotating its files leaves every sequence in flight continuing)
     sequences_across_files: int = 0
     #: without a position column: valid tokens (entropy >= REPEAT_H_MIN) repeating the row
     #: before them in their sequence exactly (both logprobs and the entropy): rows
@@ -1510,10 +1513,11 @@ def load_dataset(
         if file_layout == "long":
             _refuse_long_lists(f, types, mapping)
     offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype)
-    if continued:
+    def continued_note(interleaved: bool) -> None:
         unkeyed = unkeyed_partitions([p[2] for p in plans], mapping)
-        # (a writer splitting the rows into files splits at most one sequence per boundary)
-        merged = continued > len(plans) - 1
+        # (a writer splitting the rows into files splits at most one sequence per boundary
+        # unless it interleaves sequences: then any in flight at a rotation continue)
+        merged = continued > len(plans) - 1 and not interleaved
         notes.append(
             ("warning: " if unkeyed or merged else "")
             + f"{continued:,} sequence(s) continue from one file into a later one: without a "
@@ -1523,10 +1527,11 @@ def load_dataset(
                "restarting in each file), which merges different sequences into one for "
                "every per-sequence result (sequence gates, per-sequence metrics, "
                "resampling blocks, outliers); give each file's sequences distinct ids, or "
-               "analyse one file at a time (unless a writer interleaving sequences "
-               "rotated its files mid-sequence; if the files are copies of each other, map "
-               "a position column to have them counted as duplicates)" if merged else
-               " (if those files are copies of each other, map a position column to have "
+               "analyse one file at a time (if the files are copies of each other, map a "
+               "position column to have them counted as duplicates)" if merged else
+               (" (the rows of sequences are interleaved, as a writer logging them token by "
+                "token and rotating its files would leave them)" if interleaved else "")
+               + " (if those files are copies of each other, map a position column to have "
                "them counted as duplicates)") + unkeyed)
     labels = _file_labels([p[0] for p in plans])
     for i, (f, types, hive, file_layout, scan, ranges, _numbered) in enumerate(plans):
@@ -1607,10 +1612,14 @@ def load_dataset(
         chunks.append(Chunk(canonical_valid(fr), tokens, streamed, source, tuple(members)))
     register_chunks(raw, raw_chunks)
     register_chunks(lf, chunks)
+    regrouped = REGROUPED[0]
     accounting, fine = _account(raw, mapping, infos, _nucleus_zeros, _minus_one,
                                 _versions_below_zero)
-    if continued:
-        accounting = dataclasses.replace(accounting, sequences_across_files=continued)
+    if continued:  # (interleaved rows: batches of the accounting pass were regrouped)
+        interleaved = REGROUPED[0] > regrouped
+        continued_note(interleaved)
+        if not interleaved:
+            accounting = dataclasses.replace(accounting, sequences_across_files=continued)
 
     def read_again(**how: Any) -> Dataset:
         """The input read once more with the same options and what the accounting found
@@ -1621,7 +1630,7 @@ def load_dataset(
         return load_dataset(paths, columns=columns, framework=framework, layout=layout,
                             entropy=entropy, skip_unreadable=skip_unreadable, **private)
 
-    below = (_negative_versions(raw, mapping)
+    below = (_negative_versions(raw, mapping, accounting)
              if not _versions_below_zero and accounting.excluded.get("negative_version")
              else None)
     if below is not None:  # version numbers below 0, not -1 markers: read again, kept
@@ -3012,15 +3021,17 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     ), fine
 
 
-def _negative_versions(raw: pl.LazyFrame, mapping: Mapping[str, str]
+def _negative_versions(raw: pl.LazyFrame, mapping: Mapping[str, str], accounting: Accounting
                        ) -> tuple[int, int, tuple[str, ...]] | None:
     """The rows excluded as ``negative_version`` (``raw``: the canonical raw frame, with
     ``reason``) when some version among them is below -1: (rows, lowest version, the
     version columns below 0), else None. Only -1 is a marker (AReaL numbers prompt tokens
     -1); -2, -100, ... on tokens with valid logprobs are version numbers (policy_version =
     step - lag at the start of an asynchronous run, versions offset), which
-    :func:`load_dataset` then reads as such. One more read of the input, only when such
-    rows exist."""
+    :func:`load_dataset` then reads as such, unless far below the valid tokens' versions
+    (``accounting``'s ranges: lower than their lowest by more than their span and 2, e.g.
+    -9999 among versions 0..9: a placeholder for an unknown version, left excluded). One
+    more read of the input, only when such rows exist."""
     cols = [c for c in ("policy_version", "train_version") if c in mapping]
     if not cols:
         return None
@@ -3030,6 +3041,11 @@ def _negative_versions(raw: pl.LazyFrame, mapping: Mapping[str, str]
     lows = {c: got[c][0] for c in cols if got[c][0] is not None and got[c][0] < 0}
     if not lows or min(lows.values()) >= -1:
         return None
+    for c, lo in lows.items():  # (a version far below the others: a placeholder)
+        rng = (accounting.policy_versions if c == "policy_version"
+               else accounting.train_versions)
+        if rng is not None and lo < rng[0] - (rng[1] - rng[0]) - 2:
+            return None
     return int(got["n"][0]), int(min(lows.values())), tuple(lows)
 
 
