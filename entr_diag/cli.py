@@ -947,7 +947,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             + (f" ({escape(where)})" if where else "") + ": the "
             "same (step, seq_id, position) appears more than once (e.g. one dump copied into two "
             "shards, whose tokens then count twice; or a seq_id shared by several sequences, "
-            "such as a prompt or group id like verl's uid, which merges them into one)"
+            "such as a prompt or group id like verl's uid, or a per-rank index restarting in "
+            "each file, which merges them into one)"
             + escape(unkeyed_partitions([f.hive for f in ds.files], ds.mapping)) + "."
         )
     from entr_diag.caveats import separate_blocks
@@ -1950,7 +1951,7 @@ def flag(
         _notes.flush()  # the output begins: the notes held so far come first
         # always written (empty, same columns, when there is no break): a stale file from an
         # earlier run must never pass for this run's result
-        lf = flagged_tokens(ds.lf, h_star=h_star, tau=tau, eps=eps).with_columns(
+        lf = flagged_tokens(_with_file(ds), h_star=h_star, tau=tau, eps=eps).with_columns(
             pl.col("seq_id").cast(ds.seq_id_dtype))
         # what made this file, so that a saved one can be traced back to its run
         meta = {**_output_mark("flag"), "entr_diag.parameters": json.dumps({
@@ -2035,6 +2036,20 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
                    f"--eps {eps:g} still define the noise tokens (H < H* and "
                    "delta^2/(H+eps) > tau).")
     return entr, [g for g in unique if not isinstance(g, EntrGate)]
+
+
+def _with_file(ds) -> pl.LazyFrame:
+    """``ds.lf`` with a ``file`` column (each row's input file path, an Enum) when the input
+    has several files, for the outputs that join back to the dump (``flag -o``, ``compare
+    --export``): (seq_id, position, step) alone repeats when ids restart in each file."""
+    from entr_diag.passes import FILE_INDEX
+
+    if len(ds.files) < 2:
+        return ds.lf
+    paths = list(dict.fromkeys(str(f.path) for f in ds.files))
+    names = [str(f.path) for f in ds.files]
+    return ds.lf.with_columns(pl.col(FILE_INDEX).replace_strict(
+        list(range(len(names))), names, return_dtype=pl.Enum(paths)).alias("file"))
 
 
 def _gate_plan(ds, entr, panel, sweeps):
@@ -2200,7 +2215,7 @@ def compare(
                 from entr_diag.atomic import when_written, write_with
                 from entr_diag.compare import export_frame
 
-                lf = export_frame(ds.lf, res, ds.unscored()).with_columns(
+                lf = export_frame(_with_file(ds), res, ds.unscored()).with_columns(
                     pl.col("seq_id").cast(ds.seq_id_dtype))
                 meta = {**_output_mark("compare --export"),
                         **({UNAVAILABLE_MARK: no_entr} if no_entr else {})}

@@ -663,7 +663,9 @@ def decisions_frame(lf: pl.LazyFrame, gates: Sequence[GateSpec],
     """Per-token keep/drop of each gate, with the keys to join back (for ``--export``).
 
     Returns a LazyFrame, one row per input token: ``seq_id``, ``seq_key``, ``position``,
-    ``step`` (if present), in input row order, then one Boolean column per gate named
+    ``step`` and ``file`` (if present: the CLI adds each row's input file when there are
+    several, so that rows of sequences whose ids restart in each file join back), in input
+    row order, then one Boolean column per gate named
     :func:`decision_column` (``"keep[entr:tau=4,eps=0.01]"``; True = kept), and for TIS
     also ``"weight[<spec>]"`` = ``min(r, cap)`` (for sequence TIS the sequence's weight
     ``min(exp(sum_t delta_t), cap)``). Duplicate specs get one column. ``unscored``: tokens
@@ -682,7 +684,7 @@ def decisions_frame(lf: pl.LazyFrame, gates: Sequence[GateSpec],
             uniq.append(g)
     names = [decision_column(g) for g in uniq]
     out, _ = _attach_decisions(lf, uniq, names, keep_order=True, unscored=unscored)
-    keys = [c for c in ("seq_id", "seq_key", "position", "step") if c in schema]
+    keys = [c for c in ("seq_id", "seq_key", "position", "step", "file") if c in schema]
     extra = [g.weight_expr().alias(weight_column(g)) if isinstance(g, TIS)
              else pl.col(weight_column(g))  # (joined per sequence)
              for g in uniq if isinstance(g, (TIS, SeqTIS))]

@@ -82,8 +82,10 @@ def flagged_tokens(
     ``lf``: the canonical token frame (docs/CONTRACT.md). Returns a LazyFrame with one row
     per flagged token and columns ``seq_id, position, step, token_id, train_logprob,
     infer_logprob, p, entropy, score`` (``step`` / ``token_id`` null when absent from
-    ``lf``; ``p = exp(infer_logprob)``; ``score = delta^2 / (entropy + eps)``). With
-    ``h_star=None`` the result is empty (same columns). Sink it with ``sink_parquet``.
+    ``lf``; ``p = exp(infer_logprob)``; ``score = delta^2 / (entropy + eps)``), then
+    ``file`` when ``lf`` has it (the input file of each row: see
+    :func:`entr_diag.compare.decisions_frame`). With ``h_star=None`` the result is empty
+    (same columns). Sink it with ``sink_parquet``.
     """
     lf = token_frame(lf, "flagged_tokens")
     names = lf.collect_schema().names()
@@ -101,6 +103,7 @@ def flagged_tokens(
         pl.col("infer_logprob").exp().alias("p"),
         pl.col("entropy"),
         noise_score_expr(eps).alias("score"),
+        *([pl.col("file")] if "file" in names else []),
     )
 
 

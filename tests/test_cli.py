@@ -3119,3 +3119,40 @@ def test_seq_ids_reused_across_steps_without_step_or_position_are_warned_about(t
         ok.write_parquet(p)
         r = runner.invoke(app, ["fit", str(p), "-q", "--n-boot", "100", "--json", str(js)])
         assert r.exit_code == 0 and "separate blocks" not in r.stderr, r.output
+
+
+def test_outputs_name_each_rows_file_when_there_are_several(tmp_path):
+    """Per-rank files whose seq_ids restart in each file: (seq_id, position, step) repeats,
+    so flag -o and compare --export carry each row's input file (``file``), which makes
+    the join back to the dump one-to-one; one input file gets no such column."""
+    src = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    df = pl.read_parquet(src)
+    d = tmp_path / "ranks"
+    d.mkdir()
+    ids = df.select("step", "seq_id").unique(maintain_order=True).with_columns(
+        rank=pl.int_range(pl.len()) % 2, local=pl.int_range(pl.len()) // 2)
+    df = df.join(ids, on=["step", "seq_id"], maintain_order="left")
+    for r in range(2):
+        (df.filter(pl.col("rank") == r).with_columns(seq_id=pl.col("local"))
+         .drop("rank", "local").write_parquet(d / f"rank{r}.parquet"))
+    ex, fl = tmp_path / "ex.parquet", tmp_path / "fl.parquet"
+    r = runner.invoke(app, ["compare", str(d), "-q", "--n-boot", "100", "--export", str(ex)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["flag", str(d), "-q", "--n-boot", "100", "-o", str(fl)])
+    assert r.exit_code == 0, r.output
+    key = ["seq_id", "position", "step"]
+    assert "file" in pl.read_parquet(fl).columns  # (no break in this run: no row)
+    for out in (pl.read_parquet(ex),):
+        assert out.select(key).is_duplicated().any()  # (the ids restart)
+        assert not out.select(*key, "file").is_duplicated().any()
+        assert set(out["file"].cast(pl.String)) <= {str(d / "rank0.parquet"),
+                                                     str(d / "rank1.parquet")}
+    dec = pl.read_parquet(ex)
+    dump = pl.concat([pl.read_parquet(d / f"rank{r}.parquet").with_columns(
+        file=pl.lit(str(d / f"rank{r}.parquet"))) for r in range(2)]).filter("loss_mask")
+    joined = dump.join(dec.with_columns(pl.col("file").cast(pl.String)),
+                       on=[*key, "file"], how="inner")
+    assert joined.height == dec.height == dump.height
+    r = runner.invoke(app, ["compare", str(src), "-q", "--n-boot", "100", "--export", str(ex)])
+    assert r.exit_code == 0 and "file" not in pl.read_parquet(ex).columns
