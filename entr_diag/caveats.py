@@ -353,7 +353,8 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
                          "with --column loss_mask=NAME",
     "null_loss_mask": "the mask is null where the arrays were padded (a padded tensor with "
                       "null padding?) or the mask column is not the loss mask",
-    "missing_seq_id": "the seq_id column is mostly null: map another with --column "
+    "missing_seq_id": "the seq_id column is mostly null (or floating-point values with a "
+                      "fraction, which read as null): map another with --column "
                       "seq_id=NAME",
     "invalid_position": "the position column is mostly null or negative (padding markers? "
                         "or floating-point values with a fraction, which read as null): "

@@ -638,9 +638,6 @@ def _attach_decisions(
         if unscored is not None:
             rows = pl.concat([rows, unscored.lazy().select(
                 "seq_key", pl.col("delta").cast(rows.collect_schema()["delta"]))])
-        if any(isinstance(gates[i], SeqTIS) for i in weights):
-            # (n_tokens of sequence TIS counts lf's tokens only: weights need no count)
-            pass
         seq = (
             rows.group_by("seq_key")
             .agg(aggs)

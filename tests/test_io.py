@@ -1824,3 +1824,11 @@ def test_versions_below_minus_one_are_read_as_version_numbers(tmp_path):
     ds = load_dataset([_write(tmp_path, _long(policy_version=[-9999, 1, 0, 2, 1]), "s.parquet")])
     assert ds.accounting.excluded == {"negative_version": 1}
     assert not any("read as version numbers" in n for n in ds.notes)
+
+
+def test_fractional_float_seq_ids_are_named_in_the_refusal_hint():
+    """A seq_id column of floats with a fraction reads as null: the hint of the
+    missing_seq_id exclusion says so, not only 'mostly null'."""
+    from entr_diag.caveats import MOSTLY_EXCLUDED_HINTS
+
+    assert "floating-point values with a fraction" in MOSTLY_EXCLUDED_HINTS["missing_seq_id"]
