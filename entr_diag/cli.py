@@ -2046,10 +2046,9 @@ def _with_file(ds) -> pl.LazyFrame:
 
     if len(ds.files) < 2:
         return ds.lf
-    paths = list(dict.fromkeys(str(f.path) for f in ds.files))
-    names = [str(f.path) for f in ds.files]
+    names = [str(f.path) for f in ds.files]  # (distinct: each input file is read once)
     return ds.lf.with_columns(pl.col(FILE_INDEX).replace_strict(
-        list(range(len(names))), names, return_dtype=pl.Enum(paths)).alias("file"))
+        list(range(len(names))), names, return_dtype=pl.Enum(names)).alias("file"))
 
 
 def _gate_plan(ds, entr, panel, sweeps):

@@ -519,8 +519,8 @@ class Verdict:
 @dataclass(frozen=True)
 class Catastrophic:
     """The fit's tokens with a catastrophic log-ratio, ``|delta| >= CATASTROPHIC_LOG_RATIO``
-    (ln 1e4 = 9.21 nats: an importance ratio below 1e-4 or above 1e4, which verl's and
-    slime's veto reject), and the law and break fitted again without them (their sums
+    (ln 1e4 = 9.21 nats: an importance ratio below 1e-4, which verl's and slime's veto
+    reject, or above 1e4, which IcePop and token MIS drop), and the law and break fitted again without them (their sums
     taken out of every bin and sequence block; the bootstrap's blocks stay).
 
     Fields: ``threshold`` (nats), ``tokens``, ``token_share`` (of the fit's tokens),
@@ -1628,9 +1628,9 @@ class _FitSums:
         #: IMPLAUSIBLE_LOGPROB on either side): the units check leaves them out (a few -300
         #: placeholders would read as log2 logprobs)
         self.units_out = np.zeros((7, self.nb))
-        #: sums per (step range, cell, staleness, block) of the tokens with a catastrophic
-        #: log-ratio (:data:`CATASTROPHIC_LOG_RATIO`), made at the first one; their largest
-        #: |delta|
+        #: sums per (cell, block), flat ``(nc * B,)`` as :attr:`cb`, of the tokens with a
+        #: catastrophic log-ratio (:data:`CATASTROPHIC_LOG_RATIO`), made at the first one;
+        #: their largest |delta|
         self.cat: dict[str, np.ndarray] | None = None
         self.cat_max = 0.0
         self.masks = PartialRows(["seq_key"],
@@ -1700,21 +1700,21 @@ class _FitSums:
 
     def _catastrophic(self, m: np.ndarray, keys: np.ndarray, h: np.ndarray, d2: np.ndarray,
                       top: float) -> None:
-        """Adds the tokens ``m`` of a batch (joint ``keys``) to :attr:`cat`."""
+        """Adds the tokens ``m`` of a batch (joint ``keys``: ((step range * nc + cell) * S1 +
+        staleness) * B + block) to :attr:`cat`."""
         if self.cat is None:
-            self.cat = {c: np.zeros_like(v) for c, v in self.joint.items()}
+            self.cat = {c: np.zeros(self.nc * self.B) for c in self.joint}
         k = keys[m]
+        k = (k // (self.B * self.S1)) % self.nc * self.B + k % self.B  # (cell, block)
         np.add.at(self.cat["n"], k, 1.0)
         np.add.at(self.cat["s_h"], k, h[m])
         np.add.at(self.cat["s_d2"], k, d2[m])
         self.cat_max = max(self.cat_max, top)
 
-    def _joint(self, name: str, table: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    def _joint(self, name: str) -> np.ndarray:
         """Sums per (cell, staleness, step range, block), ``(nc, S1, R1, B)`` C-contiguous
-        (the tables below are reduced from this layout); ``table``: another table of the
-        joint's layout (:attr:`cat`)."""
-        J = (self.joint if table is None else table)[name].reshape(
-            self.R1, self.nc, self.S1, self.B)
+        (the tables below are reduced from this layout)."""
+        J = self.joint[name].reshape(self.R1, self.nc, self.S1, self.B)
         return np.ascontiguousarray(J.transpose(1, 2, 0, 3))
 
     @property
@@ -1725,9 +1725,7 @@ class _FitSums:
     @property
     def cb_catastrophic(self) -> dict[str, np.ndarray] | None:
         """:attr:`cb` of the catastrophic tokens alone; None when there is none."""
-        if self.cat is None:
-            return None
-        return {c: self._joint(c, self.cat).sum(axis=(1, 2)).ravel() for c in self.cat}
+        return self.cat
 
     def _strata(self, axis: int, n: int) -> dict[str, np.ndarray]:
         out = {}

@@ -960,6 +960,9 @@ class Accounting:
     #: per logprob column, (valid tokens exactly -1.0, valid tokens at the control values
     #: MINUS_ONE_CONTROLS): :func:`_minus_one_padding`
     minus_one: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    #: the lowest value of each version column over the rows excluded as negative_version
+    #: (:func:`_negative_versions`); {} without such rows
+    negative_version_min: Mapping[str, int] = field(default_factory=dict)
     #: the input files and steps where train_logprob equals infer_logprob exactly on
     #: IDENTICAL_SHARE (20%) of their valid tokens or more while the rest of the input has
     #: real mismatch
@@ -1630,7 +1633,7 @@ def load_dataset(
         return load_dataset(paths, columns=columns, framework=framework, layout=layout,
                             entropy=entropy, skip_unreadable=skip_unreadable, **private)
 
-    below = (_negative_versions(raw, mapping, accounting)
+    below = (_negative_versions(accounting)
              if not _versions_below_zero and accounting.excluded.get("negative_version")
              else None)
     if below is not None:  # version numbers below 0, not -1 markers: read again, kept
@@ -2673,7 +2676,7 @@ class _AccountingScan:
 
     def __init__(self, mapping: Mapping[str, str], n_reasons: int,
                  nucleus: bool | pl.Series = False, minus_one: Sequence[str] = (),
-                 below_zero: bool = False) -> None:
+                 below_zero: bool = False, neg_code: int | None = None) -> None:
         from entr_diag.aggregate import N_FINE, fine_bin_expr
 
         self.has_pv, self.has_tv = "policy_version" in mapping, "train_version" in mapping
@@ -2732,6 +2735,10 @@ class _AccountingScan:
         self.block_check = "position" not in mapping
         self.split = [0, 0, 0]
         self.split_keys: set[int] = set()
+        #: the reason code of negative_version (None: not a reason here) and the lowest
+        #: version of each column over those rows
+        self.neg_code = neg_code
+        self.neg_min: dict[str, int] = {}
         if self.row_check:
             self.columns += ["train_logprob", "infer_logprob", "entropy"]
         #: valid tokens with a negative staleness per input file (by FILE_INDEX)
@@ -2830,6 +2837,12 @@ class _AccountingScan:
             cols[f"{r}hi"] = np.maximum.reduceat(np.where(ok, v, _I64_MIN), starts)
         if self.has_step:
             cols["step"] = column(batch, "_ac_step")[starts]
+        if self.neg_code is not None:
+            neg = code == self.neg_code
+            if neg.any():  # (a null version reads 0 here: only the negatives matter)
+                for r, c in self.ranges[1:]:
+                    lo = int(values[r][0][neg].min())
+                    self.neg_min[c] = min(self.neg_min.get(c, lo), lo)
         p, p_ok = values["p"]
         rep = np.zeros(p.size, dtype=np.int64)
         if p.size > 1:
@@ -2915,7 +2928,9 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     uses). See :class:`_AccountingScan`."""
     reasons = ["unmasked", "padding", "empty_row", *S.EXCLUSION_REASONS]
     names = [name for name, _ in _reason_conditions(mapping, nucleus, minus_one, below_zero)]
-    scan = _AccountingScan(mapping, len(names), nucleus, minus_one, below_zero)
+    scan = _AccountingScan(mapping, len(names), nucleus, minus_one, below_zero,
+                           names.index("negative_version")
+                           if "negative_version" in names else None)
     try:
         run_pass(raw, [scan])
     except pl.exceptions.ComputeError as e:  # e.g. a value that does not cast
@@ -3008,6 +3023,7 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
                                   if scan.has_pv and scan.has_tv else 0),
         tokens_repeating_row=scan.row_repeats,
         sequences_in_separate_blocks=(len(scan.split_keys), *scan.split[1:]),
+        negative_version_min=scan.neg_min,
         tokens_row_checked=scan.row_checked,
         repeated_rows_sampled=_sampled_repeats(scan.row_hashes),
         tokens_padding=count["padding"],
@@ -3021,24 +3037,16 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
     ), fine
 
 
-def _negative_versions(raw: pl.LazyFrame, mapping: Mapping[str, str], accounting: Accounting
-                       ) -> tuple[int, int, tuple[str, ...]] | None:
-    """The rows excluded as ``negative_version`` (``raw``: the canonical raw frame, with
-    ``reason``) when some version among them is below -1: (rows, lowest version, the
-    version columns below 0), else None. Only -1 is a marker (AReaL numbers prompt tokens
+def _negative_versions(accounting: Accounting) -> tuple[int, int, tuple[str, ...]] | None:
+    """The rows excluded as ``negative_version`` when some version among them is below -1
+    (``accounting.negative_version_min``, from the accounting pass): (rows, lowest
+    version, the version columns below 0), else None. Only -1 is a marker (AReaL numbers prompt tokens
     -1); -2, -100, ... on tokens with valid logprobs are version numbers (policy_version =
     step - lag at the start of an asynchronous run, versions offset), which
     :func:`load_dataset` then reads as such, unless far below the valid tokens' versions
     (``accounting``'s ranges: lower than their lowest by more than their span and 2, e.g.
-    -9999 among versions 0..9: a placeholder for an unknown version, left excluded). One
-    more read of the input, only when such rows exist."""
-    cols = [c for c in ("policy_version", "train_version") if c in mapping]
-    if not cols:
-        return None
-    got = (raw.filter(pl.col("reason") == "negative_version")
-           .select(pl.len().alias("n"), *[pl.col(c).min().alias(c) for c in cols])
-           .collect(engine="streaming"))
-    lows = {c: got[c][0] for c in cols if got[c][0] is not None and got[c][0] < 0}
+    -9999 among versions 0..9: a placeholder for an unknown version, left excluded)."""
+    lows = {c: v for c, v in accounting.negative_version_min.items() if v < 0}
     if not lows or min(lows.values()) >= -1:
         return None
     for c, lo in lows.items():  # (a version far below the others: a placeholder)
@@ -3046,7 +3054,7 @@ def _negative_versions(raw: pl.LazyFrame, mapping: Mapping[str, str], accounting
                else accounting.train_versions)
         if rng is not None and lo < rng[0] - (rng[1] - rng[0]) - 2:
             return None
-    return int(got["n"][0]), int(min(lows.values())), tuple(lows)
+    return accounting.excluded["negative_version"], min(lows.values()), tuple(lows)
 
 
 def _minus_one_padding(counts: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
