@@ -527,8 +527,47 @@ def test_sequence_outlier_carried_by_one_token_says_so(tmp_path, base):
     ev = f.evidence
     assert ev["flagged_carried_by_few_tokens"] == ev["sequences_flagged"] >= 1
     assert all(c < FX.FEW_CARRIERS for c in ev["top_tokens_carrying_abs_delta"])
-    assert "one or two tokens carry the sequence's |delta|" in f.message
+    assert "one or two tokens (or a few in a long sequence) carry the sequence's" in f.message
     assert f.check.startswith("the tokens that carry those sequences") and "MoE" not in f.check
+    # heavy tails of the token mismatch, not a sequence fault: info, no caveat on the verdict
+    assert f.severity == "info" and "a few tokens carry" in f.title
+    assert ev["delta2_share_flagged_whole_sequence"] == 0
+
+
+def test_sequence_outlier_carried_by_a_few_tokens_of_a_long_sequence(tmp_path, base):
+    """Long sequences flagged for six spiking tokens each (participation ratio 9 to 12,
+    above the absolute 3 but below 5% of their 400+ tokens) are read as a few catastrophic
+    tokens, info only, not as whole-sequence outliers pointing at MoE routing (a warning
+    before); a routing-like shift of other sequences beside them still warns, on its own
+    share of sum delta^2."""
+    stale = pl.col("train_version") - pl.col("policy_version")
+    long = (base.filter(pl.col("loss_mask")).group_by("seq_id")
+            .agg(pl.len(), stale.first().alias("stale")).filter(pl.col("len") >= 400))
+    # two long sequences of different lags (their spikes inflate no one cell's expectation)
+    spiked = long.sort("seq_id").unique("stale", keep="first").sort("seq_id")["seq_id"].head(2)
+    spike = pl.col("seq_id").is_in(spiked.implode()) & (pl.col("position") % 31 == 7) & (
+        pl.col("position") < 31 * 6)
+    df = _with_delta(base, pl.when(spike).then(pl.lit(-20.0)).otherwise(DELTA))
+    f = run_forensics(_load(tmp_path, df), checks=["sequence_outliers"]).by_kind(
+        "sequence_outliers")
+    assert f is not None
+    ev = f.evidence
+    assert set(ev["top_seq_ids"]) == {str(x) for x in spiked}
+    assert all(FX.FEW_CARRIERS < c < 20 for c in ev["top_tokens_carrying_abs_delta"])
+    assert ev["flagged_carried_by_few_tokens"] == 2 and f.severity == "info"
+    assert ev["delta2_share_flagged"] > FX.OUTLIER_SHARE_WARN
+    # beside whole-sequence outliers: a warning on their share, the spiked ones named apart
+    moe = pl.col("seq_id") % 41 == 0
+    df = _with_delta(base, pl.when(spike).then(pl.lit(-20.0))
+                     .when(moe).then(DELTA * 6).otherwise(DELTA))
+    f = run_forensics(_load(tmp_path, df, "both.parquet"),
+                      checks=["sequence_outliers"]).by_kind("sequence_outliers")
+    ev = f.evidence
+    assert f.severity == "warning" and "whatever their entropy" in f.title
+    assert ev["flagged_carried_by_few_tokens"] == 2 < ev["sequences_flagged"]
+    assert FX.OUTLIER_SHARE_WARN <= ev["delta2_share_flagged_whole_sequence"] < ev[
+        "delta2_share_flagged"]
+    assert "MoE routing" in f.check
 
 
 def test_outliers_are_scored_without_impossible_logprobs(tmp_path, base):
