@@ -878,6 +878,37 @@ def test_truncated_parquet_is_called_damaged(tmp_path):
         load_dataset([p])
 
 
+@pytest.mark.parametrize("groups", [1, 3, 70])
+def test_a_file_cut_short_behind_its_footer_is_refused_before_reading(tmp_path, groups):
+    """A file whose data was cut short (or rewritten) while its footer stayed - the footer
+    placing column chunks beyond the end of the file - is refused before any pass, naming
+    the file, the column and both sizes; polars' reader had panicked on it, printing five
+    Rust backtraces before the error (first and last row groups checked beyond 64)."""
+    import struct
+
+    import pyarrow.parquet as pq
+
+    from entr_diag.synth import SynthSpec, generate
+
+    good = tmp_path / "good.parquet"
+    pq.write_table(generate(SynthSpec(n_tokens=3000, seed=1)).to_arrow(), good,
+                   row_group_size=3000 // groups)
+    assert pq.ParquetFile(good).metadata.num_row_groups >= groups
+    data = good.read_bytes()
+    footer = data[-(struct.unpack("<I", data[-8:-4])[0] + 8):]
+    p = tmp_path / "cut.parquet"
+    p.write_bytes(data[: (len(data) - len(footer)) // 2] + footer)  # half the data pages
+    before = p.read_bytes()
+    with pytest.raises(InputError) as e:
+        load_dataset([p])
+    msg = str(e.value)
+    assert msg.startswith(f"cannot read {p}: its footer places column '") and "' at byte " in msg
+    assert (f", beyond the {p.stat().st_size - len(footer):,} bytes before the footer: the "
+            "file was cut short") in msg
+    assert p.read_bytes() == before
+    load_dataset([good])  # the whole file reads
+
+
 def test_duplicate_column_names_refused_naming_file_and_column(tmp_path):
     """Parquet allows two columns of one name; polars cannot read them (even unused): a
     one-line refusal naming the file, the column and how many, from the CLI with exit 2."""

@@ -350,7 +350,49 @@ def _read_footer(path: Path) -> tuple[pa.Schema, pq.FileMetaData]:
             f"cannot read {path}: it holds several columns of one name ({listed}{more}); "
             "Parquet allows it, but polars cannot read such a file: rewrite it with unique "
             "column names.")
+    beyond = _chunk_beyond_end(path, meta)
+    if beyond is not None:
+        col, end, data = beyond
+        raise InputError(
+            f"cannot read {path}: its footer places column '{col}' at byte {end:,}, beyond "
+            f"the {data:,} bytes before the footer: the file was cut short or "
+            "rewritten while its footer stayed (a copy or a write that did not finish): "
+            "write it again, or leave it out of the input.")
     return schema, meta
+
+
+#: :func:`_chunk_beyond_end` checks every row group of a file with at most this many
+#: (else the first and the last: Parquet writers lay row groups out in order)
+_ALL_GROUPS_CHECKED = 64
+
+
+def _chunk_beyond_end(path: Path, meta: pq.FileMetaData) -> tuple[str, int, int] | None:
+    """(column, byte, bytes before the footer) of a column chunk that the footer places
+    beyond the file's data - starting within or after the footer (its length and the
+    magic bytes take the file's last ``serialized_size + 8``) or ending beyond the file -,
+    or None. Polars' reader asserts on such a range and panics, printing several Rust
+    backtraces on stderr before the error could name the file; or it decodes the footer's
+    bytes as pages. (A chunk's end is judged against the file's size only: a writer that
+    leaves its dictionary page's offset unset makes it look later by that page.)"""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return None
+    data = size - 8 - meta.serialized_size
+    n = meta.num_row_groups
+    groups = range(n) if n <= _ALL_GROUPS_CHECKED else (0, n - 1)
+    for g in groups:
+        rg = meta.row_group(g)
+        for j in range(rg.num_columns):
+            c = rg.column(j)
+            if c.file_path:  # (a chunk in another file: not this one's bytes)
+                continue
+            start = (c.dictionary_page_offset if c.has_dictionary_page
+                     and c.dictionary_page_offset else c.data_page_offset)
+            end = int(start) + int(c.total_compressed_size)
+            if start >= data or end > size:
+                return c.path_in_schema, (int(start) if start >= data else end), data
+    return None
 
 
 def _short(e: BaseException) -> str:
