@@ -1962,8 +1962,11 @@ def _check_outliers(ctx: _Ctx) -> _Result:
         message=(
             f"{n_out} of {n_seq} sequences ({seq_share:.2%}) have a mean |delta| more than "
             f"{OUTLIER_Z:g} robust standard deviations above what their tokens' entropies "
-            f"predict; they carry {share_d2:.1%} of sum delta^2. Law k = {k_with:.3g} with "
-            f"them, {k_without:.3g} without. Worst: {', '.join(ev['top_seq_ids'][:5])}."
+            f"predict; they carry {share_d2:.1%} of sum delta^2."
+            + (f" k of delta^2 = k H (fitted through the origin over every entropy bin, not "
+               f"the verdict's law-regime fit) = {k_with:.3g} with them, {k_without:.3g} "
+               "without." if math.isfinite(k_with) else "")
+            + f" Worst: {', '.join(ev['top_seq_ids'][:5])}."
             + (f" {'All' if n_impl == n_out else n_impl} of them also hold impossible "
                f"logprobs (at or below {IMPLAUSIBLE_LOGPROB:g} nats, see "
                "implausible_logprobs), left out of their scores: they are outliers on their "

@@ -491,6 +491,9 @@ def test_sequence_outliers(tmp_path, base):
     assert ev["flagged_carried_by_few_tokens"] == 0
     assert min(ev["top_tokens_carrying_abs_delta"]) > FX.FEW_CARRIERS
     assert "catastrophic token" not in f.message and "MoE routing" in f.check
+    # which k: this check's own fit, not the verdict's (the two differ)
+    assert (f"k of delta^2 = k H (fitted through the origin over every entropy bin, not the "
+            f"verdict's law-regime fit) = {ev['k_with_flagged']:.3g} with them") in f.message
 
 
 def test_tied_outlier_sequences_are_listed_in_one_order(tmp_path, base):
