@@ -556,7 +556,7 @@ def _kind_ok(kind: str, t: pa.DataType) -> bool:
         return pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
     if kind == S.ID:  # (floats: an integer id column with a missing value, from pandas)
         return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
-                or pa.types.is_large_string(t))
+                or pa.types.is_large_string(t) or pa.types.is_string_view(t))
     raise AssertionError(kind)
 
 
