@@ -275,6 +275,11 @@ SkipUnreadableOpt = Annotated[bool, typer.Option(
     "--skip-unreadable",
     help="Leave out input files that cannot be read as Parquet (truncated, empty, another "
          "format) with a warning, instead of refusing the input.")]
+SeqIdPerFileOpt = Annotated[bool, typer.Option(
+    "--seq-id-per-file",
+    help="The seq_ids are local to each input file (per-rank indices restarting in each "
+         "file): key sequences by (file, step, seq_id), so that equal ids in two files "
+         "never merge.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress or notes on stderr (warnings still print).")]
 def _float_as_typed(value) -> float:
     """A float option's value; one written as a finite number too large for a float
@@ -877,7 +882,7 @@ def _require_tokens(ds) -> None:
 
 
 def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = True,
-          skip_unreadable: bool = False):
+          skip_unreadable: bool = False, seq_id_per_file: bool = False):
     from entr_diag.io import load_dataset
     from entr_diag.io.load import resolve_paths
 
@@ -922,11 +927,14 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             layout=layout,
             entropy=entropy,
             skip_unreadable=skip_unreadable,
+            seq_id_per_file=seq_id_per_file,
         )
     if ds.bundled and not quiet:
         _notes.add("no input given: using the bundled sample run "
                    f"({escape(str(ds.files[0].path))})")
-    for note in ds.notes:  # warnings even with --quiet (it hides progress and notes)
+    # (integer-typed logprobs or entropy first: they explain the -1.0 and 0.0 warnings)
+    for note in sorted(ds.notes, key=lambda n: " holds integers " not in n):
+        # warnings even with --quiet (it hides progress and notes)
         if note.startswith("warning: "):
             _notes.add("[yellow]warning:[/yellow] " + escape(note.removeprefix("warning: ")))
         elif not quiet and ("missing from" in note or "not used" in note
@@ -949,7 +957,9 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             "shards, whose tokens then count twice; or a seq_id shared by several sequences, "
             "such as a prompt or group id like verl's uid, or a per-rank index restarting in "
             "each file, which merges them into one)"
-            + escape(unkeyed_partitions([f.hive for f in ds.files], ds.mapping)) + "."
+            + escape(unkeyed_partitions([f.hive for f in ds.files], ds.mapping))
+            + ("; if the seq_ids restart in each file, pass --seq-id-per-file"
+               if len(ds.files) > 1 and not ds.seq_id_per_file else "") + "."
         )
     from entr_diag.caveats import separate_blocks
 
@@ -1035,8 +1045,10 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             f"{acc.tokens_masked - acc.tokens_valid:,} excluded"
             + (": " + ", ".join(f"{k} {v:,}" for k, v in acc.excluded.items()) if acc.excluded else "")
             + (f"; {acc.tokens_padding:,} rows of tensor padding ignored (no loss mask: "
-               "leading or trailing rows whose logprobs and entropy are exactly 0 or -1)"
-               if acc.tokens_padding else "")
+               + ("leading or trailing rows whose logprobs and entropy are exactly 0 or -1"
+                  if "long" not in ds.layouts else
+                  "rows whose entropy is exactly 0 and logprobs exactly 0 or -1")
+               + ")" if acc.tokens_padding else "")
             + (f"; {acc.tokens_entropy_below_zero:,} valid token(s) have an entropy just "
                f"below 0 (down to -{ENTROPY_NEG_TOL:g} nats: floating-point rounding of a "
                "near-certain distribution), read as 0"
@@ -1195,8 +1207,11 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     fd = fit_res.to_dict()
     fdict = (None if findings is None else findings if isinstance(findings, dict)
              else findings.to_dict())
+    shown_units = _shown_units(fd.get("units"), misaligned or _entropy_shifted(
+        entropy_alignment), file_units)
     # what is wrong with the data first (it explains the statistical caveats after it)
     parts = [misaligned, entropy_shift_caveat(entropy_alignment, ds.mapping),
+             integer_caveat(ds.notes),
              unreadable_caveat(getattr(ds, "skipped_unreadable", ()), len(ds.files)),
              exclusion_caveat(acc.excluded, acc.tokens_masked, acc.tokens_valid, ds.mapping,
                               acc.excluded_where),
@@ -1205,12 +1220,10 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              separate_blocks_caveat(acc, len(ds.files)),
              starved_caveat(acc, len(ds.files)),
              identical_logprobs_caveat(acc, len(ds.files), ds.mapping),
-             integer_caveat(ds.notes),
              rounding_caveat(rounded, ds.mapping, acc.excluded.get("zero_placeholder", 0)),
              storage_caveat(storage, ds.mapping),
              zero_prefix_caveat(zero_prefix, ds.mapping),
-             units_caveat(_shown_units(fd.get("units"), misaligned or _entropy_shifted(
-                 entropy_alignment), file_units), ds.mapping),
+             units_caveat(shown_units, ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
              implausible_caveat(fdict), catastrophic_caveat(fd),
              *findings_caveats(fdict, gates),
@@ -1218,7 +1231,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              curvature_caveat(fd), zero_entropy_caveat(fd), influence_caveat(fd)]
     caveats = [p for p in parts if p]
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats}
-    void = _void_verdict(ds.notes, rounded, entropy_alignment)
+    void = _void_verdict(ds.notes, rounded, entropy_alignment, shown_units, ds.mapping)
     fd["verdict"]["assessable"] = void is None
     if void:  # the caveat says the verdict means nothing: so does the verdict, up front
         fd["verdict"]["text"] = (f"not assessable ({void}: see the caveat); as computed: "
@@ -1241,13 +1254,17 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
 VOID_ROUNDING_STEP = 0.1
 
 
-def _void_verdict(notes, rounded, entropy_alignment=None) -> str | None:
+def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
+                  mapping=None) -> str | None:
     """Why the law's verdict cannot be read at all, else None: a logprob or entropy column
     stored as integers (:func:`~entr_diag.caveats.integer_columns`), logprobs stored
-    rounded (pooled over the input) to VOID_ROUNDING_STEP nats or coarser, or an entropy
+    rounded (pooled over the input) to VOID_ROUNDING_STEP nats or coarser, an entropy
     column shifted against the logprobs or holding the surprisal (``entropy_alignment``:
     :meth:`~entr_diag.forensics.EntropyAlignment.to_dict`, status ``shifted`` or
-    ``surprisal``). Their caveats
+    ``surprisal``), or one logprob column alone in log10 or log2 (``units``: the units
+    check as the caveat reads it, :func:`_shown_units`; its ``likely_mistake`` one of the
+    one-sided :data:`~entr_diag.caveats.UNIT_SIGNATURES`), which makes delta a difference
+    of two units: a law or a noise regime read from it describes the unit mistake. Their caveats
     say so; the verdict's text then leads with it (a verdict "law holds" followed by a
     caveat that it is meaningless read as a pass)."""
     from entr_diag.caveats import integer_columns
@@ -1263,6 +1280,14 @@ def _void_verdict(notes, rounded, entropy_alignment=None) -> str | None:
         return (f"the entropy column looks shifted by {k} token{'s' if k > 1 else ''} against "
                 "the logprobs" + (" in some input files" if ea.get("files") else "")
                 + (" in some steps" if ea.get("steps") else ""))
+    key = (units or {}).get("likely_mistake")
+    if isinstance(key, str) and key.startswith(("infer_", "train_")):
+        from entr_diag.caveats import UNIT_SIGNATURES, column_named
+
+        if key in UNIT_SIGNATURES:
+            canon, unit, *_ = UNIT_SIGNATURES[key]
+            return (f"{column_named(canon[0], mapping or {})} probably holds {unit}, not "
+                    "nats, and the other logprob column nats: delta mixes two units")
     coarse = {c: step for c, step in (rounded or {}).items()
               if c != "by_file" and isinstance(step, (int, float))
               and step >= VOID_ROUNDING_STEP}
@@ -1455,6 +1480,7 @@ def inspect(
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
     skip_unreadable: SkipUnreadableOpt = False,
+    seq_id_per_file: SeqIdPerFileOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -1471,7 +1497,7 @@ def inspect(
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet, analyse=False,
-                   skip_unreadable=skip_unreadable)
+                   skip_unreadable=skip_unreadable, seq_id_per_file=seq_id_per_file)
         desc = ds.describe()
         findings = rounded = zero_prefix = storage = None
         if ds.accounting.tokens_valid:
@@ -1481,7 +1507,8 @@ def inspect(
         warnings = _notes.warnings()
         closed = _json_output(json_path, envelope(
             "inspect", desc, {"layout": layout, "entropy": entropy, "framework": framework,
-                              "skip_unreadable": skip_unreadable},
+                              "skip_unreadable": skip_unreadable,
+                              "seq_id_per_file": seq_id_per_file},
             forensics=None if findings is None else findings.to_dict(), warnings=warnings,
             rounded_logprobs=rounded, zero_prefix=zero_prefix,
             storage_precision=storage), quiet)
@@ -1868,6 +1895,7 @@ def fit(
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
     skip_unreadable: SkipUnreadableOpt = False,
+    seq_id_per_file: SeqIdPerFileOpt = False,
     allow_misaligned: MisalignedOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
@@ -1886,13 +1914,14 @@ def fit(
         _check_output(json_path, "--json")
         _refuse_overwriting_inputs(paths, {"--json": json_path})
         ds = _load(paths, column, framework, layout, entropy, quiet,
-                   skip_unreadable=skip_unreadable)
+                   skip_unreadable=skip_unreadable, seq_id_per_file=seq_id_per_file)
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
                  allow_misaligned=allow_misaligned, forensics=True)
         fit_res, metrics, findings = a["fit"], a["metrics"], a["findings"]
         params = {"bins": bins, "bin_edges": bin_edges, "eps": eps, "tau": tau,
                   "n_boot": n_boot, "seed": seed, "layout": layout, "entropy": entropy,
-                  "framework": framework, "skip_unreadable": skip_unreadable}
+                  "framework": framework, "skip_unreadable": skip_unreadable,
+                  "seq_id_per_file": seq_id_per_file}
         fd = _fit_dict(fit_res, ds, findings, a["rounded"], a["file_units"], a["zero_prefix"],
                        a["misaligned"], entropy_alignment=a["entropy_alignment"], storage=a["storage"])
         caveat = fd["verdict"]["caveat"]
@@ -1926,6 +1955,7 @@ def flag(
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
     skip_unreadable: SkipUnreadableOpt = False,
+    seq_id_per_file: SeqIdPerFileOpt = False,
     allow_misaligned: MisalignedOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -1943,7 +1973,7 @@ def flag(
         _refuse_overwriting_inputs(paths, {"--output": output}, _defaulted(ctx, "output"))
         _note_parquet_suffix(output, "--output", quiet)
         ds = _load(paths, column, framework, layout, entropy, quiet,
-                   skip_unreadable=skip_unreadable)
+                   skip_unreadable=skip_unreadable, seq_id_per_file=seq_id_per_file)
         res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
                    allow_misaligned=allow_misaligned)["fit"]
         bp = res.to_dict().get("breakpoint")
@@ -1957,7 +1987,8 @@ def flag(
         meta = {**_output_mark("flag"), "entr_diag.parameters": json.dumps({
             "h_star": h_star, "tau": tau, "eps": eps, "bins": bins, "bin_edges": bin_edges,
             "seed": seed, "n_boot": n_boot, "inputs": [str(f.path) for f in ds.files],
-            "skipped_unreadable": [p for p, _why in ds.skipped_unreadable]})}
+            "skipped_unreadable": [p for p, _why in ds.skipped_unreadable],
+            "seq_id_per_file": seq_id_per_file})}
         write_with(output, lambda dest: lf.sink_parquet(dest, compression="zstd",
                                                          metadata=meta))
         out = _tables(output)  # stderr when the Parquet goes to stdout
@@ -2144,6 +2175,7 @@ def compare(
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
     skip_unreadable: SkipUnreadableOpt = False,
+    seq_id_per_file: SeqIdPerFileOpt = False,
     allow_misaligned: MisalignedOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
@@ -2165,7 +2197,7 @@ def compare(
         _refuse_overwriting_inputs(paths, {"--json": json_path, "--export": export})
         _check_fit_options(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet,
-                   skip_unreadable=skip_unreadable)
+                   skip_unreadable=skip_unreadable, seq_id_per_file=seq_id_per_file)
         if not ds.has("entropy") and not panel:  # only ENTR asked for: it needs entropy
             raise ParameterError(_no_column(
                 ds, "entropy", _NO_ENTROPY + ", and the ENTR gate is the only gate asked for "
@@ -2191,7 +2223,8 @@ def compare(
                   "sweep": {k: list(v) for k, v in sweeps.items()}, "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
                   "entropy": entropy, "framework": framework,
-                  "skip_unreadable": skip_unreadable}
+                  "skip_unreadable": skip_unreadable,
+                  "seq_id_per_file": seq_id_per_file}
         from entr_diag.atomic import together
 
         warnings = _notes.warnings()
@@ -2253,6 +2286,7 @@ def report(
     layout: LayoutOpt = "auto",
     entropy: EntropyOpt = "auto",
     skip_unreadable: SkipUnreadableOpt = False,
+    seq_id_per_file: SeqIdPerFileOpt = False,
     allow_misaligned: MisalignedOpt = False,
     json_path: JsonOpt = None,
     quiet: QuietOpt = False,
@@ -2273,7 +2307,7 @@ def report(
                                    _defaulted(ctx, "output"))
         _check_fit_options(eps, tau, n_boot, bins)
         ds = _load(paths, column, framework, layout, entropy, quiet,
-                   skip_unreadable=skip_unreadable)
+                   skip_unreadable=skip_unreadable, seq_id_per_file=seq_id_per_file)
         # without the law (or entropy) the gates are still compared: no law-scale / noise
         # categories, and without entropy no ENTR
         a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet,
@@ -2300,7 +2334,8 @@ def report(
         params = {"tau": tau, "eps": eps, "gates": gate or "default panel", "bins": bins,
                   "bin_edges": bin_edges, "n_boot": n_boot, "seed": seed, "layout": layout,
                   "entropy": entropy, "framework": framework,
-                  "skip_unreadable": skip_unreadable}
+                  "skip_unreadable": skip_unreadable,
+                  "seq_id_per_file": seq_id_per_file}
         desc = ds.describe()
         summary = {
             "tool_version": __version__,

@@ -1578,6 +1578,12 @@ def test_integer_logprob_columns_put_a_caveat_beside_the_verdict(synth_file, tmp
     assert "train_logprob and infer_logprob hold integers" \
         in cav and "meaningless" in cav
     assert "hold integers" in re.sub(r"\s+", " ", r.stdout)
+    # the integers come first, on stderr and among the caveats: the -1.0 padding and
+    # zero-placeholder readings of the rounded values follow them (helper-28 F2)
+    warns = [w for w in re.sub(r"\s+", " ", r.stderr).split("warning: ")[1:]]
+    assert len(warns) > 2 and all("holds integers" in w for w in warns[:2]), warns
+    assert json.loads(js.read_text())["verdict"]["caveats"][0].startswith(
+        "caveat: train_logprob and infer_logprob hold integers")
     # one caveat for them: not also "stored rounded" (to 1 nat)
     assert "stored rounded" not in cav and "stored rounded" not in r.stderr
     # the verdict itself leads with it (it read "law holds", the caveat "meaningless")
@@ -2206,6 +2212,80 @@ def test_a_shard_whose_mask_drops_it_is_named(synth_file, tmp_path, mask):
     r = runner.invoke(app, ["inspect", str(p), "--json", str(js), "-q"])
     acc = json.loads(js.read_text())["inputs"]["accounting"]
     assert "starved_files" not in acc and "contribute" not in r.stderr
+
+
+def test_tiny_and_empty_shards_raise_no_false_alarm(synth_file, tmp_path):
+    """Two empty shards of one writer are byte-identical but hold no token to count twice:
+    not "copies"; a 3-row shard all outside the loss mask (one prompt-only sample) is too
+    small to suggest an inverted mask (helper-29 F9). A 400-row shard with its mask
+    inverted still is named."""
+    d = _split(synth_file, tmp_path / "t", 2, {})
+    df = pl.read_parquet(d / "part-0.parquet")
+    for i in (2, 3):
+        df.head(0).write_parquet(d / f"part-{i}.parquet")
+    # (steps of their own: sequences first seen in another file are that file's)
+    df.head(3).with_columns(loss_mask=pl.lit(False), step=pl.col("step") + 1000).write_parquet(
+        d / "part-4.parquet")
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert "copies of each other" not in err and "may be inverted" not in err, err
+    doc = json.loads(js.read_text())
+    assert "starved_files" not in doc["inputs"]["accounting"]
+    assert "contribute no or few" not in (doc["verdict"].get("caveat") or "")
+    df.head(400).with_columns(loss_mask=pl.lit(False), step=pl.col("step") + 1000
+                              ).write_parquet(d / "part-4.parquet")
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    assert set(json.loads(js.read_text())["inputs"]["accounting"]["starved_files"]) == {
+        str(d / "part-4.parquet")}
+
+
+@pytest.mark.parametrize("with_position", [True, False])
+def test_seq_id_per_file_keys_restarting_rank_ids_apart(synth_file, tmp_path, with_position):
+    """Per-rank shards whose seq_ids restart in each file (0, 1, ... in every rank) merge
+    into one sequence per id (helper-29 F2): the warning names --seq-id-per-file, which
+    keys sequences by (file, step, seq_id): as many sequences as the shards hold, ids
+    read 'file:id', no warning, and the sequence gates see the real sequences (their keep
+    rate equals that of the same tokens with globally unique ids)."""
+    df = pl.read_parquet(synth_file)
+    df = df.filter(pl.col("step") < 2)
+    seqs = df.select("step", "seq_id").unique(maintain_order=True).with_row_index("k")
+    df = df.join(seqs, on=["step", "seq_id"], maintain_order="left")
+    d = tmp_path / "ranks"
+    d.mkdir()
+    for r in range(3):  # rank r holds sequences k % 3 == r, numbered 0.. in its file
+        part = df.filter(pl.col("k") % 3 == r).with_columns(
+            seq_id=(pl.col("k") // 3).cast(pl.Int64))
+        if not with_position:
+            part = part.drop("position")
+        part.drop("k").write_parquet(d / f"rank{r}.parquet")
+    uniq = tmp_path / "uniq.parquet"
+    df.with_columns(seq_id=pl.col("k").cast(pl.Int64)).drop("k").write_parquet(uniq)
+    gate = ["--gate", "seq-is:upper=2,lower=0.5"]
+    js, ju = tmp_path / "c.json", tmp_path / "u.json"
+    r = runner.invoke(app, ["compare", str(d), *gate, "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    merged = json.loads(js.read_text())
+    assert merged["inputs"]["accounting"]["sequences_total"] < seqs.height
+    assert "--seq-id-per-file" in " ".join(r.stderr.split())
+    r = runner.invoke(app, ["compare", str(d), *gate, "--seq-id-per-file", "--json", str(js),
+                            "-q"])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert "more tokens than positions" not in err and "continue from one file" not in err
+    per = json.loads(js.read_text())
+    assert per["inputs"]["accounting"]["sequences_total"] == seqs.height
+    assert per["parameters"]["seq_id_per_file"] is True
+    r = runner.invoke(app, ["compare", str(uniq), *gate, "--json", str(ju), "-q"])
+    assert r.exit_code == 0, r.output
+    ref = json.loads(ju.read_text())
+
+    def keep(doc):
+        return [g["kept_share"] for g in doc["compare"]["gates"] if g["name"] == "seq-is"]
+
+    assert keep(per) == pytest.approx(keep(ref), rel=1e-12) and keep(per) != keep(merged)
 
 
 _COPIED = {"train_logprob": pl.col("infer_logprob")}  # trainer logprobs not recomputed

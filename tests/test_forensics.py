@@ -1763,6 +1763,11 @@ def test_temperature_and_truncation_defer_to_a_logprob_unit_mistake(tmp_path, ba
                                                             "truncated_sampling")
     caveats = doc["verdict"]["caveats"]
     assert any("log10 values, not nats" in c for c in caveats)
+    # delta mixes two units: the verdict says it cannot be read, up front (helper-29 F6)
+    assert doc["verdict"]["assessable"] is False
+    assert doc["verdict"]["text"].startswith(
+        "not assessable (infer_logprob probably holds log10 values, not nats, and the other "
+        "logprob column nats: delta mixes two units: see the caveat); as computed: ")
     assert not any("[one_sided_temperature]" in c or "[truncated_sampling]" in c
                    for c in caveats)
     assert "No units check ran here" not in by["one_sided_temperature"]["message"]

@@ -826,6 +826,40 @@ def test_padded_tensor_without_mask_drops_minus_one_padding(tmp_path):
     assert acc.tokens_padding == 3 and acc.tokens_valid == 9 and not acc.excluded
 
 
+def test_long_file_without_mask_drops_all_zero_padding_rows(tmp_path):
+    """A padded tensor flattened to one row per token without its mask (helper-29 F1): rows
+    whose entropy is exactly 0 and both logprobs exactly 0 (or -1) are tensor padding,
+    counted and outside the mask, not tokens at H = 0 with delta = 0; a zero entropy with a
+    logprob that is not a pad value, or a pad logprob at H > 0, stays a token; no entropy
+    column or a mapped mask: no row is taken for padding. An unmapped 'mask'-named
+    integer column is named in a warning."""
+    import pyarrow.parquet as pq
+
+    sid = [0, 0, 0, 0, 1, 1, 1, 1]
+    tl = [-0.3, -0.2, 0.0, 0.0, -0.1, -1e-6, 0.0, 0.0]
+    il = [-0.3, -0.25, 0.0, -1.0, -0.1, 0.0, 0.0, 0.0]
+    h = [0.5, 0.4, 0.0, 0.0, 0.2, 0.0, 0.3, 0.0]
+    t = pa.table({"seq_id": sid, "train_logprob": tl, "infer_logprob": il, "entropy": h,
+                  "attention_mask": pa.array([1, 1, 0, 0, 1, 1, 1, 0], pa.int8())})
+    pq.write_table(t, tmp_path / "flat.parquet")
+    ds = load_dataset([tmp_path / "flat.parquet"])
+    acc = ds.accounting
+    # padding: rows 2, 3 (0 / -1 at H = 0) and 7; row 5 (train -1e-6) stays a token, row 6
+    # (both 0 at H = 0.3) is not padding but a zero placeholder
+    assert acc.tokens_padding == 3 and acc.tokens_unmasked == 3
+    assert acc.tokens_valid == 4 and acc.tokens_total == 8
+    assert acc.excluded == {"zero_placeholder": 1}
+    warn = [n for n in ds.notes if n.startswith("warning: no loss mask")]
+    assert len(warn) == 1 and "--column loss_mask=attention_mask" in warn[0]
+    mapped = load_dataset([tmp_path / "flat.parquet"], columns={"loss_mask": "attention_mask"})
+    assert mapped.accounting.tokens_padding == 0 and mapped.accounting.tokens_valid == 4
+    assert not [n for n in mapped.notes if n.startswith("warning: no loss mask")]
+    pq.write_table(t.drop_columns(["entropy", "attention_mask"]), tmp_path / "no_h.parquet")
+    no_h = load_dataset([tmp_path / "no_h.parquet"])
+    assert no_h.accounting.tokens_padding == 0
+    assert not [n for n in no_h.notes if n.startswith("warning: no loss mask")]
+
+
 def test_empty_nested_row_counted_as_sequence_without_tokens(tmp_path):
     """A nested row with empty lists holds no token and counts as a sequence without tokens."""
     df = pl.DataFrame({"seq_id": [0, 1], "train_logprob": [[-0.1], []],
@@ -1524,6 +1558,17 @@ def test_rollout_id_stays_a_sequence_id_without_slime(tmp_path):
         assert ds.mapping["seq_id"] == "rollout_id" and ds.mapping["step"] == "step"
         assert ("seq_id <- 'rollout_id' (--framework slime would read it as step: name the "
                 "framework if the dump is slime's)") in ds.notes
+        # a generic dump: no slime columns beside it, no warning
+        assert not [n for n in ds.notes if n.startswith("warning: seq_id <-")]
+    # a slime dump read without --framework slime (log_probs mapped by hand): rollout_id
+    # taken for the sequence merges each step's samples: warned, naming slime's columns
+    # (helper-29 F3)
+    ds = load_dataset([_write(tmp_path, _slime_rows().drop("position"), "s.parquet")],
+                      columns={"train_logprob": "log_probs"})
+    assert ds.mapping["seq_id"] == "rollout_id" and ds.accounting.sequences_total == 2
+    warn = [n for n in ds.notes if n.startswith("warning: seq_id <- 'rollout_id'")]
+    assert len(warn) == 1 and "slime's 'index', 'log_probs', 'loss_masks'" in warn[0]
+    assert warn[0].endswith("pass --framework slime")
     with pytest.raises(SchemaError, match="--framework slime reads 'rollout_id' as step"):
         load_dataset([_write(tmp_path, _slime_rows("seq_id").rename(
             {"log_probs": "train_logprob", "rollout_log_probs": "infer_logprob"}), "b.parquet")])

@@ -763,6 +763,7 @@ def resolve_mapping(
                 " (its name matched ignoring case)" if src in case_matched else "") + "".join(
                 f" (--framework {k} would read it as {c}: name the framework if the dump "
                 f"is {k}'s)" for k, c in uses))
+            notes += _key_read_as_other(canon, src, uses, available)
         if len(usable) > 1:  # the framework's own name decided
             notes.append(f"{canon}: using '{src}' (--framework {key}); also present and not "
                          "used: " + ", ".join(f"'{a}'" for a in usable[1:]))
@@ -967,9 +968,10 @@ class Accounting:
     #: policy_version or train_version (null, or NaN, fractional or out of the int64 range
     #: in a float column); in no staleness bucket (0 without both columns)
     tokens_without_staleness: int = 0
-    #: rows of nested files without a loss mask taken for tensor padding (leading or
-    #: trailing rows whose logprobs and entropy are exactly 0.0), counted in
-    #: ``tokens_unmasked``
+    #: rows of files without a loss mask taken for tensor padding (nested: leading or
+    #: trailing rows whose logprobs and entropy are exactly 0.0 or -1.0,
+    #: :func:`_unpadded_range`; long: rows whose entropy is exactly 0.0 and logprobs each
+    #: exactly 0.0 or -1.0, :func:`_padding_rows`), counted in ``tokens_unmasked``
     tokens_padding: int = 0
     #: valid tokens whose entropy lies in [-ENTROPY_NEG_TOL, 0) nats (floating-point
     #: rounding of a near-certain distribution): read as 0 in the token frame
@@ -1102,6 +1104,8 @@ class Dataset:
     step_range: tuple[int, int] | None = None
     #: input files left out as unreadable (``skip_unreadable``): (path, why)
     skipped_unreadable: tuple[tuple[str, str], ...] = ()
+    #: seq_ids read as local to each file (``seq_id_per_file``): ``"<file label>:<id>"``
+    seq_id_per_file: bool = False
     #: why an entropy column of the input is not used, as if absent (a phrase: it holds
     #: only nulls, no valid value for any loss-masked token, or is missing from some
     #: files); None when the input has none or it is used
@@ -1188,6 +1192,7 @@ def load_dataset(
     layout: str = "auto",
     entropy: str = "auto",
     skip_unreadable: bool = False,
+    seq_id_per_file: bool = False,
     _unusable_entropy: tuple[str, ...] = (),
     _nucleus_zeros: bool | pl.Series = False,
     _minus_one: tuple[str, ...] = (),
@@ -1210,6 +1215,11 @@ def load_dataset(
             :attr:`Dataset.skipped_unreadable` with the reason and in a warning note. An
             input left without a readable file is still refused. A file whose footer
             reads but whose pages are damaged fails later, during a pass, either way.
+        seq_id_per_file: the seq_ids are local to each input file (per-rank or per-shard
+            indices restarting in each file): a sequence is keyed by (file, step, seq_id),
+            its seq_id read as ``"<file label>:<seq_id>"`` (the labels of
+            :func:`_file_labels`), so equal ids in two files never merge (nor continue from
+            one file into the next without a position column).
 
     Returns:
         A :class:`Dataset`; one accounting pass over the input has been made (two when
@@ -1321,6 +1331,8 @@ def load_dataset(
         if folder:
             raise SchemaError(f"{e} {folder}") from None
         raise
+    if "loss_mask" not in mapping:
+        notes += _unmapped_masks(available, mapping)
     if mapping.get("step") == "step" and any(  # the step from verl-style folder names
             "step" not in schemas[f].names and "step" in _hive_values(Path(f))
             and any(_STEP_FOLDER.match(part) for part in Path(f).parent.parts)
@@ -1484,7 +1496,7 @@ def load_dataset(
     sid_types = [dict(zip(schemas[f].names, schemas[f].types, strict=True))
                  .get(mapping.get("seq_id", "")) for f in file_list]
     sid_dtype: type[pl.DataType] = pl.Int64
-    if any(t is None or not (pa.types.is_integer(_value_type(t))
+    if seq_id_per_file or any(t is None or not (pa.types.is_integer(_value_type(t))
                              or pa.types.is_floating(_value_type(t))) for t in sid_types):
         sid_dtype = pl.String
     elif any(_value_type(t) == pa.uint64() for t in sid_types):  # type: ignore[arg-type]
@@ -1557,7 +1569,9 @@ def load_dataset(
     for f, types, _hive, file_layout, *_ in plans:  # (before the positions are numbered)
         if file_layout == "long":
             _refuse_long_lists(f, types, mapping)
-    offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype)
+    labels = _file_labels([p[0] for p in plans])
+    prefixes = labels if seq_id_per_file else None
+    offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype, prefixes)
     def continued_note(interleaved: bool) -> None:
         unkeyed = unkeyed_partitions([p[2] for p in plans], mapping)
         # (a writer splitting the rows into files splits at most one sequence per boundary
@@ -1571,26 +1585,26 @@ def load_dataset(
                "seq_ids probably repeat across files (per-rank or per-shard local indices "
                "restarting in each file), which merges different sequences into one for "
                "every per-sequence result (sequence gates, per-sequence metrics, "
-               "resampling blocks, outliers); give each file's sequences distinct ids, or "
-               "analyse one file at a time (if the files are copies of each other, map a "
+               "resampling blocks, outliers); pass --seq-id-per-file, give each file's "
+               "sequences distinct ids, or analyse one file at a time (if the files are copies of each other, map a "
                "position column to have them counted as duplicates)" if merged else
                (" (the rows of sequences are interleaved, as a writer logging them token by "
                 "token and rotating its files would leave them)" if interleaved else "")
                + " (if those files are copies of each other, map a position column to have "
                "them counted as duplicates)") + unkeyed)
-    labels = _file_labels([p[0] for p in plans])
     for i, (f, types, hive, file_layout, scan, ranges, _numbered) in enumerate(plans):
         # (each row's input file: its index in Dataset.files, a constant per file)
         index = pl.lit(i, pl.UInt32).alias(FILE_INDEX)
         frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype, scan=scan,
-                                  position_offsets=file_offsets.get(i), label=labels[f])
+                                  position_offsets=file_offsets.get(i), label=labels[f],
+                                  id_prefix=prefixes and prefixes[f])
                       .with_columns(index))
         if len(ranges) == 1:
             off, n, tokens = ranges[0]
             # a whole long-layout file with its positions: read with the files beside it
             # by one scan when they look alike (_multi_file_frame)
             alike = None
-            if file_layout == "long" and not _numbered:
+            if file_layout == "long" and not _numbered and not seq_id_per_file:
                 alike = _Alike((tuple(types), tuple(str(t) for t in types.values()),
                                 tuple(sorted((k, v) for k, v in hive.items() if k not in types
                                              and k in set(mapping.values())))),
@@ -1601,7 +1615,8 @@ def load_dataset(
         for j, (off, n, tokens) in enumerate(ranges):
             pieces.append((_file_frame(f, types, hive, mapping, file_layout, sid_dtype,
                                        rows=(off, n), position_offsets=offsets.get((i, j)),
-                                       scan=scan, label=labels[f]).with_columns(index),
+                                       scan=scan, label=labels[f],
+                                       id_prefix=prefixes and prefixes[f]).with_columns(index),
                            tokens, tokens > _STREAM_TOKENS,
                            f"{f} (rows {off:,} to {off + n - 1:,})", None))
             piece_files.append(f)
@@ -1673,7 +1688,8 @@ def load_dataset(
                    "_minus_one": _minus_one, "_versions_below_zero": _versions_below_zero,
                    **how}
         return load_dataset(paths, columns=columns, framework=framework, layout=layout,
-                            entropy=entropy, skip_unreadable=skip_unreadable, **private)
+                            entropy=entropy, skip_unreadable=skip_unreadable,
+                            seq_id_per_file=seq_id_per_file, **private)
 
     below = (_negative_versions(accounting)
              if not _versions_below_zero and accounting.excluded.get("negative_version")
@@ -1791,6 +1807,7 @@ def load_dataset(
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
         seq_id_dtype=sid_dtype, entropy_fine_counts=fine[0], step_range=fine[1],
         skipped_unreadable=tuple(unreadable), entropy_unused=entropy_unused,
+        seq_id_per_file=seq_id_per_file,
     )
 
 
@@ -1983,12 +2000,16 @@ def _float_int_notes(mapping: Mapping[str, str], files: Sequence[Path],
 
 
 def _seq_id_expr(expr: pl.Expr, src_type: pa.DataType | None,
-                 sid_dtype: type[pl.DataType]) -> pl.Expr:
+                 sid_dtype: type[pl.DataType], prefix: str | None = None) -> pl.Expr:
     """A source sequence id as ``sid_dtype``: floats (pandas writes an integer id column
     with a missing value as float64) are read as integers where whole, NaN and fractional
-    ids as null (missing_seq_id rows), then as ``sid_dtype`` (``3.0`` -> ``"3"``)."""
+    ids as null (missing_seq_id rows), then as ``sid_dtype`` (``3.0`` -> ``"3"``).
+    ``prefix`` (``seq_id_per_file``: the file's label; ``sid_dtype`` String): the id reads
+    ``"<prefix>:<id>"`` (a null id stays null)."""
     if src_type is not None and pa.types.is_floating(_value_type(src_type)):
         expr = _whole_ints(expr)
+    if prefix is not None:
+        return pl.format("{}:{}", pl.lit(prefix), expr.cast(pl.String))
     return expr.cast(sid_dtype)
 
 
@@ -2065,6 +2086,7 @@ def _file_frame(
     scan: pl.LazyFrame | None = None,
     label: str | None = None,
     keep: Sequence[str] = (),
+    id_prefix: str | None = None,
 ) -> pl.LazyFrame:
     """Canonical raw rows of one file: one row per token, every mapped column, ``_empty``.
 
@@ -2078,7 +2100,8 @@ def _file_frame(
     chunk). ``label``: the file's name within the input (:func:`_file_labels`), the prefix
     of the ``file:row`` ids of a nested file without a seq_id column. ``keep``: columns of
     ``scan`` passed through (long layout; e.g. the file index of a scan of several files,
-    :func:`_multi_file_frame`).
+    :func:`_multi_file_frame`). ``id_prefix``: the file's label when seq_ids are local to
+    each file (``seq_id_per_file``, :func:`_seq_id_expr`).
     """
     lf = _scan(path) if scan is None else scan
     first_row = 0
@@ -2131,7 +2154,7 @@ def _file_frame(
             if sid_list:
                 _check_list_seq_id(path, lf, srcs["seq_id"])
             _check_ragged(path, lf, lens, n_tok, srcs, list_srcs, sid_raw)
-        sid = (_seq_id_expr(sid_raw, types.get(srcs["seq_id"]), sid_dtype)
+        sid = (_seq_id_expr(sid_raw, types.get(srcs["seq_id"]), sid_dtype, id_prefix)
                if sid_raw is not None
                else pl.format("{}:{}", pl.lit(label or path.name), pl.col("_row")))
         lf = lf.with_columns(
@@ -2169,10 +2192,12 @@ def _file_frame(
     if "seq_id" not in srcs:
         raise _needs_seq_id(path, mapping)
     _refuse_long_lists(path, types, srcs)
-    exprs = [pl.lit(False).alias("_empty"), pl.lit(False).alias("_pad")]
+    pad = _padding_rows(srcs) if "loss_mask" not in srcs else pl.lit(False)
+    exprs = [pl.lit(False).alias("_empty"), pad.alias("_pad")]
     for canon, src in srcs.items():
         if canon == "seq_id":
-            exprs.append(_seq_id_expr(pl.col(src), types.get(src), sid_dtype).alias(canon))
+            exprs.append(_seq_id_expr(pl.col(src), types.get(src), sid_dtype, id_prefix)
+                         .alias(canon))
         elif canon != "loss_mask":
             exprs.append(_canonical_cast(canon, pl.col(src), types.get(src)).alias(canon))
     if "loss_mask" in mapping:
@@ -2229,7 +2254,8 @@ def _copies(files: Sequence[Path], rows: Mapping[Path, int], schemas: Mapping[Pa
     count and values of the partition folders read (those naming a mapped column the file
     does not hold: a folder the file's own column overrides does not change its tokens),
     and the same first and last 64 kB (the footer holds every column chunk's offsets and
-    statistics). Only files of equal size are read."""
+    statistics). Only files of equal size are read; files without rows are never copies
+    (they hold no token to count twice: empty shards of one writer are byte-identical)."""
     import hashlib
 
     mapped = set(mapping.values())
@@ -2243,8 +2269,8 @@ def _copies(files: Sequence[Path], rows: Mapping[Path, int], schemas: Mapping[Pa
         key = (os.path.getsize(f), rows[f], read(f))
         groups.setdefault(key, []).append(f)
     out: list[tuple[Path, Path]] = []
-    for (size, _n, _h), group in groups.items():
-        if len(group) < 2:
+    for (size, n, _h), group in groups.items():
+        if len(group) < 2 or not n:  # (files without rows: no token to count twice)
             continue
         first: dict[str, Path] = {}
         for f in group:
@@ -2360,6 +2386,66 @@ def _unpadded_range(srcs: Mapping[str, str], list_srcs: Sequence[str]
     return lo, hi
 
 
+def _key_read_as_other(canon: str, src: str, uses: Sequence[tuple[str, str]],
+                       available: Mapping[str, pa.DataType]) -> list[str]:
+    """A ``warning: ...`` note (a list of none or one) when a sequence key column (seq_id,
+    step, position) was taken from a name a framework reads as another column (slime's
+    ``rollout_id`` is its step, elsewhere a sequence id) and the input holds two or more of
+    that framework's other column names: the dump is probably that framework's, and its
+    sequences are keyed wrongly (every sequence of a step read as one). ``uses``:
+    :func:`~entr_diag.io.schema.other_uses` of the name."""
+    if canon not in ("seq_id", "step", "position"):
+        return []
+    for k, other in uses:
+        own = sorted(n for c, n in S.FRAMEWORKS[k].items()
+                     if n in available and n != src and n not in S.SHARED_NAMES)
+        if len(own) >= 2:
+            return [f"warning: {canon} <- '{src}', which {k} writes as its {other} (and the "
+                    f"input has {k}'s {', '.join(repr(n) for n in own)} too): if this is a "
+                    f"{k} dump, its sequences are keyed wrongly here; pass --framework {k}"]
+    return []
+
+
+def _unmapped_masks(available: Mapping[str, pa.DataType], mapping: Mapping[str, str]
+                    ) -> list[str]:
+    """A ``warning: ...`` note (a list of none or one) when no loss mask is mapped but the
+    input has boolean or integer columns whose names hold "mask" (``mask``,
+    ``attention_mask``, ``loss_mask_0``): not known loss-mask names, so not used, yet each
+    may be what marks the trained tokens; unused, every row counts as a trained token
+    (padding and the prompt too), which dilutes keep rates, KL and the bins at H = 0."""
+    mapped = set(mapping.values())
+    cands = sorted(n for n, t in available.items()
+                   if "mask" in n.lower() and n not in mapped
+                   and _kind_ok(S.BOOL, _value_type(t)))
+    if not cands:
+        return []
+    shown = ", ".join(repr(c) for c in cands[:4]) + (", ..." if len(cands) > 4 else "")
+    return [f"warning: no loss mask column is mapped, so every row counts as a trained "
+            f"token, but the input has {shown}, not a known "
+            f"loss-mask name and not used: if it marks the trained tokens, map it with "
+            f"--column loss_mask={cands[0]} (an attention mask over prompt and response "
+            "marks the prompt as trained too)"]
+
+
+def _padding_rows(srcs: Mapping[str, str]) -> pl.Expr:
+    """Per row of a long file without a loss mask: True where it is tensor padding, its
+    entropy exactly 0.0 and its train and infer logprobs each exactly a pad value (0.0 or
+    -1.0, :data:`PAD_VALUES`). A padded ``[batch, length]`` tensor flattened to one row per
+    token without its mask holds such rows; a real token does not: an entropy of exactly 0
+    with a logprob of -1 is no distribution, and an fp32 trainer's log-softmax is exactly 0
+    only for a logit gap of about 17 nats or more, whose entropy (about gap * exp(-gap) *
+    vocabulary) is not exactly 0 below a gap of about 100 nats (the bundled real-model run
+    holds no such row). Without an entropy column no row is taken for padding: a token with
+    both logprobs exactly 0 (a bf16 trainer's forced step) could be real."""
+    if "entropy" not in srcs:
+        return pl.lit(False)
+    cond = pl.col(srcs["entropy"]).cast(pl.Float64, strict=False) == 0.0
+    for c in ("train_logprob", "infer_logprob"):
+        if c in srcs:
+            cond = cond & pl.col(srcs[c]).cast(pl.Float64, strict=False).is_in(PAD_VALUES)
+    return cond.fill_null(False)
+
+
 def _with_hive(lf: pl.LazyFrame, types: Mapping[str, pa.DataType], hive: Mapping[str, str],
                mapping: Mapping[str, str]) -> pl.LazyFrame:
     """``lf`` with the mapped partition values the file lacks as literal columns."""
@@ -2377,7 +2463,7 @@ def _numbering_keys(mapping: Mapping[str, str]) -> list[str]:
 
 
 def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
-                      sid_dtype: type[pl.DataType]
+                      sid_dtype: type[pl.DataType], prefixes: Mapping[Path, str] | None = None
                       ) -> tuple[dict[tuple[int, int], pl.DataFrame], dict[int, pl.DataFrame], int]:
     """Where positions are numbered in row order (long files without a position column;
     ``plans``: the loader's per-file tuples), the rows (``_off``, Int64) each sequence
@@ -2386,16 +2472,17 @@ def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
 
     Returns (offsets per (file index, chunk index) of a file read in several chunks, offsets
     per file index for its whole-file frame, the number of sequences found in more than
-    one file); only sequences with rows before are listed. One streaming scan of the key
+    one file); only sequences with rows before are listed. ``prefixes``: per file, the
+    prefix of its seq_ids (``seq_id_per_file``). One streaming scan of the key
     columns per chunk, all in one ``collect_all``; memory O(sequences x files they span).
     """
     keys = _numbering_keys(mapping)
     queries, where = [], []
-    for i, (_f, types, hive, _layout, scan, ranges, numbered) in enumerate(plans):
+    for i, (f, types, hive, _layout, scan, ranges, numbered) in enumerate(plans):
         if not numbered:
             continue
         cols = [_seq_id_expr(pl.col(mapping["seq_id"]), types.get(mapping["seq_id"]),
-                             sid_dtype).alias("seq_id")]
+                             sid_dtype, prefixes and prefixes[f]).alias("seq_id")]
         if "step" in mapping:
             cols.append(_canonical_cast("step", pl.col(mapping["step"]),
                                         types.get(mapping["step"])).alias("step"))
@@ -3187,6 +3274,10 @@ def _identical_logprobs(per: pl.DataFrame, infos: Sequence[FileInfo], *, valid_t
 #: a file is starved when its share of valid tokens (of its rows) is below this fraction of
 #: the other files' share (:func:`_starved_files`)
 STARVED_SHARE: float = 0.1
+#: ... and when, at the other files' share, it would hold this many valid tokens or more: a
+#: shard of a few rows (one prompt-only sample, the remainder of a split) outside the mask
+#: is no evidence of a wrong mask
+STARVED_MIN_EXPECTED: float = 20.0
 
 
 #: an exclusion reason is named for an input file when it excludes this share of the file's
@@ -3208,7 +3299,8 @@ def _starved_files(t: pl.DataFrame, infos: Sequence[FileInfo]) -> dict[str, dict
     their rows are outside the loss mask: their share of valid tokens among their rows
     below STARVED_SHARE times the other files' (an inverted or all-false loss mask, an
     attention mask taken for the loss mask, a file of prompts; a file whose rows are
-    mostly excluded gets the exclusion warnings instead).
+    mostly excluded gets the exclusion warnings instead), and its rows many enough that
+    the other files' share would give it STARVED_MIN_EXPECTED valid tokens or more.
     ``{path: {"rows", "valid", "outside_mask", "excluded": {reason: rows}, "others_share"}}``
     from the per-file table ``t`` (:func:`_per_file`)."""
     outside = [r for r in _OUTSIDE_MASK if r in t.columns]
@@ -3223,6 +3315,7 @@ def _starved_files(t: pl.DataFrame, infos: Sequence[FileInfo]) -> dict[str, dict
         r = t.row(j, named=True)
         # most rows outside the mask (rows lost to exclusions have their own warnings)
         if (valid[j] / rows[j] < STARVED_SHARE * others
+                and others * rows[j] >= STARVED_MIN_EXPECTED
                 and sum(r[c] for c in outside) > rows[j] / 2):
             out[str(infos[int(f)].path)] = {
                 "rows": int(r["n"]), "valid": int(r["_valid"]),
