@@ -860,6 +860,75 @@ def test_long_file_without_mask_drops_all_zero_padding_rows(tmp_path):
     assert not [n for n in no_h.notes if n.startswith("warning: no loss mask")]
 
 
+def _packed(long: pl.DataFrame, per_row: int) -> pl.DataFrame:
+    """``long`` (seq_id, position, train/infer logprob, entropy) packed AReaL-style: each
+    row holds ``per_row`` whole sequences one after another, with their cu_seqlens."""
+    seqs = long["seq_id"].unique(maintain_order=True).to_list()
+    rows = []
+    for r in range(0, len(seqs), per_row):
+        part = long.filter(pl.col("seq_id").is_in(seqs[r:r + per_row]))
+        lens = part.group_by("seq_id", maintain_order=True).len()["len"].to_list()
+        rows.append({"cu_seqlens": [0, *np.cumsum(lens).tolist()],
+                     **{c: part[c].to_list()
+                        for c in ("train_logprob", "infer_logprob", "entropy")}})
+    return pl.DataFrame(rows)
+
+
+def test_packed_rows_split_by_cu_seqlens(tmp_path, monkeypatch):
+    """A nested file packing several sequences per row (AReaL micro-batches, FlashAttention
+    varlen) with a cu_seqlens list (helper-29 F4): each packed sequence is a sequence of
+    its own, ids 'row id:index', positions from 0 in each, the same tokens and
+    per-sequence results as the unpacked file; a sequence of length 0 holds no token; read
+    in chunks too. A cu_seqlens that does not rise from 0 to the row's length is refused."""
+    import pyarrow.parquet as pq
+
+    from entr_diag.io import load
+
+    rng = np.random.default_rng(3)
+    lens = [5, 3, 7, 1, 4, 6, 2, 8]
+    long = pl.DataFrame({
+        "seq_id": np.repeat(np.arange(len(lens)), lens),
+        "position": np.concatenate([np.arange(n) for n in lens]),
+        "train_logprob": -rng.uniform(0.01, 2, sum(lens)),
+        "infer_logprob": -rng.uniform(0.01, 2, sum(lens)),
+        "entropy": rng.uniform(0.01, 3, sum(lens))})
+    packed = _packed(long, 3)
+    # a sequence of length 0 in the second row
+    cu = packed["cu_seqlens"].to_list()
+    cu[1] = [0, 0, *cu[1][1:]]
+    packed = packed.with_columns(cu_seqlens=pl.Series(cu))
+    path = tmp_path / "packed.parquet"
+    pq.write_table(packed.to_arrow(), path, row_group_size=1)
+    ds = load_dataset([path])
+    assert ds.mapping["cu_seqlens"] == "cu_seqlens"
+    assert ds.accounting.sequences_total == len(lens)
+    got = _valid(ds)
+    # ids: file:row, then the sequence's index in cu_seqlens (row 1: index 0 is empty)
+    assert set(got["seq_id"].unique()) == {
+        "packed.parquet:0:0", "packed.parquet:0:1", "packed.parquet:0:2",
+        "packed.parquet:1:1", "packed.parquet:1:2", "packed.parquet:1:3",
+        "packed.parquet:2:0", "packed.parquet:2:1"}
+    order = ["packed.parquet:0:0", "packed.parquet:0:1", "packed.parquet:0:2",
+             "packed.parquet:1:1", "packed.parquet:1:2", "packed.parquet:1:3",
+             "packed.parquet:2:0", "packed.parquet:2:1"]
+    ids = pl.DataFrame({"seq_id": order, "orig": list(range(len(lens)))})
+    mine = got.join(ids, on="seq_id").sort("orig", "position")
+    cols = ["position", "train_logprob", "infer_logprob", "entropy"]
+    assert mine.select(cols).equals(long.select(cols))
+    monkeypatch.setattr(load, "CHUNK_TOKENS", 10)  # one row group (row) per chunk
+    chunked = load_dataset([path])
+    assert _valid(chunked).equals(got)
+    assert chunked.accounting.sequences_total == len(lens)
+    for bad, why in (([1, 3, 5], "start"), ([0, 6, 5], "fall"), ([0, 3], "end")):
+        cu2 = [bad, *cu[1:]]
+        pq.write_table(packed.with_columns(cu_seqlens=pl.Series(cu2)).to_arrow(),
+                       tmp_path / f"bad_{why}.parquet")
+        with pytest.raises(InputError, match=rf"bad_{why}\.parquet: 1 packed row\(s\) have "
+                           r"a cu_seqlens \('cu_seqlens'\) that does not split") as e:
+            load_dataset([tmp_path / f"bad_{why}.parquet"])
+        assert "row 0 (15 tokens, cu_seqlens [" in str(e.value)
+
+
 def test_empty_nested_row_counted_as_sequence_without_tokens(tmp_path):
     """A nested row with empty lists holds no token and counts as a sequence without tokens."""
     df = pl.DataFrame({"seq_id": [0, 1], "train_logprob": [[-0.1], []],

@@ -1496,7 +1496,8 @@ def load_dataset(
     sid_types = [dict(zip(schemas[f].names, schemas[f].types, strict=True))
                  .get(mapping.get("seq_id", "")) for f in file_list]
     sid_dtype: type[pl.DataType] = pl.Int64
-    if seq_id_per_file or any(t is None or not (pa.types.is_integer(_value_type(t))
+    # (packed rows: ids 'row id:sequence index')
+    if seq_id_per_file or "cu_seqlens" in mapping or any(t is None or not (pa.types.is_integer(_value_type(t))
                              or pa.types.is_floating(_value_type(t))) for t in sid_types):
         sid_dtype = pl.String
     elif any(_value_type(t) == pa.uint64() for t in sid_types):  # type: ignore[arg-type]
@@ -2126,6 +2127,13 @@ def _file_frame(
             list_srcs.remove(srcs["seq_id"])
             if srcs["seq_id"] in types and pa.types.is_fixed_size_list(types[srcs["seq_id"]]):
                 lf = lf.with_columns(pl.col(srcs["seq_id"]).arr.to_list())
+        # packed rows: cu_seqlens splits a row into its sequences (a list, not per token)
+        cu_src = srcs.get("cu_seqlens")
+        packed = cu_src is not None and cu_src in list_srcs
+        if packed:
+            list_srcs.remove(cu_src)
+            if pa.types.is_fixed_size_list(types[cu_src]):
+                lf = lf.with_columns(pl.col(cu_src).arr.to_list())
         # fixed-size lists (a padded [batch, length] tensor written as is) read as polars
         # Arrays: as lists, they take the same path (padding is what the loss mask is for)
         fixed = [src for src in list_srcs if pa.types.is_fixed_size_list(types[src])]
@@ -2154,6 +2162,8 @@ def _file_frame(
             if sid_list:
                 _check_list_seq_id(path, lf, srcs["seq_id"])
             _check_ragged(path, lf, lens, n_tok, srcs, list_srcs, sid_raw)
+            if packed:
+                _check_packed(path, lf, cu_src, n_tok, sid_raw)
         sid = (_seq_id_expr(sid_raw, types.get(srcs["seq_id"]), sid_dtype, id_prefix)
                if sid_raw is not None
                else pl.format("{}:{}", pl.lit(label or path.name), pl.col("_row")))
@@ -2172,16 +2182,23 @@ def _file_frame(
             lf = lf.with_columns(lo.alias("_pad_lo"), hi.alias("_pad_hi"))
             pad = ((pl.col("_pos") < pl.col("_pad_lo"))
                    | (pl.col("_pos") >= pl.col("_pad_hi"))).fill_null(False)
+        seg: list[str] = []
+        if packed:  # per token: its sequence's index in the row and first token
+            lf = _with_segments(lf, cu_src)
+            seg = ["_seg", "_start"]
         # an empty list explodes to one null row: keep it, marked _empty, for the accounting
-        lf = lf.explode([*list_srcs, "_pos"], empty_as_null=True, keep_nulls=True)
-        exprs = [pl.col("_seq_id").alias("seq_id"), pl.col("_empty"), pad.alias("_pad")]
+        lf = lf.explode([*list_srcs, "_pos", *seg], empty_as_null=True, keep_nulls=True)
+        exprs = [(pl.format("{}:{}", pl.col("_seq_id"), pl.col("_seg")) if packed
+                  else pl.col("_seq_id")).alias("seq_id"), pl.col("_empty"), pad.alias("_pad")]
         if "position" in srcs and srcs["position"] in list_srcs:
             exprs.append(_canonical_cast("position", pl.col(srcs["position"]),
                                          types.get(srcs["position"])).alias("position"))
+        elif packed:
+            exprs.append((pl.col("_pos") - pl.col("_start")).cast(pl.Int64).alias("position"))
         else:
             exprs.append(pl.col("_pos").cast(pl.Int64).alias("position"))
         for canon, src in srcs.items():
-            if canon in ("seq_id", "position", "loss_mask"):
+            if canon in ("seq_id", "position", "loss_mask", *S.ROW_COLUMNS):
                 continue
             exprs.append(_canonical_cast(canon, pl.col(src), types.get(src)).alias(canon))
         if "loss_mask" in mapping:
@@ -2198,7 +2215,7 @@ def _file_frame(
         if canon == "seq_id":
             exprs.append(_seq_id_expr(pl.col(src), types.get(src), sid_dtype, id_prefix)
                          .alias(canon))
-        elif canon != "loss_mask":
+        elif canon != "loss_mask" and canon not in S.ROW_COLUMNS:
             exprs.append(_canonical_cast(canon, pl.col(src), types.get(src)).alias(canon))
     if "loss_mask" in mapping:
         exprs += _mask_exprs(srcs.get("loss_mask"), types.get(srcs.get("loss_mask", "")))
@@ -2627,6 +2644,53 @@ def _check_ragged(path: Path, lf: pl.LazyFrame, lens: Mapping[str, pl.Expr], n_t
             f"{detail}; seq_id(s): {keys}. Every per-token list of a sequence must have one "
             "entry per token."
         )
+
+
+def _check_packed(path: Path, lf: pl.LazyFrame, src: str, n_tok: pl.Expr,
+                  sid: pl.Expr | None) -> None:
+    """Refuse a nested file with a packed row whose cu_seqlens list ``src`` does not split
+    its ``n_tok`` tokens (it must start at 0, never fall and end at the row's length; a
+    null list is no split), naming the file, the column, the number of such rows and the
+    first of them with their list and token count (:class:`InputError`)."""
+    cu = pl.col(src).cast(pl.List(pl.Int64))
+    bad = (cu.is_null() | (cu.list.len() == 0) | (cu.list.first() != 0)
+           | (cu.list.last() != n_tok.fill_null(0))
+           | (cu.list.diff(null_behavior="drop").list.min().fill_null(0) < 0))
+    key = sid.cast(pl.String) if sid is not None else pl.format("row {}", pl.col("_row"))
+    t = (lf.filter(bad.fill_null(True))
+         .select(pl.len().alias("n"),
+                 pl.format("{} ({} tokens, cu_seqlens [{}])", key, n_tok.fill_null(0),
+                           cu.cast(pl.List(pl.String)).list.join(", ").fill_null("null"))
+                 .head(_MAX_LISTED).implode().alias("rows"))
+         .collect(engine="streaming"))
+    n = int(t["n"][0])
+    if n:
+        raise InputError(
+            f"{path}: {n:,} packed row(s) have a cu_seqlens ('{src}') that does not split the "
+            "row's tokens: it must rise from 0 to the row's number of tokens (the cumulative "
+            "lengths of the sequences the row packs); e.g. "
+            + "; ".join(t["rows"][0]) + ".")
+
+
+def _with_segments(lf: pl.LazyFrame, src: str) -> pl.LazyFrame:
+    """``lf`` (nested rows with ``_row``) with two per-token lists from its cu_seqlens
+    ``src`` (checked by :func:`_check_packed`): ``_seg``, the index of the token's sequence
+    in the row (its place in ``src``), and ``_start``, that sequence's first token index
+    in the row; sequences of length 0 hold no token. Empty lists for a row without tokens."""
+    cu = pl.col(src).cast(pl.List(pl.Int64))
+    segs = (lf.select("_row", cu.list.diff(null_behavior="drop").alias("_len"))
+            .explode("_len", empty_as_null=False)
+            .with_columns(pl.int_range(pl.len()).over("_row").cast(pl.Int64).alias("_seg"),
+                          (pl.col("_len").cum_sum().over("_row") - pl.col("_len"))
+                          .alias("_start"))
+            .filter(pl.col("_len") > 0)
+            .select("_row", pl.col("_seg").repeat_by("_len"),
+                    pl.col("_start").repeat_by("_len"))
+            .explode(["_seg", "_start"])
+            .group_by("_row", maintain_order=True).agg("_seg", "_start"))
+    empty = pl.lit([], dtype=pl.List(pl.Int64))
+    return (lf.join(segs, on="_row", how="left", maintain_order="left")
+            .with_columns(pl.col("_seg").fill_null(empty), pl.col("_start").fill_null(empty)))
 
 
 def _seq_key_expr(mapping: Mapping[str, str]) -> pl.Expr:

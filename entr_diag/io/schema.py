@@ -80,7 +80,13 @@ COLUMNS: tuple[Column, ...] = (
            ("token_ids", "response_ids", "output_ids", "responses")),
     Column("advantage", FLOAT, "per-token or per-sequence advantage", False,
            ("advantages",), per_sequence=False),
+    Column("cu_seqlens", INT, "nested layout, packed rows: cumulative sequence lengths "
+           "[0, n1, n1 + n2, ..., row length] of the sequences a row packs one after another "
+           "(FlashAttention varlen / AReaL micro-batches)", False,
+           ("cu_seq_lens", "cu_seqlens_q"), per_sequence=True),
 )
+#: canonical columns that describe a row, never a token: not read per token
+ROW_COLUMNS: tuple[str, ...] = ("cu_seqlens",)
 
 BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
 CANONICAL: tuple[str, ...] = tuple(c.name for c in COLUMNS)
