@@ -43,6 +43,7 @@ back with :meth:`GateSpec.spec` in the same syntax.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
@@ -809,4 +810,7 @@ def parse_gate_spec(spec: str) -> GateSpec:
     try:
         return cls(**kwargs)
     except ParameterError as e:
-        raise _bad(str(e), cls) from None
+        # name the spec as typed, not the gate's parameters with the defaults filled in
+        # (a tau=nan refusal echoed an eps never typed)
+        msg = re.sub(r" \(got '[^']*'\)\.$", f" (in gate spec {spec.strip()!r}).", str(e))
+        raise _bad(msg, cls) from None

@@ -363,6 +363,15 @@ class TestParse:
         else:
             assert all(g in msg for g in GATE_TYPES)
 
+    def test_a_refused_value_is_named_in_the_spec_as_typed(self):
+        """A value the gate refuses is echoed in the spec the user typed, not with the other
+        parameters' defaults filled in (helper-28: tau=nan echoed an eps never typed)."""
+        with pytest.raises(ParameterError) as ei:
+            parse_gate_spec("entr:tau=nan")
+        msg = str(ei.value)
+        assert "tau must be a positive number (in gate spec 'entr:tau=nan')." in msg
+        assert "eps=0.01" not in msg.split("Usage:")[0]
+
     def test_default_panel(self):
         """The default panel holds one of each non-ENTR gate, with documented sources."""
         names = [g.name for g in DEFAULT_PANEL]
