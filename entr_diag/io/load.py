@@ -1177,6 +1177,10 @@ class Dataset:
                                    for p, why in self.skipped_unreadable],
             "layout": "+".join(self.layouts),
             "mapping": dict(self.mapping),
+            # the input files' columns no canonical column reads (a mask, an id the
+            # heuristics did not recognise: --column maps them)
+            "unused_columns": sorted({c for f in self.files for c in f.columns}
+                                     - set(self.mapping.values())),
             "mapping_notes": list(self.notes),
             "entropy_source": self.entropy_source,
             "accounting": self.accounting.to_dict(),

@@ -39,6 +39,12 @@ def render_inspect(desc: dict, console: Console) -> None:
     for canon, src in desc["mapping"].items():
         mt.add_row(literal(canon), literal(src))
     console.print(mt)
+    unused = desc.get("unused_columns") or []
+    if unused:
+        console.print(f"  columns not used ({len(unused)}; --column CANONICAL=SOURCE maps one): "
+                      + ", ".join(repr(c) for c in unused[:20])
+                      + (f", ... ({len(unused) - 20} more)" if len(unused) > 20 else ""),
+                      markup=False)
     for note in desc.get("mapping_notes", []):
         console.print(f"  {note}" if note.startswith("warning: ") else f"  note: {note}",
                       markup=False)
