@@ -919,7 +919,8 @@ def test_packed_rows_split_by_cu_seqlens(tmp_path, monkeypatch):
     chunked = load_dataset([path])
     assert _valid(chunked).equals(got)
     assert chunked.accounting.sequences_total == len(lens)
-    for bad, why in (([1, 3, 5], "start"), ([0, 6, 5], "fall"), ([0, 3], "end")):
+    for bad, why in (([1, 3, 5], "start"), ([0, 6, 5], "fall"), ([0, 3], "end"),
+                     ([0, None, 15], "null")):
         cu2 = [bad, *cu[1:]]
         pq.write_table(packed.with_columns(cu_seqlens=pl.Series(cu2)).to_arrow(),
                        tmp_path / f"bad_{why}.parquet")

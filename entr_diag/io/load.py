@@ -1500,9 +1500,10 @@ def load_dataset(
     sid_types = [dict(zip(schemas[f].names, schemas[f].types, strict=True))
                  .get(mapping.get("seq_id", "")) for f in file_list]
     sid_dtype: type[pl.DataType] = pl.Int64
-    # (packed rows: ids 'row id:sequence index')
-    if seq_id_per_file or "cu_seqlens" in mapping or any(t is None or not (pa.types.is_integer(_value_type(t))
-                             or pa.types.is_floating(_value_type(t))) for t in sid_types):
+    # (per-file ids 'file:id'; packed rows: ids 'row id:sequence index')
+    if seq_id_per_file or "cu_seqlens" in mapping or any(
+            t is None or not (pa.types.is_integer(_value_type(t))
+                              or pa.types.is_floating(_value_type(t))) for t in sid_types):
         sid_dtype = pl.String
     elif any(_value_type(t) == pa.uint64() for t in sid_types):  # type: ignore[arg-type]
 
@@ -1591,8 +1592,9 @@ def load_dataset(
                "restarting in each file), which merges different sequences into one for "
                "every per-sequence result (sequence gates, per-sequence metrics, "
                "resampling blocks, outliers); pass --seq-id-per-file, give each file's "
-               "sequences distinct ids, or analyse one file at a time (if the files are copies of each other, map a "
-               "position column to have them counted as duplicates)" if merged else
+               "sequences distinct ids, or analyse one file at a time (if the files are "
+               "copies of each other, map a position column to have them counted as "
+               "duplicates)" if merged else
                (" (the rows of sequences are interleaved, as a writer logging them token by "
                 "token and rotating its files would leave them)" if interleaved else "")
                + " (if those files are copies of each other, map a position column to have "
@@ -2654,10 +2656,11 @@ def _check_packed(path: Path, lf: pl.LazyFrame, src: str, n_tok: pl.Expr,
                   sid: pl.Expr | None) -> None:
     """Refuse a nested file with a packed row whose cu_seqlens list ``src`` does not split
     its ``n_tok`` tokens (it must start at 0, never fall and end at the row's length; a
-    null list is no split), naming the file, the column, the number of such rows and the
+    null list, or one holding a null, is no split), naming the file, the column, the number of such rows and the
     first of them with their list and token count (:class:`InputError`)."""
     cu = pl.col(src).cast(pl.List(pl.Int64))
-    bad = (cu.is_null() | (cu.list.len() == 0) | (cu.list.first() != 0)
+    bad = (cu.is_null() | (cu.list.len() == 0) | cu.list.eval(pl.element().is_null()).list.any()
+           | (cu.list.first() != 0)
            | (cu.list.last() != n_tok.fill_null(0))
            | (cu.list.diff(null_behavior="drop").list.min().fill_null(0) < 0))
     key = sid.cast(pl.String) if sid is not None else pl.format("row {}", pl.col("_row"))
