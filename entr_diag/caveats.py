@@ -745,6 +745,14 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
                 f"{int(at['above_one']):,} of these rows, which no probability is: negative "
                 "log-likelihoods (-logprob, >= 0)? Negate "
                 + ("the column" if len(sides) == 1 else "the columns"))
+    if (reason in ("zero_placeholder", "sentinel_logprob", "non_finite_logprob")
+            and mapping is not None and "loss_mask" not in mapping):
+        # the padding of padded tensors dumped without their mask (recognised as such only
+        # with an entropy column: its exact 0 marks it)
+        text += ("; or the padding of padded tensors: no loss mask is mapped, so every row "
+                 "counts as a token; map it with --column loss_mask=NAME"
+                 + ("" if "entropy" in mapping else
+                    " (with an entropy column, padding is recognised and set aside)"))
     details = []
     if sides and not named:
         details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 else ""))

@@ -583,16 +583,11 @@ def _tables(*outputs: Path | None) -> Console:
 def _foreign_parquet(path: Path) -> str | None:
     """Why ``path`` must not be replaced by an output, or None: it is an existing regular
     file holding Parquet (``PAR1`` at its start) that entr-diag did not write (no
-    :data:`~entr_diag.io.load.OUTPUT_MARK` nor synth mark in its metadata), a rollout
+    :data:`~entr_diag.io.load.OUTPUT_MARK` nor synth mark in its metadata; a synth run is
+    refused after the inputs are checked, :func:`_refuse_overwriting_inputs`), a rollout
     dump; or one whose footer cannot be read (a damaged dump, or one still being written:
     no output of entr-diag is ever left so, they are written atomically)."""
-    try:
-        if not path.is_file():
-            return None
-        with open(path, "rb") as fh:
-            if fh.read(4) != b"PAR1":
-                return None
-    except OSError:  # unreadable: the output checks that follow say what is wrong
+    if not _starts_as_parquet(path):
         return None
     import pyarrow.parquet as pq
 
@@ -605,8 +600,35 @@ def _foreign_parquet(path: Path) -> str | None:
         return ("starts as a Parquet file but its footer cannot be read (a damaged dump, "
                 f"or one still being written: {str(exc).splitlines()[0][:120]})")
     if OUTPUT_MARK.encode() in md or SYNTH_METADATA_KEY in md:
-        return None
+        return None  # (a synth run: :func:`_synthetic_run`, after the inputs are checked)
     return "is a Parquet file entr-diag did not write (a rollout dump?)"
+
+
+def _synthetic_run(path: Path) -> bool:
+    """True when ``path`` is a Parquet file ``synth`` wrote (its metadata key): a data set,
+    which only ``synth -o`` replaces."""
+    if not _starts_as_parquet(path):
+        return False
+    import pyarrow.parquet as pq
+
+    from entr_diag.synth import SYNTH_METADATA_KEY
+
+    try:
+        return SYNTH_METADATA_KEY in (pq.read_metadata(path).metadata or {})
+    except Exception:  # noqa: BLE001 (unreadable: _check_output said why)
+        return False
+
+
+def _starts_as_parquet(path: Path) -> bool:
+    """True when ``path`` is an existing regular file beginning with ``PAR1`` (False when
+    it cannot be read: the output checks that follow say what is wrong)."""
+    try:
+        if not path.is_file():
+            return False
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"PAR1"
+    except OSError:
+        return False
 
 
 def _check_output(path: Path | None, what: str, foreign_ok: bool = False) -> None:
@@ -722,7 +744,8 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None],
                                defaults: tuple[str, ...] = ()) -> None:
     """Input files are never modified, nor added to: an output naming an input file (also
     through a symlink or hard link), lying inside an input directory or matching an input
-    glob is refused (a later run over the same input would read it); so are two outputs
+    glob is refused (a later run over the same input would read it), and so is one naming
+    a run ``synth`` wrote (a data set: only ``synth -o`` replaces it); so are two outputs
     naming the same file (except a character device such as /dev/null) and two outputs
     into stdout (two naming stdout itself, ``-`` or ``/dev/stdout``, even when stdout is
     /dev/null or a terminal). Checked before any data is read. ``defaults``: the outputs
@@ -787,6 +810,12 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None],
                         "the same pattern would read it as input. Choose a path the pattern "
                         "does not match."
                     )
+    for what, path in given.items():  # a data set too, though not this command's input
+        if _synthetic_run(Path(path)):
+            raise ParameterError(
+                f"{what} {path} exists and is a synthetic run written by entr-diag synth (a "
+                "data set, not an output of this command): not overwritten; remove it first "
+                "or give another name.")
 
 
 def _where(ds) -> str:

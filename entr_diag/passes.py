@@ -332,8 +332,11 @@ def _naming(chunk: Chunk) -> Iterator[None]:
                 f"cannot read {source}: the Parquet reader failed on its data pages (polars "
                 f"panicked: {msg[:200]}); the file is probably damaged (overwritten or "
                 "partly written pages behind a valid footer): write it again, or leave it "
-                "out of the input.") from None
-        raise InputError(f"cannot read {source} ({msg[:300]}).") from None
+                "out of the input (--skip-unreadable leaves out only files whose footer "
+                "cannot be read, found before any pass).") from None
+        raise InputError(f"cannot read {source} ({msg[:300]}); if the file is damaged, leave "
+                         "it out of the input (--skip-unreadable leaves out only files whose "
+                         "footer cannot be read, found before any pass).") from None
 
 
 def _is_query(acc: Accumulator) -> bool:

@@ -2277,6 +2277,12 @@ def test_seq_id_per_file_keys_restarting_rank_ids_apart(synth_file, tmp_path, wi
     assert "more tokens than positions" not in err and "continue from one file" not in err
     per = json.loads(js.read_text())
     assert per["inputs"]["accounting"]["sequences_total"] == seqs.height
+    # ids 'FILE:ID', FILE the input path as the outputs' file column spells it
+    from entr_diag.io import load_dataset
+
+    ids = load_dataset([d], seq_id_per_file=True).lf.select("seq_id").unique().collect()
+    assert set(ids["seq_id"].str.extract(r"^(.*):\d+$").unique()) == {
+        str(d / f"rank{r}.parquet") for r in range(3)}
     assert per["parameters"]["seq_id_per_file"] is True
     r = runner.invoke(app, ["compare", str(uniq), *gate, "--json", str(ju), "-q"])
     assert r.exit_code == 0, r.output
@@ -3115,6 +3121,31 @@ def test_outputs_never_replace_a_parquet_file_entr_diag_did_not_write(tmp_path):
     for _ in range(2):
         r = runner.invoke(app, ["flag", "-o", str(own), "-q", "--n-boot", "100"])
         assert r.exit_code == 0, r.output
+
+
+def test_outputs_never_replace_a_synthetic_run(synth_file, tmp_path):
+    """A run synth wrote is a data set: flag -o and compare --export refuse to replace it
+    (helper-30 F3: flag replaced a 300k-token run), synth -o may; an earlier flag output
+    is replaced as before."""
+    import hashlib
+
+    run = tmp_path / "run.parquet"
+    run.write_bytes(synth_file.read_bytes())
+    md5 = hashlib.md5(run.read_bytes()).hexdigest()
+    for args in (["flag", str(synth_file), "-o", str(run)],
+                 ["compare", str(synth_file), "--export", str(run)]):
+        r = runner.invoke(app, [*args, "-q", "--n-boot", "100"])
+        what = "--output" if "-o" in args else "--export"
+        assert r.exit_code == 2 and r.stderr.startswith(
+            f"error: {what} {run} exists and is a synthetic run written by entr-diag synth"), \
+            r.output
+    assert hashlib.md5(run.read_bytes()).hexdigest() == md5
+    out = tmp_path / "noise.parquet"
+    for _ in range(2):  # its own output: replaced
+        r = runner.invoke(app, ["flag", str(synth_file), "-o", str(out), "-q", "--n-boot", "100"])
+        assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["synth", "-o", str(run), "--tokens", "3000", "-q"])
+    assert r.exit_code == 0, r.output
 
 
 def test_outputs_never_replace_a_damaged_parquet_file(tmp_path):

@@ -824,6 +824,16 @@ def test_padded_tensor_without_mask_drops_minus_one_padding(tmp_path):
     acc = load_dataset([tmp_path / "verl.parquet"]).accounting
     # padding: 2 + 1 + 0 rows; row 1's -1.0 on both sides inside is a token (H = 0.9)
     assert acc.tokens_padding == 3 and acc.tokens_valid == 9 and not acc.excluded
+    # a row whose old_log_probs list is null: the other lists' pad values still mark its
+    # padding (its 2 real tokens are excluded, not its 4 rows; helper-30 F5)
+    t2 = pa.table({"old_log_probs": pa.array(tl + [None], type=pa.list_(pa.float32())),
+                   "rollout_log_probs": pa.array(il + [[-0.2, -0.3, -1.0, -1.0]],
+                                                 type=pa.list_(pa.float32())),
+                   "entropys": pa.array(h + [[0.3, 0.4, 0.0, 0.0]],
+                                        type=pa.list_(pa.float32()))})
+    pq.write_table(t2, tmp_path / "verl_null.parquet")
+    acc = load_dataset([tmp_path / "verl_null.parquet"]).accounting
+    assert acc.tokens_padding == 5 and acc.excluded == {"non_finite_logprob": 2}
 
 
 def test_long_file_without_mask_drops_all_zero_padding_rows(tmp_path):
@@ -919,15 +929,27 @@ def test_packed_rows_split_by_cu_seqlens(tmp_path, monkeypatch):
     chunked = load_dataset([path])
     assert _valid(chunked).equals(got)
     assert chunked.accounting.sequences_total == len(lens)
+    # written from a float tensor: whole values read as the integers they are
+    pq.write_table(packed.with_columns(pl.col("cu_seqlens").cast(pl.List(pl.Float64)))
+                   .to_arrow(), tmp_path / "floats.parquet")
+    assert _valid(load_dataset([tmp_path / "floats.parquet"])).select(cols).equals(
+        got.select(cols))
     for bad, why in (([1, 3, 5], "start"), ([0, 6, 5], "fall"), ([0, 3], "end"),
-                     ([0, None, 15], "null")):
-        cu2 = [bad, *cu[1:]]
+                     ([0, None, 15], "null"), ([0.0, 5.5, 15.0], "frac"),
+                     ([0.0, float("nan"), 15.0], "nan")):
+        cu2 = [bad, *([float(v) for v in c] if isinstance(bad[1], float) else c
+                      for c in cu[1:])]
         pq.write_table(packed.with_columns(cu_seqlens=pl.Series(cu2)).to_arrow(),
                        tmp_path / f"bad_{why}.parquet")
         with pytest.raises(InputError, match=rf"bad_{why}\.parquet: 1 packed row\(s\) have "
                            r"a cu_seqlens \('cu_seqlens'\) that does not split") as e:
             load_dataset([tmp_path / f"bad_{why}.parquet"])
         assert "row 0 (15 tokens, cu_seqlens [" in str(e.value)
+    # a long file's cu_seqlens column splits nothing: not used, said so
+    long.with_columns(cu_seqlens=pl.lit(0)).write_parquet(tmp_path / "long.parquet")
+    ds = load_dataset([tmp_path / "long.parquet"])
+    assert "cu_seqlens" not in ds.mapping and ds.accounting.sequences_total == len(lens)
+    assert any(n.startswith("cu_seqlens ('cu_seqlens') not used") for n in ds.notes)
 
 
 def test_empty_nested_row_counted_as_sequence_without_tokens(tmp_path):
@@ -1798,6 +1820,29 @@ def test_a_trainer_entropy_holding_only_nulls_counts_as_absent(tmp_path):
     ds = load_dataset([p], columns={"entropy": "entropy"})
     hint = exclusion_hint(ds.accounting.excluded, ds.accounting.tokens_masked, ds.mapping)
     assert "invalid_entropy" in hint and "--entropy train" not in hint
+
+
+def test_zero_placeholder_hint_names_unmasked_padding(tmp_path):
+    """Most tokens excluded as zero_placeholder in a long file without a loss mask: the
+    hint names the padding of padded tensors and the --column loss_mask that sets it
+    aside, and, without an entropy column, that one would let it be recognised
+    (helper-30 F8); with a mask mapped, neither."""
+    from entr_diag.caveats import exclusion_hint
+
+    n = 40
+    df = pl.DataFrame({"seq_id": [i // 10 for i in range(n)],
+                       "train_logprob": [-0.3 if i % 10 < 3 else 0.0 for i in range(n)],
+                       "infer_logprob": [-0.31 if i % 10 < 3 else -1.0 for i in range(n)]})
+    ds = load_dataset([_write(tmp_path, df)])
+    hint = exclusion_hint(ds.accounting.excluded, ds.accounting.tokens_masked, ds.mapping)
+    assert hint.startswith("Most are zero_placeholder")
+    assert ("or the padding of padded tensors: no loss mask is mapped, so every row counts "
+            "as a token; map it with --column loss_mask=NAME (with an entropy column, "
+            "padding is recognised and set aside)") in hint
+    masked = df.with_columns(loss_mask=pl.lit(True))
+    ds = load_dataset([_write(tmp_path, masked, "m.parquet")])
+    hint = exclusion_hint(ds.accounting.excluded, ds.accounting.tokens_masked, ds.mapping)
+    assert "zero_placeholder" in hint and "padded tensors" not in hint
 
 
 def test_an_entropy_column_without_a_valid_value_counts_as_absent(tmp_path):

@@ -1104,7 +1104,7 @@ class Dataset:
     step_range: tuple[int, int] | None = None
     #: input files left out as unreadable (``skip_unreadable``): (path, why)
     skipped_unreadable: tuple[tuple[str, str], ...] = ()
-    #: seq_ids read as local to each file (``seq_id_per_file``): ``"<file label>:<id>"``
+    #: seq_ids read as local to each file (``seq_id_per_file``): ``"<file path>:<id>"``
     seq_id_per_file: bool = False
     #: why an entropy column of the input is not used, as if absent (a phrase: it holds
     #: only nulls, no valid value for any loss-masked token, or is missing from some
@@ -1221,9 +1221,10 @@ def load_dataset(
             reads but whose pages are damaged fails later, during a pass, either way.
         seq_id_per_file: the seq_ids are local to each input file (per-rank or per-shard
             indices restarting in each file): a sequence is keyed by (file, step, seq_id),
-            its seq_id read as ``"<file label>:<seq_id>"`` (the labels of
-            :func:`_file_labels`), so equal ids in two files never merge (nor continue from
-            one file into the next without a position column).
+            its seq_id read as ``"<file path>:<seq_id>"`` (the path as the input named it,
+            as the ``file`` column of the outputs spells it), so equal ids in two files
+            never merge (nor continue from one file into the next without a position
+            column).
 
     Returns:
         A :class:`Dataset`; one accounting pass over the input has been made (two when
@@ -1337,6 +1338,14 @@ def load_dataset(
         raise
     if "loss_mask" not in mapping:
         notes += _unmapped_masks(available, mapping)
+    cu_src = mapping.get("cu_seqlens")
+    if cu_src is not None and not any(  # packed rows: list columns of a nested file
+            cu_src in schemas[f].names and _is_list(schemas[f].field(cu_src).type)
+            and mapping["train_logprob"] in schemas[f].names
+            and _is_list(schemas[f].field(mapping["train_logprob"]).type) for f in file_list):
+        notes.append(f"cu_seqlens ('{cu_src}') not used: it splits the packed rows of nested "
+                     "files (one list per row), and no input file holds such rows")
+        del mapping["cu_seqlens"]
     if mapping.get("step") == "step" and any(  # the step from verl-style folder names
             "step" not in schemas[f].names and "step" in _hive_values(Path(f))
             and any(_STEP_FOLDER.match(part) for part in Path(f).parent.parts)
@@ -1576,7 +1585,8 @@ def load_dataset(
         if file_layout == "long":
             _refuse_long_lists(f, types, mapping)
     labels = _file_labels([p[0] for p in plans])
-    prefixes = labels if seq_id_per_file else None
+    # (the path as the outputs' file column spells it)
+    prefixes = {p[0]: str(p[0]) for p in plans} if seq_id_per_file else None
     offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype, prefixes)
     def continued_note(interleaved: bool) -> None:
         unkeyed = unkeyed_partitions([p[2] for p in plans], mapping)
@@ -2011,7 +2021,7 @@ def _seq_id_expr(expr: pl.Expr, src_type: pa.DataType | None,
     """A source sequence id as ``sid_dtype``: floats (pandas writes an integer id column
     with a missing value as float64) are read as integers where whole, NaN and fractional
     ids as null (missing_seq_id rows), then as ``sid_dtype`` (``3.0`` -> ``"3"``).
-    ``prefix`` (``seq_id_per_file``: the file's label; ``sid_dtype`` String): the id reads
+    ``prefix`` (``seq_id_per_file``: the file's path; ``sid_dtype`` String): the id reads
     ``"<prefix>:<id>"`` (a null id stays null)."""
     if src_type is not None and pa.types.is_floating(_value_type(src_type)):
         expr = _whole_ints(expr)
@@ -2107,7 +2117,7 @@ def _file_frame(
     chunk). ``label``: the file's name within the input (:func:`_file_labels`), the prefix
     of the ``file:row`` ids of a nested file without a seq_id column. ``keep``: columns of
     ``scan`` passed through (long layout; e.g. the file index of a scan of several files,
-    :func:`_multi_file_frame`). ``id_prefix``: the file's label when seq_ids are local to
+    :func:`_multi_file_frame`). ``id_prefix``: the file's path when seq_ids are local to
     each file (``seq_id_per_file``, :func:`_seq_id_expr`).
     """
     lf = _scan(path) if scan is None else scan
@@ -2178,16 +2188,16 @@ def _file_frame(
             (n_tok.fill_null(0) == 0).alias("_empty"),
             pl.int_ranges(0, n_tok.fill_null(0)).alias("_pos"),
         )
+        pad = pl.lit(False)
+        if "loss_mask" not in srcs:  # no mask: leading / trailing all-zero rows are padding
+            lo, hi = _unpadded_range(srcs, list_srcs)  # (a null list says nothing of it)
+            lf = lf.with_columns(lo.alias("_pad_lo"), hi.alias("_pad_hi"))
+            pad = ((pl.col("_pos") < pl.col("_pad_lo"))
+                   | (pl.col("_pos") >= pl.col("_pad_hi"))).fill_null(False)
         # a null list beside present ones holds a null per token: excluded by the reason a
         # null value of its column has in the long layout (a null entropy: invalid_entropy)
         lf = lf.with_columns(pl.col(src).fill_null(pl.col("_pos").list.eval(pl.lit(None)))
                              for src in list_srcs)
-        pad = pl.lit(False)
-        if "loss_mask" not in srcs:  # no mask: leading / trailing all-zero rows are padding
-            lo, hi = _unpadded_range(srcs, list_srcs)
-            lf = lf.with_columns(lo.alias("_pad_lo"), hi.alias("_pad_hi"))
-            pad = ((pl.col("_pos") < pl.col("_pad_lo"))
-                   | (pl.col("_pos") >= pl.col("_pad_hi"))).fill_null(False)
         seg: list[str] = []
         if packed:  # per token: its sequence's index in the row and first token
             lf = _with_segments(lf, cu_src)
@@ -2390,22 +2400,21 @@ def _unpadded_range(srcs: Mapping[str, str], list_srcs: Sequence[str]
     """Per list row of a nested file without a loss mask: the index range [lo, hi) outside
     which its tokens are tensor padding: lo is the first, hi - 1 the last token whose train
     or infer logprob (or entropy, when a list) is not a pad value, exactly 0.0 or -1.0
-    (both 0 when every token is; a null or NaN is not padding). A padded ``[batch,
+    (both 0 when every token is; a null or NaN is not padding, a null list is ignored).
+    A padded ``[batch,
     length]`` tensor dumped without its mask pads with zeros, or with -1 (verl pads
     ``rollout_log_probs`` with -1 and ``old_log_probs`` with 0), on the right or on the
     left: counted as tokens, the padding would add tokens at H = 0 with delta = 0, or
     exclusions that read as logprobs the engine did not return."""
     cols = [srcs[c] for c in ("train_logprob", "infer_logprob", "entropy")
             if c in srcs and srcs[c] in list_srcs]
-    tok = None  # per token: how many columns hold a value that is no pad value
-    for c in cols:
-        m = pl.col(c).list.eval(
-            (~pl.element().cast(pl.Float64).is_in(PAD_VALUES)).fill_null(True).cast(pl.Int32))
-        tok = m if tok is None else tok + m
-    assert tok is not None
-    nz = tok.list.eval(pl.arg_where(pl.element() != 0))
-    lo = nz.list.first().cast(pl.Int64).fill_null(0)
-    hi = nz.list.last().cast(pl.Int64).fill_null(-1) + 1
+    assert cols
+    # per column: the first and last token holding a value that is no pad value (null for
+    # a null list, which says nothing of the padding: the others' pad values decide)
+    nz = [pl.col(c).list.eval(pl.arg_where(
+        (~pl.element().cast(pl.Float64).is_in(PAD_VALUES)).fill_null(True))) for c in cols]
+    lo = pl.min_horizontal([z.list.first() for z in nz]).cast(pl.Int64).fill_null(0)
+    hi = pl.max_horizontal([z.list.last() for z in nz]).cast(pl.Int64).fill_null(-1) + 1
     return lo, hi
 
 
@@ -2652,13 +2661,22 @@ def _check_ragged(path: Path, lf: pl.LazyFrame, lens: Mapping[str, pl.Expr], n_t
         )
 
 
+def _cu_seqlens(src: str) -> pl.Expr:
+    """The cu_seqlens list column ``src`` as Int64 lists: float values (lists written from
+    float tensors) whole values only, NaN, infinite and fractional ones null (a list
+    holding a null is then refused by :func:`_check_packed`, never cut to a whole number)."""
+    e = pl.element().cast(pl.Float64)
+    return pl.col(src).list.eval(
+        pl.when(e == e.floor()).then(e).cast(pl.Int64, strict=False))
+
+
 def _check_packed(path: Path, lf: pl.LazyFrame, src: str, n_tok: pl.Expr,
                   sid: pl.Expr | None) -> None:
     """Refuse a nested file with a packed row whose cu_seqlens list ``src`` does not split
     its ``n_tok`` tokens (it must start at 0, never fall and end at the row's length; a
     null list, or one holding a null, is no split), naming the file, the column, the number of such rows and the
     first of them with their list and token count (:class:`InputError`)."""
-    cu = pl.col(src).cast(pl.List(pl.Int64))
+    cu = _cu_seqlens(src)
     bad = (cu.is_null() | (cu.list.len() == 0) | cu.list.eval(pl.element().is_null()).list.any()
            | (cu.list.first() != 0)
            | (cu.list.last() != n_tok.fill_null(0))
@@ -2667,15 +2685,17 @@ def _check_packed(path: Path, lf: pl.LazyFrame, src: str, n_tok: pl.Expr,
     t = (lf.filter(bad.fill_null(True))
          .select(pl.len().alias("n"),
                  pl.format("{} ({} tokens, cu_seqlens [{}])", key, n_tok.fill_null(0),
-                           cu.cast(pl.List(pl.String)).list.join(", ").fill_null("null"))
+                           pl.col(src).list.eval(pl.element().cast(pl.String)
+                                                 .fill_null("null")).list.join(", ")
+                           .fill_null("null"))
                  .head(_MAX_LISTED).implode().alias("rows"))
          .collect(engine="streaming"))
     n = int(t["n"][0])
     if n:
         raise InputError(
             f"{path}: {n:,} packed row(s) have a cu_seqlens ('{src}') that does not split the "
-            "row's tokens: it must rise from 0 to the row's number of tokens (the cumulative "
-            "lengths of the sequences the row packs); e.g. "
+            "row's tokens: it must rise in whole numbers from 0 to the row's number of "
+            "tokens (the cumulative lengths of the sequences the row packs); e.g. "
             + "; ".join(t["rows"][0]) + ".")
 
 
@@ -2684,7 +2704,7 @@ def _with_segments(lf: pl.LazyFrame, src: str) -> pl.LazyFrame:
     ``src`` (checked by :func:`_check_packed`): ``_seg``, the index of the token's sequence
     in the row (its place in ``src``), and ``_start``, that sequence's first token index
     in the row; sequences of length 0 hold no token. Empty lists for a row without tokens."""
-    cu = pl.col(src).cast(pl.List(pl.Int64))
+    cu = _cu_seqlens(src)
     segs = (lf.select("_row", cu.list.diff(null_behavior="drop").alias("_len"))
             .explode("_len", empty_as_null=False)
             .with_columns(pl.int_range(pl.len()).over("_row").cast(pl.Int64).alias("_seg"),
