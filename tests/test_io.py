@@ -980,6 +980,11 @@ def test_missing_required_column_lists_existing(tmp_path):
         load_dataset([_write(tmp_path, _long().drop("infer_logprob"))])
     msg = str(e.value)
     assert "infer_logprob" in msg and "train_logprob" in msg and "--column" in msg
+    assert "(e.g. --column infer_logprob=my_rollout_logp)" in msg
+    # the example names the column that is missing (helper-30 F9)
+    with pytest.raises(SchemaError) as e:
+        load_dataset([_write(tmp_path, _long().drop("train_logprob"), "t.parquet")])
+    assert "(e.g. --column train_logprob=my_trainer_logp)" in str(e.value)
 
 
 def test_not_parquet_refused(tmp_path):

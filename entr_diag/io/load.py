@@ -824,7 +824,8 @@ def resolve_mapping(
             f"missing required column(s) {', '.join(missing)}.{why} The input has columns: "
             f"{', '.join(sorted(available))}."
             + ("" if why else " Map yours with --column CANONICAL=SOURCE (e.g. --column "
-               "infer_logprob=my_rollout_logp) or pick --framework "
+               f"{missing[0]}=" + ("my_rollout_logp" if missing[0] == "infer_logprob"
+                                   else "my_trainer_logp") + ") or pick --framework "
                f"({', '.join(sorted(S.FRAMEWORKS))}).")
             + hint
         )
