@@ -850,7 +850,8 @@ def test_long_file_without_mask_drops_all_zero_padding_rows(tmp_path):
     il = [-0.3, -0.25, 0.0, -1.0, -0.1, 0.0, 0.0, 0.0]
     h = [0.5, 0.4, 0.0, 0.0, 0.2, 0.0, 0.3, 0.0]
     t = pa.table({"seq_id": sid, "train_logprob": tl, "infer_logprob": il, "entropy": h,
-                  "attention_mask": pa.array([1, 1, 0, 0, 1, 1, 1, 0], pa.int8())})
+                  "attention_mask": pa.array([1, 1, 0, 0, 1, 1, 1, 0], pa.int8()),
+                  "mask_token_id": [50256] * 8})  # (beyond 0/1 by its statistics: no mask)
     pq.write_table(t, tmp_path / "flat.parquet")
     ds = load_dataset([tmp_path / "flat.parquet"])
     acc = ds.accounting
@@ -861,6 +862,7 @@ def test_long_file_without_mask_drops_all_zero_padding_rows(tmp_path):
     assert acc.excluded == {"zero_placeholder": 1}
     warn = [n for n in ds.notes if n.startswith("warning: no loss mask")]
     assert len(warn) == 1 and "--column loss_mask=attention_mask" in warn[0]
+    assert "mask_token_id" not in warn[0]
     mapped = load_dataset([tmp_path / "flat.parquet"], columns={"loss_mask": "attention_mask"})
     assert mapped.accounting.tokens_padding == 0 and mapped.accounting.tokens_valid == 4
     assert not [n for n in mapped.notes if n.startswith("warning: no loss mask")]

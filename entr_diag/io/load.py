@@ -1338,7 +1338,8 @@ def load_dataset(
             raise SchemaError(f"{e} {folder}") from None
         raise
     if "loss_mask" not in mapping:
-        notes += _unmapped_masks(available, mapping)
+        notes += _unmapped_masks(available, mapping, lambda c: [
+            rng for f in file_list if (rng := _stat_range(metas[f], c)) is not None])
     cu_src = mapping.get("cu_seqlens")
     if cu_src is not None and not any(  # packed rows: list columns of a nested file
             cu_src in schemas[f].names and _is_list(schemas[f].field(cu_src).type)
@@ -2439,17 +2440,25 @@ def _key_read_as_other(canon: str, src: str, uses: Sequence[tuple[str, str]],
     return []
 
 
-def _unmapped_masks(available: Mapping[str, pa.DataType], mapping: Mapping[str, str]
+def _unmapped_masks(available: Mapping[str, pa.DataType], mapping: Mapping[str, str],
+                    ranges: Callable[[str], list[tuple[Any, Any]]] = lambda c: []
                     ) -> list[str]:
     """A ``warning: ...`` note (a list of none or one) when no loss mask is mapped but the
     input has boolean or integer columns whose names hold "mask" (``mask``,
     ``attention_mask``, ``loss_mask_0``): not known loss-mask names, so not used, yet each
     may be what marks the trained tokens; unused, every row counts as a trained token
-    (padding and the prompt too), which dilutes keep rates, KL and the bins at H = 0."""
+    (padding and the prompt too), which dilutes keep rates, KL and the bins at H = 0.
+    ``ranges``: a column's (min, max) per file where the Parquet statistics give it; a
+    column with a value outside [0, 1] there (``mask_token_id``) is no mask."""
     mapped = set(mapping.values())
+
+    def zero_one(n: str) -> bool:
+        return all(lo >= 0 and hi <= 1 for lo, hi in ranges(n)
+                   if isinstance(lo, (int, float)) and isinstance(hi, (int, float)))
+
     cands = sorted(n for n, t in available.items()
                    if "mask" in n.lower() and n not in mapped
-                   and _kind_ok(S.BOOL, _value_type(t)))
+                   and _kind_ok(S.BOOL, _value_type(t)) and zero_one(n))
     if not cands:
         return []
     shown = ", ".join(repr(c) for c in cands[:4]) + (", ..." if len(cands) > 4 else "")
