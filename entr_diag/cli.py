@@ -1296,7 +1296,7 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     of two units: a law or a noise regime read from it describes the unit mistake. Their caveats
     say so; the verdict's text then leads with it (a verdict "law holds" followed by a
     caveat that it is meaningless read as a pass)."""
-    from entr_diag.caveats import integer_columns
+    from entr_diag.caveats import UNIT_SIGNATURES, column_named, integer_columns
 
     ints = integer_columns(notes)
     if ints:
@@ -1310,13 +1310,10 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
                 "the logprobs" + (" in some input files" if ea.get("files") else "")
                 + (" in some steps" if ea.get("steps") else ""))
     key = (units or {}).get("likely_mistake")
-    if isinstance(key, str) and key.startswith(("infer_", "train_")):
-        from entr_diag.caveats import UNIT_SIGNATURES, column_named
-
-        if key in UNIT_SIGNATURES:
-            canon, unit, *_ = UNIT_SIGNATURES[key]
-            return (f"{column_named(canon[0], mapping or {})} probably holds {unit}, not "
-                    "nats, and the other logprob column nats: delta mixes two units")
+    if key in UNIT_SIGNATURES and key.startswith(("infer_", "train_")):  # one side only
+        canon, unit, *_ = UNIT_SIGNATURES[key]
+        return (f"{column_named(canon[0], mapping or {})} probably holds {unit}, not nats, "
+                "and the other logprob column nats: delta mixes two units")
     coarse = {c: step for c, step in (rounded or {}).items()
               if c != "by_file" and isinstance(step, (int, float))
               and step >= VOID_ROUNDING_STEP}

@@ -1586,10 +1586,8 @@ def load_dataset(
     for f, types, _hive, file_layout, *_ in plans:  # (before the positions are numbered)
         if file_layout == "long":
             _refuse_long_lists(f, types, mapping)
-    labels = _file_labels([p[0] for p in plans])
-    # (the path as the outputs' file column spells it)
-    prefixes = {p[0]: str(p[0]) for p in plans} if seq_id_per_file else None
-    offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype, prefixes)
+    offsets, file_offsets, continued = _position_offsets(plans, mapping, sid_dtype,
+                                                         seq_id_per_file)
     def continued_note(interleaved: bool) -> None:
         unkeyed = unkeyed_partitions([p[2] for p in plans], mapping)
         # (a writer splitting the rows into files splits at most one sequence per boundary
@@ -1611,12 +1609,15 @@ def load_dataset(
                 "token and rotating its files would leave them)" if interleaved else "")
                + " (if those files are copies of each other, map a position column to have "
                "them counted as duplicates)") + unkeyed)
+    labels = _file_labels([p[0] for p in plans])
     for i, (f, types, hive, file_layout, scan, ranges, _numbered) in enumerate(plans):
+        # (per-file ids: the path as the outputs' file column spells it)
+        id_prefix = str(f) if seq_id_per_file else None
         # (each row's input file: its index in Dataset.files, a constant per file)
         index = pl.lit(i, pl.UInt32).alias(FILE_INDEX)
         frames.append(_file_frame(f, types, hive, mapping, file_layout, sid_dtype, scan=scan,
                                   position_offsets=file_offsets.get(i), label=labels[f],
-                                  id_prefix=prefixes and prefixes[f])
+                                  id_prefix=id_prefix)
                       .with_columns(index))
         if len(ranges) == 1:
             off, n, tokens = ranges[0]
@@ -1635,7 +1636,7 @@ def load_dataset(
             pieces.append((_file_frame(f, types, hive, mapping, file_layout, sid_dtype,
                                        rows=(off, n), position_offsets=offsets.get((i, j)),
                                        scan=scan, label=labels[f],
-                                       id_prefix=prefixes and prefixes[f]).with_columns(index),
+                                       id_prefix=id_prefix).with_columns(index),
                            tokens, tokens > _STREAM_TOKENS,
                            f"{f} (rows {off:,} to {off + n - 1:,})", None))
             piece_files.append(f)
@@ -2441,8 +2442,7 @@ def _key_read_as_other(canon: str, src: str, uses: Sequence[tuple[str, str]],
 
 
 def _unmapped_masks(available: Mapping[str, pa.DataType], mapping: Mapping[str, str],
-                    ranges: Callable[[str], list[tuple[Any, Any]]] = lambda c: []
-                    ) -> list[str]:
+                    ranges: Callable[[str], list[tuple[Any, Any]]]) -> list[str]:
     """A ``warning: ...`` note (a list of none or one) when no loss mask is mapped but the
     input has boolean or integer columns whose names hold "mask" (``mask``,
     ``attention_mask``, ``loss_mask_0``): not known loss-mask names, so not used, yet each
@@ -2505,7 +2505,7 @@ def _numbering_keys(mapping: Mapping[str, str]) -> list[str]:
 
 
 def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
-                      sid_dtype: type[pl.DataType], prefixes: Mapping[Path, str] | None = None
+                      sid_dtype: type[pl.DataType], per_file: bool = False
                       ) -> tuple[dict[tuple[int, int], pl.DataFrame], dict[int, pl.DataFrame], int]:
     """Where positions are numbered in row order (long files without a position column;
     ``plans``: the loader's per-file tuples), the rows (``_off``, Int64) each sequence
@@ -2514,8 +2514,8 @@ def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
 
     Returns (offsets per (file index, chunk index) of a file read in several chunks, offsets
     per file index for its whole-file frame, the number of sequences found in more than
-    one file); only sequences with rows before are listed. ``prefixes``: per file, the
-    prefix of its seq_ids (``seq_id_per_file``). One streaming scan of the key
+    one file); only sequences with rows before are listed. ``per_file``: the seq_ids
+    are local to each file, prefixed by its path (``seq_id_per_file``). One streaming scan of the key
     columns per chunk, all in one ``collect_all``; memory O(sequences x files they span).
     """
     keys = _numbering_keys(mapping)
@@ -2524,7 +2524,7 @@ def _position_offsets(plans: Sequence[tuple], mapping: Mapping[str, str],
         if not numbered:
             continue
         cols = [_seq_id_expr(pl.col(mapping["seq_id"]), types.get(mapping["seq_id"]),
-                             sid_dtype, prefixes and prefixes[f]).alias("seq_id")]
+                             sid_dtype, str(f) if per_file else None).alias("seq_id")]
         if "step" in mapping:
             cols.append(_canonical_cast("step", pl.col(mapping["step"]),
                                         types.get(mapping["step"])).alias("step"))
@@ -2595,6 +2595,11 @@ def _check_list_seq_id(path: Path, lf: pl.LazyFrame, src: str) -> None:
             "that value): map the sequence id with --column seq_id=NAME.")
 
 
+def _row_key(sid: pl.Expr | None) -> pl.Expr:
+    """How the checks of nested rows name a row: its seq_id, else ``row N``."""
+    return sid.cast(pl.String) if sid is not None else pl.format("row {}", pl.col("_row"))
+
+
 def _check_ragged(path: Path, lf: pl.LazyFrame, lens: Mapping[str, pl.Expr], n_tok: pl.Expr,
                   srcs: Mapping[str, str], list_srcs: Sequence[str],
                   sid: pl.Expr | None) -> None:
@@ -2606,8 +2611,7 @@ def _check_ragged(path: Path, lf: pl.LazyFrame, lens: Mapping[str, pl.Expr], n_t
     hold nulls (see :func:`_file_frame`)."""
     if len(list_srcs) < 2:
         return
-    key = sid.cast(pl.String) if sid is not None else pl.format(
-        "row {}", pl.col("_row"))
+    key = _row_key(sid)
     ragged = pl.any_horizontal([(lens[src] != n_tok).fill_null(False) for src in list_srcs])
     # per list: how many of the row's lists share its length (0 for a null list)
     agree = {src: pl.sum_horizontal([(lens[d] == lens[src]).fill_null(False).cast(pl.Int32)
@@ -2691,7 +2695,7 @@ def _check_packed(path: Path, lf: pl.LazyFrame, src: str, n_tok: pl.Expr,
            | (cu.list.first() != 0)
            | (cu.list.last() != n_tok.fill_null(0))
            | (cu.list.diff(null_behavior="drop").list.min().fill_null(0) < 0))
-    key = sid.cast(pl.String) if sid is not None else pl.format("row {}", pl.col("_row"))
+    key = _row_key(sid)
     t = (lf.filter(bad.fill_null(True))
          .select(pl.len().alias("n"),
                  pl.format("{} ({} tokens, cu_seqlens [{}])", key, n_tok.fill_null(0),
