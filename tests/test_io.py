@@ -947,6 +947,12 @@ def test_packed_rows_split_by_cu_seqlens(tmp_path, monkeypatch):
                            r"a cu_seqlens \('cu_seqlens'\) that does not split") as e:
             load_dataset([tmp_path / f"bad_{why}.parquet"])
         assert "row 0 (15 tokens, cu_seqlens [" in str(e.value)
+    # a null list reads 'null', not '[null]'; with a seq_id column the row is named by it
+    pq.write_table(packed.with_columns(cu_seqlens=pl.Series([None, *cu[1:]]),
+                                       sample_id=pl.Series([1030, 1031, 1032])).to_arrow(),
+                   tmp_path / "bad_nulllist.parquet")
+    with pytest.raises(InputError, match=r"e\.g\. seq_id 1030 \(15 tokens, cu_seqlens null\)\."):
+        load_dataset([tmp_path / "bad_nulllist.parquet"])
     # a long file's cu_seqlens column splits nothing: not used, said so
     long.with_columns(cu_seqlens=pl.lit(0)).write_parquet(tmp_path / "long.parquet")
     ds = load_dataset([tmp_path / "long.parquet"])

@@ -2688,20 +2688,21 @@ def _check_packed(path: Path, lf: pl.LazyFrame, src: str, n_tok: pl.Expr,
                   sid: pl.Expr | None) -> None:
     """Refuse a nested file with a packed row whose cu_seqlens list ``src`` does not split
     its ``n_tok`` tokens (it must start at 0, never fall and end at the row's length; a
-    null list, or one holding a null, is no split), naming the file, the column, the number of such rows and the
-    first of them with their list and token count (:class:`InputError`)."""
+    null list, or one holding a null, is no split), naming the file, the column, the
+    number of such rows and the first of them (by seq_id, else row number) with their
+    list and token count (:class:`InputError`)."""
     cu = _cu_seqlens(src)
     bad = (cu.is_null() | (cu.list.len() == 0) | cu.list.eval(pl.element().is_null()).list.any()
            | (cu.list.first() != 0)
            | (cu.list.last() != n_tok.fill_null(0))
            | (cu.list.diff(null_behavior="drop").list.min().fill_null(0) < 0))
-    key = _row_key(sid)
+    key = _row_key(sid) if sid is None else pl.format("seq_id {}", _row_key(sid))
+    listed = pl.format("[{}]", pl.col(src).list.eval(
+        pl.element().cast(pl.String).fill_null("null")).list.join(", "))
     t = (lf.filter(bad.fill_null(True))
          .select(pl.len().alias("n"),
-                 pl.format("{} ({} tokens, cu_seqlens [{}])", key, n_tok.fill_null(0),
-                           pl.col(src).list.eval(pl.element().cast(pl.String)
-                                                 .fill_null("null")).list.join(", ")
-                           .fill_null("null"))
+                 pl.format("{} ({} tokens, cu_seqlens {})", key, n_tok.fill_null(0),
+                           listed.fill_null("null"))
                  .head(_MAX_LISTED).implode().alias("rows"))
          .collect(engine="streaming"))
     n = int(t["n"][0])
