@@ -631,17 +631,12 @@ def _starts_as_parquet(path: Path) -> bool:
         return False
 
 
-def _check_output(path: Path | None, what: str, foreign_ok: bool = False) -> None:
-    """Refuse, before any work, an output path that cannot be written, or that names an
-    existing Parquet file entr-diag did not write (a dump named by a typo; ``foreign_ok``:
-    the caller checks that itself, as synth does)."""
+def _check_output(path: Path | None, what: str) -> None:
+    """Refuse, before any work, an output path that cannot be written. (One naming an input,
+    or an existing Parquet file entr-diag did not write, is refused by
+    :func:`_refuse_overwriting_inputs`, which runs next: an input is named as an input.)"""
     if path is None or (what == "--json" and _to_stdout(path)):
         return
-    why = (_foreign_parquet(Path(path))
-           if not foreign_ok and str(path) != "" and not _to_stdout(path) else None)
-    if why:
-        raise ParameterError(f"{what} {path} exists and {why}: not overwritten; remove it "
-                             "first or give another name.")
     if str(path) == "":  # typed as '' (see _output_path), never taken for the directory '.'
         raise ParameterError(f"empty output path for {what}: give a file name.")
     from entr_diag.errors import InputError
@@ -745,7 +740,9 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None],
     """Input files are never modified, nor added to: an output naming an input file (also
     through a symlink or hard link), lying inside an input directory or matching an input
     glob is refused (a later run over the same input would read it), and so is one naming
-    a run ``synth`` wrote (a data set: only ``synth -o`` replaces it); so are two outputs
+    an existing Parquet file entr-diag did not write (a dump named by a typo, or a damaged
+    one: :func:`_foreign_parquet`) or a run ``synth`` wrote (a data set: only ``synth -o``
+    replaces it); so are two outputs
     naming the same file (except a character device such as /dev/null) and two outputs
     into stdout (two naming stdout itself, ``-`` or ``/dev/stdout``, even when stdout is
     /dev/null or a terminal). Checked before any data is read. ``defaults``: the outputs
@@ -810,6 +807,11 @@ def _refuse_overwriting_inputs(paths, outputs: dict[str, Path | None],
                         "the same pattern would read it as input. Choose a path the pattern "
                         "does not match."
                     )
+    for what, path in given.items():  # a dump named by a typo, not one of the inputs
+        why = _foreign_parquet(Path(path)) if str(path) != "" else None
+        if why:
+            raise ParameterError(f"{what} {path} exists and {why}: not overwritten; remove "
+                                 "it first or give another name.")
     for what, path in given.items():  # a data set too, though not this command's input
         if _synthetic_run(Path(path)):
             raise ParameterError(
@@ -2477,7 +2479,7 @@ def synth(
             raise ParameterError(f"--tokens must be positive (got {tokens}).")
         if layout not in ("long", "nested"):
             raise ParameterError(f"--layout must be long or nested (got {layout}).")
-        _check_output(output, "--output", foreign_ok=True)  # (its own check, below)
+        _check_output(output, "--output")  # (a foreign file: its own check, below)
         from entr_diag.atomic import output_target
 
         target, atomic = output_target(output)

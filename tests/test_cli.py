@@ -3116,6 +3116,10 @@ def test_outputs_never_replace_a_parquet_file_entr_diag_did_not_write(tmp_path):
         assert r.exit_code == 2 and r.stderr.startswith(
             f"error: {opt.replace('-o', '--output') if opt == '-o' else opt} {dump} exists "
             "and is a Parquet file entr-diag did not write"), (cmd, r.output)
+        # the dump as the input too: named as the input (helper-31 F2: it read "a Parquet
+        # file entr-diag did not write", the output check ran before the input check)
+        r = runner.invoke(app, [*cmd, str(dump), opt, str(dump), "-q"])
+        assert r.exit_code == 2 and "is one of the input files" in r.stderr, (cmd, r.output)
     assert hashlib.md5(dump.read_bytes()).hexdigest() == md5
     own = tmp_path / "noise.parquet"
     for _ in range(2):
