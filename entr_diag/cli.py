@@ -649,7 +649,8 @@ def _check_output(path: Path | None, what: str) -> None:
 
     try:  # (a name longer than the file system allows fails its stat)
         if path.is_dir():
-            raise InputError(f"{what} {path} is a directory; give a file name.")
+            raise InputError(f"{what} {path}: names a directory; give a file name in it "
+                             f"({str(path).rstrip('/')}/FILE).")  # (as for 'dir/')
         target, atomic = output_target(path, what)
     except OSError as e:
         raise InputError(f"cannot write {what} {path}: {e.strerror or e}.") from None
