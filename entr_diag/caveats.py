@@ -469,11 +469,13 @@ def file_exclusion_warnings(by_file: Mapping[str, Mapping[str, tuple[int, int]]]
         more = (f" and {len(top) - _MAX_FILES_NAMED:,} more" if len(top) > _MAX_FILES_NAMED
                 else "")
         at = (where or {}).get(reason) or {}
-        sides = [c for c in ("train_logprob", "infer_logprob")
-                 if (at.get("columns") or {}).get(c)]
+        sides, few = _sides(at)
         text, cols, named = _hint_text(reason, mapping, sides)
         if sides and not named:
-            text += f" (the values are in {cols}{' only' if len(sides) == 1 else ''})"
+            text += (f" (the values are in {cols}{' only' if len(sides) == 1 and not few else ''}"
+                     f"{f'; {few}' if few else ''})")
+        elif few:
+            text += f" ({few})"
         if reason == "zero_placeholder":  # what the exclusion cannot catch
             text += ("; rows whose other side is within 0.05 nats of 0 stay valid (they cannot "
                      "be told from near-certain tokens) and enter the results with the zeros")
@@ -717,6 +719,28 @@ def starved_caveat(acc: Any, n_files: int) -> str | None:
 ABOVE_ONE_SHARE = 0.05
 
 
+#: a logprob column is named as holding an exclusion reason's values when it holds at least
+#: this share of the other column's count of them: a few positive rounding values in a
+#: column of logprobs do not make "both columns hold probabilities" (helper-31 F1)
+SIDE_MIN_SHARE = 0.05
+
+
+def _sides(at: Mapping[str, Any]) -> tuple[list[str], str]:
+    """(the logprob columns holding an exclusion reason's values, in train, infer order; a
+    note on the few values in the other column, '' when none): ``at``, the reason's
+    ``excluded_where`` entry (its ``columns``: canonical column -> rows)."""
+    cols = {c: int(n) for c, n in (at.get("columns") or {}).items()
+            if c in ("train_logprob", "infer_logprob") and n}
+    if not cols:
+        return [], ""
+    top = max(cols.values())
+    sides = [c for c in ("train_logprob", "infer_logprob")
+             if c in cols and cols[c] >= SIDE_MIN_SHARE * top]
+    few = [f"in {cols[c]:,} of these rows, {c} too" for c in ("train_logprob", "infer_logprob")
+           if c in cols and c not in sides]
+    return sides, (few[0] if few else "")
+
+
 def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None,
             where: Mapping[str, Mapping[str, Any]] | None = None
             ) -> tuple[str, int, str] | None:
@@ -729,7 +753,7 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
         return None
     n = excluded[reason]
     at = (where or {}).get(reason) or {}
-    sides = [c for c in ("train_logprob", "infer_logprob") if (at.get("columns") or {}).get(c)]
+    sides, few = _sides(at)
     text, cols, named = _hint_text(reason, mapping, sides)
     ones = int(at.get("ones") or 0)
     if reason == "positive_logprob" and ones == n:  # +1.0 placeholders, not probabilities
@@ -755,7 +779,10 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
                     " (with an entropy column, padding is recognised and set aside)"))
     details = []
     if sides and not named:
-        details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 else ""))
+        details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 and not few
+                                                       else ""))
+    if few:
+        details.append(few)
     if at.get("kinds"):  # what the invalid entropies are
         details.append("the values: " + ", ".join(f"{n:,} {k}" for k, n in at["kinds"].items()))
     files = files_listed(at.get("files") or {}, int(at.get("input_files") or 1))

@@ -1123,11 +1123,23 @@ def test_positive_logprobs_read_as_nll_probabilities_or_an_offset(synth_file, tm
         assert text in r.stderr, (name, r.stderr)
         if name.startswith("nll"):
             assert "values above 1" in r.stderr and "may hold probabilities" not in r.stderr
+        if name == "prob":  # one column named, not both
+            assert "infer_logprob may hold" in r.stderr and "both" not in r.stderr, r.stderr
         if name == "shift":  # the valid tokens left are negative logprobs but a few
             import re
 
             m = re.search(r"the ([\d,]+) valid tokens? left", r.stderr)
             assert m is None or int(m.group(1).replace(",", "")) < 100, r.stderr
+    # probabilities in train_logprob, 30 positive rounding values in infer_logprob: the
+    # train column is named, the 30 others counted (helper-31 F1: "both ... may hold")
+    d = df.with_columns(pl.col("train_logprob").exp(),
+                        pl.when(pl.int_range(pl.len()) < 30).then(1e-3)
+                        .otherwise(pl.col("infer_logprob")).alias("infer_logprob"))
+    d.write_parquet(src := tmp_path / "prob_few.parquet")
+    r = runner.invoke(app, ["fit", str(src), "-q"])
+    err = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and "train_logprob may hold probabilities" in err, err
+    assert "both" not in err and "in 30 of these rows, infer_logprob too" in err, err
 
 
 def test_a_shift_refusal_after_mostly_excluded_tokens_leads_with_the_exclusions(tmp_path):
