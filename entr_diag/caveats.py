@@ -376,6 +376,14 @@ ONE_SIDE_HINTS: dict[str, str] = {
 }
 
 
+#: the hint instead when no loss mask is mapped (no mask can cover padding; the padding of
+#: padded tensors is named apart, :func:`_hinted`)
+NO_MASK_HINTS: dict[str, str] = {
+    "non_finite_logprob": "one side, or both, may not have been computed for these tokens "
+                          "(NaN or null)",
+}
+
+
 #: the share of the loss-masked tokens from which a reason's exclusions get their hint,
 #: for the reasons that are never legitimate (others: more than half): a probability above
 #: 1; an entropy that is NaN, null or out of range (e.g. one shard of two written without
@@ -443,6 +451,8 @@ def _hint_text(reason: str, mapping: Mapping[str, str] | None,
         fix = f"use the trainer-side entropy ('{train}') with --entropy train, or {fix}"
     hint = (ONE_SIDE_HINTS.get(reason, MOSTLY_EXCLUDED_HINTS[reason]) if len(sides) == 1
             else MOSTLY_EXCLUDED_HINTS[reason])
+    if mapping is not None and "loss_mask" not in mapping:
+        hint = NO_MASK_HINTS.get(reason, hint)
     text = (hint.replace("{logprob_columns}", cols)
             .replace("{entropy_column}", f"the entropy column{f' ({src!r})' if src else ''}")
             .replace("{entropy_fix}", fix))
@@ -770,9 +780,10 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
                 "log-likelihoods (-logprob, >= 0)? Negate "
                 + ("the column" if len(sides) == 1 else "the columns"))
     if (reason in ("zero_placeholder", "sentinel_logprob", "non_finite_logprob")
-            and mapping is not None and "loss_mask" not in mapping):
+            and mapping is not None and "loss_mask" not in mapping and n < masked):
         # the padding of padded tensors dumped without their mask (recognised as such only
-        # with an entropy column: its exact 0 marks it)
+        # with an entropy column: its exact 0 marks it); not when every row has the value
+        # (a tensor is never all padding: helper-31 F4, an all-NaN file)
         text += ("; or the padding of padded tensors: no loss mask is mapped, so every row "
                  "counts as a token; map it with --column loss_mask=NAME"
                  + ("" if "entropy" in mapping else

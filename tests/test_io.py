@@ -1858,6 +1858,33 @@ def test_zero_placeholder_hint_names_unmasked_padding(tmp_path):
     assert "zero_placeholder" in hint and "padded tensors" not in hint
 
 
+def test_non_finite_hint_without_a_mask_names_padding_only_when_some_rows_are_valid(tmp_path):
+    """A long file whose logprobs are NaN in every row, without a loss mask: the hint says
+    a side was not computed, neither padded tensors nor a mask covering padding (no tensor
+    is all padding, and no mask is mapped: helper-31 F4); NaN in 60% of the rows: the
+    padding of padded tensors is named; with a mask mapped, the mask covering padding."""
+    from entr_diag.caveats import exclusion_hint
+
+    n = 40
+    nan = float("nan")
+    df = pl.DataFrame({"seq_id": [i // 10 for i in range(n)],
+                       "train_logprob": [nan] * n, "infer_logprob": [nan] * n})
+    ds = load_dataset([_write(tmp_path, df)])
+    hint = exclusion_hint(ds.accounting.excluded, ds.accounting.tokens_masked, ds.mapping)
+    assert hint.startswith("Most are non_finite_logprob: one side, or both, may not have "
+                           "been computed for these tokens (NaN or null)"), hint
+    assert "padd" not in hint and "mask" not in hint, hint
+    some = df.with_columns(
+        pl.when(pl.int_range(pl.len()) % 10 < 4).then(-0.3).otherwise(nan).alias(c)
+        for c in ("train_logprob", "infer_logprob"))
+    ds = load_dataset([_write(tmp_path, some, "some.parquet")])
+    hint = exclusion_hint(ds.accounting.excluded, ds.accounting.tokens_masked, ds.mapping)
+    assert "or the padding of padded tensors: no loss mask is mapped" in hint, hint
+    ds = load_dataset([_write(tmp_path, some.with_columns(loss_mask=pl.lit(True)), "m.parquet")])
+    hint = exclusion_hint(ds.accounting.excluded, ds.accounting.tokens_masked, ds.mapping)
+    assert "or the mask covers padding" in hint and "padded tensors" not in hint, hint
+
+
 def test_an_entropy_column_without_a_valid_value_counts_as_absent(tmp_path):
     """An entropy column NaN for every loss-masked token (an engine that does not compute
     it) excluded every token; it is not used instead, as if absent (a warning note), and
