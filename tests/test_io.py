@@ -1543,6 +1543,24 @@ def test_missing_seq_id_counted(tmp_path):
     ds = load_dataset([_write(tmp_path, df)])
     assert dict(ds.accounting.excluded) == {"missing_seq_id": 1}
     assert ds.accounting.tokens_valid == 4
+    assert ds.accounting.sequences_total == 2  # (the null id is no sequence)
+
+
+def test_rows_without_a_seq_id_are_no_sequence(tmp_path):
+    """Rows with a null seq_id in two steps, loss-masked or not: sequences_total counts the
+    (step, seq_id) keys of the input, not one more per step for the null id (helper-33:
+    63 sequences for 61), and a null id's unmasked rows are no sequence without masked
+    tokens."""
+    n = 60
+    sid = pl.Series("seq_id", [None if i in (5, 30, 31, 40) else i // 10 for i in range(n)],
+                    dtype=pl.Int64)
+    df = pl.DataFrame({"step": [i // 30 for i in range(n)], "seq_id": sid,
+                       "train_logprob": [-0.5] * n, "infer_logprob": [-0.45] * n,
+                       "entropy": [1.0] * n, "loss_mask": [i != 40 for i in range(n)]})
+    acc = load_dataset([_write(tmp_path, df)]).accounting
+    assert acc.excluded == {"missing_seq_id": 3} and acc.tokens_unmasked == 1
+    assert (acc.sequences_total, acc.sequences_valid, acc.sequences_without_masked_tokens) \
+        == (6, 6, 0)
 
 
 @pytest.mark.parametrize("reason", sorted(_BAD_CASES))

@@ -930,6 +930,7 @@ class Accounting:
     tokens_masked: int
     tokens_valid: int
     excluded: Mapping[str, int]
+    #: distinct (step, seq_id) keys of the input (rows without a seq_id are in none)
     sequences_total: int
     sequences_valid: int
     sequences_without_masked_tokens: int
@@ -2957,6 +2958,9 @@ class _AccountingScan:
             m1 = m1 + ((valid & (pl.col(c).abs() <= S.POSITIVE_LOGPROB_TOL)).fill_null(False)
                        .cast(pl.UInt8) * (1 << bit))
         exprs.append(m1.alias("_ac_m1"))
+        # rows without a seq_id (missing_seq_id, or outside the mask): keyed by the null
+        # seq_id (and their step), which is no sequence of the input
+        exprs.append(pl.col("seq_id").is_null().alias("_ac_nosid"))
         self.exprs = exprs
         self.columns = ["seq_key", FILE_INDEX, *(c for _, c in self.ranges)]
         #: without a position column (rows numbered in file order), valid tokens repeating
@@ -2992,6 +2996,7 @@ class _AccountingScan:
         # row written twice in a row): a duplicate however the mask is cut
         merge.append(pl.col("prep").sum())
         merge.append(pl.col("same").sum())  # valid tokens with delta == 0 exactly
+        merge.append(pl.col("nosid").max())  # the key of rows without a seq_id
         self.parts = PartialRows(["seq_key"], merge, 4_000_000)
         self.counts = np.zeros(N_FINE + 3, dtype=np.int64)
         self.minus_one = np.zeros(64, dtype=np.int64)  # valid tokens per _ac_m1 code
@@ -3087,6 +3092,7 @@ class _AccountingScan:
         if self.row_check:
             self._repeated_rows(batch, valid)
         cols["same"] = np.add.reduceat(column(batch, "_ac_same"), starts, dtype=np.int64)
+        cols["nosid"] = column(batch, "_ac_nosid")[starts]
         if FILE_INDEX in batch.columns:
             f = column(batch, FILE_INDEX)
             first, last = f[starts], f[np.append(starts[1:], batch.height) - 1]
@@ -3127,8 +3133,9 @@ class _AccountingScan:
         """One row per sequence key: ``n`` rows, ``_valid`` valid tokens, the rows per
         reason (named), the ranges over its valid tokens (``_pos_lo`` ... null without
         one), ``_pv_nulls`` (valid tokens without a policy_version), ``_step`` (null
-        for a sequence without valid tokens or whose step is null) and ``_same`` (valid
-        tokens whose train_logprob equals their infer_logprob exactly)."""
+        for a sequence without valid tokens or whose step is null), ``_same`` (valid
+        tokens whose train_logprob equals their infer_logprob exactly) and ``_no_seq_id``
+        (the key of the rows without a seq_id: no sequence of the input)."""
         t = self.parts.result()
         if not t.height:
             return pl.DataFrame()
@@ -3149,7 +3156,7 @@ class _AccountingScan:
             out.append(pl.when((valid > 0) & (st != _I64_MIN)).then(st).alias("_step"))
         out += [pl.col("flo").alias("_file_lo"), pl.col("fhi").alias("_file_hi"),
                 pl.col("fbits").alias("_file_bits"), pl.col("prep").alias("_pos_repeats"),
-                pl.col("same").alias("_same")]
+                pl.col("same").alias("_same"), pl.col("nosid").alias("_no_seq_id")]
         return t.select(out)
 
 
@@ -3229,6 +3236,8 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         counts[0] += below_zero  # (their entropy is read as 0: bin 0, below H_MIN)
         fine = (counts, (min(steps), max(steps)) if steps else None)
     excluded = {r: count[r] for r in S.EXCLUSION_REASONS if count[r]}
+    # keys of rows without a seq_id (one per step): no sequence of the input
+    n_nosid = int(get("_no_seq_id").sum()) if per.height else 0
     # tensor padding inferred without a mask: outside the loss mask
     valid_n, unmasked = int(valid.sum()), count["unmasked"] + count["padding"]
     total = valid_n + unmasked + sum(excluded.values())
@@ -3238,9 +3247,10 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         tokens_masked=total - unmasked,
         tokens_valid=valid_n,
         excluded=excluded,
-        sequences_total=per.height,
+        sequences_total=per.height - n_nosid,
         sequences_valid=int((valid > 0).sum()),
-        sequences_without_masked_tokens=int((masked == 0).sum()),
+        sequences_without_masked_tokens=int(((masked == 0) & ~get("_no_seq_id")).sum())
+        if per.height else 0,
         steps=steps,
         policy_versions=pv_pair,
         train_versions=tv_pair,
