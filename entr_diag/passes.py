@@ -246,7 +246,7 @@ def run_pass(
         # per-morsel costs took twice the time (2000 files of 2500 tokens); one file's rows
         # stream (faster there)
         out = pl.collect_all(qs, engine="in-memory" if chunk.parts else "streaming")
-        return out[:-1], _by_sequence(out[-1])
+        return out[:-1], _by_sequence(_contiguous(out[-1]))
 
     todo = [c for c in chunks if not c.streamed]
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -278,6 +278,22 @@ def run_pass(
 #: a batch cut from a chunk's rows ends at a boundary of its memory chunks once it holds
 #: this many rows (:func:`_batches`)
 MIN_ALIGNED_ROWS: int = 65_536
+
+#: a chunk's rows whose memory chunks average fewer rows than this are made contiguous
+#: first (:func:`_contiguous`)
+MIN_MEMORY_CHUNK_ROWS: int = 4_096
+
+
+def _contiguous(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame``, rechunked into one memory chunk per column when its memory chunks average
+    fewer than :data:`MIN_MEMORY_CHUNK_ROWS` rows: the streaming engine returns each Parquet
+    row group as memory chunks of its own, and a file written in row groups of 10 rows
+    gave 22k chunks per column, on which every numpy conversion, slice and filter of the
+    accumulators paid per chunk. Copied once, on the worker thread that read the chunk."""
+    n = max(frame.n_chunks("all"), default=1)
+    if n > 1 and frame.height < n * MIN_MEMORY_CHUNK_ROWS:
+        return frame.rechunk()
+    return frame
 
 
 def _batches(frame: pl.DataFrame, size: int) -> Iterator[pl.DataFrame]:

@@ -358,3 +358,33 @@ def test_interleaved_rows_in_rotated_files_are_not_called_merged(tmp_path):
     assert ds.accounting.sequences_across_files == 0
     assert across_files_caveat(ds.accounting, len(ds.files)) is None
     assert ds.accounting.sequences_valid == t.select("step", "seq_id").n_unique()
+
+
+def test_tiny_row_groups_reach_the_accumulators_as_contiguous_columns(tmp_path):
+    """A file written in row groups of 10 rows: the engine returns each as memory chunks of
+    its own (22k per column on a 225k-token dump), which every numpy conversion and filter
+    of the accumulators paid for (fit 27 s instead of 8 s, helper-32 F3). A chunk's rows
+    reach the accumulators as one memory chunk per column, with the same sums."""
+    from entr_diag.passes import run_pass
+
+    src = tmp_path / "run.parquet"
+    write_synth(src, SynthSpec(n_tokens=6_000, seed=1), layout="long", row_group_size=10)
+    assert pq.ParquetFile(src).metadata.num_row_groups == 600
+
+    class Probe:
+        columns = ["delta"]
+
+        def __init__(self):
+            self.chunks, self.rows, self.total = [], 0, 0.0
+
+        def update(self, batch):
+            self.chunks.append(max(batch.n_chunks("all")))
+            self.rows += batch.height
+            self.total += float(batch["delta"].sum())
+
+    ds = load_dataset([src])
+    probe = Probe()
+    run_pass(ds.lf, [probe])
+    assert probe.rows == ds.accounting.tokens_valid and max(probe.chunks) == 1, probe.chunks
+    whole = ds.lf.select(pl.col("delta").sum()).collect().item()
+    assert math.isclose(probe.total, whole, rel_tol=1e-9)
