@@ -1601,6 +1601,12 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
         return (f"{_where(ds)}: the {canon} column{'s' if len(bad) > 1 else ''} ({srcs}) "
                 f"{'hold' if len(bad) > 1 else 'holds'} no valid value for any "
                 f"loss-masked token{f' ({what})' if what else ''}, so {consequence}; {fix}.")
+    per_row = next((n for n in ds.notes if n.startswith(f"warning: {canon} (")
+                    and " holds one value per row, " in n), None)
+    if per_row:  # a nested file's per-sequence value: dropped by the loader
+        return (f"{_where(ds)}: the {canon} column ('{per_row.split(chr(39))[1]}') holds one "
+                "value per sequence row, not a list of one per token (a per-sequence value is "
+                f"no token's entropy), so {consequence}; {fix}.")
     nulls = next((n for n in ds.notes if n.startswith(f"{canon} (") and "holds only nulls" in n),
                  None)
     if nulls:  # the column is there, all null: dropped by the loader

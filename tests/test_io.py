@@ -2097,3 +2097,38 @@ def test_fractional_float_seq_ids_are_named_in_the_refusal_hint():
     from entr_diag.caveats import MOSTLY_EXCLUDED_HINTS
 
     assert "floating-point values with a fraction" in MOSTLY_EXCLUDED_HINTS["missing_seq_id"]
+
+
+def test_a_per_sequence_entropy_in_a_nested_file_is_not_used(tmp_path):
+    """A nested file whose entropy holds one value per row (a per-sequence mean) beside list
+    logprobs: it was copied to every token of the row and analysed (alpha = 0.33, no word,
+    helper-32 F1). Not used, as if absent, with a warning: fit refuses naming why (exit
+    2); a per-token trainer-side entropy list takes its place; a scalar train_entropy
+    beside a per-token entropy list is left out alone."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    base = pl.DataFrame({"seq_id": [1, 2], "train_logprob": [[-0.1, -0.2, -0.3], [-1.0, -2.0]],
+                         "infer_logprob": [[-0.12, -0.19, -0.35], [-1.1, -1.9]]})
+    p = _write(tmp_path, base.with_columns(entropy=pl.Series([0.4, 1.6])), "mean.parquet")
+    ds = load_dataset([p])
+    assert "entropy" not in ds.mapping and ds.accounting.tokens_valid == 5
+    assert any(n.startswith("warning: entropy ('entropy') holds one value per row, not a list "
+                            "of one per token, in 1 nested file(s)") for n in ds.notes), ds.notes
+    r = CliRunner().invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2 and r.stderr.startswith(
+        f"error: {p}: the entropy column ('entropy') holds one value per sequence row, not a "
+        "list of one per token"), r.output
+    lists = pl.Series([[0.5, 0.4, 0.3], [1.2, 2.0]])
+    q = _write(tmp_path, base.with_columns(entropy=pl.Series([0.4, 1.6]),
+                                           train_entropy=lists), "train.parquet")
+    ds = load_dataset([q])
+    assert ds.mapping["entropy"] == "train_entropy" and ds.entropy_unused is None, ds.mapping
+    assert "entropy: using the trainer-side entropy ('train_entropy')" in ds.notes
+    assert _valid(ds)["entropy"].to_list() == [0.5, 0.4, 0.3, 1.2, 2.0]
+    q = _write(tmp_path, base.with_columns(entropy=lists, train_entropy=pl.Series([0.4, 1.6])),
+               "infer.parquet")
+    ds = load_dataset([q])
+    assert ds.mapping["entropy"] == "entropy" and "train_entropy" not in ds.mapping
+    assert _valid(ds)["entropy"].to_list() == [0.5, 0.4, 0.3, 1.2, 2.0]

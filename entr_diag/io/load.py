@@ -1465,6 +1465,30 @@ def load_dataset(
                 entropy_unused = (f"the entropy column ('{src}') is missing from "
                                   f"{len(lacking)} of {len(file_list)} files")
             del mapping[canon]
+    # a nested file's entropy holding one value per row (a per-sequence mean, as some dumps
+    # store it) would be copied to every token of the row: no token's entropy, not used
+    per_row_entropy = False
+    for canon in ("entropy", "train_entropy"):
+        src = mapping.get(canon)
+        flat = [f for f in file_list if src in schemas[f].names
+                and mapping["train_logprob"] in schemas[f].names
+                and _is_list(schemas[f].field(mapping["train_logprob"]).type)
+                and not _is_list(schemas[f].field(src).type)]
+        if src and flat:
+            notes.append(
+                f"warning: {canon} ('{src}') holds one value per row, not a list of one per "
+                f"token, in {len(flat):,} nested file(s) (e.g. {flat[0]}): a per-sequence "
+                "value (a mean?) is no token's entropy, so it is not used (as if absent); "
+                "map a per-token entropy list with --column entropy=NAME")
+            if canon == "entropy":
+                per_row_entropy = True
+                entropy_unused = (f"the entropy column ('{src}') holds one value per "
+                                  "sequence row, not per token")
+            del mapping[canon]
+    if per_row_entropy and "train_entropy" in mapping and entropy == "auto":
+        mapping["entropy"] = mapping["train_entropy"]  # (as without the column)
+        entropy_unused = None
+        notes.append(f"entropy: using the trainer-side entropy ('{mapping['entropy']}')")
     for canon in ("step", "policy_version", "train_version"):  # written, never filled
         src = mapping.get(canon)
         if src and all(_only_nulls(metas[f], src) for f in file_list):
