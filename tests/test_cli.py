@@ -1450,6 +1450,15 @@ def test_gate_options_that_conflict_are_noted_or_refused(tmp_path):
     assert specs.count("fixed:c=0.5") == 1, specs
     r = runner.invoke(app, ["compare", "--gate", "entr:tau=8", "--gate", "entr:tau=2", "-q"])
     assert r.exit_code == 2 and "2 ENTR gates" in r.stderr
+    # a bare 'entr', or one leaving eps out, takes --tau / --eps (it ran at tau 4, eps 0.01
+    # beside --tau 2: helper-32 F4); no note then
+    for spec, want in (("entr", "entr:tau=2,eps=0.05"), ("estr:tau=3", "entr:tau=3,eps=0.05")):
+        r = runner.invoke(app, ["compare", "--tau", "2", "--eps", "0.05", "--gate", spec,
+                                "--gate", "fixed", "--json", str(js)])
+        assert r.exit_code == 0, r.output
+        specs = [g["spec"] for g in json.loads(js.read_text())["compare"]["gates"]]
+        assert want in specs, specs
+        assert ("the ENTR gate runs as" in r.stderr) == (spec != "entr"), r.stderr
 
 
 def test_a_repeated_sweep_is_refused():
