@@ -266,6 +266,15 @@ def test_a_later_shard_with_a_wrong_column_type_is_refused(tmp_path):
     assert r.exit_code == 2
     assert "part-2.parquet: column 'train_logprob' (train_logprob) has type" in r.stderr
     assert "string; train_logprob needs numeric values" in r.stderr
+    # the first shard: named too, with the others' type (helper-32 F5: no file was named)
+    first = tmp_path / "first"
+    first.mkdir()
+    _shards(first, 3_000, 3, 0, as_string)
+    r = runner.invoke(app, ["inspect", str(first / "shards")])
+    assert r.exit_code == 2 and r.stderr.startswith(
+        f"error: {first / 'shards' / 'part-0.parquet'}: column 'train_logprob' "
+        "(train_logprob) has type"), r.stderr
+    assert "needs numeric values (other files have double)" in r.stderr, r.stderr
 
 
 def test_alike_small_files_are_read_by_one_scan(tmp_path, monkeypatch):

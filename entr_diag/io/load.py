@@ -843,7 +843,26 @@ def _wrong_type(src: str, canon: str, typ: pa.DataType, origin: str | None, *,
             f"{what} comes from {origin}; {canon} needs {need} values: name the folders "
             f"{src}=<integer> (e.g. {src}=3) or move the files out of them."
         )
-    return SchemaError(f"{what} has type {_type_name(typ)}; {canon} needs {need} values.")
+    err = SchemaError(f"{what} has type {_type_name(typ)}; {canon} needs {need} values.")
+    err.wrong_type = (src, typ)  # (for load_dataset to name the files holding it)
+    return err
+
+
+def _files_of_type(e: SchemaError, file_list: Sequence[Path],
+                   schemas: Mapping[Path, pa.Schema]) -> str | None:
+    """A wrong-type refusal (:func:`_wrong_type`) of several files, naming the files whose
+    column has that type and the type the others have (``a.parquet: column 'x' (..) has
+    type large_string; ... (other files have int64).``); None for another error or when
+    every file holding the column has that type."""
+    src, typ = getattr(e, "wrong_type", (None, None))
+    holding = [f for f in file_list if src is not None and src in schemas[f].names]
+    bad = [f for f in holding if schemas[f].field(src).type == typ]
+    others = list(dict.fromkeys(_type_name(schemas[f].field(src).type)
+                                for f in holding if f not in bad))
+    if not bad or not others:
+        return None
+    more = f" (and {len(bad) - 1:,} more file(s))" if len(bad) > 1 else ""
+    return f"{bad[0]}{more}: {str(e).rstrip('.')} (other files have {', '.join(others)})."
 
 
 def _names_split(files: Sequence[Path], schemas: Mapping[Path, pa.Schema]) -> str:
@@ -1333,6 +1352,9 @@ def load_dataset(
         split = _names_split(file_list, schemas)
         if split:  # the real cause: shards spelling a column differently
             raise SchemaError(f"{split} (Stopped at: {e})") from None
+        typed = _files_of_type(e, file_list, schemas)
+        if typed:  # the first file's type, unlike the others': name the file
+            raise SchemaError(typed) from None
         folder = _folder_vs_column(getattr(e, "candidates", ()), file_list, metas,
                                    file_columns)
         if folder:
