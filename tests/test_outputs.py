@@ -932,3 +932,26 @@ def test_a_failed_json_output_still_prints_the_tables(run_file, command):
     first = {"fit": "Verdict: ", "inspect": "1 file(s), layout long"}[command]
     assert r.stdout.startswith(first), r.stdout[:300]
     assert "Mismatch forensics" in r.stdout
+
+
+def test_thresholds_re_applied_to_tokens_keep_every_digit(run_file, tmp_path):
+    """The matched band's c is one token's |delta|: rounded to 12 digits, |delta| <= c kept
+    one token fewer than the JSON said (helper-32 F6). c and the gates' parameters keep
+    every digit (as the specs do); other floats keep 12."""
+    from entr_diag.io import load_dataset
+    from entr_diag.report.json_report import ExactFloat, dumps, sanitize
+
+    x = 0.43944695591926575
+    assert json.loads(dumps({"c": ExactFloat(x), "v": x})) == {"c": x, "v": 0.439446955919}
+    assert sanitize(ExactFloat(float("inf"))) is None
+    js = tmp_path / "c.json"
+    r = runner.invoke(app, ["compare", str(run_file), "--json", str(js), "-q",
+                                 "--gate", "fixed:c=log2", "--gate", "mis"])
+    assert r.exit_code == 0, r.output
+    cmp = json.loads(js.read_text())["compare"]
+    m = cmp["matched"]
+    assert m["c"] == m["fixed"]["params"]["c"] == float(m["fixed"]["spec"].split("=")[1])
+    delta = load_dataset([run_file]).lf.select("delta").collect()["delta"]
+    assert int((delta.abs() <= m["c"]).sum()) == m["fixed"]["kept_tokens"]
+    fixed = next(g for g in cmp["gates"] if g["name"] == "fixed")
+    assert fixed["params"]["c"] == 0.6931471805599453

@@ -3,7 +3,7 @@
 Conventions: ``schema_version`` (bumped on any incompatible change), the tool version, the
 command, the inputs (paths, layout, row counts, mapping, token accounting) and every
 parameter. Non-finite floats (NaN, +-inf) become ``null``, finite ones keep 12 significant
-digits (:data:`FLOAT_DIGITS`); numpy scalars and arrays become plain numbers and lists. Files are written atomically.
+digits (:data:`FLOAT_DIGITS`) but thresholds re-applied to tokens (:class:`ExactFloat`); numpy scalars and arrays become plain numbers and lists. Files are written atomically.
 """
 
 from __future__ import annotations
@@ -27,9 +27,16 @@ SCHEMA_VERSION = "1.0"
 FLOAT_DIGITS = 12
 
 
+class ExactFloat(float):
+    """A float the JSON keeps whole (17 significant digits at most: it reads back to the same
+    value), not rounded to :data:`FLOAT_DIGITS`: a threshold a reader re-applies to the
+    tokens, e.g. the matched band's c, which is one token's |delta| (rounded, the band
+    kept one token fewer than ENTR), and the gates' parameters, as their specs give them."""
+
+
 def sanitize(obj: Any) -> Any:
     """Recursively convert ``obj`` to JSON-safe plain types (NaN/inf -> None, floats to
-    :data:`FLOAT_DIGITS` significant digits).
+    :data:`FLOAT_DIGITS` significant digits, an :class:`ExactFloat` whole).
 
     Raises:
         TypeError: for a type with no faithful JSON form (no silent ``str()`` fallback).
@@ -38,6 +45,8 @@ def sanitize(obj: Any) -> Any:
         return obj
     if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
         return int(obj)
+    if isinstance(obj, ExactFloat):
+        return obj if math.isfinite(obj) else None
     if isinstance(obj, (float, np.floating)):
         f = float(obj)
         return float(f"{f:.{FLOAT_DIGITS}g}") if math.isfinite(f) else None
