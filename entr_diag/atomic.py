@@ -201,11 +201,7 @@ def together() -> Iterator[None]:
         held = {signal.SIGINT, signal.SIGTERM}
         old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
         try:
-            for tmp, target, shown in group.renames:
-                try:
-                    os.replace(tmp, target)
-                except OSError as e:
-                    raise InputError(f"cannot write {shown}: {e.strerror or e}.") from None
+            _rename_all(group.renames)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
     finally:
@@ -219,6 +215,65 @@ def together() -> Iterator[None]:
             action()
     if group.closed:
         raise _closed_error(group.closed, others=len(group.outputs) > len(closed))
+
+
+def _rename_all(renames: list[tuple[Path, Path, Path]]) -> None:
+    """Rename each temporary file over its target, all or none: with several, each existing
+    target is first kept under a hard link beside it, so that when a later rename fails
+    (a target made immutable, a directory whose permissions changed meanwhile) the ones
+    already done are undone (the earlier file put back, a new one removed) and no output
+    is left replaced beside a stale one.
+
+    Raises:
+        InputError: naming the output that could not be written, and any output that could
+            not be put back (then replaced).
+    """
+    # per target: (whether it existed, the hard link keeping its earlier file or None)
+    backups: list[tuple[bool, Path | None]] = []
+    try:
+        for i, (_tmp, target, _shown) in enumerate(renames if len(renames) > 1 else ()):
+            backup = None
+            existed = os.path.lexists(target)
+            if existed:
+                backup = target.with_name(f".{target.name}.{os.getpid()}.{i}.bak")
+                try:
+                    os.link(target, backup)
+                except OSError:  # (no hard link here: this rename cannot be undone)
+                    backup = None
+            backups.append((existed, backup))
+        for i, (tmp, target, shown) in enumerate(renames):
+            try:
+                os.replace(tmp, target)
+            except OSError as e:
+                kept = _undo(renames[:i], backups)
+                raise InputError(
+                    f"cannot write {shown}: {e.strerror or e}"
+                    + (f"; {' and '.join(kept)} already replaced (its earlier file could not "
+                       "be put back)" if kept else "; no output was replaced") + ".") from None
+    finally:
+        for _existed, backup in backups:
+            if backup is not None:
+                with contextlib.suppress(OSError):
+                    backup.unlink()
+
+
+def _undo(done: list[tuple[Path, Path, Path]], backups: list[tuple[bool, Path | None]]
+          ) -> list[str]:
+    """Undo the renames ``done`` (:func:`_rename_all`): put each target's earlier file back
+    from its hard link, or remove a target that did not exist before. Returns the names of
+    the outputs that could not be put back."""
+    kept = []
+    for (_tmp, target, shown), (existed, backup) in zip(done, backups, strict=False):
+        try:
+            if backup is not None:
+                os.replace(backup, target)
+            elif not existed:  # (no earlier file: the new one goes)
+                target.unlink()
+            else:
+                kept.append(str(shown))
+        except OSError:
+            kept.append(str(shown))
+    return kept
 
 
 @contextlib.contextmanager

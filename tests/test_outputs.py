@@ -621,6 +621,40 @@ def test_outputs_of_one_run_replace_earlier_ones_together(run_file, tmp_path, mo
     assert html.read_text() == "new html" and js.read_text() == "new json"
 
 
+def test_a_failed_rename_puts_the_outputs_renamed_before_it_back(run_file, tmp_path,
+                                                                 monkeypatch):
+    """The JSON's rename fails after the HTML's (an immutable target: EPERM): the HTML is
+    put back as it was and a new third output removed, no hard link or temporary file is
+    left, and the refusal says no output was replaced (it left a new HTML beside a stale
+    JSON and said nothing of it, helper-32 F2)."""
+    import errno
+
+    from entr_diag import atomic
+
+    html, js, new = tmp_path / "r.html", tmp_path / "r.json", tmp_path / "n.txt"
+    html.write_text("old html")
+    js.write_text("old json")
+    real = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name == "r.json" and ".tmp" in str(src):
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        return real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    r = runner.invoke(app, ["report", str(run_file), "-o", str(html), "--json", str(js), "-q"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"error: cannot write {js}: Operation not permitted; no output was "
+                        "replaced.\n"), r.stderr
+    assert html.read_text() == "old html" and js.read_text() == "old json"
+    with pytest.raises(atomic.InputError, match="no output was replaced"), atomic.together():
+        atomic.write_text(new, "new")
+        atomic.write_text(html, "new html")
+        atomic.write_text(js, "new json")
+    assert not new.exists() and html.read_text() == "old html"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "r.json"]
+
+
 def test_json_floats_keep_twelve_significant_digits():
     """Floats are written with 12 significant digits: a sum whose last bit depends on the
     order threads added its parts gives the same document; NaN/inf stay null."""
