@@ -259,10 +259,24 @@ class SynthSpec:
             bad(f"max_staleness must be an integer >= 0, got {self.max_staleness!r}.")
         if not (self.staleness_gain >= 0 and math.isfinite(self.staleness_gain)):
             bad(f"staleness_gain must be >= 0, got {self.staleness_gain!r}.")
+        # the law's log-ratio scale at the top of the entropy range (the stalest tokens)
+        top = (1 + self.staleness_gain * self.max_staleness) * self.h_max ** self.alpha
+        if math.sqrt(self.k * top) > MAX_DELTA_SD:
+            bad(f"k = {self.k:g} plants log-ratios of standard deviation "
+                f"{math.sqrt(self.k * top):.3g} nats at h_max = {self.h_max:g} nats, far beyond "
+                f"any engine/trainer mismatch (whose tails then pass the -1000-nat floor the "
+                f"reader takes for placeholders); give k <= {MAX_DELTA_SD ** 2 / top:.3g}.")
+        if self.noise_sigma > MAX_DELTA_SD:
+            bad(f"noise_sigma must be at most {MAX_DELTA_SD:g} nats, got {self.noise_sigma!r}.")
 
     def to_dict(self) -> dict:
         """Plain-Python dict of every parameter (JSON-ready)."""
         return dataclasses.asdict(self)
+
+
+#: the largest standard deviation of a planted log-ratio (nats): the law's at h_max, and the
+#: noise's; a real engine/trainer mismatch stays within a few nats
+MAX_DELTA_SD = 10.0
 
 
 def planted_delta2(h, spec: SynthSpec, staleness=0):

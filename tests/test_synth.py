@@ -274,12 +274,23 @@ def test_summary_is_plain_and_consistent(tmp_path):
         {"mean_seq_len": 0},
         {"n_steps": 0},
         {"max_staleness": -1},
+        # log-ratios of sd 2000 nats (helper-32: written, then read as -1000-nat placeholders)
+        {"k": 1e6},
+        {"k": 1.0, "staleness_gain": 100.0},  # sd 60 nats for the stalest tokens
+        {"noise_sigma": 50.0},
     ],
 )
 def test_bad_spec_raises(bad):
     """Invalid parameters raise ParameterError with a plain sentence."""
     with pytest.raises(ParameterError, match="SynthSpec"):
         SynthSpec(**bad)
+
+
+def test_the_largest_planted_law_is_accepted():
+    """k up to 100 / h_max^alpha (a log-ratio sd of 10 nats at h_max) is accepted."""
+    SynthSpec(k=25.0, h_max=4.0, alpha=1.0)
+    with pytest.raises(ParameterError, match=r"give k <= 25"):
+        SynthSpec(k=26.0, h_max=4.0, alpha=1.0)
 
 
 @pytest.mark.parametrize("layout", ["long", "nested"])
