@@ -832,6 +832,21 @@ def test_units_check_ignores_a_low_entropy_noise_regime():
     assert u["likely_mistake"] is None
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_units_check_names_a_unit_mistake_on_a_small_run(seed):
+    """A 2,000-token run (10 sequences) whose engine logprobs are in log10: bins of a few
+    dozen tokens read a ratio spread of about 1.3 from their sampling noise alone, above the
+    1.25 a unit mistake must stay within, and the mistake went unnamed ('law does not hold:
+    alpha = 1.89'). The spread now discounts each bin's noise: named; the clean run names
+    nothing. A ratio that bends with the entropy on as few tokens still names no unit
+    (below)."""
+    df = generate(SynthSpec(n_tokens=2_000, seed=seed))
+    log10 = df.with_columns(pl.col("infer_logprob") / math.log(10))
+    u = fit_scaling_law(canonical(log10), n_boot=100).units
+    assert u.likely_mistake == "infer_logprob_log10", u
+    assert fit_scaling_law(canonical(df), n_boot=100).units.likely_mistake is None
+
+
 def test_units_check_names_no_unit_when_the_ratio_falls_across_the_bins():
     """Surprisal that is not the entropy times one factor (here -infer_logprob = Exp(H) +
     6 sqrt(kH): the bins' ratio falls from about 20 to 1.5 across the token deciles, its
@@ -854,6 +869,19 @@ def test_units_check_names_no_unit_when_the_ratio_falls_across_the_bins():
     assert u["ratio_binned"] == pytest.approx(1.53, abs=0.05)
     assert u["ratio_spread"] > 1.4
     assert u["likely_mistake"] is None and u["entropy_mismatch"]
+    for seed in range(4):  # on 2,000 tokens, the bins' noise discounted: still no unit
+        rng = np.random.default_rng(seed)
+        m = 2_000
+        h = np.exp(rng.uniform(np.log(1e-3), np.log(5.0), m))
+        sd = np.sqrt(0.02 * h)
+        infer = -(rng.exponential(h) + 6 * sd)
+        seq = np.arange(m) // 100
+        small = pl.DataFrame({"seq_id": seq, "position": np.arange(m) % 100, "step": 0,
+                              "train_logprob": infer + rng.normal(0, sd).clip(max=-infer),
+                              "infer_logprob": infer, "entropy": h, "loss_mask": True,
+                              "advantage": 0.0, "policy_version": 0, "train_version": 0})
+        u = fit_scaling_law(canonical(small), n_boot=100).to_dict()["units"]
+        assert u["likely_mistake"] is None and u["ratio_spread"] > 1.3, (seed, u)
 
 
 def test_entropy_unit_names_the_column_unit_only_for_an_entropy_mistake():
