@@ -1077,7 +1077,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             f"{acc.tokens_masked - acc.tokens_valid:,} excluded"
             + (": " + ", ".join(f"{k} {v:,}" for k, v in acc.excluded.items()) if acc.excluded else "")
             + (f"; {acc.tokens_padding:,} rows of tensor padding ignored (no loss mask: "
-               + ("leading or trailing rows whose logprobs and entropy are exactly 0 or -1"
+               + ("leading or trailing rows whose logprobs and entropy are exactly 0 or -1, "
+                  "or NaN"
                   if "long" not in ds.layouts else
                   "rows whose entropy is exactly 0 and logprobs exactly 0 or -1")
                + ")" if acc.tokens_padding else "")

@@ -808,6 +808,28 @@ def test_padded_tensor_without_mask_drops_trailing_zero_padding(tmp_path):
     assert acc.tokens_padding == 0 and acc.tokens_unmasked == 0 and acc.tokens_masked == 25
 
 
+def test_padded_tensor_without_mask_drops_nan_padding(tmp_path):
+    """A tensor padded with NaN (numpy's fill) dumped without its mask: a NaN run at a
+    row's end in every column is padding (it was counted as non_finite_logprob, 45% of
+    the rows, with a corrupt-rows caveat); a NaN inside a row, or on one side only at its
+    end, stays non_finite_logprob; a null is not padding."""
+    import pyarrow.parquet as pq
+
+    nan = float("nan")
+    tl = [[-0.1, -0.5, nan, nan], [-0.3, nan, -0.2, nan], [-0.2, -0.1, -0.4, None]]
+    il = [[-0.1, -0.4, nan, nan], [-0.31, -0.2, -0.2, -0.5], [-0.2, -0.1, -0.4, None]]
+    h = [[0.5, 0.6, nan, nan], [0.2, 0.9, 0.3, 0.4], [0.1, 0.2, 0.3, None]]
+    t = pa.table({"old_log_probs": pa.array(tl, type=pa.list_(pa.float64())),
+                  "rollout_log_probs": pa.array(il, type=pa.list_(pa.float64())),
+                  "entropys": pa.array(h, type=pa.list_(pa.float64()))})
+    pq.write_table(t, tmp_path / "nan.parquet")
+    acc = load_dataset([tmp_path / "nan.parquet"]).accounting
+    # padding: row 0's two trailing NaN; row 1's NaN inside and its one-sided NaN at the
+    # end are tokens (non-finite); row 2's trailing null is a token too
+    assert acc.tokens_padding == 2 and acc.tokens_valid == 7, acc
+    assert acc.excluded == {"non_finite_logprob": 3}, acc.excluded
+
+
 def test_padded_tensor_without_mask_drops_minus_one_padding(tmp_path):
     """verl pads rollout_log_probs with -1 and old_log_probs with 0: trailing rows holding
     those pad values are tensor padding too (not zero_placeholder exclusions that read as

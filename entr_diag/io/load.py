@@ -2449,8 +2449,9 @@ def _unpadded_range(srcs: Mapping[str, str], list_srcs: Sequence[str]
                     ) -> tuple[pl.Expr, pl.Expr]:
     """Per list row of a nested file without a loss mask: the index range [lo, hi) outside
     which its tokens are tensor padding: lo is the first, hi - 1 the last token whose train
-    or infer logprob (or entropy, when a list) is not a pad value, exactly 0.0 or -1.0
-    (both 0 when every token is; a null or NaN is not padding, a null list is ignored).
+    or infer logprob (or entropy, when a list) is not a pad value, exactly 0.0 or -1.0, or
+    NaN (a tensor padded with NaN: at the row's ends, where every column is a pad value;
+    both 0 when every token is; a null is not padding, a null list is ignored).
     A padded ``[batch,
     length]`` tensor dumped without its mask pads with zeros, or with -1 (verl pads
     ``rollout_log_probs`` with -1 and ``old_log_probs`` with 0), on the right or on the
@@ -2461,8 +2462,9 @@ def _unpadded_range(srcs: Mapping[str, str], list_srcs: Sequence[str]
     assert cols
     # per column: the first and last token holding a value that is no pad value (null for
     # a null list, which says nothing of the padding: the others' pad values decide)
+    v = pl.element().cast(pl.Float64)
     nz = [pl.col(c).list.eval(pl.arg_where(
-        (~pl.element().cast(pl.Float64).is_in(PAD_VALUES)).fill_null(True))) for c in cols]
+        (~(v.is_in(PAD_VALUES) | v.is_nan())).fill_null(True))) for c in cols]
     lo = pl.min_horizontal([z.list.first() for z in nz]).cast(pl.Int64).fill_null(0)
     hi = pl.max_horizontal([z.list.last() for z in nz]).cast(pl.Int64).fill_null(-1) + 1
     return lo, hi
