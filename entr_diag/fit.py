@@ -668,16 +668,16 @@ def _denoised(s_lp: np.ndarray, s_lp2: np.ndarray, s_h: np.ndarray, n: np.ndarra
     noise (a temperature the logs leave out: 0.13 to 0.92) keeps its spread."""
     ok = (n >= 2) & (s_h > 0)
     nn = np.where(ok, n, 1.0)
-    mean = -s_lp / nn
-    var = np.maximum(s_lp2 / nn - mean * mean, 0.0) * nn / np.maximum(nn - 1, 1.0)
-    hbar = np.where(ok, s_h / nn, 1.0)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+    with np.errstate(all="ignore"):  # (subnormal sums of H: inf ratios, weight ~0)
+        mean = -s_lp / nn
+        var = np.maximum(s_lp2 / nn - mean * mean, 0.0) * nn / np.maximum(nn - 1, 1.0)
+        hbar = np.where(ok, s_h / nn, 1.0)
         r = mean / hbar
         se2 = var / nn / (hbar * hbar)
         dev = r - centre
         keep = np.where(dev != 0, np.clip(1 - se2 / (dev * dev), 0.0, 1.0), 0.0)
         shrunk = np.where(ok & np.isfinite(keep), centre + dev * keep, r)
-    return np.where(ok, -shrunk * hbar * nn, s_lp)
+        return np.where(ok, -shrunk * hbar * nn, s_lp)
 
 
 def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarray,
@@ -1854,6 +1854,13 @@ MIN_FILE_UNIT_TOKENS = 20_000
 #: ... for its own other-token check (a logprob of another token): the two columns' mean
 #: surprisals differ by more than 1.3x there, which a few thousand tokens already show
 MIN_FILE_OTHER_TOKEN_TOKENS = 2_000
+#: a file whose mismatch (mean delta^2 at the same entropy) is at least this many times the
+#: other files' is named (:meth:`FileUnitsPlan.scale_outliers`): staleness and drift move a
+#: run's mismatch by 2 to 6 times from step to step; one shard sampled at another
+#: temperature, or with an engine-only top-k, by 700 to 3000 times
+FILE_SCALE_FACTOR = 10.0
+#: ... over the entropy bins holding at least this many of its tokens and of the others'
+FILE_SCALE_BIN_TOKENS = 20
 
 
 class FileUnitsPlan:
@@ -1875,6 +1882,36 @@ class FileUnitsPlan:
         self.files = list(files)
         self.acc = _FileUnits(fit.binning.n_bins, len(self.files))
         self.accumulators = [self.acc]
+
+    def scale_outliers(self) -> list[dict]:
+        """The files (with MIN_FILE_OTHER_TOKEN_TOKENS tokens or more) whose mismatch is
+        :data:`FILE_SCALE_FACTOR` times or more the other files' at the same entropy:
+        ``[{"file", "tokens", "ratio"}]``, ``ratio`` the token-weighted median over the
+        entropy bins (those holding FILE_SCALE_BIN_TOKENS of the file's tokens and of the
+        others') of the file's mean delta^2 over the other files' pooled one; a median, so
+        that a few catastrophic tokens do not name a file. A fault confined to one shard of
+        several (a node sampling at another temperature, an engine-only top-k) moves the
+        pooled law and no pooled check (the sequence-outlier check reads a quarter of the
+        sequences as a broad tail); [] with fewer than two files."""
+        if len(self.files) < 2:
+            return []
+        t = self.acc.sums.reshape(7, len(self.files), self.acc.nb)
+        n, d2 = t[0], t[6]
+        out = []
+        for i, f in enumerate(self.files):
+            if n[i].sum() < MIN_FILE_OTHER_TOKEN_TOKENS:
+                continue
+            on, od2 = n.sum(axis=0) - n[i], d2.sum(axis=0) - d2[i]
+            ok = (n[i] >= FILE_SCALE_BIN_TOKENS) & (on >= FILE_SCALE_BIN_TOKENS) & (od2 > 0)
+            if not ok.any():
+                continue
+            r = (d2[i][ok] / n[i][ok]) / (od2[ok] / on[ok])
+            order = np.argsort(r)
+            cum = np.cumsum(n[i][ok][order])
+            ratio = float(r[order][np.searchsorted(cum, cum[-1] / 2)])
+            if ratio >= FILE_SCALE_FACTOR:
+                out.append({"file": f, "tokens": int(n[i].sum()), "ratio": ratio})
+        return sorted(out, key=lambda d: -d["ratio"])
 
     def finish(self, pooled: UnitsCheck | None = None) -> list[tuple[str, UnitsCheck]]:
         t = self.acc.sums.reshape(7, len(self.files), self.acc.nb)
