@@ -913,6 +913,26 @@ def file_units_caveat(flagged: Any, n_files: int,
             + " ".join(parts) + more)
 
 
+def file_scale_caveat(outliers: Any, n_files: int) -> str | None:
+    """A one-line caveat when some input files show a mismatch many times the other files'
+    at the same entropy (``outliers``: :meth:`entr_diag.fit.FileUnitsPlan.scale_outliers`),
+    naming them; None when none does."""
+    if not outliers:
+        return None
+    listed = "; ".join(f"{o['file']} ({o['tokens']:,} tokens): {o['ratio']:,.3g} times"
+                       for o in outliers[:_MAX_FILES_NAMED])
+    more = (f" ({len(outliers) - _MAX_FILES_NAMED:,} more file(s) like this)"
+            if len(outliers) > _MAX_FILES_NAMED else "")
+    verb = "shows" if len(outliers) == 1 else "show"
+    return (f"caveat: {len(outliers):,} of the {n_files:,} input files {verb} a mismatch far "
+            f"larger than the other files' at the same entropy (mean delta^2, the median over "
+            f"the entropy bins): {listed}{more}. A writer, node or engine set up otherwise "
+            "(a sampling temperature or top-k / top-p its logprobs leave out, another model, "
+            "precision or kernel), or policies more versions behind (see the staleness "
+            "strata)? The pooled law mixes its tokens in: analyse those files "
+            "on their own, and the others without them.")
+
+
 #: significant bits of the binary storage formats :func:`storage_caveat` names
 _FORMAT_BITS = {"bf16": 8, "fp16": 11}
 
@@ -1329,11 +1349,16 @@ def entropy_mismatch_caveat(units: Mapping, mapping: Mapping[str, str] | None = 
                if (mapping or {}).get("entropy") and (mapping or {}).get("entropy") == (
                    mapping or {}).get("train_entropy") else "")
     if r < 1:
-        why = ("the sampled tokens are less surprising than the entropy says: the sampler "
-               "applied a temperature below 1, top-p or top-k that the logged logprobs and "
-               f"entropy leave out (e.g. an engine's raw logprobs), so {inf} is not the "
-               "logprob of the sampling distribution and delta is not its log importance "
-               f"ratio; or {ent} is of another, flatter distribution{trainer}")
+        why = ("the sampled tokens are less surprising than the entropy says. Either "
+               f"{inf} is not the logprob of the sampling distribution (a temperature below "
+               "1, top-p or top-k the logged logprobs leave out, e.g. an engine's raw "
+               "logprobs: delta is then not its log importance ratio), or "
+               f"{ent} is of another, flatter distribution (computed before the temperature, "
+               f"or over the whole vocabulary where the sampler truncated it){trainer}; "
+               + ("the two logprob columns agree (train_logprob / infer_logprob = "
+                  f"{units['train_over_infer']:.3f}), which the entropy's being the odd one "
+                  "out explains as well" if abs(units.get("train_over_infer", math.nan) - 1)
+                  <= 0.01 else "the sampler's settings tell which"))
     else:
         why = ("the sampled tokens are more surprising than the entropy says: the entropy "
                "was computed over a truncated list (e.g. the top-k logprobs the engine "

@@ -1195,14 +1195,15 @@ def _alignment_numbers(f) -> str:
 
 def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
               zero_prefix=None, misaligned=None, gates: bool = False,
-              entropy_alignment=None, storage=None) -> dict:
+              entropy_alignment=None, storage=None, file_scale=None) -> dict:
     """The fit's ``to_dict()`` with ``verdict.caveat``, shown beside the verdict in the
     terminal, JSON and HTML: the mostly-excluded, integer-column, unit-mistake and (with
     the forensics' ``findings``) impossible-logprob caveats, the rounded-logprob caveat
     (``rounded``: ``_fit``'s, column -> step, also kept as ``rounded_logprobs``), the
     bf16 / fp16 storage caveat (``storage``: ``_fit``'s, also kept as
     ``storage_precision``), the unit-mistake-in-some-files caveat (``file_units``: ``_fit``'s, also kept as
-    ``units_by_file``), the zero-prefix caveat (``zero_prefix``: ``_fit``'s, also kept
+    ``units_by_file``), the caveat of files whose mismatch is many times the others'
+    (``file_scale``: ``_fit``'s, also kept as ``mismatch_by_file``), the zero-prefix caveat (``zero_prefix``: ``_fit``'s, also kept
     as ``zero_prefix``), the caveat of each other forensic finding at warning or critical
     severity (:func:`~entr_diag.caveats.findings_caveats`), then the small-sample,
     interval, bend, zero-entropy and influence caveats (None when none applies); first of all ``misaligned`` (``_fit``'s: the caveat of a shift let through by
@@ -1218,6 +1219,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
         entropy_shift_caveat,
         exclusion_caveat,
         file_exclusions_caveat,
+        file_scale_caveat,
         file_units_caveat,
         findings_caveats,
         identical_logprobs_caveat,
@@ -1258,6 +1260,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              zero_prefix_caveat(zero_prefix, ds.mapping),
              units_caveat(shown_units, ds.mapping),
              file_units_caveat(file_units, len(ds.files), ds.mapping),
+             file_scale_caveat(file_scale, len(ds.files)),
              implausible_caveat(fdict), catastrophic_caveat(fd),
              *findings_caveats(fdict, gates),
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
@@ -1279,6 +1282,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     fd["entropy_alignment"] = dict(entropy_alignment) if entropy_alignment else None
     fd["units_by_file"] = ([{"file": f, **c.to_dict()} for f, c in file_units]
                            if file_units else None)
+    # (None: one file, or none far from the others)
+    fd["mismatch_by_file"] = list(file_scale) if file_scale else None
     return fd
 
 
@@ -1892,9 +1897,12 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
     if out.get("findings") is not None:  # impossible logprobs that bias the fit: a warning
         _implausible_note(out["findings"].by_kind("implausible_logprobs"))  # (as compare's)
     file_units = None  # a unit mistake in some input files only
+    file_scale = None  # files whose mismatch is many times the others'
     if out.get("fit") is not None and "file_units" in plans:
         units = out["fit"].units
         file_units = plans["file_units"].finish(units)
+        named = {f for f, _c in file_units}  # (their own unit or token explains them)
+        file_scale = [o for o in plans["file_units"].scale_outliers() if o["file"] not in named]
     if out.get("fit") is not None and out["fit"].units is not None:  # a unit mistake?
         from entr_diag.caveats import units_caveat
 
@@ -1908,11 +1916,16 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
 
         _notes.add("[yellow]warning:[/yellow] " + escape(file_units_caveat(
             file_units, len(ds.files), ds.mapping).removeprefix("caveat: ")))
+    if file_scale:
+        from entr_diag.caveats import file_scale_caveat
+
+        _notes.add("[yellow]warning:[/yellow] " + escape(file_scale_caveat(
+            file_scale, len(ds.files)).removeprefix("caveat: ")))
     return {"unavailable": unavailable, "no_fit": no_fit, "gates": gate_plan, "rounded": rounded,
             "zero_prefix": zero_prefix, "entropy_alignment": entropy_align,
             "storage": storage,
             "misaligned": None if misaligned is None else _misaligned_caveat(misaligned),
-            "file_units": file_units or None,
+            "file_units": file_units or None, "file_scale": file_scale or None,
             **{k: out.get(k) for k in ("fit", "metrics", "findings", "profiles",
                                        "implausible")}}
 
@@ -1959,7 +1972,7 @@ def fit(
                   "framework": framework, "skip_unreadable": skip_unreadable,
                   "seq_id_per_file": seq_id_per_file}
         fd = _fit_dict(fit_res, ds, findings, a["rounded"], a["file_units"], a["zero_prefix"],
-                       a["misaligned"], entropy_alignment=a["entropy_alignment"], storage=a["storage"])
+                       a["misaligned"], entropy_alignment=a["entropy_alignment"], storage=a["storage"], file_scale=a["file_scale"])
         caveat = fd["verdict"]["caveat"]
         params.update(fd.pop("parameters", {}))
         closed = _json_output(json_path, envelope("fit", ds.describe(), params, **fd,
@@ -2281,7 +2294,7 @@ def compare(
             fit_res, ds, {"findings": found},
             rounded=a["rounded"], file_units=a["file_units"],
             zero_prefix=a["zero_prefix"], misaligned=a["misaligned"], gates=True,
-            entropy_alignment=a["entropy_alignment"], storage=a["storage"])
+            entropy_alignment=a["entropy_alignment"], storage=a["storage"], file_scale=a["file_scale"])
         with closed, together():  # the JSON and the export replace earlier ones together
             _write_json(json_path, envelope(
                 "compare", ds.describe(), params, compare=res.to_dict(),
@@ -2405,7 +2418,7 @@ def report(
                        fit=None if fit_res is None else _fit_dict(
                            fit_res, ds, findings, a["rounded"], a["file_units"],
                            a["zero_prefix"], a["misaligned"],
-                           entropy_alignment=a["entropy_alignment"], storage=a["storage"]),
+                           entropy_alignment=a["entropy_alignment"], storage=a["storage"], file_scale=a["file_scale"]),
                        metrics=metrics.to_dict(),
                        compare=None if cmp_res is None else cmp_res.to_dict(), profiles=prof,
                        forensics=findings.to_dict(), warnings=summary["warnings"],
