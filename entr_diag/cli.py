@@ -1299,7 +1299,8 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     rounded (pooled over the input) to VOID_ROUNDING_STEP nats or coarser, an entropy
     column shifted against the logprobs or holding the surprisal (``entropy_alignment``:
     :meth:`~entr_diag.forensics.EntropyAlignment.to_dict`, status ``shifted`` or
-    ``surprisal``), or one logprob column alone in log10 or log2 (``units``: the units
+    ``surprisal``), a logprob column holding another token's logprob (``units``'
+    ``other_token``), or one logprob column alone in log10 or log2 (``units``: the units
     check as the caveat reads it, :func:`_shown_units`; its ``likely_mistake`` one of the
     one-sided :data:`~entr_diag.caveats.UNIT_SIGNATURES`), which makes delta a difference
     of two units: a law or a noise regime read from it describes the unit mistake. Their caveats
@@ -1318,6 +1319,10 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
         return (f"the entropy column looks shifted by {k} token{'s' if k > 1 else ''} against "
                 "the logprobs" + (" in some input files" if ea.get("files") else "")
                 + (" in some steps" if ea.get("steps") else ""))
+    other = (units or {}).get("other_token")
+    if other in ("infer_logprob", "train_logprob"):  # delta compares two different tokens
+        return (f"{column_named(other, mapping or {})} does not look like the logprob of the "
+                "sampled token: delta compares two different tokens")
     key = (units or {}).get("likely_mistake")
     if key in UNIT_SIGNATURES and key.startswith(("infer_", "train_")):  # one side only
         canon, unit, *_ = UNIT_SIGNATURES[key]

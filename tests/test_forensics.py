@@ -387,6 +387,27 @@ def _logit_run(kind: str, *, n_seq=240, seq_len=100, vocab=128, seed=0, temperat
     })
 
 
+def test_another_tokens_logprob_makes_the_verdict_not_assessable(tmp_path):
+    """Engine logprobs gathered at token_id + 1: delta compares two different tokens, so the
+    verdict leads with 'not assessable' (it read 'law does not hold: alpha = -0.197' and
+    JSON assessable true, helper-34 F6); a clean run stays assessable."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    for kind, void in (("wrong_id", True), ("clean", False)):
+        p = tmp_path / f"{kind}.parquet"
+        _logit_run(kind, n_seq=120).write_parquet(p)
+        js = tmp_path / f"{kind}.json"
+        r = CliRunner().invoke(app, ["fit", str(p), "--json", str(js), "-q", "--n-boot", "200"])
+        assert r.exit_code == 0, r.output
+        verdict = json.loads(js.read_text())["verdict"]
+        assert verdict["assessable"] is not void, verdict
+        assert verdict["text"].startswith(
+            "not assessable (infer_logprob does not look like the logprob of the sampled "
+            "token: delta compares two different tokens") is void, verdict["text"]
+
+
 @pytest.mark.parametrize("kind,expect", [("wrong_id", "infer_logprob"),
                                          ("argmax", "infer_logprob"), ("clean", None),
                                          ("temperature", None), ("top_p", None),
