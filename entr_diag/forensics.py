@@ -1578,7 +1578,11 @@ def _check_temperature(ctx: _Ctx) -> _Result:
                 f"(slope bracket {lo:.3g}..{hi:.3g}, both {'above' if above else 'below'} 1 "
                 f"by more than {SLOPE_TOL:g}); mean delta moves by {slope_trend:.3g} nats per "
                 "decade of entropy. That is what a sampling temperature applied on one side "
-                f"only looks like (engine temperature ~{1.0 / mid:.3g} if it is the engine)."
+                f"only looks like: T ~ {1.0 / mid:.3g} if the engine's logprobs are "
+                f"tempered and the trainer's not, or T ~ {mid:.3g} if the trainer's are "
+                "(its logits divided by a temperature the engine's logged logprobs leave "
+                "out); the units check's surprisal / entropy ratio of each column tells "
+                "which side matches the entropy."
                 + (
                     " Stale tokens are in the fit (too few fresh ones), and a policy that "
                     "sharpens between versions tilts the slope the same way: info only."
