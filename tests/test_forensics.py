@@ -283,6 +283,11 @@ def test_one_sided_temperature(tmp_path, base, scale):
     assert f.evidence["slope_geometric_mean"] == pytest.approx(scale, rel=0.02)
     assert f.evidence["implied_temperature"] == pytest.approx(1 / scale, rel=0.02)
     assert f.evidence["within_bin_correlation"] > 0.9
+    # both sides' readings (it assumed the engine: an impossible T = 1.41, helper-34 F4)
+    m = re.search(r"T ~ ([\d.]+) if the engine's logprobs are tempered and the trainer's "
+                  r"not, or T ~ ([\d.]+) if the trainer's are", f.message)
+    assert m and float(m.group(1)) == pytest.approx(1 / scale, rel=0.02), f.message
+    assert float(m.group(2)) == pytest.approx(scale, rel=0.02), f.message
 
 
 def test_temperature_on_stale_tokens_only_is_info(tmp_path, base):
