@@ -134,7 +134,8 @@ def zero_entropy_caveat(fit: Mapping) -> str | None:
     return (
         f"caveat: {n / total:.1%} of the tokens ({n:,}) have an entropy below {H_MIN:g} nats, "
         "a distribution of one token (a one-token top-p / top-k nucleus renormalised to "
-        "probability 1, or a forced step), below the law's range: the law, its reading and "
+        "probability 1, a forced step, or a near-certain token sharpened further by a low "
+        "sampling temperature), below the law's range: the law, its reading and "
         f"any noise regime describe the other {1 - n / total:.1%}; their mean delta^2 is "
         f"{d2:.3g} (the bins table's first row)."
     )

@@ -1227,6 +1227,8 @@ def test_a_large_share_of_zero_entropy_tokens_is_a_caveat(synth_file, tmp_path):
     assert cav.startswith(f"caveat: {first['tokens'] / total:.1%} of the tokens "
                           f"({first['tokens']:,}) have an entropy below 1e-06 nats")
     assert f"their mean delta^2 is {first['mean_delta2']:.3g}" in cav
+    # (a low sampling temperature among the causes: helper-34 F8)
+    assert "sharpened further by a low sampling temperature" in cav
     assert cav in " ".join(r.stdout.split())
     r = runner.invoke(app, ["fit", str(synth_file), "--n-boot", "100", "-q", "--json",
                             str(out)])
