@@ -299,15 +299,10 @@ class GateResult:
         return _ratio(self.kept_sequences, self.n_sequences)
 
     def to_dict(self) -> dict:
-        from entr_diag.report.json_report import ExactFloat
-
         d: dict[str, Any] = {}
         for f in fields(self):
             v = getattr(self, f.name)
             d[f.name] = v.to_dict() if hasattr(v, "to_dict") else _plain(v)
-        # (thresholds, whole: as the spec gives them)
-        d["params"] = {k: ExactFloat(v) if isinstance(v, float) else v
-                       for k, v in d["params"].items()}
         d["kept_share"] = self.kept_share
         d["dropped_tokens"] = self.dropped_tokens
         d["kept_sequence_share"] = self.kept_sequence_share
@@ -329,10 +324,8 @@ class MatchedComparison:
     fixed: GateResult
 
     def to_dict(self) -> dict:
-        from entr_diag.report.json_report import ExactFloat
-
         return {
-            "c": ExactFloat(self.c),  # (a token's |delta|: rounded, it would leave it out)
+            "c": self.c,  # (a token's |delta|: the JSON keeps it whole, json_report.EXACT_KEYS)
             "entr_dropped": self.entr_dropped,
             "fixed_dropped": self.fixed_dropped,
             "drops_equal": self.entr_dropped == self.fixed_dropped,

@@ -973,11 +973,15 @@ def test_thresholds_re_applied_to_tokens_keep_every_digit(run_file, tmp_path):
     one token fewer than the JSON said (helper-32 F6). c and the gates' parameters keep
     every digit (as the specs do); other floats keep 12."""
     from entr_diag.io import load_dataset
-    from entr_diag.report.json_report import ExactFloat, dumps, sanitize
+    from entr_diag.report.json_report import dumps, sanitize
 
     x = 0.43944695591926575
-    assert json.loads(dumps({"c": ExactFloat(x), "v": x})) == {"c": x, "v": 0.439446955919}
-    assert sanitize(ExactFloat(float("inf"))) is None
+    doc = {"matched": {"c": x, "v": x}, "c": x, "gate": {"params": {"c": x, "n": 3}}}
+    assert json.loads(dumps(sanitize(doc))) == {
+        "matched": {"c": x, "v": 0.439446955919}, "c": 0.439446955919,
+        "gate": {"params": {"c": x, "n": 3}}}
+    assert sanitize({"params": {"c": float("inf")}}) == {"params": {"c": None}}
+    assert all(type(v) is float for v in (sanitize(doc)["matched"]["c"],))  # (plain floats)
     js = tmp_path / "c.json"
     r = runner.invoke(app, ["compare", str(run_file), "--json", str(js), "-q",
                                  "--gate", "fixed:c=log2", "--gate", "mis"])

@@ -3,7 +3,7 @@
 Conventions: ``schema_version`` (bumped on any incompatible change), the tool version, the
 command, the inputs (paths, layout, row counts, mapping, token accounting) and every
 parameter. Non-finite floats (NaN, +-inf) become ``null``, finite ones keep 12 significant
-digits (:data:`FLOAT_DIGITS`) but thresholds re-applied to tokens (:class:`ExactFloat`); numpy scalars and arrays become plain numbers and lists. Files are written atomically.
+digits (:data:`FLOAT_DIGITS`) but thresholds re-applied to tokens (:data:`EXACT_KEYS`); numpy scalars and arrays become plain numbers and lists. Files are written atomically.
 """
 
 from __future__ import annotations
@@ -27,16 +27,20 @@ SCHEMA_VERSION = "1.0"
 FLOAT_DIGITS = 12
 
 
-class ExactFloat(float):
-    """A float the JSON keeps whole (17 significant digits at most: it reads back to the same
-    value), not rounded to :data:`FLOAT_DIGITS`: a threshold a reader re-applies to the
-    tokens, e.g. the matched band's c, which is one token's |delta| (rounded, the band
-    kept one token fewer than ENTR), and the gates' parameters, as their specs give them."""
+#: floats kept whole (17 significant digits at most: they read back to the same value), not
+#: rounded to FLOAT_DIGITS: thresholds a reader re-applies to the tokens. Every float under
+#: a ``params`` key (a gate's parameters, as its spec gives them), and ``c`` under
+#: ``matched`` (the matched band's c, one token's |delta|: rounded, the band kept one
+#: token fewer than ENTR)
+EXACT_UNDER = "params"
+EXACT_KEYS = {("matched", "c")}
 
 
-def sanitize(obj: Any) -> Any:
+def sanitize(obj: Any, exact: bool = False, key: str | None = None) -> Any:
     """Recursively convert ``obj`` to JSON-safe plain types (NaN/inf -> None, floats to
-    :data:`FLOAT_DIGITS` significant digits, an :class:`ExactFloat` whole).
+    :data:`FLOAT_DIGITS` significant digits, but the thresholds of :data:`EXACT_UNDER` and
+    :data:`EXACT_KEYS` whole; ``exact`` and ``key``, the key ``obj`` is under, are for the
+    recursion).
 
     Raises:
         TypeError: for a type with no faithful JSON form (no silent ``str()`` fallback).
@@ -45,19 +49,21 @@ def sanitize(obj: Any) -> Any:
         return obj
     if isinstance(obj, (int, np.integer)) and not isinstance(obj, bool):
         return int(obj)
-    if isinstance(obj, ExactFloat):
-        return obj if math.isfinite(obj) else None
     if isinstance(obj, (float, np.floating)):
         f = float(obj)
-        return float(f"{f:.{FLOAT_DIGITS}g}") if math.isfinite(f) else None
+        if not math.isfinite(f):
+            return None
+        return f if exact else float(f"{f:.{FLOAT_DIGITS}g}")
     if isinstance(obj, np.bool_):
         return bool(obj)
     if isinstance(obj, dict):
-        return {str(k): sanitize(v) for k, v in obj.items()}
+        return {str(k): sanitize(v, exact or str(k) == EXACT_UNDER
+                                 or (key, str(k)) in EXACT_KEYS, str(k))
+                for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [sanitize(v) for v in obj]
+        return [sanitize(v, exact) for v in obj]
     if isinstance(obj, np.ndarray):
-        return [sanitize(v) for v in obj.tolist()]
+        return [sanitize(v, exact) for v in obj.tolist()]
     if isinstance(obj, Path):
         return str(obj)
     if dataclasses.is_dataclass(obj) and hasattr(obj, "to_dict"):
