@@ -472,7 +472,8 @@ def _errors(quiet: bool = True) -> Iterator[None]:
         if isinstance(e, OutputClosedError):
             _let_stdout_go()
         if str(e):  # an OutputClosedError for stdout alone says nothing, as the tables
-            stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
+            stderr.print(f"[bold red]error:[/bold red] {escape(_one_line(str(e)))}",
+                         soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
     except (pl.exceptions.PolarsError, pl.exceptions.PanicException) as e:
         _phases.end()
@@ -488,7 +489,8 @@ def _errors(quiet: bool = True) -> Iterator[None]:
     except OSError as e:
         _phases.end()
         _notes.drop()
-        stderr.print(f"[bold red]error:[/bold red] {escape(str(e))}", soft_wrap=True)
+        stderr.print(f"[bold red]error:[/bold red] {escape(_one_line(str(e)))}",
+                     soft_wrap=True)
         raise typer.Exit(2) from None
     else:
         _notes.flush()
@@ -617,6 +619,12 @@ def _synthetic_run(path: Path) -> bool:
         return SYNTH_METADATA_KEY in (pq.read_metadata(path).metadata or {})
     except Exception:  # noqa: BLE001 (unreadable: _check_output said why)
         return False
+
+
+def _one_line(text: str) -> str:
+    """An error message on one line: a line break or carriage return inside it (a file
+    name holding one) written as ``\\n`` / ``\\r``, as Python's repr writes them."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _starts_as_parquet(path: Path) -> bool:

@@ -129,3 +129,14 @@ def test_synth_names_its_parquet_literally(names, monkeypatch):
     r = _run(names, monkeypatch, "synth", "-o", out, "--tokens", "5000")
     assert f"wrote {out}" in r.stderr
     assert json.loads(r.stdout)["path"].endswith(out)
+
+
+def test_an_error_naming_a_file_with_a_line_break_stays_one_line(tmp_path):
+    """A file name holding a line break (or a carriage return) made the refusal two lines;
+    it is written as Python's repr writes it, the message one line (helper-35)."""
+    bad = tmp_path / "bad\nname\r.parquet"
+    pl.DataFrame({"seq_id": [1], "train_logprob": [-0.1]}).write_parquet(bad)
+    r = runner.invoke(app, ["fit", str(bad), "-q"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: {tmp_path}/bad\\nname\\r.parquet: missing required"), \
+        r.stderr
