@@ -1053,6 +1053,12 @@ def test_truncated_parquet_is_called_damaged(tmp_path):
     with pytest.raises(InputError, match=r"cut\.parquet.*starts like a Parquet file but "
                        "cannot be read: truncated, or damaged"):
         load_dataset([p])
+    # a file of 0 bytes is said to be empty, not of another format (helper-35)
+    empty = tmp_path / "empty.parquet"
+    empty.write_bytes(b"")
+    with pytest.raises(InputError, match=r"empty\.parquet .*; the file is empty \(0 bytes\): "
+                       "cut short, or still being written"):
+        load_dataset([empty])
 
 
 @pytest.mark.parametrize("groups", [1, 3, 70])
