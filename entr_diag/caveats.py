@@ -905,11 +905,15 @@ def file_units_caveat(flagged: Any, n_files: int,
     more = (f" ({len(flagged) - _MAX_FILES_NAMED:,} more file(s) like this)"
             if len(flagged) > _MAX_FILES_NAMED else "")
     verb = "looks" if len(flagged) == 1 else "look"
-    what = ("written in another unit than the others"
-            if all(c.likely_mistake for _f, c in flagged)
-            else "to hold another token's logprob, unlike the others"
-            if not any(c.likely_mistake for _f, c in flagged)
-            else "unlike the others (another unit, or another token's logprob)")
+    kinds = list(dict.fromkeys("unit" if c.likely_mistake else "token" if c.other_token
+                               else "entropy" for _f, c in flagged))
+    what = {"unit": "written in another unit than the others",
+            "token": "to hold another token's logprob, unlike the others",
+            "entropy": "to hold an entropy of another distribution than the one that "
+                       "sampled, unlike the others"}[kinds[0]] if len(kinds) == 1 else (
+        "unlike the others (" + ", or ".join(
+            {"unit": "another unit", "token": "another token's logprob",
+             "entropy": "an entropy of another distribution"}[k] for k in kinds) + ")")
     return (f"caveat: {len(flagged):,} of the {n_files:,} input files {verb} {what}: "
             + " ".join(parts) + more)
 

@@ -1870,9 +1870,9 @@ class FileUnitsPlan:
     near 1 but scales that file's ratios by a unit's factor; so does a logprob column of
     another token written by one writer (``other_token``). ``files``: the input files
     (``Dataset.files`` paths, in order). :meth:`finish` (``pooled``: the input's own
-    :class:`UnitsCheck`) returns the files whose own check names a mistake (at least
-    MIN_FILE_UNIT_TOKENS tokens) or another token's column (at least
-    MIN_FILE_OTHER_TOKEN_TOKENS), ``[(file, UnitsCheck)]``; [] when the pooled check names
+    :class:`UnitsCheck`) returns the files whose own check names a mistake or an entropy
+    mismatch the pooled check does not (at least MIN_FILE_UNIT_TOKENS tokens) or another
+    token's column (at least MIN_FILE_OTHER_TOKEN_TOKENS), ``[(file, UnitsCheck)]``; [] when the pooled check names
     a mistake no file contradicts (it says it for the input), when every checked file names
     the same mistake, or with fewer than two checked files. A pooled mistake that a file
     contradicts with another one (half the shards' infer_logprob in log10, read pooled as
@@ -1932,8 +1932,11 @@ class FileUnitsPlan:
             return []  # no file names another mistake: the pooled check says it
         if pooled is not None and pooled.other_token:  # named pooled: which files hold it?
             flagged = [(f, c) for f, c in checks if c.other_token]
-        else:
-            flagged = [(f, c) for f, c in checks if c.likely_mistake or c.other_token]
+        else:  # (an entropy mismatch of some files only: one writer's entropy before the
+            # temperature reads 0.58 in its file, 0.9 pooled)
+            pooled_em = pooled is not None and pooled.entropy_mismatch
+            flagged = [(f, c) for f, c in checks if c.likely_mistake or c.other_token
+                       or (c.entropy_mismatch and not pooled_em)]
         if len(flagged) == len(checks) and len(mistakes) == 1:
             return []
         return flagged

@@ -1786,6 +1786,24 @@ def test_a_unit_mistake_in_one_shard_names_the_shard(synth_big, tmp_path, col, e
     assert "another unit than the others" not in r.stderr
 
 
+def test_an_entropy_mismatch_in_one_shard_names_the_shard(synth_big, tmp_path):
+    """One shard of four (30k tokens) whose entropy is of a flatter distribution (1.8 times
+    the sampling one, as an entropy taken before a temperature): the pooled check reads 0.9
+    and said nothing (helper-34 F1); the per-file check names the shard and the entropy."""
+    d = _split(synth_big, tmp_path / "one", 4, {0: {"entropy": pl.col("entropy") * 1.8}})
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    msg = re.sub(r"\s+", " ", r.stderr)
+    assert ("warning: 1 of the 4 input files looks to hold an entropy of another distribution "
+            f"than the one that sampled, unlike the others: in {d / 'part-0.parquet'} (") in msg, \
+        msg
+    doc = json.loads(js.read_text())
+    assert not doc["units"]["entropy_mismatch"], doc["units"]
+    (only,) = doc["units_by_file"]
+    assert only["file"] == str(d / "part-0.parquet") and only["entropy_mismatch"], only
+
+
 def test_shards_in_one_unit_get_no_per_file_warning(synth_big, synth_file, tmp_path):
     """No per-file warning on shards in one unit; none on shards below the per-file
     minimum of tokens (their ratios scatter), even with one in bits."""
