@@ -2111,18 +2111,12 @@ def _gates(gate: list[str] | None, tau: float, eps: float, quiet: bool = True):
     gate; its tau / eps, when the spec leaves them out (``--gate entr``), are --tau / --eps;
     a gate given twice is compared once; an ENTR gate whose tau / eps differ from --tau /
     --eps is noted (those still define the noise tokens)."""
-    import dataclasses
-
     from entr_diag.gates import DEFAULT_PANEL, EntrGate, parse_gate_spec
 
     _check_fit_options(eps, tau, 1000, None)  # --tau / --eps named as fit names them
-    panel = [parse_gate_spec(g) for g in gate] if gate else list(DEFAULT_PANEL)
-    for i, g in enumerate(panel):  # an ENTR parameter the spec leaves out: --tau / --eps
-        if isinstance(g, EntrGate):
-            typed = {item.partition("=")[0].strip().lower()
-                     for item in (gate or [""])[i].partition(":")[2].split(",")}
-            panel[i] = dataclasses.replace(
-                g, **{k: v for k, v in (("tau", tau), ("eps", eps)) if k not in typed})
+    # (an ENTR parameter the spec leaves out: --tau / --eps)
+    panel = ([parse_gate_spec(g, {"tau": tau, "eps": eps}) for g in gate] if gate
+             else list(DEFAULT_PANEL))
     unique = list(dict.fromkeys(panel))  # gate specs are frozen dataclasses: equal = same
     if len(unique) < len(panel) and not quiet:
         _notes.add(f"note: {len(panel) - len(unique)} --gate spec(s) repeat an earlier one: "

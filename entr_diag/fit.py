@@ -1897,11 +1897,12 @@ class FileUnitsPlan:
             return []
         t = self.acc.sums.reshape(7, len(self.files), self.acc.nb)
         n, d2 = t[0], t[6]
+        n_all, d2_all = n.sum(axis=0), d2.sum(axis=0)
         out = []
         for i, f in enumerate(self.files):
             if n[i].sum() < MIN_FILE_OTHER_TOKEN_TOKENS:
                 continue
-            on, od2 = n.sum(axis=0) - n[i], d2.sum(axis=0) - d2[i]
+            on, od2 = n_all - n[i], d2_all - d2[i]  # (the other files')
             ok = (n[i] >= FILE_SCALE_BIN_TOKENS) & (on >= FILE_SCALE_BIN_TOKENS) & (od2 > 0)
             if not ok.any():
                 continue

@@ -767,12 +767,13 @@ def _parse_value(text: str, gate: str, key: str, cls: type | None = None) -> flo
     return v
 
 
-def parse_gate_spec(spec: str) -> GateSpec:
+def parse_gate_spec(spec: str, defaults: Mapping[str, float] | None = None) -> GateSpec:
     """Parse ``"name"`` or ``"name:param=value,param=value"`` into a gate spec.
 
     Names are case-insensitive and accept aliases (``estr`` for ``entr``, ``seqis`` for
     ``seq-is``...). Values are floats (``log2``/``ln2`` accepted). Unspecified parameters
-    take their defaults. Examples: ``"fixed:c=0.5"``, ``"icepop:low=0.5,high=5"``,
+    take ``defaults``' value for them when the gate has such a parameter (the CLI gives
+    its ``--tau`` / ``--eps`` for ``entr``), else the gate's defaults. Examples: ``"fixed:c=0.5"``, ``"icepop:low=0.5,high=5"``,
     ``"entr:tau=4,eps=0.01"``, ``"estr:tau=4"``.
 
     Raises :class:`~entr_diag.errors.ParameterError` naming the problem, with the gate's
@@ -807,6 +808,7 @@ def parse_gate_spec(spec: str) -> GateSpec:
             if k in kwargs:
                 raise _bad(f"gate spec {spec!r}: parameter {k!r} given twice.", cls)
             kwargs[k] = _parse_value(v, spec, k, cls)
+    kwargs = {**{k: v for k, v in (defaults or {}).items() if k in allowed}, **kwargs}
     try:
         return cls(**kwargs)
     except ParameterError as e:

@@ -316,14 +316,6 @@ def _scan(path: Path) -> pl.LazyFrame:
     return pl.scan_parquet(path, hive_partitioning=False, glob=False)
 
 
-def _empty_file(path: Path) -> bool:
-    """True when ``path`` is a file of 0 bytes (False when its size cannot be read)."""
-    try:
-        return os.path.getsize(path) == 0
-    except OSError:
-        return False
-
-
 def _read_footer(path: Path) -> tuple[pa.Schema, pq.FileMetaData]:
     """The Arrow schema and the Parquet metadata of ``path`` (its footer, read once: with
     thousands of small shards, reading it twice was a second per thousand files).
@@ -337,7 +329,8 @@ def _read_footer(path: Path) -> tuple[pa.Schema, pq.FileMetaData]:
     except (pa.ArrowInvalid, OSError, ValueError) as e:
         try:
             with open(path, "rb") as f:
-                parquet = f.read(4) == b"PAR1"
+                head = f.read(4)
+            parquet = head == b"PAR1"
         except OSError as oe:  # not a question of format: the file cannot be opened
             if os.path.islink(path) and not os.path.exists(path):  # e.g. a shard's link
                 raise InputError(f"cannot read {path}: it is {_broken_link(str(path))}."
@@ -345,7 +338,7 @@ def _read_footer(path: Path) -> tuple[pa.Schema, pq.FileMetaData]:
             raise InputError(f"cannot read {path}: {oe.strerror or oe}.") from None
         what = ("it starts like a Parquet file but cannot be read: truncated, or damaged"
                 if parquet else "the file is empty (0 bytes): cut short, or still being "
-                "written" if _empty_file(path) else "entr-diag reads Parquet files only")
+                "written" if head == b"" else "entr-diag reads Parquet files only")
         raise InputError(f"cannot read {path} as Parquet ({_short(e)}); {what}.") from None
     names = schema.names
     if not names:  # (the required-columns message would list its columns as '')
