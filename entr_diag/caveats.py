@@ -267,6 +267,10 @@ FINDING_CONSEQUENCES: dict[str, str] = {
              "per step range)",
     "staleness": "delta mixes policy change with engine mismatch: read the law per staleness "
                  "bucket",
+    "unsampled_tokens": "the loss mask holds tokens the engine did not sample (or the "
+                        "logged distribution is not the one that sampled): at low entropy "
+                        "they set the bins' mean delta^2, so alpha, H* and any noise regime "
+                        "describe them",
     "corrupt_rows": "the excluded rows form patterns of the dump or the mask, not noise: the "
                     "law rests on the rows left",
     # (the corrupt-rows finding for bad tokens scattered at random: its evidence holds

@@ -1251,7 +1251,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     fdict = (None if findings is None else findings if isinstance(findings, dict)
              else findings.to_dict())
     shown_units = _shown_units(fd.get("units"), misaligned or _entropy_shifted(
-        entropy_alignment), file_units)
+        entropy_alignment) or _mask_unsampled(fdict), file_units)
     # what is wrong with the data first (it explains the statistical caveats after it)
     parts = [misaligned, entropy_shift_caveat(entropy_alignment, ds.mapping),
              integer_caveat(ds.notes),
@@ -1354,10 +1354,25 @@ def _entropy_shifted(entropy_alignment) -> bool:
                                                                             "surprisal")
 
 
+def _mask_unsampled(findings) -> bool:
+    """Whether ``findings`` (a Findings or its ``to_dict()``; None: no forensics) hold an
+    ``unsampled_tokens`` finding at warning or critical severity: the loss mask takes in
+    tokens the engine did not sample (the prompt, a mask shifted by one), whose surprisal
+    also lifts the units check's surprisal / entropy ratio."""
+    if findings is None:
+        return False
+    fs = findings.get("findings", ()) if isinstance(findings, dict) else [
+        f.to_dict() for f in findings.findings]
+    return any(f.get("kind") == "unsampled_tokens" and f.get("severity") in ("warning",
+                                                                              "critical")
+               for f in fs)
+
+
 def _shown_units(units: dict | None, misaligned, file_units=None) -> dict | None:
     """The units check as its warning and caveat read it: with a shift let through
     (``misaligned``; or an entropy column shifted against the logprobs, which pairs each
-    surprisal with a neighbour's entropy), or a unit mistake in some input files only (``file_units``), no
+    surprisal with a neighbour's entropy; or tokens in the loss mask the engine did not
+    sample, :func:`_mask_unsampled`, whose surprisal is no sample's), or a unit mistake in some input files only (``file_units``), no
     entropy mismatch (the shift, or the files in another unit, explain the pooled
     surprisal / entropy gap: no second story, e.g. a temperature beside a shard in bits);
     with ``file_units``, no pooled unit mistake either (the files do not share it: it is
@@ -1900,7 +1915,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                                       other_token=None if units is None else units.other_token,
                                       unit_mistake=None if units is None
                                       else units.likely_mistake,
-                                      units_checked=units is not None)
+                                      units_checked=units is not None,
+                                      entropy_shifted=_entropy_shifted(entropy_align))
                 else:
                     out[k] = p if k in ("profiles", "implausible") else p.finish()
             except FitError as e:
@@ -1920,7 +1936,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         from entr_diag.caveats import units_caveat
 
         caveat = units_caveat(_shown_units(out["fit"].units.to_dict(),
-                                           misaligned or _entropy_shifted(entropy_align),
+                                           misaligned or _entropy_shifted(entropy_align)
+                                           or _mask_unsampled(out.get("findings")),
                                            file_units), ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))

@@ -244,6 +244,29 @@ IMPLAUSIBLE_SHARE_CRITICAL = 0.5
 #: trainer noise floor: mismatch below this multiple of the floor is "at the floor"
 FLOOR_RATIO_AT_FLOOR = 2.0
 
+#: unsampled tokens: a sampled-token probability below this (a surprisal of -ln 1e-3 =
+#: 6.9 nats or more) at low entropy
+UNSAMPLED_P = 1e-3
+#: ... read on the tokens whose entropy is below this (nats): forensic bins 0..11, whose
+#: upper edges run from 1.8e-4 to 0.1 nats; Markov's bound there is at most 1.4%
+UNSAMPLED_H_MAX = 0.1
+#: a finding needs a Bonferroni-corrected Poisson upper tail below this, ...
+UNSAMPLED_PVALUE = 1e-6
+#: ... this many times the bound, ...
+UNSAMPLED_MIN_RATIO = 3.0
+#: ... and this many tokens above it
+UNSAMPLED_MIN_EXCESS = 10
+#: a warning (not info) when this share of the flagged tokens is its sequence's first
+#: masked token (a mask shifted by one), ...
+UNSAMPLED_FIRST_SHARE = 0.5
+#: ... or lies in a sequence whose flagged tokens sit, on average, in the first
+#: UNSAMPLED_EARLY of its loss-masked span (the prompt in the mask): tokens spread at random
+#: put about 25% there
+UNSAMPLED_EARLY = 0.25
+UNSAMPLED_EARLY_SHARE = 0.6
+#: critical from this share of the valid tokens above the bound
+UNSAMPLED_CRITICAL_SHARE = 0.01
+
 #: check names, in run order
 CHECKS: tuple[str, ...] = (
     "misalignment",
@@ -254,6 +277,7 @@ CHECKS: tuple[str, ...] = (
     "staleness",
     "corrupt_rows",
     "implausible_logprobs",
+    "unsampled_tokens",
     "trainer_noise_floor",
 )
 
@@ -481,8 +505,8 @@ class _SeqTables:
       table: it only protects against shuffled inputs (measured at 200M tokens, merging
       from 8M rows raised the peak from 2.5 to 5.3 GB);
     - ``seqs``: per sequence seq_id, n, sums of |delta|, delta^2, H and the count of H,
-      merged by addition, and the last valid position ``pos_max`` (corrupt rows), merged by
-      max.
+      merged by addition, the last valid position ``pos_max`` (corrupt rows), merged by
+      max, and the first ``pos_min`` (unsampled tokens), merged by min.
 
     As an accumulator (the group-by path, inside :class:`_Derived`): one polars group-by
     per (sequence, entropy bin, staleness) and batch. With a dense layout,
@@ -506,10 +530,12 @@ class _SeqTables:
             (d * d).sum().alias("sd2"),
             d.abs().sum().alias("sad"),
             pl.col("position").max().alias("pos_max"),
+            pl.col("position").min().alias("pos_min"),
         ]
         self.seqs = PartialRows(
             ["seq_key"], [pl.col("seq_id").first(), *_sums(("n", "nh", "sh", "sd2", "sad")),
-                          pl.col("pos_max").max()], cast={"seq_id": pl.String})
+                          pl.col("pos_max").max(), pl.col("pos_min").min()],
+            cast={"seq_id": pl.String})
 
     def update(self, batch: pl.DataFrame) -> None:
         """A batch with the :class:`_Derived` columns, by a polars group-by."""
@@ -517,7 +543,7 @@ class _SeqTables:
         self.seqs.add(p.group_by("seq_key").agg(
             pl.col("seq_id").first().cast(pl.String),
             *[pl.col(c).cast(pl.Int64).sum() for c in ("n", "nh")],
-            *_sums(("sh", "sd2", "sad")), pl.col("pos_max").max()))
+            *_sums(("sh", "sd2", "sad")), pl.col("pos_max").max(), pl.col("pos_min").min()))
         self.add_bins(p.select(*self._KEYS, "n", "sh", "sd2"))
 
     def add_bins(self, p: pl.DataFrame | dict) -> None:
@@ -726,7 +752,8 @@ class _TokenTables:
                        else sid.gather(pl.Series(starts)).cast(pl.String)),
             "n": length, "nh": length,
             **{c: np.add.reduceat(sums[c], first) for c in ("sh", "sd2", "sad")},
-            "pos_max": np.maximum.reduceat(column(batch, "position"), starts)})
+            "pos_max": np.maximum.reduceat(column(batch, "position"), starts),
+            "pos_min": np.minimum.reduceat(column(batch, "position"), starts)})
 
     def _table(self, sums: dict[str, np.ndarray], keys: dict[str, Callable[[np.ndarray], Any]],
                ints: Sequence[str], fb: GroupAgg, empty: pl.DataFrame) -> pl.DataFrame:
@@ -799,6 +826,12 @@ class _Ctx:
         self.zero_counts: tuple[int, int] | None = None
         #: token frame: the tokens with an implausible logprob (None: not run)
         self.implausible: _ImplausibleTokens | None = None
+        #: token frame: the low-entropy tokens with a small sampled-token probability (None:
+        #: not run)
+        self.unsampled: _UnsampledTokens | None = None
+        #: the entropy column looks shifted against the logprobs (the CLI's entropy
+        #: alignment), set by ForensicsPlan.finish(entropy_shifted=...)
+        self.entropy_shifted = False
 
     def has(self, col: str) -> bool:
         return col in self.names
@@ -2939,6 +2972,53 @@ class _ImplausibleTokens:
                 self.bins[i] += np.bincount(b, weights=w, minlength=N_BINS)
 
 
+class _UnsampledTokens:
+    """Token-pass accumulator of the unsampled-tokens check: the valid tokens whose entropy
+    is below :data:`UNSAMPLED_H_MAX` and whose sampled-token probability
+    ``exp(infer_logprob)`` is below :data:`UNSAMPLED_P`. A batch costs one filter; the
+    flagged tokens (few on a consistent run) are reduced per forensic entropy bin (n, sum
+    delta^2), per sequence (seq_id, n, first and last position, sum of positions), per step
+    and per input file."""
+
+    columns = ("seq_key", "seq_id", "position", "entropy", "infer_logprob", "delta", "step",
+               FILE_INDEX)  # (those the frame has)
+    #: seq_id may come as read (an integer): kept as String (passes.NATIVE_SEQ_ID)
+    native_seq_id = True
+
+    def __init__(self) -> None:
+        self._flag = ((pl.col("entropy") < UNSAMPLED_H_MAX)
+                      & (pl.col("infer_logprob") < math.log(UNSAMPLED_P)))
+        p = pl.col("position")
+        self._aggs = [pl.col("seq_id").first().cast(pl.String), pl.len().cast(pl.Int64).alias("n"),
+                      p.min().alias("first_pos"), p.max().alias("last_pos"),
+                      p.cast(pl.Float64).sum().alias("sum_pos")]
+        self.seqs = PartialRows(["seq_key"], [
+            pl.col("seq_id").first(), pl.col("n").sum(), pl.col("first_pos").min(),
+            pl.col("last_pos").max(), pl.col("sum_pos").sum()])
+        #: per forensic entropy bin: n and sum delta^2 of the flagged tokens
+        self.bins = np.zeros((2, N_BINS))
+        #: flagged tokens per step and per input file (its index in Dataset.files)
+        self.steps: dict[int, int] = {}
+        self.files: dict[int, int] = {}
+
+    def update(self, batch: pl.DataFrame) -> None:
+        if not batch.height or "entropy" not in batch.columns:
+            return
+        f = batch.filter(self._flag)
+        if not f.height:
+            return
+        self.seqs.add(f.group_by("seq_key").agg(self._aggs))
+        b = f.select(_bin_expr()).to_series().to_numpy()
+        d2 = f["delta"].cast(pl.Float64).to_numpy() ** 2
+        self.bins[0] += np.bincount(b, minlength=N_BINS)
+        self.bins[1] += np.bincount(b, weights=d2, minlength=N_BINS)
+        if FILE_INDEX in f.columns:
+            add_counts(self.files, f[FILE_INDEX].to_numpy())
+        if "step" in f.columns and not f["step"].null_count():
+            for st, n in f.group_by("step").len().iter_rows():
+                self.steps[int(st)] = self.steps.get(int(st), 0) + int(n)
+
+
 def _check_corrupt(ctx: _Ctx) -> _Result:
     """Corrupt rows reported per sequence.
 
@@ -3405,6 +3485,187 @@ def _implausible(acc: _ImplausibleTokens, cells: pl.DataFrame, has_entropy: bool
     return _found(f, f"{n_flag:,} tokens at or below {t:g} nats, {_mass(share_d2)} of delta^2")
 
 
+def _check_unsampled(ctx: _Ctx) -> _Result:
+    """Loss-masked tokens the engine cannot have sampled from the distribution whose entropy
+    the log holds.
+
+    A token drawn from a distribution mu has the entropy as its mean surprisal,
+    E[-log mu(y)] = H(mu), and the surprisal is never negative, so by Markov's inequality
+    P(-log mu(y) >= s) <= H / s whatever mu is. Over the tokens of the forensic entropy bins
+    below :data:`UNSAMPLED_H_MAX`, at most sum(H) / s of them can have a sampled-token
+    probability below :data:`UNSAMPLED_P` (s = -ln 1e-3 = 6.9 nats): 1.4e-4 of the tokens at
+    H = 1e-3 nats. The count is a sum of independent Bernoulli draws with mean at most that
+    bound, so its Poisson upper tail is the test, on the tokens below each bin's upper edge
+    in turn (the lowest p-value, Bonferroni-corrected over those edges). Found when that
+    p-value is below :data:`UNSAMPLED_PVALUE`, the count is :data:`UNSAMPLED_MIN_RATIO`
+    times the bound or more and at least :data:`UNSAMPLED_MIN_EXCESS` above it. Such tokens
+    were not sampled by the engine from that distribution: prompt tokens inside the loss
+    mask, the last prompt token of a mask shifted by one, tool or environment outputs,
+    tokens sampled at a higher temperature than the logged logprobs and entropy, or an
+    entropy that understates H (over a truncated list; of another policy than the one that
+    sampled). The real low-entropy noise regime (METHOD.md: off-mode tokens the engine does
+    sample, at a rate below the bound) never reaches it. Where they sit names the cause: a
+    warning when half or more of them are their sequence's first loss-masked token (a mask
+    shifted by one), or when 60% or more lie in sequences whose flagged tokens average in
+    the first quarter of the loss-masked span (the prompt in the mask); critical when the
+    excess over the bound is 1% of the valid tokens or more; info when they are spread over
+    the sequences (e.g. the planted noise tokens of ``entr-diag synth``, at rates no sampler
+    reaches). Deferred (``cannot_tell``) when the logprob columns look shifted, one holds
+    another token's logprob or the entropy column is shifted: those checks explain them.
+    """
+    from scipy import stats
+
+    name = "unsampled_tokens"
+    if not ctx.has("entropy"):
+        return _cannot(name, "no entropy column (the bound reads the entropy)")
+    if ctx.misalign is not None and ctx.misalign[1] is not None:
+        return _cannot(name, "the logprob columns look shifted against each other (see "
+                             "misalignment): a shifted column pairs tokens with neighbours' "
+                             "probabilities")
+    if ctx.other_token is not None:
+        return _cannot(name, f"{ctx.other_token} holds another token's logprob (the units "
+                             "check): its probabilities are not the sampled token's")
+    if ctx.entropy_shifted:
+        return _cannot(name, "the entropy column looks shifted against the logprobs (see the "
+                             "entropy alignment warning): each token is read against a "
+                             "neighbour's entropy")
+    acc = ctx.unsampled
+    assert acc is not None
+    s = -math.log(UNSAMPLED_P)
+    b = (ctx.cells.group_by("bin").agg(pl.col("n", "sh", "sd2").sum())
+         .filter(pl.col("bin").is_not_null()))
+    cols = np.zeros((3, N_BINS))
+    idx = b["bin"].to_numpy().astype(np.int64)
+    for i, c in enumerate(("n", "sh", "sd2")):
+        cols[i, idx] = b[c].to_numpy().astype(np.float64)
+    top = int(round((math.log10(UNSAMPLED_H_MAX) - math.log10(H_BIN_LO)) / BIN_DECADES))
+    edges = [H_BIN_LO * 10 ** (BIN_DECADES * (j + 1)) for j in range(top)]
+    o_c = np.cumsum(acc.bins[0, :top])
+    lam_c = np.cumsum(cols[1, :top]) / s
+    n_c = np.cumsum(cols[0, :top])
+    tests = [j for j in range(top) if n_c[j] > 0]
+    if not tests or o_c[-1] == 0:
+        return _clear(name, f"no valid token below {UNSAMPLED_H_MAX:g} nats has a sampled-token "
+                            f"probability below {UNSAMPLED_P:g}")
+    pv = np.array([stats.poisson.sf(o_c[j] - 1, lam_c[j]) if o_c[j] else 1.0 for j in tests])
+    pv = np.minimum(pv * len(tests), 1.0)
+    # the most significant range; when none is, the widest (what the clear reason gives)
+    j = tests[int(np.argmin(pv))] if pv.min() < 1.0 else tests[-1]
+    o, lam, n_low, p = int(o_c[j]), float(lam_c[j]), int(n_c[j]), float(pv[tests.index(j)])
+    edge = edges[j]
+    why = (f"{o:,} of the {n_low:,} tokens at entropy below {edge:.3g} nats have a "
+           f"sampled-token probability p < {UNSAMPLED_P:g}, where tokens sampled from "
+           f"distributions of those entropies have at most {lam:.3g} such (Markov: "
+           "P(-log p >= s) <= H / s)")
+    if not (p < UNSAMPLED_PVALUE and o >= UNSAMPLED_MIN_RATIO * lam
+            and o - lam >= UNSAMPLED_MIN_EXCESS):
+        return _clear(name, f"{why}; {_pval(p)}")
+    n_all = int(cols[0].sum())
+    excess = o - lam
+    d2_low = float(cols[2, :j + 1].sum())
+    d2_share = float(acc.bins[1, :j + 1].sum()) / d2_low if d2_low > 0 else 0.0
+    # where they sit (the flagged tokens of all bins below UNSAMPLED_H_MAX, by sequence)
+    seqs = acc.seqs.result()
+    n_flag = int(seqs["n"].sum())
+    first_share = early_share = None
+    if ctx.seqs is not None and "pos_min" in ctx.seqs.columns and seqs.height:
+        j_seq = seqs.join(ctx.seqs.select("seq_key", "pos_min", "pos_max"), on="seq_key",
+                          how="left")
+        span = (pl.col("pos_max") - pl.col("pos_min")).clip(lower_bound=1).cast(pl.Float64)
+        rel = (pl.col("sum_pos") / pl.col("n") - pl.col("pos_min")) / span
+        r = j_seq.select(
+            (pl.col("first_pos") == pl.col("pos_min")).sum().alias("first"),
+            pl.col("n").filter(rel <= UNSAMPLED_EARLY).sum().alias("early")).row(0)
+        first_share = int(r[0] or 0) / n_flag
+        early_share = int(r[1] or 0) / n_flag
+    shifted_mask = first_share is not None and first_share >= UNSAMPLED_FIRST_SHARE
+    prompt = (not shifted_mask and early_share is not None
+              and early_share >= UNSAMPLED_EARLY_SHARE)
+    ex = seqs.sort("n", "seq_key", descending=[True, False]).head(OUTLIER_LIST)
+    ev: dict[str, Any] = {
+        "tokens_flagged": o,
+        "tokens_below_entropy": n_low,
+        "entropy_below": _r(edge, 6),
+        "expected_at_most": _r(lam, 6),
+        "excess_tokens": _r(excess, 6),
+        "excess_token_share": _r(excess / n_all if n_all else float("nan"), 6),
+        "p_value": float(p),
+        "delta2_share_below_entropy": _r(d2_share, 6),
+        "sequences_flagged": seqs.height,
+        "first_masked_share": None if first_share is None else _r(first_share),
+        "early_share": None if early_share is None else _r(early_share),
+        "example_seq_ids": [str(x) for x in ex["seq_id"].to_list()],
+        "example_first_positions": [int(x) for x in ex["first_pos"].to_list()],
+        "threshold_p": UNSAMPLED_P,
+    }
+    files = _paths(ctx.ds)
+    if acc.files and len(files) > 1:
+        ev["files"] = {files[i]: n for i, n in sorted(acc.files.items())}
+        ev["input_files"] = len(files)
+    if acc.steps:
+        ev["steps"] = {int(k): v for k, v in sorted(acc.steps.items())}
+    share_s = _share(excess / n_all) if n_all else "?"
+    if shifted_mask:
+        sev = "warning"
+        where = (f"{_share(first_share)} of the {n_flag:,} such tokens below "
+                 f"{UNSAMPLED_H_MAX:g} nats are their sequence's first loss-masked token: "
+                 "the loss mask looks shifted by one, taking in the last prompt token (or a "
+                 "BOS / separator) the engine never sampled")
+        title_where = "most of them their sequence's first loss-masked token (a mask shifted by one?)"
+    elif prompt:
+        sev = "warning"
+        where = (f"{_share(early_share)} of the {n_flag:,} such tokens below "
+                 f"{UNSAMPLED_H_MAX:g} nats lie in sequences where they sit, on average, in "
+                 f"the first {UNSAMPLED_EARLY:.0%} of the loss-masked span (tokens spread at "
+                 "random put about 25% there): the loss mask looks to cover the prompt, or "
+                 "another teacher-forced prefix")
+        title_where = "at the start of their sequences (the prompt in the loss mask?)"
+    else:
+        sev = "info"
+        where = ("they are spread over the sequences, not at their start (no prompt in the "
+                 "mask, no mask shifted by one). Other causes: tool or environment outputs "
+                 "inside the mask, an entropy that understates H (computed over a truncated "
+                 "list, or of another policy than the one that sampled), sampling at a "
+                 "higher temperature than the logged logprobs and entropy, or a synthetic "
+                 "run (entr-diag synth plants its noise tokens at rates no sampler reaches)")
+        title_where = "spread over the sequences"
+    if sev == "warning" and n_all and excess / n_all >= UNSAMPLED_CRITICAL_SHARE:
+        sev = "critical"
+    effect = (f"Their delta is not a sampled token's mismatch, yet they carry "
+              f"{_mass(d2_share)} of sum delta^2 below {edge:.3g} nats, where they set the "
+              "bins' means (alpha, H* and any noise regime describe them)")
+    if sev != "info":
+        effect += ", and the trainer learns from tokens it should not"
+    msg = (f"{why}: {excess:,.0f} above the bound ({share_s} of the {n_all:,} valid tokens, "
+           f"{_pval(p)}), so they were not drawn from that distribution. {where[:1].upper()}"
+           f"{where[1:]}. {effect}. E.g. seq_id {', '.join(ev['example_seq_ids'][:5])} "
+           f"(first such position {', '.join(map(str, ev['example_first_positions'][:5]))}).")
+    if "files" in ev:
+        from entr_diag.caveats import files_listed
+
+        msg += f" They are {files_listed(ev['files'], ev['input_files'])}."
+    f = Finding(
+        kind=name,
+        severity=sev,
+        title=(f"{o:,} low-entropy token(s) the engine cannot have sampled (p < "
+               f"{UNSAMPLED_P:g} at entropy below {edge:.3g} nats, where at most {lam:.3g} "
+               f"are possible), {title_where}"),
+        message=msg,
+        evidence=ev,
+        check=(
+            "print the loss mask beside the token ids of an example sequence: it should "
+            "start at the first response token and cover only tokens the engine sampled "
+            "(not the prompt, not the last prompt token of a mask built for the inputs and "
+            "applied to the labels or the reverse, not tool or environment outputs, not "
+            "padding); if the mask is right, check that the logged logprobs and entropy are "
+            "those of the distribution that sampled (temperature, truncation) and of the same "
+            "policy version."
+        ),
+    )
+    return _found(f, f"{o:,} tokens with p < {UNSAMPLED_P:g} below {edge:.3g} nats, at most "
+                     f"{lam:.3g} possible ({_pval(p)})")
+
+
 def _check_floor(ctx: _Ctx) -> _Result:
     """Trainer self-noise floor.
 
@@ -3494,6 +3755,7 @@ _CHECK_FUNCS: dict[str, Callable[[_Ctx], _Result]] = {
     "staleness": _check_staleness,
     "corrupt_rows": _check_corrupt,
     "implausible_logprobs": _check_implausible,
+    "unsampled_tokens": _check_unsampled,
     "trainer_noise_floor": _check_floor,
 }
 
@@ -3513,6 +3775,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "staleness": ("cells",),
     "corrupt_rows": ("raw_bad",),
     "implausible_logprobs": ("cells", "implausible"),
+    "unsampled_tokens": ("cells", "unsampled"),
     "trainer_noise_floor": ("cells", "floor"),
 }
 
@@ -4417,6 +4680,9 @@ class ForensicsPlan:
         if "implausible" in need:
             ctx.implausible = _ImplausibleTokens()
             self.accumulators.append(ctx.implausible)
+        if "unsampled" in need and ctx.has("entropy"):
+            ctx.unsampled = _UnsampledTokens()
+            self.accumulators.append(ctx.unsampled)
 
         self._bad = self._last_ok = self._last_valid = None
         self._last_tokens = False
@@ -4504,7 +4770,8 @@ class ForensicsPlan:
                 ctx.zero_counts = (self._zero.z, self._zero.m)
 
     def finish(self, h_star: float | None = None, other_token: str | None = None,
-               unit_mistake: str | None = None, units_checked: bool = False) -> Findings:
+               unit_mistake: str | None = None, units_checked: bool = False,
+               entropy_shifted: bool = False) -> Findings:
         """Run the raw pass if needed, then the checks on the merged tables. ``h_star``: the
         fitted law's breakpoint, when known (the staleness check then reads the entropy
         bins above it only). ``other_token``: the column the fit's units check found
@@ -4515,11 +4782,14 @@ class ForensicsPlan:
         temperature and truncated-sampling findings info, pointing at it (a column in
         log10 scales like a temperature and shifts delta one way). ``units_checked``: the
         fit's units check ran (without it, e.g. in ``inspect``, those two findings say that
-        ``fit`` tells them apart from a unit mistake)."""
+        ``fit`` tells them apart from a unit mistake). ``entropy_shifted``: the entropy
+        column looks shifted against the logprobs (the unsampled-tokens check then cannot
+        tell: each token is read against a neighbour's entropy)."""
         self.ctx.law_h_star = h_star
         self.ctx.other_token = other_token
         self.ctx.unit_mistake = unit_mistake
         self.ctx.units_checked = units_checked
+        self.ctx.entropy_shifted = entropy_shifted
         self.run_raw()
         self._tables()
         statuses: list[CheckStatus] = []

@@ -3359,3 +3359,28 @@ def test_a_shard_whose_mismatch_is_far_larger_than_the_others_is_named(tmp_path)
         (clean / f"part-{i}.parquet").write_bytes((d / f"part-{i}.parquet").read_bytes())
     r = runner.invoke(app, ["fit", str(clean), "--json", str(js), "--n-boot", "200", "-q"])
     assert r.exit_code == 0 and json.loads(js.read_text())["mismatch_by_file"] is None
+
+
+def test_a_mask_over_the_prompt_is_named_not_read_as_an_entropy_mismatch(tmp_path):
+    """A loss mask taking in each sequence's first 15% (teacher-forced prompt tokens of
+    surprisal 8 nats at every entropy): the unsampled-tokens finding names the prompt
+    (warning, verdict caveat); the units check's surprisal / entropy gap, which those tokens
+    make, is not told as a truncated or sharper entropy (helper-34 F2), though its numbers
+    stay in the JSON."""
+    from entr_diag.synth import SynthSpec, generate
+
+    il, tl = pl.col("infer_logprob"), pl.col("train_logprob")
+    df = generate(SynthSpec(n_tokens=40_000, seed=5, h_star=None))
+    prompt = (pl.col("position") < 0.15 * pl.len().over("seq_id")) & pl.col("loss_mask")
+    df = df.with_columns(pl.when(prompt).then(pl.lit(-8.0)).otherwise(il).alias("infer_logprob"),
+                         pl.when(prompt).then(-8.0 + tl - il).otherwise(tl).alias("train_logprob"))
+    p = tmp_path / "prompt.parquet"
+    df.write_parquet(p)
+    r, doc = _run_json("fit", p, tmp_path / "f.json")
+    assert r.exit_code == 0, r.output
+    (f,) = [f for f in doc["forensics"]["findings"] if f["kind"] == "unsampled_tokens"]
+    assert f["severity"] == "warning" and "prompt" in f["title"], f["title"]
+    assert doc["units"]["entropy_mismatch"], doc["units"]
+    caveat = doc["verdict"]["caveat"]
+    assert "[unsampled_tokens]" in caveat
+    assert "do not describe one sampling distribution" not in caveat + r.stderr

@@ -2215,3 +2215,97 @@ def test_entropy_alignment_cannot_tell_on_too_little():
     # one long sequence: its half of the sample is empty, nothing to confirm the shift on
     one = FX.entropy_alignment(_align_sample(1, 5000, shift=1))
     assert one.status == "cannot_tell" and "too few sequences" in one.reason
+
+
+# ------------------------------------------------------------------ unsampled tokens
+
+
+@pytest.fixture(scope="module")
+def sampled() -> pl.DataFrame:
+    """A clean run whose every token could have been sampled: no planted noise regime (the
+    synthetic noise tokens come at rates no sampler reaches), law tokens with surprisal
+    H * Exp(1)."""
+    return generate(SynthSpec(n_tokens=N_TOKENS, seed=5, h_star=None))
+
+
+def _unsampled(df: pl.DataFrame, where: pl.Expr) -> pl.DataFrame:
+    """Rows matching ``where`` made tokens no sampler drew from their logged distribution:
+    entropy 1e-5 nats with a sampled-token probability of e^-8 (the prompt or tool tokens a
+    mask takes in, which were teacher-forced, not sampled)."""
+    return df.with_columns(
+        pl.when(where).then(pl.lit(1e-5)).otherwise(H).alias("entropy"),
+        pl.when(where).then(pl.lit(-8.0)).otherwise(IL).alias("infer_logprob"),
+        pl.when(where).then(pl.lit(-8.02)).otherwise(TL).alias("train_logprob"))
+
+
+def _first_masked() -> pl.Expr:
+    lm = pl.col("loss_mask")
+    return lm & (pl.col("position") == pl.col("position").filter(lm).min().over("seq_id"))
+
+
+def test_unsampled_clear_on_a_sampled_run(tmp_path, sampled):
+    """A run whose tokens were sampled from their logged distributions is clear (Markov's
+    bound holds), and so is the bundled real-model run."""
+    res = run_forensics(_load(tmp_path, sampled), checks=["unsampled_tokens"])
+    assert res.status("unsampled_tokens").status == "clear", res.status("unsampled_tokens")
+    assert res.findings == ()
+    real = run_forensics(load_dataset(None), checks=["unsampled_tokens"])
+    assert real.status("unsampled_tokens").status == "clear", real.status("unsampled_tokens")
+
+
+def test_unsampled_first_masked_token_is_a_shifted_mask(tmp_path, sampled):
+    """One unsampled token per sequence, its first loss-masked one (the last prompt token of
+    a mask shifted by one, helper-34 F3: alpha 1.83 -> 0.21 without a word): a warning
+    naming the shift, with the bound, the sequences and the share at the first position."""
+    df = _unsampled(sampled, _first_masked())
+    res = run_forensics(_load(tmp_path, df))
+    f = res.by_kind("unsampled_tokens")
+    assert f is not None and f.severity == "warning", res.status("unsampled_tokens")
+    ev = f.evidence
+    n_seqs = df.filter(pl.col("loss_mask")).select(pl.col("seq_id").n_unique()).item()
+    assert ev["tokens_flagged"] == n_seqs and ev["sequences_flagged"] == n_seqs
+    assert ev["expected_at_most"] < 1 and ev["first_masked_share"] == 1.0
+    assert "shifted by one" in f.title and "first loss-masked token" in f.message
+    assert ev["p_value"] < 1e-6 and ev["delta2_share_below_entropy"] > 0.9
+    # its caveat sits beside the verdict
+    from entr_diag.caveats import findings_caveats
+
+    assert any("[unsampled_tokens]" in c for c in findings_caveats(res.to_dict()))
+
+
+def test_unsampled_prompt_in_the_mask(tmp_path, sampled):
+    """Half the tokens of each sequence's first 15% made unsampled (a mask covering the
+    prompt, helper-34 F2: misread as a truncated entropy or step spikes): critical (7% of
+    the tokens above the bound), located at the start of the sequences."""
+    rng = np.random.default_rng(0)
+    df = sampled.with_columns(pl.Series("u", rng.random(sampled.height)))
+    early = (pl.col("position") < 0.15 * pl.len().over("seq_id")) & (pl.col("u") < 0.5)
+    res = run_forensics(_load(tmp_path, _unsampled(df, early & pl.col("loss_mask")).drop("u")))
+    f = res.by_kind("unsampled_tokens")
+    assert f is not None and f.severity == "critical", res.status("unsampled_tokens")
+    assert f.evidence["early_share"] > 0.9 and f.evidence["first_masked_share"] < 0.5
+    assert "prompt" in f.title and f.evidence["excess_token_share"] > 0.01
+
+
+def test_unsampled_spread_is_info_and_deferred_to_shifts(tmp_path, sampled):
+    """Unsampled tokens spread at random over the sequences are info (no mask story); a
+    shifted entropy column, or logprob columns of another token, explain them: cannot_tell.
+    Below the finding's thresholds (a few tokens), clear."""
+    rng = np.random.default_rng(1)
+    df = sampled.with_columns(pl.Series("u", rng.random(sampled.height)))
+    spread = _unsampled(df, (pl.col("u") < 0.01) & pl.col("loss_mask")).drop("u")
+    ds = _load(tmp_path, spread)
+    f = run_forensics(ds).by_kind("unsampled_tokens")
+    assert f is not None and f.severity == "info" and "spread" in f.title
+    plan = FX.forensics_plan(ds, ["unsampled_tokens"])
+    FX.run_pass(ds.lf, plan.accumulators)
+    st = plan.finish(entropy_shifted=True).status("unsampled_tokens")
+    assert st.status == "cannot_tell" and "entropy column looks shifted" in st.reason
+    plan = FX.forensics_plan(ds, ["unsampled_tokens"])
+    FX.run_pass(ds.lf, plan.accumulators)
+    st = plan.finish(other_token="infer_logprob").status("unsampled_tokens")
+    assert st.status == "cannot_tell" and "another token" in st.reason
+    few = _unsampled(df, (pl.col("u") < 1.5e-4) & pl.col("loss_mask")).drop("u")
+    st = run_forensics(_load(tmp_path, few, "few.parquet"),
+                       checks=["unsampled_tokens"]).status("unsampled_tokens")
+    assert st.status == "clear" and "at most" in st.reason
