@@ -1230,6 +1230,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
         file_scale_caveat,
         file_units_caveat,
         findings_caveats,
+        forensics_summary,
         identical_logprobs_caveat,
         implausible_caveat,
         influence_caveat,
@@ -1274,7 +1275,9 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
              curvature_caveat(fd), zero_entropy_caveat(fd), influence_caveat(fd)]
     caveats = [p for p in parts if p]
-    fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats}
+    fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats,
+                     # (None: the command ran no forensics, e.g. compare)
+                     "forensics": forensics_summary(fdict) if findings is not None else None}
     void = _void_verdict(ds.notes, rounded, entropy_alignment, shown_units, ds.mapping)
     fd["verdict"]["assessable"] = void is None
     if void:  # the caveat says the verdict means nothing: so does the verdict, up front
@@ -2012,7 +2015,7 @@ def fit(
         from entr_diag.caveats import truncation_metrics_note
 
         render_fit(fit_res, metrics, _tables(json_path), caveat=caveat,
-                   verdict=fd["verdict"]["text"],
+                   verdict=fd["verdict"]["text"], forensics=fd["verdict"]["forensics"],
                    metrics_note=truncation_metrics_note(findings.to_dict()))
         render_findings(findings, _tables(json_path), show_checks=False)
         closed.done()

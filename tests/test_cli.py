@@ -3384,3 +3384,27 @@ def test_a_mask_over_the_prompt_is_named_not_read_as_an_entropy_mismatch(tmp_pat
     caveat = doc["verdict"]["caveat"]
     assert "[unsampled_tokens]" in caveat
     assert "do not describe one sampling distribution" not in caveat + r.stderr
+    summary = doc["verdict"]["forensics"]
+    assert summary.startswith("Forensics: ") and "warning (unsampled_tokens" in summary
+    assert summary.endswith("see the caveats and the findings."), summary
+
+
+def test_the_verdict_says_when_the_forensics_found_no_cause(tmp_path):
+    """On the bundled run (law does not hold, nothing above info), a line under the verdict
+    and its caveat says that no known cause of mismatch was found, with the checks' tally
+    (helper-34 F7: the headline stood alone); the same in the JSON and the HTML report."""
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(js.read_text())["verdict"]["forensics"]
+    assert summary.startswith("Forensics: no known cause of mismatch found (") and re.search(
+        r"\((\d+) of (\d+) checks clear; info only: staleness, trainer_noise_floor\)\.$",
+        summary), summary
+    lines = r.stdout.splitlines()
+    at = lines.index(summary)
+    assert lines[at - 1].startswith("caveat: the law's bins bend") and lines[at - 2].startswith(
+        "Verdict: law does not hold")
+    html = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", "--n-boot", "100", "-o", str(html), "-q"])
+    assert r.exit_code == 0, r.output
+    assert f"<p>{summary}</p>" in html.read_text()

@@ -583,6 +583,8 @@ def _summary_section(summary: dict, fit: dict | None, compare: dict | None) -> s
         + "".join(f'<p class="caveat">{_e(c)}</p>' for c in (caveat or "").splitlines())
         + "".join(f'<p class="caveat">warning: {_e(w)}</p>' for w in warned
                   if not caveat or w not in caveat)
+        + "".join(f"<p>{_e(s)}</p>" for s in [_get(fit, "verdict", "forensics") if fit
+                                             else None] if isinstance(s, str))
         + f"<p>{_e(_regime_sentence(fit))}</p>"
         f"<p>{_e(_gate_sentence(compare))}</p></div>"
     )

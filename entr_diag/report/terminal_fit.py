@@ -58,13 +58,15 @@ def _nats(bp: Breakpoint, unit: tuple[str, float] | None) -> str | None:
 
 def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Console, *,
                caveat: str | None = None, verdict: str | None = None,
-               metrics_note: str | None = None) -> None:
+               metrics_note: str | None = None, forensics: str | None = None) -> None:
     """Print the fit (and the mismatch metrics, when given) to ``console``.
 
     ``verdict``: the verdict's text as the JSON has it, when it differs from the fit's own
     (e.g. led by "not assessable" when the logprobs are integers), printed in red.
     ``metrics_note``: printed under the metrics table (e.g.
-    :func:`~entr_diag.caveats.truncation_metrics_note`).
+    :func:`~entr_diag.caveats.truncation_metrics_note`). ``forensics``: the one-line summary
+    of the mismatch forensics (:func:`~entr_diag.caveats.forensics_summary`), printed under
+    the caveats.
 
     Order: verdict (and ``caveat`` under it, e.g.
     :func:`~entr_diag.caveats.small_sample_caveat`), bins table, laws table,
@@ -82,6 +84,9 @@ def render_fit(result: FitResult, metrics: MismatchMetrics | None, console: Cons
     console.print(f"Verdict: {verdict or v.text}", style=style, soft_wrap=True, markup=False)
     if caveat:
         console.print(caveat, style="yellow", soft_wrap=True, markup=False)
+    if forensics:
+        console.print(forensics, style="yellow" if "see the caveats" in forensics else None,
+                      soft_wrap=True, markup=False)
     console.print()
 
     # ---- bins
