@@ -1462,15 +1462,20 @@ def _no_excess_reason(split_h: float, excess_ratio: float,
                       units: Mapping | None = None) -> str:
     """The breakpoint search's reason when the bins below the best split (entropy
     ``split_h``, as the column reads) lie below the law fitted above it (``excess_ratio``
-    < 1); with a units check that reads the entropy column as bits (a fit's
+    < 1, quoted from 1e-3 up); with a units check that reads the entropy column as bits (a fit's
     ``to_dict()["units"]``), the entropy is named in the column's unit and in nats."""
     from entr_diag.caveats import entropy_text, entropy_unit
 
     unit = entropy_unit(units)
     h_txt = entropy_text(f"{split_h:.3g}", "", units,
                          None if unit is None else f"{split_h * unit[1]:.3g}")
+    # (a weighted geometric mean of ratios: below 1e-3 its digits say nothing more than
+    # that the bins hold next to no mismatch, e.g. x5.86e-23 on logprobs equal on both sides)
+    ratio = (f"their mean delta^2 x{excess_ratio:.3g} of its prediction"
+             if excess_ratio >= 1e-3 else
+             "their mean delta^2 under 1/1000 of its prediction: next to no mismatch there")
     return (f"the bins below the best split (H < {h_txt}) lie below the law fitted to the "
-            f"bins above it (x{excess_ratio:.3g}), not above it (no excess)")
+            f"bins above it ({ratio}), not above it (no excess)")
 
 
 def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSearch,

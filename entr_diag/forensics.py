@@ -1487,6 +1487,52 @@ def _defer_temperature_to_truncation(found: list[tuple[int, Finding]]
              if f is t else f) for i, f in found]
 
 
+#: the findings read from delta itself: beside logprob columns shifted against each other
+#: (the misalignment finding, let through by --allow-misaligned) their signatures are the
+#: shift's as much as their own cause's
+DELTA_FINDINGS: tuple[str, ...] = ("one_sided_temperature", "truncated_sampling",
+                                   "sequence_outliers", "drift", "staleness",
+                                   "trainer_noise_floor")
+
+
+def _defer_to_misalignment(found: list[tuple[int, Finding]]) -> list[tuple[int, Finding]]:
+    """``found`` with each finding of :data:`DELTA_FINDINGS` above info made info, saying
+    why, when the misalignment check found a shift: a shifted sequence's delta compares
+    neighbouring tokens, |delta| of nats, and a few such sequences set a step's mean (a
+    drift "up over training" when they fall in later steps by chance: helper-34 F8, 10%
+    of the sequences shifted at random read x2.18), an outlier, a slope. Rerun on aligned
+    columns for those checks' own reading."""
+    mis = next((f for _, f in found if f.kind == "misalignment"), None)
+    if mis is None:
+        return found
+    note = (" But the logprob columns look shifted against each other (the misalignment "
+            "finding): the shifted sequences' delta compares neighbouring tokens and can "
+            "make this signature on its own; realign them and rerun for this check's own "
+            "reading (info only).")
+    return [(i, dataclasses.replace(f, severity="info", message=f.message + note)
+             if f.kind in DELTA_FINDINGS and f.severity != "info" else f) for i, f in found]
+
+
+def _pooled_beside_a_jump(found: list[tuple[int, Finding]]) -> list[tuple[int, Finding]]:
+    """``found`` with the temperature and truncated-sampling findings (read pooled over the
+    run) saying so when the drift finding, at warning or above, names a jump between two
+    steps: their signature may belong to the steps from the jump on alone (helper-34 F8: a
+    temperature applied from step 10 on read as a run-wide slope of 0.913, while the drift
+    finding named the jump at step 10)."""
+    drift = next((f for _, f in found if f.kind == "drift"
+                  and f.severity in ("warning", "critical")), None)
+    jump = None if drift is None else drift.evidence.get("jump_between_steps")
+    if not (isinstance(jump, (list, tuple)) and len(jump) == 2):
+        return found
+    note = (f" It is read over the whole run, while the drift finding has the mismatch jump "
+            f"between steps {jump[0]} and {jump[1]}: it may hold from step {jump[1]} on only "
+            "(the pooled reading averages those steps with the earlier ones); compare the "
+            "per-step strata.")
+    return [(i, dataclasses.replace(f, message=f.message + note)
+             if f.kind in ("one_sided_temperature", "truncated_sampling") else f)
+            for i, f in found]
+
+
 def _outliers_beside_truncation(found: list[tuple[int, Finding]]
                                 ) -> list[tuple[int, Finding]]:
     """``found`` with the sequence-outlier finding pointing at engine-side truncated
@@ -4807,7 +4853,8 @@ class ForensicsPlan:
             statuses.append(st)
             if f is not None:
                 found.append((i, f))
-        found = _outliers_beside_truncation(_defer_temperature_to_truncation(found))
+        found = _defer_to_misalignment(_pooled_beside_a_jump(
+            _outliers_beside_truncation(_defer_temperature_to_truncation(found))))
         found.sort(key=lambda t: (-_SEV_RANK[t[1].severity], t[0]))
         return Findings(findings=tuple(f for _, f in found), checks=tuple(statuses))
 

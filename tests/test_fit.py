@@ -184,12 +184,18 @@ def test_low_bins_below_the_law_name_the_split_and_the_ratio():
     s = r.breakpoint_search
     assert r.breakpoint is None and s.excess_ratio < 0.5
     m = re.fullmatch(r"the bins below the best split \(H < ([0-9.e-]+) nats\) lie below the "
-                     r"law fitted to the bins above it \(x([0-9.]+)\), not above it \(no "
-                     r"excess\)", s.reason)
+                     r"law fitted to the bins above it \(their mean delta\^2 x([0-9.]+) of its "
+                     r"prediction\), not above it \(no excess\)", s.reason)
     assert m, s.reason
     assert float(m.group(2)) == pytest.approx(s.excess_ratio, rel=0.006)
     assert 0.005 < float(m.group(1)) < 0.2
     assert s.reason in r.verdict.text
+    # no mismatch at all below the split: no factor of 1e-20 and more digits
+    from entr_diag.fit import _no_excess_reason
+
+    assert _no_excess_reason(0.003, 5.86e-23).endswith(
+        "(their mean delta^2 under 1/1000 of its prediction: next to no mismatch there), "
+        "not above it (no excess)")
 
 
 def test_flag_finds_planted_noise_tokens():

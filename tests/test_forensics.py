@@ -2309,3 +2309,42 @@ def test_unsampled_spread_is_info_and_deferred_to_shifts(tmp_path, sampled):
     st = run_forensics(_load(tmp_path, few, "few.parquet"),
                        checks=["unsampled_tokens"]).status("unsampled_tokens")
     assert st.status == "clear" and "at most" in st.reason
+
+
+def test_delta_findings_defer_to_a_shift():
+    """Beside a misalignment finding (a shift let through), the findings read from delta
+    are info and say why (helper-34 F8: 10% of the sequences shifted at random read as a
+    drift up over training, a warning with its caveat); those read from the values
+    (corrupt rows, impossible logprobs) keep their severity; without a shift nothing moves."""
+    def f(kind, sev):
+        return Finding(kind=kind, severity=sev, title=kind, message="m.", evidence={}, check="c")
+
+    found = [(0, f("misalignment", "critical")), (4, f("drift", "warning")),
+             (3, f("sequence_outliers", "critical")), (7, f("implausible_logprobs", "warning")),
+             (6, f("staleness", "info"))]
+    out = dict(FX._defer_to_misalignment(found))
+    assert out[0].severity == "critical" and out[7].severity == "warning"
+    assert out[4].severity == out[3].severity == "info"
+    assert "look shifted against each other" in out[4].message and out[6].message == "m."
+    assert FX._defer_to_misalignment(found[1:]) == found[1:]
+
+
+def test_pooled_findings_point_at_a_drift_jump():
+    """A temperature or truncation finding beside a drift finding that names a jump between
+    two steps says that it may hold from that step on only (helper-34 F8); without a jump,
+    or beside an info drift, nothing is added."""
+    def f(kind, sev, **ev):
+        return Finding(kind=kind, severity=sev, title=kind, message="m.", evidence=ev, check="c")
+
+    found = [(1, f("one_sided_temperature", "warning")), (2, f("truncated_sampling", "info")),
+             (4, f("drift", "warning", jump_between_steps=[9, 10])), (3, f("staleness", "info"))]
+    out = dict(FX._pooled_beside_a_jump(found))
+    for i in (1, 2):
+        assert out[i].message.startswith("m. It is read over the whole run") and (
+            "between steps 9 and 10: it may hold from step 10 on only" in out[i].message)
+        assert out[i].severity == found[i - 1][1].severity
+    assert out[3].message == out[4].message == "m."
+    no_jump = [found[0], (4, f("drift", "warning"))]
+    assert FX._pooled_beside_a_jump(no_jump) == no_jump
+    info = [found[0], (4, f("drift", "info", jump_between_steps=[9, 10]))]
+    assert FX._pooled_beside_a_jump(info) == info
