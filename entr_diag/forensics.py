@@ -5,8 +5,9 @@ people running verl, slime, TRL, NeMo-RL, SkyRL, AReaL and OpenRLHF keep naming 
 recurring causes (logprob arrays shifted by one token, sampling temperature or top-p applied
 on the engine side only, MoE routing that differs between engine and trainer, slowly
 degrading mismatch, stale policies mixed in, truncated logprob arrays, placeholder logprobs
-such as -500 that no sampler produces). Each check below looks for the signature one cause
-leaves in the per-token columns of ``docs/CONTRACT.md`` and returns a :class:`Finding` with
+such as -500 that no sampler produces, a loss mask over tokens the engine never sampled).
+Each check below looks for the signature one cause leaves in the per-token columns of
+``docs/CONTRACT.md`` and returns a :class:`Finding` with
 the numbers behind it and what to check in the training stack, or says why the data cannot
 tell (``cannot_tell``).
 
@@ -4644,7 +4645,9 @@ class ForensicsPlan:
       median / MAD over sequences and the law without the flagged sequences are computed
       after the pass from these tables; memory O(sequences x bins));
     - the tokens with a logprob at or below IMPLAUSIBLE_LOGPROB, per sequence and entropy bin
-      (:class:`_ImplausibleTokens`; a batch without one costs a minimum per side).
+      (:class:`_ImplausibleTokens`; a batch without one costs a minimum per side);
+    - the tokens below UNSAMPLED_H_MAX nats with p < UNSAMPLED_P, per entropy bin, sequence,
+      step and file (:class:`_UnsampledTokens`; one filter per batch).
 
     When the accounting lists the steps and staleness values (the loader's always does),
     the three come from one numpy accumulator on a dense layout (:class:`_TokenTables`:
