@@ -324,23 +324,25 @@ def findings_caveats(findings: Mapping | None, gates: bool = False) -> list[str]
     return out
 
 
-def forensics_summary(findings: Mapping | None) -> str | None:
+def forensics_summary(findings: Mapping | None, void: str | None = None) -> str | None:
     """One line under the verdict on what the mismatch forensics found (``findings``: their
-    ``to_dict()``; None when the command ran none, then None): the findings at critical
-    and warning severity by kind, or, when none is above info, that no known cause of
-    mismatch was found, with how many checks read clear, which found info only and which
-    cannot tell. A law that does not hold on a run without a finding is then read as the
-    run's own shape, not a fault the forensics know (helper-34 F7: a clean bf16 run read
-    "law does not hold" with nothing beside it to say so)."""
-    if not findings:
+    ``to_dict()`` with ``checks``; None, or a dict without checks such as ``compare``'s
+    list of findings: None): the findings at critical and warning severity by kind, or,
+    when none is above info, that no known cause of mismatch was found, with how many
+    checks read clear, which found info only and which cannot tell. A law that does not
+    hold on a run without a finding is then read as the run's own shape, not a fault the
+    forensics know (helper-34 F7: a clean bf16 run read "law does not hold" with nothing
+    beside it to say so). ``void``: why the verdict is not assessable (a unit mistake, a
+    shifted entropy column, ...): then no other cause was found besides that one."""
+    if not findings or not findings.get("checks"):
         return None
     fs = findings.get("findings", ())
     checks = findings.get("checks", {})
     kinds = {s: list(dict.fromkeys(f.get("kind", "?") for f in fs if f.get("severity") == s))
              for s in ("critical", "warning", "info")}
     if kinds["critical"] or kinds["warning"]:
-        parts = [f"{len(kinds[s])} {s} ({', '.join(kinds[s])})"
-                 for s in ("critical", "warning") if kinds[s]]
+        parts = [f"{len(kinds[s])} {s}{'s' if len(kinds[s]) > 1 else ''} "
+                 f"({', '.join(kinds[s])})" for s in ("critical", "warning") if kinds[s]]
         return (f"Forensics: {' and '.join(parts)}: see the caveats and the findings.")
     clear = sum(c.get("status") == "clear" for c in checks.values())
     cannot = [n for n, c in checks.items() if c.get("status") == "cannot_tell"]
@@ -349,6 +351,9 @@ def forensics_summary(findings: Mapping | None) -> str | None:
         tail.append(f"info only: {', '.join(kinds['info'])}")
     if cannot:
         tail.append(f"cannot tell: {', '.join(cannot)}")
+    if void:
+        return (f"Forensics: no cause of mismatch found besides the caveat's ({void}; "
+                f"{'; '.join(tail)}).")
     return f"Forensics: no known cause of mismatch found ({'; '.join(tail)})."
 
 

@@ -1275,10 +1275,10 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
              curvature_caveat(fd), zero_entropy_caveat(fd), influence_caveat(fd)]
     caveats = [p for p in parts if p]
+    void = _void_verdict(ds.notes, rounded, entropy_alignment, shown_units, ds.mapping)
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats,
                      # (None: the command ran no forensics, e.g. compare)
-                     "forensics": forensics_summary(fdict) if findings is not None else None}
-    void = _void_verdict(ds.notes, rounded, entropy_alignment, shown_units, ds.mapping)
+                     "forensics": forensics_summary(fdict, void)}
     fd["verdict"]["assessable"] = void is None
     if void:  # the caveat says the verdict means nothing: so does the verdict, up front
         fd["verdict"]["text"] = (f"not assessable ({void}: see the caveat); as computed: "

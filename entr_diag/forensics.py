@@ -258,15 +258,24 @@ UNSAMPLED_MIN_RATIO = 3.0
 #: ... and this many tokens above it
 UNSAMPLED_MIN_EXCESS = 10
 #: a warning (not info) when this share of the flagged tokens is its sequence's first
-#: masked token (a mask shifted by one), ...
-UNSAMPLED_FIRST_SHARE = 0.5
-#: ... or lies in a sequence whose flagged tokens sit, on average, in the first
-#: UNSAMPLED_EARLY of its loss-masked span (the prompt in the mask): tokens spread at random
-#: put about 25% there
+#: loss-masked token (a mask shifted by one: all of them in single-turn rollouts, one per
+#: turn in multi-turn ones) and this factor times the share tokens spread at random would
+#: put there (1 / the sequence's tokens), ...
+UNSAMPLED_FIRST_SHARE = 0.3
+UNSAMPLED_BASE_FACTOR = 5.0
+#: ... or when this share lies in the first UNSAMPLED_EARLY of its sequence's loss-masked
+#: positions (the prompt in the mask), and twice the share tokens spread at random would
+#: put there (about 25% on long sequences, all of them on 1-token ones)
 UNSAMPLED_EARLY = 0.25
 UNSAMPLED_EARLY_SHARE = 0.6
-#: critical from this share of the valid tokens above the bound
+#: critical (a located mask fault) from this share of the valid tokens above the bound
 UNSAMPLED_CRITICAL_SHARE = 0.01
+#: spread over the sequences: a warning (not info) from this share (the planted noise of
+#: entr-diag synth's defaults reads about 11%; the units check names the global causes,
+#: a temperature or a truncated entropy, on its own)
+UNSAMPLED_SPREAD_WARN_SHARE = 0.25
+#: the flagged rows kept for the localisation (about 20 bytes each), whole sequences
+UNSAMPLED_MAX_ROWS = 2_000_000
 
 #: check names, in run order
 CHECKS: tuple[str, ...] = (
@@ -1532,6 +1541,15 @@ def _pooled_beside_a_jump(found: list[tuple[int, Finding]]) -> list[tuple[int, F
     return [(i, dataclasses.replace(f, message=f.message + note)
              if f.kind in ("one_sided_temperature", "truncated_sampling") else f)
             for i, f in found]
+
+
+def _cross_referenced(found: list[tuple[int, Finding]]) -> list[tuple[int, Finding]]:
+    """The findings as one cause's signature in another's check reads them: a shift first
+    (:func:`_defer_to_misalignment`), so that the cross-references after it read the
+    severities it leaves (helper-37: an outlier finding said that the truncated-sampling
+    check warns, after the shift had made that finding info)."""
+    return _pooled_beside_a_jump(_outliers_beside_truncation(
+        _defer_temperature_to_truncation(_defer_to_misalignment(found))))
 
 
 def _outliers_beside_truncation(found: list[tuple[int, Finding]]
@@ -3022,10 +3040,14 @@ class _ImplausibleTokens:
 class _UnsampledTokens:
     """Token-pass accumulator of the unsampled-tokens check: the valid tokens whose entropy
     is below :data:`UNSAMPLED_H_MAX` and whose sampled-token probability
-    ``exp(infer_logprob)`` is below :data:`UNSAMPLED_P`. A batch costs one filter; the
-    flagged tokens (few on a consistent run) are reduced per forensic entropy bin (n, sum
-    delta^2), per sequence (seq_id, n, first and last position, sum of positions), per step
-    and per input file."""
+    ``exp(infer_logprob)`` is below :data:`UNSAMPLED_P` (above IMPLAUSIBLE_LOGPROB: those
+    placeholders are the implausible-logprobs check's). A batch costs one mask over its
+    entropy and engine logprob; the flagged tokens (few on a consistent run) are reduced
+    per forensic entropy bin (n, sum delta^2), per (sequence, bin) (seq_id, n, first
+    position), per (file, bin) and per (step, bin), and kept as rows (seq_key, position,
+    bin) for the localisation: every one while at most :data:`UNSAMPLED_MAX_ROWS`, else
+    those of the sequences whose seq_key is a multiple of the smallest power of two that
+    keeps at most that many (whatever the row order)."""
 
     columns = ("seq_key", "seq_id", "position", "entropy", "infer_logprob", "delta", "step",
                FILE_INDEX)  # (those the frame has)
@@ -3033,37 +3055,56 @@ class _UnsampledTokens:
     native_seq_id = True
 
     def __init__(self) -> None:
-        self._flag = ((pl.col("entropy") < UNSAMPLED_H_MAX)
-                      & (pl.col("infer_logprob") < math.log(UNSAMPLED_P)))
-        p = pl.col("position")
-        self._aggs = [pl.col("seq_id").first().cast(pl.String), pl.len().cast(pl.Int64).alias("n"),
-                      p.min().alias("first_pos"), p.max().alias("last_pos"),
-                      p.cast(pl.Float64).sum().alias("sum_pos")]
-        self.seqs = PartialRows(["seq_key"], [
-            pl.col("seq_id").first(), pl.col("n").sum(), pl.col("first_pos").min(),
-            pl.col("last_pos").max(), pl.col("sum_pos").sum()])
+        self.seqs = PartialRows(["seq_key", "bin"], [
+            pl.col("seq_id").first(), pl.col("n").sum(), pl.col("first_pos").min()])
         #: per forensic entropy bin: n and sum delta^2 of the flagged tokens
         self.bins = np.zeros((2, N_BINS))
-        #: flagged tokens per step and per input file (its index in Dataset.files)
-        self.steps: dict[int, int] = {}
-        self.files: dict[int, int] = {}
+        #: flagged tokens per (input file index, bin) and per (step, bin)
+        self.files: dict[tuple[int, int], int] = {}
+        self.steps: dict[tuple[int, int], int] = {}
+        self._rows: list[pl.DataFrame] = []
+        self._n_rows = 0
+        #: the rows kept are those of sequences whose seq_key is a multiple of this
+        self.stride = 1
 
     def update(self, batch: pl.DataFrame) -> None:
-        if not batch.height or "entropy" not in batch.columns:
+        if batch.height < 1 or "entropy" not in batch.columns:
             return
-        f = batch.filter(self._flag)
-        if not f.height:
+        h, y = column(batch, "entropy"), column(batch, "infer_logprob")
+        with np.errstate(invalid="ignore"):
+            flag = ((h < UNSAMPLED_H_MAX) & (y < math.log(UNSAMPLED_P))
+                    & (y > IMPLAUSIBLE_LOGPROB))
+        idx = np.flatnonzero(flag)
+        if not idx.size:
             return
-        self.seqs.add(f.group_by("seq_key").agg(self._aggs))
-        b = f.select(_bin_expr()).to_series().to_numpy()
+        f = batch[idx].with_columns(_bin_expr())
+        b = f["bin"].to_numpy()
         d2 = f["delta"].cast(pl.Float64).to_numpy() ** 2
         self.bins[0] += np.bincount(b, minlength=N_BINS)
         self.bins[1] += np.bincount(b, weights=d2, minlength=N_BINS)
-        if FILE_INDEX in f.columns:
-            add_counts(self.files, f[FILE_INDEX].to_numpy())
-        if "step" in f.columns and not f["step"].null_count():
-            for st, n in f.group_by("step").len().iter_rows():
-                self.steps[int(st)] = self.steps.get(int(st), 0) + int(n)
+        self.seqs.add(f.group_by("seq_key", "bin").agg(
+            pl.col("seq_id").first().cast(pl.String), pl.len().cast(pl.Int64).alias("n"),
+            pl.col("position").min().alias("first_pos")))
+        for name, store in ((FILE_INDEX, self.files), ("step", self.steps)):
+            if name in f.columns and not f[name].null_count():
+                for k, bn, n in f.group_by(name, "bin").len().iter_rows():
+                    store[int(k), int(bn)] = store.get((int(k), int(bn)), 0) + int(n)
+        rows = f.select("seq_key", "position", "bin")
+        if self.stride > 1:
+            rows = rows.filter(pl.col("seq_key") % self.stride == 0)
+        self._rows.append(rows)
+        self._n_rows += rows.height
+        while self._n_rows > UNSAMPLED_MAX_ROWS:
+            self.stride *= 2
+            self._rows = [pl.concat(self._rows).filter(pl.col("seq_key") % self.stride == 0)]
+            self._n_rows = self._rows[0].height
+
+    def rows(self) -> pl.DataFrame:
+        """The kept flagged rows: seq_key, position, bin."""
+        if not self._rows:
+            return pl.DataFrame(schema={"seq_key": pl.Int64, "position": pl.Int64,
+                                        "bin": pl.Int32})
+        return pl.concat(self._rows)
 
 
 def _check_corrupt(ctx: _Ctx) -> _Result:
@@ -3543,22 +3584,31 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
     probability below :data:`UNSAMPLED_P` (s = -ln 1e-3 = 6.9 nats): 1.4e-4 of the tokens at
     H = 1e-3 nats. The count is a sum of independent Bernoulli draws with mean at most that
     bound, so its Poisson upper tail is the test, on the tokens below each bin's upper edge
-    in turn (the lowest p-value, Bonferroni-corrected over those edges). Found when that
-    p-value is below :data:`UNSAMPLED_PVALUE`, the count is :data:`UNSAMPLED_MIN_RATIO`
-    times the bound or more and at least :data:`UNSAMPLED_MIN_EXCESS` above it. Such tokens
-    were not sampled by the engine from that distribution: prompt tokens inside the loss
-    mask, the last prompt token of a mask shifted by one, tool or environment outputs,
-    tokens sampled at a higher temperature than the logged logprobs and entropy, or an
-    entropy that understates H (over a truncated list; of another policy than the one that
-    sampled). The real low-entropy noise regime (METHOD.md: off-mode tokens the engine does
-    sample, at a rate below the bound) never reaches it. Where they sit names the cause: a
-    warning when half or more of them are their sequence's first loss-masked token (a mask
-    shifted by one), or when 60% or more lie in sequences whose flagged tokens average in
-    the first quarter of the loss-masked span (the prompt in the mask); critical when the
-    excess over the bound is 1% of the valid tokens or more; info when they are spread over
-    the sequences (e.g. the planted noise tokens of ``entr-diag synth``, at rates no sampler
-    reaches). Deferred (``cannot_tell``) when the logprob columns look shifted, one holds
-    another token's logprob or the entropy column is shifted: those checks explain them.
+    in turn (Bonferroni-corrected over those edges). A range is found when its p-value is
+    below :data:`UNSAMPLED_PVALUE`, its count is :data:`UNSAMPLED_MIN_RATIO` times the bound
+    or more and at least :data:`UNSAMPLED_MIN_EXCESS` above it; the finding reads the range
+    with the largest excess among those (else the check reads the widest range, clear).
+    Such tokens were not sampled by the engine from that distribution: prompt tokens inside
+    the loss mask, the last prompt token of a mask shifted by one (or of each turn), tool or
+    environment outputs, tokens sampled at a higher temperature than the logged logprobs and
+    entropy, or an entropy that understates H (over a truncated list; of another policy than
+    the one that sampled). The real low-entropy noise regime (METHOD.md: off-mode tokens the
+    engine does sample, at a rate below the bound) never reaches it.
+
+    Where they sit names the cause, each against its base rate (a 1-token sequence's token
+    is first by chance): a warning when :data:`UNSAMPLED_EARLY_SHARE` or more lie in the
+    first :data:`UNSAMPLED_EARLY` of their sequence's loss-masked positions and twice the
+    share that tokens spread at random would put there, those that are not their
+    sequence's first as well (the prompt in the mask); else when :data:`UNSAMPLED_FIRST_SHARE` or more
+    of them are their sequence's first loss-masked token and :data:`UNSAMPLED_BASE_FACTOR`
+    times the share tokens spread at random would put there (a mask shifted by one; in a
+    multi-turn rollout the first token of each later turn is not told from its
+    neighbours: row order is not read); critical when the
+    excess is :data:`UNSAMPLED_CRITICAL_SHARE` of the valid tokens or more. Spread over the
+    sequences: info (e.g. the planted noise tokens of ``entr-diag synth``, at rates no
+    sampler reaches), a warning from :data:`UNSAMPLED_SPREAD_WARN_SHARE`. Deferred
+    (``cannot_tell``) when the logprob columns look shifted, one holds another token's
+    logprob or the entropy column is shifted: those checks explain them.
     """
     from scipy import stats
 
@@ -3594,40 +3644,63 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
     if not tests or o_c[-1] == 0:
         return _clear(name, f"no valid token below {UNSAMPLED_H_MAX:g} nats has a sampled-token "
                             f"probability below {UNSAMPLED_P:g}")
-    pv = np.array([stats.poisson.sf(o_c[j] - 1, lam_c[j]) if o_c[j] else 1.0 for j in tests])
-    pv = np.minimum(pv * len(tests), 1.0)
-    # the most significant range; when none is, the widest (what the clear reason gives)
-    j = tests[int(np.argmin(pv))] if pv.min() < 1.0 else tests[-1]
-    o, lam, n_low, p = int(o_c[j]), float(lam_c[j]), int(n_c[j]), float(pv[tests.index(j)])
+    pv = {j: min(1.0, len(tests) * (float(stats.poisson.sf(o_c[j] - 1, lam_c[j]))
+                                    if o_c[j] else 1.0)) for j in tests}
+    found = [j for j in tests if pv[j] < UNSAMPLED_PVALUE
+             and o_c[j] >= UNSAMPLED_MIN_RATIO * lam_c[j]
+             and o_c[j] - lam_c[j] >= UNSAMPLED_MIN_EXCESS]
+    # the found range with the most tokens above the bound; none: the widest
+    j = max(found, key=lambda i: (o_c[i] - lam_c[i], -i)) if found else tests[-1]
+    o, lam, n_low, p = int(o_c[j]), float(lam_c[j]), int(n_c[j]), pv[j]
     edge = edges[j]
     why = (f"{o:,} of the {n_low:,} tokens at entropy below {edge:.3g} nats have a "
            f"sampled-token probability p < {UNSAMPLED_P:g}, where tokens sampled from "
            f"distributions of those entropies have at most {lam:.3g} such (Markov: "
            "P(-log p >= s) <= H / s)")
-    if not (p < UNSAMPLED_PVALUE and o >= UNSAMPLED_MIN_RATIO * lam
-            and o - lam >= UNSAMPLED_MIN_EXCESS):
-        return _clear(name, f"{why}; {_pval(p)}")
+    if not found:
+        if o <= lam:
+            return _clear(name, f"{why}: within the bound")
+        return _clear(name, f"{why}: {o / lam:.3g} times it ({_pval(p)}), under a finding's "
+                            f"margins ({UNSAMPLED_MIN_RATIO:g} times the bound, "
+                            f"{UNSAMPLED_MIN_EXCESS} tokens above it, p < {UNSAMPLED_PVALUE:g})"
+                      if lam > 0 else f"{why} ({_pval(p)}), under a finding's margins "
+                      f"({UNSAMPLED_MIN_EXCESS} tokens above the bound, p < "
+                      f"{UNSAMPLED_PVALUE:g})")
     n_all = int(cols[0].sum())
     excess = o - lam
     d2_low = float(cols[2, :j + 1].sum())
     d2_share = float(acc.bins[1, :j + 1].sum()) / d2_low if d2_low > 0 else 0.0
-    # where they sit (the flagged tokens of all bins below UNSAMPLED_H_MAX, by sequence)
-    seqs = acc.seqs.result()
-    n_flag = int(seqs["n"].sum())
-    first_share = early_share = None
-    if ctx.seqs is not None and "pos_min" in ctx.seqs.columns and seqs.height:
-        j_seq = seqs.join(ctx.seqs.select("seq_key", "pos_min", "pos_max"), on="seq_key",
-                          how="left")
-        span = (pl.col("pos_max") - pl.col("pos_min")).clip(lower_bound=1).cast(pl.Float64)
-        rel = (pl.col("sum_pos") / pl.col("n") - pl.col("pos_min")) / span
-        r = j_seq.select(
-            (pl.col("first_pos") == pl.col("pos_min")).sum().alias("first"),
-            pl.col("n").filter(rel <= UNSAMPLED_EARLY).sum().alias("early")).row(0)
-        first_share = int(r[0] or 0) / n_flag
-        early_share = int(r[1] or 0) / n_flag
-    shifted_mask = first_share is not None and first_share >= UNSAMPLED_FIRST_SHARE
-    prompt = (not shifted_mask and early_share is not None
-              and early_share >= UNSAMPLED_EARLY_SHARE)
+    # where they sit: the kept rows of the range, against base rates
+    rows = acc.rows().filter(pl.col("bin") <= j)
+    first_share = first_base = early_share = early_base = None
+    early_rest = False
+    if ctx.seqs is not None and "pos_min" in ctx.seqs.columns and rows.height:
+        span = (pl.col("pos_max") - pl.col("pos_min")).cast(pl.Float64)
+        e = (rows.join(ctx.seqs.select("seq_key", "pos_min", "pos_max", "n"), on="seq_key",
+                       how="inner")
+             .with_columns((pl.col("position") == pl.col("pos_min")).alias("first"),
+                           (1.0 / pl.col("n")).alias("first_base"),
+                           (((pl.col("position") - pl.col("pos_min")) / span.clip(lower_bound=1))
+                            <= UNSAMPLED_EARLY).alias("early"),
+                           ((span * UNSAMPLED_EARLY).floor() + 1).truediv(pl.col("n"))
+                           .clip(upper_bound=1.0).alias("base")))
+        r = e.select(pl.col("first", "first_base", "early", "base").mean()).row(0)
+        if r[0] is not None:
+            first_share, first_base, early_share, early_base = map(float, r)
+        rest = e.filter(~pl.col("first"))  # (a shifted mask's tokens are first ones)
+        if rest.height >= UNSAMPLED_MIN_EXCESS:
+            q = rest.select(pl.col("early", "base").mean()).row(0)
+            early_rest = float(q[0]) >= max(UNSAMPLED_EARLY_SHARE, 2 * float(q[1]))
+    # the prompt in the mask: early beyond the base rate, the tokens that are not their
+    # sequence's first too (a prompt of a few tokens puts one of them first); else a mask
+    # shifted by one: first tokens beyond their base rate
+    prompt = (early_share is not None and early_base is not None and early_rest
+              and early_share >= UNSAMPLED_EARLY_SHARE and early_share >= 2 * early_base)
+    shifted_mask = (not prompt and first_share is not None and first_base is not None
+                    and first_share >= UNSAMPLED_FIRST_SHARE
+                    and first_share >= UNSAMPLED_BASE_FACTOR * first_base)
+    seqs = (acc.seqs.result().filter(pl.col("bin") <= j).group_by("seq_key")
+            .agg(pl.col("seq_id").first(), pl.col("n").sum(), pl.col("first_pos").min()))
     ex = seqs.sort("n", "seq_key", descending=[True, False]).head(OUTLIER_LIST)
     ev: dict[str, Any] = {
         "tokens_flagged": o,
@@ -3640,53 +3713,70 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
         "delta2_share_below_entropy": _r(d2_share, 6),
         "sequences_flagged": seqs.height,
         "first_masked_share": None if first_share is None else _r(first_share),
+        "first_masked_base": None if first_base is None else _r(first_base),
         "early_share": None if early_share is None else _r(early_share),
+        "early_base": None if early_base is None else _r(early_base),
+        "localised_on_tokens": rows.height,
         "example_seq_ids": [str(x) for x in ex["seq_id"].to_list()],
         "example_first_positions": [int(x) for x in ex["first_pos"].to_list()],
         "threshold_p": UNSAMPLED_P,
     }
     files = _paths(ctx.ds)
-    if acc.files and len(files) > 1:
-        ev["files"] = {files[i]: n for i, n in sorted(acc.files.items())}
-        ev["input_files"] = len(files)
-    if acc.steps:
-        ev["steps"] = {int(k): v for k, v in sorted(acc.steps.items())}
-    share_s = _share(excess / n_all) if n_all else "?"
+    by_file: dict[str, int] = {}
+    for (i, bn), n in sorted(acc.files.items()):
+        if bn <= j:
+            by_file[files[i]] = by_file.get(files[i], 0) + n
+    if by_file and len(files) > 1:
+        ev["files"], ev["input_files"] = by_file, len(files)
+    steps: dict[int, int] = {}
+    for (st, bn), n in sorted(acc.steps.items()):
+        if bn <= j:
+            steps[st] = steps.get(st, 0) + n
+    if steps:
+        ev["steps"] = steps
+    share = excess / n_all if n_all else 0.0
     if shifted_mask:
         sev = "warning"
-        where = (f"{_share(first_share)} of the {n_flag:,} such tokens below "
-                 f"{UNSAMPLED_H_MAX:g} nats are their sequence's first loss-masked token: "
-                 "the loss mask looks shifted by one, taking in the last prompt token (or a "
-                 "BOS / separator) the engine never sampled")
-        title_where = "most of them their sequence's first loss-masked token (a mask shifted by one?)"
+        where = (f"{_share(first_share)} of them are their sequence's first loss-masked "
+                 f"token, where tokens spread at random would put {_share(first_base)} there: "
+                 "the loss mask looks shifted by one, taking in the last prompt token (a BOS "
+                 "or separator; in a multi-turn rollout, likely the token before each turn "
+                 "too) that the engine never sampled")
+        title_where = ("many of them their sequence's first loss-masked token (a mask "
+                       "shifted by one?)")
     elif prompt:
         sev = "warning"
-        where = (f"{_share(early_share)} of the {n_flag:,} such tokens below "
-                 f"{UNSAMPLED_H_MAX:g} nats lie in sequences where they sit, on average, in "
-                 f"the first {UNSAMPLED_EARLY:.0%} of the loss-masked span (tokens spread at "
-                 "random put about 25% there): the loss mask looks to cover the prompt, or "
+        where = (f"{_share(early_share)} of them lie in the first {UNSAMPLED_EARLY:.0%} of "
+                 f"their sequence's loss-masked positions, where tokens spread at random would "
+                 f"put {_share(early_base)}: the loss mask looks to cover the prompt, or "
                  "another teacher-forced prefix")
         title_where = "at the start of their sequences (the prompt in the loss mask?)"
     else:
-        sev = "info"
-        where = ("they are spread over the sequences, not at their start (no prompt in the "
-                 "mask, no mask shifted by one). Other causes: tool or environment outputs "
-                 "inside the mask, an entropy that understates H (computed over a truncated "
-                 "list, or of another policy than the one that sampled), sampling at a "
-                 "higher temperature than the logged logprobs and entropy, or a synthetic "
-                 "run (entr-diag synth plants its noise tokens at rates no sampler reaches)")
+        sev = "warning" if share >= UNSAMPLED_SPREAD_WARN_SHARE else "info"
+        where = ("they are spread over the sequences, neither at their start nor their "
+                 "sequence's first loss-masked token beyond the base rates (no prompt in the "
+                 "mask, no mask shifted by one; a mask shifted by one in rollouts of four "
+                 "turns or more puts a quarter of them first or fewer). Other causes: tool or environment outputs inside "
+                 "the mask, an entropy that understates H (computed over a truncated list, or "
+                 "of another policy than the one that sampled), sampling at a higher "
+                 "temperature than the logged logprobs and entropy, or a synthetic run "
+                 "(entr-diag synth plants its noise tokens at rates no sampler reaches)")
         title_where = "spread over the sequences"
-    if sev == "warning" and n_all and excess / n_all >= UNSAMPLED_CRITICAL_SHARE:
+    if sev == "warning" and share >= UNSAMPLED_CRITICAL_SHARE and (shifted_mask or prompt):
         sev = "critical"
     effect = (f"Their delta is not a sampled token's mismatch, yet they carry "
               f"{_mass(d2_share)} of sum delta^2 below {edge:.3g} nats, where they set the "
-              "bins' means (alpha, H* and any noise regime describe them)")
-    if sev != "info":
+              "bins' mean delta^2 (and with them the law's lowest bins, H* and any noise "
+              "regime, where the law reads those bins)")
+    if sev != "info" and (shifted_mask or prompt):
         effect += ", and the trainer learns from tokens it should not"
-    msg = (f"{why}: {excess:,.0f} above the bound ({share_s} of the {n_all:,} valid tokens, "
-           f"{_pval(p)}), so they were not drawn from that distribution. {where[:1].upper()}"
-           f"{where[1:]}. {effect}. E.g. seq_id {', '.join(ev['example_seq_ids'][:5])} "
-           f"(first such position {', '.join(map(str, ev['example_first_positions'][:5]))}).")
+    sampled = (f" (where they sit: read on {rows.height:,} of them, the sequences whose "
+               f"seq_key is a multiple of {acc.stride})" if acc.stride > 1 else "")
+    msg = (f"{why}: {excess:,.0f} above the bound ({_share(share)} of the {n_all:,} valid "
+           f"tokens, {_pval(p)}), so they were not drawn from that distribution. "
+           f"{where[:1].upper()}{where[1:]}{sampled}. {effect}. E.g. seq_id "
+           f"{', '.join(ev['example_seq_ids'][:5])} (first such position "
+           f"{', '.join(map(str, ev['example_first_positions'][:5]))}).")
     if "files" in ev:
         from entr_diag.caveats import files_listed
 
@@ -4856,8 +4946,7 @@ class ForensicsPlan:
             statuses.append(st)
             if f is not None:
                 found.append((i, f))
-        found = _defer_to_misalignment(_pooled_beside_a_jump(
-            _outliers_beside_truncation(_defer_temperature_to_truncation(found))))
+        found = _cross_referenced(found)
         found.sort(key=lambda t: (-_SEV_RANK[t[1].severity], t[0]))
         return Findings(findings=tuple(f for _, f in found), checks=tuple(statuses))
 

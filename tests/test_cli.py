@@ -3379,13 +3379,13 @@ def test_a_mask_over_the_prompt_is_named_not_read_as_an_entropy_mismatch(tmp_pat
     r, doc = _run_json("fit", p, tmp_path / "f.json")
     assert r.exit_code == 0, r.output
     (f,) = [f for f in doc["forensics"]["findings"] if f["kind"] == "unsampled_tokens"]
-    assert f["severity"] == "warning" and "prompt" in f["title"], f["title"]
+    assert f["severity"] in ("warning", "critical") and "prompt" in f["title"], f["title"]
     assert doc["units"]["entropy_mismatch"], doc["units"]
     caveat = doc["verdict"]["caveat"]
     assert "[unsampled_tokens]" in caveat
     assert "do not describe one sampling distribution" not in caveat + r.stderr
     summary = doc["verdict"]["forensics"]
-    assert summary.startswith("Forensics: ") and "warning (unsampled_tokens" in summary
+    assert summary.startswith("Forensics: ") and f"{f['severity']} (unsampled_tokens" in summary
     assert summary.endswith("see the caveats and the findings."), summary
 
 
@@ -3408,3 +3408,30 @@ def test_the_verdict_says_when_the_forensics_found_no_cause(tmp_path):
     r = runner.invoke(app, ["report", "--n-boot", "100", "-o", str(html), "-q"])
     assert r.exit_code == 0, r.output
     assert f"<p>{summary}</p>" in html.read_text()
+
+
+def test_the_forensics_line_beside_a_void_verdict_and_in_compare(tmp_path):
+    """Beside a verdict made not assessable (engine logprobs in log10), the forensics line
+    says no cause was found besides the caveat's, not 'no known cause' (helper-37 6);
+    compare, which runs no forensics of its own, has none (it read '0 of 0 checks clear',
+    helper-37 5); two findings of a severity are counted in the plural."""
+    from entr_diag.caveats import forensics_summary
+    from entr_diag.synth import SynthSpec, generate
+
+    df = generate(SynthSpec(n_tokens=20_000, seed=2, h_star=None))
+    p = tmp_path / "log10.parquet"
+    df.with_columns(pl.col("infer_logprob") / math.log(10)).write_parquet(p)
+    r, doc = _run_json("fit", p, tmp_path / "f.json")
+    assert r.exit_code == 0, r.output
+    assert doc["verdict"]["text"].startswith("not assessable (")
+    assert doc["verdict"]["forensics"].startswith(
+        "Forensics: no cause of mismatch found besides the caveat's (infer_logprob"), doc[
+        "verdict"]["forensics"]
+    r, doc = _run_json("compare", p, tmp_path / "c.json")
+    assert r.exit_code == 0, r.output
+    assert doc["fit"]["verdict"]["forensics"] is None
+    two = {"findings": [{"kind": "drift", "severity": "warning"},
+                        {"kind": "staleness", "severity": "warning"}],
+           "checks": {"drift": {"status": "found"}, "staleness": {"status": "found"}}}
+    assert forensics_summary(two) == ("Forensics: 2 warnings (drift, staleness): see the "
+                                      "caveats and the findings.")

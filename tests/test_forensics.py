@@ -2265,6 +2265,7 @@ def test_unsampled_first_masked_token_is_a_shifted_mask(tmp_path, sampled):
     n_seqs = df.filter(pl.col("loss_mask")).select(pl.col("seq_id").n_unique()).item()
     assert ev["tokens_flagged"] == n_seqs and ev["sequences_flagged"] == n_seqs
     assert ev["expected_at_most"] < 1 and ev["first_masked_share"] == 1.0
+    assert ev["first_masked_base"] < 0.05
     assert "shifted by one" in f.title and "first loss-masked token" in f.message
     assert ev["p_value"] < 1e-6 and ev["delta2_share_below_entropy"] > 0.9
     # its caveat sits beside the verdict
@@ -2283,7 +2284,16 @@ def test_unsampled_prompt_in_the_mask(tmp_path, sampled):
     res = run_forensics(_load(tmp_path, _unsampled(df, early & pl.col("loss_mask")).drop("u")))
     f = res.by_kind("unsampled_tokens")
     assert f is not None and f.severity == "critical", res.status("unsampled_tokens")
-    assert f.evidence["early_share"] > 0.9 and f.evidence["first_masked_share"] < 0.5
+    ev = f.evidence
+    assert ev["early_share"] > 0.9 and ev["early_base"] < 0.4 and ev["first_masked_share"] < 0.5
+    # a prompt of two tokens: half of them start the sequence's mask, yet it is no shifted
+    # mask (the others are early too; helper-37: a prompt in one shard read as a shift)
+    lm, pos = pl.col("loss_mask"), pl.col("position")
+    two = lm & (pos <= pos.filter(lm).min().over("seq_id") + 1)
+    res = run_forensics(_load(tmp_path, _unsampled(sampled, two), "two.parquet"))
+    f = res.by_kind("unsampled_tokens")
+    assert f is not None and "prompt" in f.title, f
+    assert 0.45 < f.evidence["first_masked_share"] < 0.55
     assert "prompt" in f.title and f.evidence["excess_token_share"] > 0.01
 
 
@@ -2348,3 +2358,76 @@ def test_pooled_findings_point_at_a_drift_jump():
     assert FX._pooled_beside_a_jump(no_jump) == no_jump
     info = [found[0], (4, f("drift", "info", jump_between_steps=[9, 10]))]
     assert FX._pooled_beside_a_jump(info) == info
+
+
+def _span_start() -> pl.Expr:
+    """The first token of each loss-masked span (a sequence's, and each after a tool span)."""
+    lm = pl.col("loss_mask")
+    return lm & ~lm.shift(1).over("seq_id", order_by="position").fill_null(False)
+
+
+def test_unsampled_localised_on_the_significant_range_and_per_turn(tmp_path, sampled):
+    """A shifted mask in a multi-turn run (the first token of every loss-masked span, after
+    each tool span too: helper-37 2, read as spread; a fifth of the sequences hold a tool
+    span, so most such tokens are still their sequence's first) is named; in a few long
+    sequences
+    beside tokens the bound allows at higher entropy (helper-37 1: the localisation read
+    every flagged token below 0.1 nats, 25% of them first), too."""
+    res = run_forensics(_load(tmp_path, _unsampled(sampled, _span_start())))
+    f = res.by_kind("unsampled_tokens")
+    assert f is not None and "shifted by one" in f.title, res.status("unsampled_tokens")
+    turns = sampled.filter(_span_start()).height
+    assert f.evidence["tokens_flagged"] == turns > sampled["seq_id"].n_unique()
+    rng = np.random.default_rng(2)
+    long = generate(SynthSpec(n_tokens=N_TOKENS, seed=6, h_star=None, mean_seq_len=4000))
+    long = long.with_columns(pl.Series("u", rng.random(long.height)))
+    # (6,130 tokens there, whose sum of H / 6.9 allows 44 with p < 1e-3: about 37)
+    allowed = H.is_between(0.02, 0.1) & (pl.col("u") < 0.006) & pl.col("loss_mask")
+    long = long.with_columns(pl.when(allowed).then(pl.lit(-7.5)).otherwise(IL).alias(
+        "infer_logprob"), pl.when(allowed).then(pl.lit(-7.51)).otherwise(TL).alias(
+        "train_logprob"))
+    shifted = _unsampled(long, _first_masked()).drop("u")
+    res = run_forensics(_load(tmp_path, shifted, "long.parquet"))
+    f = res.by_kind("unsampled_tokens")
+    n_seqs = shifted["seq_id"].n_unique()
+    n_allowed = long.filter(allowed).height
+    assert n_allowed > 2 * n_seqs, (n_allowed, n_seqs)
+    assert f is not None and f.severity == "warning" and "shifted by one" in f.title, f
+    assert f.evidence["tokens_flagged"] == n_seqs and f.evidence["entropy_below"] < 0.05
+
+
+def test_unsampled_short_sequences_are_first_by_chance(tmp_path, sampled):
+    """In runs of 1- and 2-token sequences, a token is its sequence's first by chance: spread
+    unsampled tokens are not read as a shifted mask (helper-37 4: critical, 'a mask shifted
+    by one?'), nor as the prompt."""
+    rng = np.random.default_rng(3)
+    short = sampled.with_columns((pl.int_range(pl.len()) // 2).alias("seq_id"),
+                                 (pl.int_range(pl.len()) % 2).alias("position"),
+                                 pl.lit(True).alias("loss_mask"),
+                                 pl.Series("u", rng.random(sampled.height)))
+    for name, df in (("two.parquet", short),
+                     ("one.parquet", short.with_columns(pl.int_range(pl.len()).alias("seq_id"),
+                                                        pl.lit(0).alias("position")))):
+        # (every check: the sequence tables, which the start-of-sequence reading needs)
+        res = run_forensics(_load(tmp_path, _unsampled(df, pl.col("u") < 0.01).drop("u"), name))
+        f = res.by_kind("unsampled_tokens")
+        assert f is not None and "spread over the sequences" in f.title, (name, f)
+        assert f.severity == "info"
+
+
+def test_cross_references_read_the_severities_a_shift_leaves():
+    """Beside a shift, the drift and truncation findings are info: the temperature finding
+    then cites no drift jump, the outlier finding no truncation warning (helper-37: both
+    were cited after the shift had made them info)."""
+    def f(kind, sev, **ev):
+        return Finding(kind=kind, severity=sev, title=kind, message="m.", evidence=ev, check="c")
+
+    found = [(0, f("misalignment", "critical")), (1, f("one_sided_temperature", "warning")),
+             (2, f("truncated_sampling", "warning")), (3, f("sequence_outliers", "warning")),
+             (4, f("drift", "warning", jump_between_steps=[2, 3]))]
+    out = dict(FX._cross_referenced(found))
+    assert all(out[i].severity == "info" for i in range(1, 5))
+    assert "whole run" not in out[1].message and "whole run" not in out[2].message
+    assert "truncated" not in out[3].message.lower()
+    alone = dict(FX._cross_referenced(found[1:]))
+    assert "from step 3 on only" in alone[1].message
