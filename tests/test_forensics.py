@@ -2431,3 +2431,40 @@ def test_cross_references_read_the_severities_a_shift_leaves():
     assert "truncated" not in out[3].message.lower()
     alone = dict(FX._cross_referenced(found[1:]))
     assert "from step 3 on only" in alone[1].message
+
+
+def test_unsampled_found_at_twice_the_bound(tmp_path, sampled):
+    """Markov's bound is loose (real clean runs sit at 0.4 to 0.7 times it), so a real fault
+    can stay under 3 times it at a tiny p-value (helper-36: prompts the model generated at
+    T = 1.5, 2.3 times at p = 7e-16, read clear): 2.5 times the bound is found."""
+    lam = sampled.filter(pl.col("loss_mask") & (H < 0.1))["entropy"].sum() / -math.log(1e-3)
+    pool = sampled.with_row_index("i").filter(pl.col("loss_mask") & H.is_between(0.05, 0.1))
+    k = int(2.5 * lam)
+    rng = np.random.default_rng(4)
+    pick = rng.choice(pool["i"].to_numpy(), size=k, replace=False)
+    df = sampled.with_row_index("i")
+    hit = pl.col("i").is_in(pick.tolist())
+    df = df.with_columns(pl.when(hit).then(pl.lit(-7.5)).otherwise(IL).alias("infer_logprob"),
+                         pl.when(hit).then(pl.lit(-7.52)).otherwise(TL).alias("train_logprob"))
+    res = run_forensics(_load(tmp_path, df.drop("i")), checks=["unsampled_tokens"])
+    f = res.by_kind("unsampled_tokens")
+    assert f is not None, res.status("unsampled_tokens")
+    ev = f.evidence
+    assert ev["tokens_flagged"] == k and 2 < k / ev["expected_at_most"] < 3, ev
+
+
+def test_zero_runs_beside_truncation_are_info():
+    """Runs of exact 0.0 engine logprobs beside a truncated-sampling warning are one-token
+    nuclei, not corrupt rows: info, saying so (helper-36: a clean top-p 0.9 run warned);
+    with a non-finite run among them, or without the truncation warning, still a warning."""
+    def f(kind, sev, **ev):
+        return Finding(kind=kind, severity=sev, title=kind, message="m.", evidence=ev, check="c")
+
+    zero = dict(placeholder_tokens_in_runs=248, placeholder_run_tokens_engine_exact_zero=248,
+                nonfinite_run_tokens=0, nonfinite_suffix_tokens=0, scattered_bad_tokens=0)
+    found = [(2, f("truncated_sampling", "warning")), (6, f("corrupt_rows", "warning", **zero))]
+    out = dict(FX._cross_referenced(found))
+    assert out[6].severity == "info" and "one-token nuclei" in out[6].message
+    nan = [found[0], (6, f("corrupt_rows", "warning", **{**zero, "nonfinite_run_tokens": 9}))]
+    assert dict(FX._cross_referenced(nan))[6].severity == "warning"
+    assert dict(FX._cross_referenced(found[1:]))[6].severity == "warning"
