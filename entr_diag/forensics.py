@@ -3074,7 +3074,8 @@ class _UnsampledTokens:
     position), per (file, bin) and per (step, bin), and kept as rows (seq_key, position,
     bin) for the localisation: every one while at most :data:`UNSAMPLED_MAX_ROWS`, else
     those of the sequences whose seq_key is a multiple of the smallest power of two that
-    keeps at most that many (whatever the row order)."""
+    keeps at most that many (whatever the row order; seq_key 0 alone holding more: its
+    first ones)."""
 
     columns = ("seq_key", "seq_id", "position", "entropy", "infer_logprob", "delta", "step",
                FILE_INDEX)  # (those the frame has)
@@ -3121,10 +3122,13 @@ class _UnsampledTokens:
             rows = rows.filter(pl.col("seq_key") % self.stride == 0)
         self._rows.append(rows)
         self._n_rows += rows.height
-        while self._n_rows > UNSAMPLED_MAX_ROWS:
+        while self._n_rows > UNSAMPLED_MAX_ROWS and self.stride < 2**40:
             self.stride *= 2
             self._rows = [pl.concat(self._rows).filter(pl.col("seq_key") % self.stride == 0)]
             self._n_rows = self._rows[0].height
+        if self._n_rows > UNSAMPLED_MAX_ROWS:  # (one sequence holds them all: seq_key 0)
+            self._rows = [pl.concat(self._rows).head(UNSAMPLED_MAX_ROWS)]
+            self._n_rows = UNSAMPLED_MAX_ROWS
 
     def rows(self) -> pl.DataFrame:
         """The kept flagged rows: seq_key, position, bin."""

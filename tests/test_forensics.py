@@ -2468,3 +2468,27 @@ def test_zero_runs_beside_truncation_are_info():
     nan = [found[0], (6, f("corrupt_rows", "warning", **{**zero, "nonfinite_run_tokens": 9}))]
     assert dict(FX._cross_referenced(nan))[6].severity == "warning"
     assert dict(FX._cross_referenced(found[1:]))[6].severity == "warning"
+
+
+def test_unsampled_rows_kept_are_bounded(monkeypatch):
+    """The localisation keeps whole sequences by seq_key once the flagged rows pass the cap,
+    the same ones whatever the batches; a single sequence (seq_key 0, kept at every stride)
+    holding more than the cap is cut to it, never an endless halving."""
+    monkeypatch.setattr(FX, "UNSAMPLED_MAX_ROWS", 50)
+
+    def batch(keys):
+        n = len(keys)
+        return pl.DataFrame({"seq_key": keys, "seq_id": [str(k) for k in keys],
+                             "position": list(range(n)), "entropy": [1e-5] * n,
+                             "infer_logprob": [-8.0] * n, "delta": [0.01] * n})
+
+    keys = [k for k in range(40) for _ in range(3)]
+    a, b = FX._UnsampledTokens(), FX._UnsampledTokens()
+    a.update(batch(keys))
+    for i in range(0, len(keys), 7):
+        b.update(batch(keys[i:i + 7]))
+    assert a.stride == b.stride == 4 and a.rows().height == b.rows().height <= 50
+    assert sorted(a.rows()["seq_key"].unique()) == list(range(0, 40, 4))
+    one = FX._UnsampledTokens()
+    one.update(batch([0] * 120))
+    assert one.rows().height == 50 and one.bins[0].sum() == 120
