@@ -1359,16 +1359,16 @@ def _entropy_shifted(entropy_alignment) -> bool:
 
 def _mask_unsampled(findings) -> bool:
     """Whether ``findings`` (a Findings or its ``to_dict()``; None: no forensics) hold an
-    ``unsampled_tokens`` finding at warning or critical severity: the loss mask takes in
-    tokens the engine did not sample (the prompt, a mask shifted by one), whose surprisal
-    also lifts the units check's surprisal / entropy ratio."""
+    ``unsampled_tokens`` finding located in the loss mask (evidence ``cause``: the prompt in
+    the mask, a mask shifted by one): tokens the engine did not sample, whose surprisal
+    also lifts the units check's surprisal / entropy ratio. Spread ones may be the
+    temperature or truncated entropy that the units check names: its story stands."""
     if findings is None:
         return False
     fs = findings.get("findings", ()) if isinstance(findings, dict) else [
         f.to_dict() for f in findings.findings]
-    return any(f.get("kind") == "unsampled_tokens" and f.get("severity") in ("warning",
-                                                                              "critical")
-               for f in fs)
+    return any(f.get("kind") == "unsampled_tokens" and (f.get("evidence") or {}).get(
+        "cause") in ("prompt_in_mask", "mask_shifted_by_one") for f in fs)
 
 
 def _shown_units(units: dict | None, misaligned, file_units=None) -> dict | None:

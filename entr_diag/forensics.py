@@ -3766,6 +3766,8 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
     if steps:
         ev["steps"] = steps
     share = excess / n_all if n_all else 0.0
+    ev["cause"] = ("mask_shifted_by_one" if shifted_mask else "prompt_in_mask" if prompt
+                   else "spread")
     if shifted_mask:
         sev = "warning"
         where = (f"{_share(first_share)} of them are their sequence's first loss-masked "

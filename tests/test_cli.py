@@ -3387,6 +3387,12 @@ def test_a_mask_over_the_prompt_is_named_not_read_as_an_entropy_mismatch(tmp_pat
     summary = doc["verdict"]["forensics"]
     assert summary.startswith("Forensics: ") and f"{f['severity']} (unsampled_tokens" in summary
     assert summary.endswith("see the caveats and the findings."), summary
+    assert f["evidence"]["cause"] == "prompt_in_mask"
+    # spread unsampled tokens (e.g. a temperature the logs leave out) leave its story alone
+    from entr_diag.cli import _mask_unsampled
+
+    spread = {"findings": [{**f, "evidence": {**f["evidence"], "cause": "spread"}}]}
+    assert _mask_unsampled(doc["forensics"]) and not _mask_unsampled(spread)
 
 
 def test_the_verdict_says_when_the_forensics_found_no_cause(tmp_path):

@@ -2265,7 +2265,7 @@ def test_unsampled_first_masked_token_is_a_shifted_mask(tmp_path, sampled):
     n_seqs = df.filter(pl.col("loss_mask")).select(pl.col("seq_id").n_unique()).item()
     assert ev["tokens_flagged"] == n_seqs and ev["sequences_flagged"] == n_seqs
     assert ev["expected_at_most"] < 1 and ev["first_masked_share"] == 1.0
-    assert ev["first_masked_base"] < 0.05
+    assert ev["first_masked_base"] < 0.05 and ev["cause"] == "mask_shifted_by_one"
     assert "shifted by one" in f.title and "first loss-masked token" in f.message
     assert ev["p_value"] < 1e-6 and ev["delta2_share_below_entropy"] > 0.9
     # its caveat sits beside the verdict
@@ -2307,6 +2307,7 @@ def test_unsampled_spread_is_info_and_deferred_to_shifts(tmp_path, sampled):
     ds = _load(tmp_path, spread)
     f = run_forensics(ds).by_kind("unsampled_tokens")
     assert f is not None and f.severity == "info" and "spread" in f.title
+    assert f.evidence["cause"] == "spread"
     plan = FX.forensics_plan(ds, ["unsampled_tokens"])
     FX.run_pass(ds.lf, plan.accumulators)
     st = plan.finish(entropy_shifted=True).status("unsampled_tokens")
