@@ -324,6 +324,16 @@ def findings_caveats(findings: Mapping | None, gates: bool = False) -> list[str]
     return out
 
 
+def _alike(spread: float) -> str:
+    """How close the units check's per-bin ratios are (``spread``: the ninth over the first
+    decile after the sampling-noise discount, >= 1): "within a factor 1.12 of each other",
+    or, when the discount leaves no spread, "equal once their sampling noise is discounted"
+    (helper-38: "within a factor 1")."""
+    if spread < 1.005:
+        return "equal once their sampling noise is discounted"
+    return f"within a factor {spread:.3g} of each other"
+
+
 def forensics_summary(findings: Mapping | None, void: str | None = None) -> str | None:
     """One line under the verdict on what the mismatch forensics found (``findings``: their
     ``to_dict()`` with ``checks``; None, or a dict without checks such as ``compare``'s
@@ -1437,7 +1447,7 @@ def _unit_alike(units: Mapping, mapping: Mapping[str, str] | None) -> str:
     cols = " and ".join(column_named(c, mapping) for c in canon)
     return (f" Its {r:.3g} is also near {'1/' if 'logprob' in key else ''}{to_nats} = "
             f"{f_ratio:.3f}, alike in the entropy bins (those holding 80% of the entropy "
-            f"within a factor {spread:.3g} of each other), as {cols} in {unit} would read: "
+            f"{_alike(spread)}), as {cols} in {unit} would read: "
             f"not named so because train_logprob averages {t:.3g} times infer_logprob, "
             f"not {f_train:.3g} (the two logprob columns differ, as truncated sampling or "
             f"staleness make them); rule that unit out first.")
@@ -1543,8 +1553,8 @@ def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
                 "nats give about 1")
     else:
         spread = units.get("ratio_spread", math.nan)
-        within = (f" (those holding 80% of the entropy within a factor {spread:.3g} of each "
-                  "other)" if math.isfinite(spread) else "")
+        within = (f" (those holding 80% of the entropy {_alike(spread)})"
+                  if math.isfinite(spread) else "")
         seen = (f"the sampled tokens' surprisal (-infer_logprob) averages "
                 f"{units['ratio_binned']:.3f} times their entropy alike in the entropy "
                 f"bins{within}, near {'1/' if 'logprob' in key else ''}{to_nats} = "

@@ -946,6 +946,12 @@ def test_unit_mistake_rule():
                          "ratio_spread": 1.031})
     assert ("0.690 times their entropy alike in the entropy bins (those holding 80% of the "
             "entropy within a factor 1.03 of each other), near ln 2 = 0.693") in text
+    # no spread left once the sampling noise is discounted: not "within a factor 1"
+    # (helper-38)
+    text = units_caveat({"likely_mistake": "entropy_bits", "ratio_binned": 0.69,
+                         "ratio_spread": 1.0})
+    assert "(those holding 80% of the entropy equal once their sampling noise is " in text
+    assert "within a factor 1 " not in text
     only = units_caveat({"likely_mistake": "infer_logprob_log10", "ratio_binned": 0.435,
                          "train_over_infer": 2.3}, {"infer_logprob": "lp"})
     assert only.startswith("caveat: infer_logprob ('lp') probably holds log10 values")
