@@ -3458,6 +3458,19 @@ def _mass(x: float) -> str:
     return s
 
 
+def _per_bin(cells: pl.DataFrame) -> np.ndarray:
+    """Every valid token's count, sum of H and sum of delta^2 per forensic entropy bin,
+    ``(3, N_BINS)``, from ``cells`` (rows n, sh, sd2 keyed by ``bin``, which may repeat;
+    a null bin, a token without entropy, is left out)."""
+    b = (cells.group_by("bin").agg(pl.col("n", "sh", "sd2").sum())
+         .filter(pl.col("bin").is_not_null()))
+    cols = np.zeros((3, N_BINS))
+    idx = b["bin"].to_numpy().astype(np.int64)
+    for i, c in enumerate(("n", "sh", "sd2")):
+        cols[i, idx] = b[c].to_numpy().astype(np.float64)
+    return cols
+
+
 def _check_implausible(ctx: _Ctx) -> _Result:
     """Sampled tokens with an impossible logprob (placeholders the loader keeps).
 
@@ -3505,12 +3518,7 @@ def _implausible(acc: _ImplausibleTokens, cells: pl.DataFrame, has_entropy: bool
     # the law's k on the forensic entropy bins, with and without the flagged tokens
     k_with = k_without = float("nan")
     if has_entropy:
-        b = (cells.group_by("bin").agg(pl.col("n", "sh", "sd2").sum())
-             .filter(pl.col("bin").is_not_null()))
-        cols = np.zeros((3, N_BINS))
-        idx = b["bin"].to_numpy().astype(np.int64)
-        for i, c in enumerate(("n", "sh", "sd2")):
-            cols[i, idx] = b[c].to_numpy().astype(np.float64)
+        cols = _per_bin(cells)
         for which, (n, sh, sd2) in (("with", cols), ("without", cols - acc.bins)):
             ok = n > 0
             k = _k_fit(sh[ok] / n[ok], sd2[ok] / n[ok], n[ok])
@@ -3660,12 +3668,7 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
     acc = ctx.unsampled
     assert acc is not None
     s = -math.log(UNSAMPLED_P)
-    b = (ctx.cells.group_by("bin").agg(pl.col("n", "sh", "sd2").sum())
-         .filter(pl.col("bin").is_not_null()))
-    cols = np.zeros((3, N_BINS))
-    idx = b["bin"].to_numpy().astype(np.int64)
-    for i, c in enumerate(("n", "sh", "sd2")):
-        cols[i, idx] = b[c].to_numpy().astype(np.float64)
+    cols = _per_bin(ctx.cells)
     top = int(round((math.log10(UNSAMPLED_H_MAX) - math.log10(H_BIN_LO)) / BIN_DECADES))
     edges = [H_BIN_LO * 10 ** (BIN_DECADES * (j + 1)) for j in range(top)]
     o_c = np.cumsum(acc.bins[0, :top])
