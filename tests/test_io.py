@@ -1422,7 +1422,7 @@ def test_minus_one_padding_inside_the_loss_mask_is_excluded(tmp_path):
     assert ds.accounting.to_dict()["logprob_minus_one"]["infer_logprob"]["tokens"] == n
     note = [x for x in ds.notes if "exactly -1.0" in x]
     assert len(note) == 1 and note[0].startswith(
-        f"warning: {n:,} loss-masked tokens have infer_logprob exactly -1.0 (0 at -0.5")
+        f"warning: {n:,} loss-masked tokens have infer_logprob exactly -1.0 (at most 0 at any of -0.5")
     both = pad.with_columns(pl.when(last).then(-1.0).otherwise(pl.col("train_logprob"))
                             .alias("train_logprob"))
     ds = load_dataset([_write(tmp_path, both, "both.parquet")])
@@ -1433,6 +1433,40 @@ def test_minus_one_padding_inside_the_loss_mask_is_excluded(tmp_path):
     assert "sentinel_logprob" not in ds.accounting.excluded
     assert not any("exactly -1.0" in x for x in ds.notes)
     assert load_dataset([p]).accounting.minus_one["infer_logprob"][0] == 0
+
+
+def test_minus_one_in_whole_number_logprobs_is_no_padding(tmp_path):
+    """A logprob column rounded to whole numbers (float, or an integer dtype) holds -1.0
+    about as often as -2.0 and never -0.5, -0.9 or -1.1: read against the most frequent
+    control value (not their average, which had flagged 1,710 rounded logprobs of a
+    20,000-row run as padding), it is no padding; verl's padding on top of such a column
+    (a third of the masked tokens) still is, and the note quotes the largest control count."""
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "run.parquet"
+    write_synth(p, SynthSpec(n_tokens=20_000, seed=3))
+    df = pl.read_parquet(p)
+    for name, frame in (
+            ("float", df.with_columns(pl.col("train_logprob").round(0))),
+            ("int", df.with_columns(pl.col("train_logprob").round(0).cast(pl.Int64)))):
+        ones = frame.filter(pl.col("loss_mask") & (pl.col("train_logprob") == -1)).height
+        twos = frame.filter(pl.col("loss_mask") & (pl.col("train_logprob") == -2)).height
+        assert ones >= 5 * (twos / 4 + 1)  # (what the average of the controls had flagged)
+        ds = load_dataset([_write(tmp_path, frame, f"{name}.parquet")])
+        assert "sentinel_logprob" not in ds.accounting.excluded, name
+        assert not any("exactly -1.0" in x for x in ds.notes), name
+        assert ds.accounting.minus_one["train_logprob"][1] >= twos * 0.9, name
+    third = pl.col("loss_mask") & (pl.col("position") % 3 == 0)
+    padded = df.with_columns(pl.when(third).then(-1.0).otherwise(pl.col("train_logprob")
+                                                                  .round(0))
+                             .alias("train_logprob"))
+    ds = load_dataset([_write(tmp_path, padded, "padded.parquet")])
+    assert ds.accounting.excluded.get("sentinel_logprob", 0) >= padded.filter(third).height
+    note = [x for x in ds.notes if "exactly -1.0" in x]
+    most = ds.accounting.minus_one["train_logprob"][1]
+    assert len(note) == 1 and f"(at most {most:,} at any of -0.5" in note[0]
+    assert ds.accounting.to_dict()["logprob_minus_one"]["train_logprob"] == {
+        "tokens": ds.accounting.minus_one["train_logprob"][0], "most_at_a_control": most}
 
 
 def test_both_logprobs_zero_at_some_rows_are_excluded_with_a_warning(tmp_path):

@@ -1024,8 +1024,8 @@ class Accounting:
     starved_files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: valid tokens whose train_logprob equals their infer_logprob exactly (delta == 0)
     tokens_identical: int = 0
-    #: per logprob column, (valid tokens exactly -1.0, valid tokens at the control values
-    #: MINUS_ONE_CONTROLS): :func:`_minus_one_padding`
+    #: per logprob column, (valid tokens exactly -1.0, the most valid tokens at any one of
+    #: the control values MINUS_ONE_CONTROLS): :func:`_minus_one_padding`
     minus_one: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     #: the lowest value of each version column over the rows excluded as negative_version
     #: (:func:`_negative_versions`); {} without such rows
@@ -1070,7 +1070,7 @@ class Accounting:
             "tokens_padding": self.tokens_padding,
             "tokens_entropy_below_zero": self.tokens_entropy_below_zero,
             "tokens_identical": self.tokens_identical,
-            "logprob_minus_one": {c: {"tokens": n, "at_controls": ctrl}
+            "logprob_minus_one": {c: {"tokens": n, "most_at_a_control": ctrl}
                                   for c, (n, ctrl) in self.minus_one.items()},
             "identical_logprobs": (None if self.identical_logprobs is None
                                    else dict(self.identical_logprobs)),
@@ -1782,7 +1782,8 @@ def load_dataset(
         ds = read_again(_minus_one=tuple(pads))
         note = ("warning: " + "; ".join(
             f"{n:,} loss-masked tokens have {column_named(c, mapping)} exactly -1.0 "
-            f"({ctrl:,} at -0.5, -0.9, -1.1 and -2.0 together)" for c, (n, ctrl) in pads.items())
+            f"(at most {ctrl:,} at any of -0.5, -0.9, -1.1 or -2.0)"
+            for c, (n, ctrl) in pads.items())
             + ": a padding value (verl pads rollout_log_probs with -1), not logprobs, "
             "inside the loss mask (a mask that does not match the logprob arrays, or "
             "padding not masked): excluded as sentinel_logprob")
@@ -2995,18 +2996,18 @@ class _AccountingScan:
         # a valid token whose train_logprob equals its infer_logprob exactly (delta == 0)
         exprs.append((valid & (pl.col("train_logprob") == pl.col("infer_logprob")))
                      .fill_null(False).alias("_ac_same"))
-        # a valid token's logprob exactly -1.0 (bit 0: train, 1: infer), or at one of the
-        # control values a rounded column holds as often (bit 2: train, 3: infer)
+        # per logprob column a digit (_m1_code): 1 for a valid token's logprob exactly
+        # -1.0, 2 + i at the control value MINUS_ONE_CONTROLS[i] (values a rounded column
+        # holds as often), and a flag for one within POSITIVE_LOGPROB_TOL of 0 (a value
+        # that cannot tell a logprob from its negation)
         m1 = pl.lit(0, dtype=pl.UInt8)
-        for bit, (c, vals) in enumerate([(c, v) for v in ([-1.0], list(S.MINUS_ONE_CONTROLS))
-                                         for c in ("train_logprob", "infer_logprob")]):
-            m1 = m1 + ((valid & pl.col(c).is_in(vals)).fill_null(False).cast(pl.UInt8)
-                       * (1 << bit))
-        # ... and (bit 4: train, 5: infer) a valid token's logprob within
-        # POSITIVE_LOGPROB_TOL of 0: a value that cannot tell a logprob from its negation
-        for bit, c in ((4, "train_logprob"), (5, "infer_logprob")):
-            m1 = m1 + ((valid & (pl.col(c).abs() <= S.POSITIVE_LOGPROB_TOL)).fill_null(False)
-                       .cast(pl.UInt8) * (1 << bit))
+        for b, c in enumerate(("train_logprob", "infer_logprob")):
+            digit = pl.lit(0, dtype=pl.UInt8)
+            for v, value in enumerate((-1.0, *S.MINUS_ONE_CONTROLS)):
+                digit = digit + ((valid & (pl.col(c) == value)).fill_null(False)
+                                 .cast(pl.UInt8) * (v + 1))
+            near = (valid & (pl.col(c).abs() <= S.POSITIVE_LOGPROB_TOL)).fill_null(False)
+            m1 = m1 + digit * _M1_DIGITS ** b + near.cast(pl.UInt8) * (_M1_NEAR << b)
         exprs.append(m1.alias("_ac_m1"))
         # rows without a seq_id (missing_seq_id, or outside the mask): keyed by the null
         # seq_id (and their step), which is no sequence of the input
@@ -3049,7 +3050,7 @@ class _AccountingScan:
         merge.append(pl.col("nosid").max())  # the key of rows without a seq_id
         self.parts = PartialRows(["seq_key"], merge, 4_000_000)
         self.counts = np.zeros(N_FINE + 3, dtype=np.int64)
-        self.minus_one = np.zeros(64, dtype=np.int64)  # valid tokens per _ac_m1 code
+        self.minus_one = np.zeros(256, dtype=np.int64)  # valid tokens per _ac_m1 code
         self.stale: dict[int, int] = {}
 
     def _repeated_rows(self, batch: pl.DataFrame, valid: np.ndarray) -> None:
@@ -3157,7 +3158,7 @@ class _AccountingScan:
         self.parts.add(cols)
         if self.fine:
             self.counts += np.bincount(column(batch, "_ac_fine"), minlength=self.counts.size)
-        self.minus_one += np.bincount(column(batch, "_ac_m1"), minlength=64)
+        self.minus_one += np.bincount(column(batch, "_ac_m1"), minlength=256)
         if self.has_pv and self.has_tv:
             (pv, pv_ok), (tv, tv_ok) = values["pv"], values["tv"]
             both = pv_ok & tv_ok
@@ -3307,10 +3308,12 @@ def _account(raw: pl.LazyFrame, mapping: Mapping[str, str], infos: Sequence[File
         staleness=(dict(sorted(scan.stale.items())) if scan.has_pv and scan.has_tv
                    else None),
         sequences_with_version_switch=n_switch,
-        minus_one={c: (int(scan.minus_one[[k for k in range(64) if k & (1 << b)]].sum()),
-                       int(scan.minus_one[[k for k in range(64) if k & (4 << b)]].sum()))
+        minus_one={c: (int(scan.minus_one[_m1_codes(b, 1)].sum()),
+                       max(int(scan.minus_one[_m1_codes(b, v + 2)].sum())
+                           for v in range(len(S.MINUS_ONE_CONTROLS))))
                    for b, c in enumerate(("train_logprob", "infer_logprob"))},
-        tokens_near_zero={c: int(scan.minus_one[[k for k in range(64) if k & (16 << b)]].sum())
+        tokens_near_zero={c: int(scan.minus_one[[k for k in range(256) if k & (_M1_NEAR << b)]]
+                                 .sum())
                           for b, c in enumerate(("train_logprob", "infer_logprob"))},
         sequences_with_duplicate_positions=n_dup,
         tokens_without_step=n_nullstep,
@@ -3352,17 +3355,31 @@ def _negative_versions(accounting: Accounting) -> tuple[int, int, tuple[str, ...
     return accounting.excluded["negative_version"], min(lows.values()), tuple(lows)
 
 
+#: the accounting's ``_ac_m1`` code: a digit per logprob column (base _M1_DIGITS: 0 none,
+#: 1 exactly -1.0, 2 + i at MINUS_ONE_CONTROLS[i]), plus _M1_NEAR << column index for a
+#: value within POSITIVE_LOGPROB_TOL of 0
+_M1_DIGITS = 2 + len(S.MINUS_ONE_CONTROLS)
+_M1_NEAR = 64
+
+
+def _m1_codes(column: int, digit: int) -> list[int]:
+    """The ``_ac_m1`` codes whose digit of logprob column ``column`` (0 train, 1 infer) is
+    ``digit``."""
+    return [k for k in range(256) if (k % _M1_NEAR) // _M1_DIGITS ** column % _M1_DIGITS
+            == digit]
+
+
 def _minus_one_padding(counts: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
     """The logprob columns whose exact -1.0 is a padding value (verl pads
     ``rollout_log_probs`` with -1) that the loss mask let in, from the accounting's
-    ``minus_one`` (column -> (valid tokens exactly -1.0, at the MINUS_ONE_CONTROLS)): at
-    least MINUS_ONE_MIN_TOKENS of them, and MINUS_ONE_EXCESS times as many as at a control
-    value on average (+1). A logprob computed in float is exactly -1.0 about once in 10^8
-    tokens; a column rounded to a decimal step holds -0.5, -0.9, -1.1 or -2.0 about as
-    often as -1.0, so it is not flagged."""
-    n_ctrl = len(S.MINUS_ONE_CONTROLS)
+    ``minus_one`` (column -> (valid tokens exactly -1.0, the most at any one of the
+    MINUS_ONE_CONTROLS)): at least MINUS_ONE_MIN_TOKENS of them, and MINUS_ONE_EXCESS
+    times as many as at the most frequent control value (+1). A logprob computed in float
+    is exactly -1.0 about once in 10^8 tokens; a column rounded to a decimal step holds
+    one of -0.5, -0.9, -1.1 or -2.0 about as often as -1.0 (a whole-number column: -2.0;
+    0.5 nats: -0.5 and -2.0; 0.1 nats: all four), so it is not flagged."""
     return {c: (n, ctrl) for c, (n, ctrl) in counts.items()
-            if n >= S.MINUS_ONE_MIN_TOKENS and n >= S.MINUS_ONE_EXCESS * (ctrl / n_ctrl + 1)}
+            if n >= S.MINUS_ONE_MIN_TOKENS and n >= S.MINUS_ONE_EXCESS * (ctrl + 1)}
 
 
 #: an input file or a step is named as holding identical logprobs when train_logprob equals

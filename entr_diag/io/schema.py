@@ -201,8 +201,8 @@ ZERO_BOTH_H_MIN = 1e-3
 #: trainer logprobs of every size, 10% to 50% below ln 0.5, and zeros every token)
 #: a logprob of exactly -1.0 is a padding value (verl pads rollout_log_probs with -1) when a
 #: column holds at least MINUS_ONE_MIN_TOKENS of them among its valid tokens and
-#: MINUS_ONE_EXCESS times as many as at one of these values on average (a column rounded
-#: to 1, 0.5 or 0.1 nats holds them as often): then excluded as ``sentinel_logprob``
+#: MINUS_ONE_EXCESS times as many as at the most frequent of these values (a column rounded
+#: to 1, 0.5 or 0.1 nats holds one of them as often): then excluded as ``sentinel_logprob``
 MINUS_ONE_CONTROLS = (-0.5, -0.9, -1.1, -2.0)
 MINUS_ONE_MIN_TOKENS = 50
 MINUS_ONE_EXCESS = 5.0
