@@ -271,6 +271,9 @@ FINDING_CONSEQUENCES: dict[str, str] = {
                         "logged distribution is not the one that sampled): at low entropy "
                         "they set the bins' mean delta^2, so alpha, H* and any noise regime "
                         "describe them",
+    "mask_start_surprisal": "the loss mask holds tokens the engine did not sample at its "
+                            "start (the prompt, or the last prompt token): their delta is no "
+                            "engine mismatch, and the law's bins mix them in",
     "corrupt_rows": "the excluded rows form patterns of the dump or the mask, not noise: the "
                     "law rests on the rows left",
     # (the corrupt-rows finding for bad tokens scattered at random: its evidence holds

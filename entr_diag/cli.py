@@ -1359,15 +1359,17 @@ def _entropy_shifted(entropy_alignment) -> bool:
 
 def _mask_unsampled(findings) -> bool:
     """Whether ``findings`` (a Findings or its ``to_dict()``; None: no forensics) hold an
-    ``unsampled_tokens`` finding located in the loss mask (evidence ``cause``: the prompt in
-    the mask, a mask shifted by one): tokens the engine did not sample, whose surprisal
+    ``unsampled_tokens`` or ``mask_start_surprisal`` finding located in the loss mask
+    (evidence ``cause``: the prompt in the mask, a mask shifted by one): tokens the engine
+    did not sample, whose surprisal
     also lifts the units check's surprisal / entropy ratio. Spread ones may be the
     temperature or truncated entropy that the units check names: its story stands."""
     if findings is None:
         return False
     fs = findings.get("findings", ()) if isinstance(findings, dict) else [
         f.to_dict() for f in findings.findings]
-    return any(f.get("kind") == "unsampled_tokens" and (f.get("evidence") or {}).get(
+    return any(f.get("kind") in ("unsampled_tokens", "mask_start_surprisal") and (
+        f.get("evidence") or {}).get(
         "cause") in ("prompt_in_mask", "mask_shifted_by_one") for f in fs)
 
 

@@ -278,6 +278,30 @@ UNSAMPLED_SPREAD_WARN_SHARE = 0.25
 #: the flagged rows kept for the localisation (about 20 bytes each), whole sequences
 UNSAMPLED_MAX_ROWS = 2_000_000
 
+#: mask-start surprisal: the start of the mask is the first MASK_START_EARLY of a
+#: sequence's loss-masked positions (its first token aside), read against the rest; ...
+MASK_START_EARLY = 0.25
+#: ... on the sequences with at least this many valid tokens, ...
+MASK_START_MIN_TOKENS = 8
+#: ... a finding needs at least this many of them, ...
+MASK_START_MIN_SEQS = 20
+#: ... a one-sided p-value (t-test over the sequences, Bonferroni over the two regions)
+#: below this, ...
+MASK_START_PVALUE = 1e-6
+#: ... and a mean excess of surprisal over entropy of this many nats or more, in the early
+#: region (helper-36's real tiny-model runs: 15 clean or mis-logged ones, sampled at T 0.7
+#: to 1.3, top-k, top-p, stale, tool outputs in the mask, T = 0.7 logged at T = 1: -0.018
+#: to +0.014, the last at t = 3.1; English or held-out prompts in the mask: +0.29,
+#: prompts the model sampled at T = 1.5: +0.7) ...
+MASK_START_MIN_EXCESS = 0.1
+#: ... and on the first token, one per sequence, so noisier (the same clean runs: -0.065 to
+#: +0.073 at |t| <= 2.7; a mask shifted onto English text: +0.33, onto text the model
+#: sampled at T = 1.5: +1.5)
+MASK_START_MIN_EXCESS_FIRST = 0.2
+#: the valid tokens kept for the test (about 24 bytes each), whole sequences (1M: 10,000
+#: sequences of 100 tokens, 120 of 8,000; helper-36's faults gave t = 7 to 85 on 1,152)
+MASK_START_MAX_ROWS = 1_000_000
+
 #: check names, in run order
 CHECKS: tuple[str, ...] = (
     "misalignment",
@@ -289,6 +313,7 @@ CHECKS: tuple[str, ...] = (
     "corrupt_rows",
     "implausible_logprobs",
     "unsampled_tokens",
+    "mask_start_surprisal",
     "trainer_noise_floor",
 )
 
@@ -840,6 +865,9 @@ class _Ctx:
         #: token frame: the low-entropy tokens with a small sampled-token probability (None:
         #: not run)
         self.unsampled: _UnsampledTokens | None = None
+        #: token frame: the valid tokens of whole sequences, for the mask-start surprisal
+        #: check (None: not run)
+        self.mask_start: _MaskStartTokens | None = None
         #: the entropy column looks shifted against the logprobs (the CLI's entropy
         #: alignment), set by ForensicsPlan.finish(entropy_shifted=...)
         self.entropy_shifted = False
@@ -1549,8 +1577,26 @@ def _cross_referenced(found: list[tuple[int, Finding]]) -> list[tuple[int, Findi
     (:func:`_defer_to_misalignment`), so that the cross-references after it read the
     severities it leaves (helper-37: an outlier finding said that the truncated-sampling
     check warns, after the shift had made that finding info)."""
-    return _zero_runs_beside_truncation(_pooled_beside_a_jump(_outliers_beside_truncation(
-        _defer_temperature_to_truncation(_defer_to_misalignment(found)))))
+    return _mask_start_beside_unsampled(_zero_runs_beside_truncation(_pooled_beside_a_jump(
+        _outliers_beside_truncation(_defer_temperature_to_truncation(
+            _defer_to_misalignment(found))))))
+
+
+def _mask_start_beside_unsampled(found: list[tuple[int, Finding]]
+                                 ) -> list[tuple[int, Finding]]:
+    """``found`` with the mask-start surprisal finding made info, saying so, when the
+    unsampled-tokens check names the same cause (evidence ``cause``) at warning or
+    critical: one fault, told once above info."""
+    kinds = {f.kind: f for _, f in found}
+    ms, un = kinds.get("mask_start_surprisal"), kinds.get("unsampled_tokens")
+    if (ms is None or un is None or ms.severity != "warning"
+            or un.severity not in ("warning", "critical")
+            or un.evidence.get("cause") != ms.evidence.get("cause")):
+        return found
+    note = (" The unsampled-tokens check names the same cause from the improbable tokens "
+            "(info only here).")
+    return [(i, dataclasses.replace(f, severity="info", message=f.message + note)
+             if f is ms else f) for i, f in found]
 
 
 def _zero_runs_beside_truncation(found: list[tuple[int, Finding]]
@@ -3090,10 +3136,7 @@ class _UnsampledTokens:
         #: flagged tokens per (input file index, bin) and per (step, bin)
         self.files: dict[tuple[int, int], int] = {}
         self.steps: dict[tuple[int, int], int] = {}
-        self._rows: list[pl.DataFrame] = []
-        self._n_rows = 0
-        #: the rows kept are those of sequences whose seq_key is a multiple of this
-        self.stride = 1
+        self._kept = _KeptSequences(UNSAMPLED_MAX_ROWS)
 
     def update(self, batch: pl.DataFrame) -> None:
         if batch.height < 1 or "entropy" not in batch.columns:
@@ -3117,25 +3160,98 @@ class _UnsampledTokens:
             if name in f.columns and not f[name].null_count():
                 for k, bn, n in f.group_by(name, "bin").len().iter_rows():
                     store[int(k), int(bn)] = store.get((int(k), int(bn)), 0) + int(n)
-        rows = f.select("seq_key", "position", "bin")
+        self._kept.add(f.select("seq_key", "position", "bin"))
+
+    @property
+    def stride(self) -> int:
+        """The rows kept are those of sequences whose seq_key is a multiple of this."""
+        return self._kept.stride
+
+    def rows(self) -> pl.DataFrame:
+        """The kept flagged rows: seq_key, position, bin."""
+        return self._kept.frame({"seq_key": pl.Int64, "position": pl.Int64, "bin": pl.Int32})
+
+
+class _KeptSequences:
+    """Rows kept whole per sequence, order-independently, within ``max_rows``: every row
+    while at most that many, else those of the sequences whose seq_key is a multiple of
+    the smallest power of two (``stride``) that keeps at most that many, whatever the row
+    order (seq_key 0 alone holding more: its first ones)."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self.stride = 1
+        self._rows: list[pl.DataFrame] = []
+        self._n_rows = 0
+
+    def keep(self, keys: np.ndarray) -> np.ndarray | None:
+        """The indices of ``keys`` (seq_keys, integers) the stride keeps; None: all."""
+        if self.stride == 1:
+            return None
+        return np.flatnonzero((keys & keys.dtype.type(self.stride - 1)) == 0)
+
+    def add(self, rows: pl.DataFrame) -> None:
+        """Rows with a seq_key column (those the stride drops are dropped here)."""
         if self.stride > 1:
             rows = rows.filter(pl.col("seq_key") % self.stride == 0)
         self._rows.append(rows)
         self._n_rows += rows.height
-        while self._n_rows > UNSAMPLED_MAX_ROWS and self.stride < 2**40:
+        while self._n_rows > self.max_rows and self.stride < 2**40:
             self.stride *= 2
             self._rows = [pl.concat(self._rows).filter(pl.col("seq_key") % self.stride == 0)]
             self._n_rows = self._rows[0].height
-        if self._n_rows > UNSAMPLED_MAX_ROWS:  # (one sequence holds them all: seq_key 0)
-            self._rows = [pl.concat(self._rows).head(UNSAMPLED_MAX_ROWS)]
-            self._n_rows = UNSAMPLED_MAX_ROWS
+        if self._n_rows > self.max_rows:  # (one sequence holds them all: seq_key 0)
+            self._rows = [pl.concat(self._rows).head(self.max_rows)]
+            self._n_rows = self.max_rows
+
+    def frame(self, schema: Mapping[str, Any]) -> pl.DataFrame:
+        """The kept rows (empty with ``schema`` when none)."""
+        return pl.concat(self._rows) if self._rows else pl.DataFrame(schema=schema)
+
+
+class _MaskStartTokens:
+    """Token-pass accumulator of the mask-start surprisal check: per valid token of whole
+    sequences (:class:`_KeptSequences`, at most :data:`MASK_START_MAX_ROWS`), seq_key,
+    position, entropy (float32) and the surprisal's excess over the entropy,
+    ``e = -infer_logprob - entropy`` (nats, float32; logprobs at or below
+    IMPLAUSIBLE_LOGPROB are the implausible-logprobs check's, left out). A batch costs a
+    mask over its seq_keys (once the stride is above 1) and a few numpy gathers."""
+
+    columns = ("seq_key", "position", "entropy", "infer_logprob")
+    _SCHEMA = {"seq_key": pl.UInt64, "position": pl.Int64, "entropy": pl.Float32,
+               "e": pl.Float32}
+
+    def __init__(self) -> None:
+        self._kept = _KeptSequences(MASK_START_MAX_ROWS)
+
+    @property
+    def stride(self) -> int:
+        return self._kept.stride
+
+    def update(self, batch: pl.DataFrame) -> None:
+        if batch.height < 1 or "entropy" not in batch.columns:
+            return
+        key = column(batch, "seq_key")
+        y, h = column(batch, "infer_logprob"), column(batch, "entropy")
+        with np.errstate(invalid="ignore"):
+            ok = y > IMPLAUSIBLE_LOGPROB
+        idx = self._kept.keep(key)
+        if idx is not None:
+            idx = idx[ok[idx]]
+        else:
+            idx = None if ok.all() else np.flatnonzero(ok)
+        if idx is not None and not idx.size:
+            return
+        pick = (lambda a: a) if idx is None else (lambda a: a[idx])
+        h_k = pick(h)
+        self._kept.add(pl.DataFrame({
+            "seq_key": pick(key), "position": pick(column(batch, "position")),
+            "entropy": h_k.astype(np.float32), "e": (-pick(y) - h_k).astype(np.float32)},
+            schema_overrides={"position": pl.Int64}))
 
     def rows(self) -> pl.DataFrame:
-        """The kept flagged rows: seq_key, position, bin."""
-        if not self._rows:
-            return pl.DataFrame(schema={"seq_key": pl.Int64, "position": pl.Int64,
-                                        "bin": pl.Int32})
-        return pl.concat(self._rows)
+        """The kept rows: seq_key, position, entropy, e."""
+        return self._kept.frame(self._SCHEMA)
 
 
 def _check_corrupt(ctx: _Ctx) -> _Result:
@@ -3652,19 +3768,9 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
     from scipy import stats
 
     name = "unsampled_tokens"
-    if not ctx.has("entropy"):
-        return _cannot(name, "no entropy column (the bound reads the entropy)")
-    if ctx.misalign is not None and ctx.misalign[1] is not None:
-        return _cannot(name, "the logprob columns look shifted against each other (see "
-                             "misalignment): a shifted column pairs tokens with neighbours' "
-                             "probabilities")
-    if ctx.other_token is not None:
-        return _cannot(name, f"{ctx.other_token} holds another token's logprob (the units "
-                             "check): its probabilities are not the sampled token's")
-    if ctx.entropy_shifted:
-        return _cannot(name, "the entropy column looks shifted against the logprobs (see the "
-                             "entropy alignment warning): each token is read against a "
-                             "neighbour's entropy")
+    deferred = _surprisal_deferred(ctx, name, "the bound reads the entropy")
+    if deferred is not None:
+        return deferred
     acc = ctx.unsampled
     assert acc is not None
     s = -math.log(UNSAMPLED_P)
@@ -3838,6 +3944,189 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
                      f"{lam:.3g} possible ({_pval(p)})")
 
 
+def _surprisal_deferred(ctx: _Ctx, name: str, why_entropy: str) -> _Result | None:
+    """The cannot_tell result of a check that reads the engine's surprisal against the
+    entropy (unsampled tokens, mask-start surprisal) when it cannot: no entropy column
+    (``why_entropy`` says why it is needed), logprob columns shifted against each other, a
+    logprob column holding another token's logprob, an entropy column shifted against the
+    logprobs (those checks explain what it would see); else None."""
+    if not ctx.has("entropy"):
+        return _cannot(name, f"no entropy column ({why_entropy})")
+    if ctx.misalign is not None and ctx.misalign[1] is not None:
+        return _cannot(name, "the logprob columns look shifted against each other (see "
+                             "misalignment): a shifted column pairs tokens with neighbours' "
+                             "probabilities")
+    if ctx.other_token is not None:
+        return _cannot(name, f"{ctx.other_token} holds another token's logprob (the units "
+                             "check): its probabilities are not the sampled token's")
+    if ctx.entropy_shifted:
+        return _cannot(name, "the entropy column looks shifted against the logprobs (see the "
+                             "entropy alignment warning): each token is read against a "
+                             "neighbour's entropy")
+    return None
+
+
+def _mask_start_excess(rows: pl.DataFrame) -> pl.DataFrame:
+    """Per sequence of ``rows`` (:meth:`_MaskStartTokens.rows`; those with at least
+    MASK_START_MIN_TOKENS tokens): the mean residual ``r`` of its tokens in the first
+    MASK_START_EARLY of its loss-masked positions (``early``; its first token aside), of
+    its first token (``first``) and of the rest (``rest``), with ``n``, where ``r = e -
+    mean(e | forensic entropy bin)``, the mean over the rest's rows of all sequences (the
+    bin's mean taken out: a temperature or truncation biases e by entropy, not by
+    position; read on the rest only, so that teacher-forced tokens filling a bin do not
+    set its mean; in a bin the rest does not hold, 0: sampled tokens' mean). Columns
+    seq_key, n, early, first, rest (null where a region is empty)."""
+    lo, hi = pl.col("position").min().over("seq_key"), pl.col("position").max().over("seq_key")
+    first = pl.col("position") == lo
+    early = ~first & ((pl.col("position") - lo) <= MASK_START_EARLY * (hi - lo))
+    e = pl.col("e").cast(pl.Float64)
+    r = e - e.filter(~pl.col("_early") & ~pl.col("_first")).mean().over("bin").fill_null(0.0)
+    return (rows.lazy().with_columns(first.alias("_first"), early.alias("_early"), _bin_expr())
+            .with_columns(r.alias("r"))
+            .group_by("seq_key")
+            .agg(pl.len().alias("n"),
+                 pl.col("r").filter(pl.col("_early")).mean().alias("early"),
+                 pl.col("r").filter(pl.col("_first")).mean().alias("first"),
+                 pl.col("r").filter(~pl.col("_early") & ~pl.col("_first")).mean().alias("rest"))
+            .filter(pl.col("n") >= MASK_START_MIN_TOKENS).collect())
+
+
+def _check_mask_start(ctx: _Ctx) -> _Result:
+    """Teacher-forced tokens at the start of the loss mask, read from their surprisal.
+
+    A token the engine sampled from a distribution mu has, on average, a surprisal
+    ``-log mu(y)`` equal to the entropy H(mu), wherever it sits in its sequence:
+    E[-log mu(y) - H(mu) | context] = 0. Tokens the engine did not sample (teacher-forced:
+    the prompt inside the loss mask, the last prompt token of a mask shifted by one) have
+    a surprisal above their entropy on average unless the model predicts them exactly as
+    well as it samples (its own training text). With ``e = -infer_logprob - entropy`` per
+    valid token, less the mean e of its forensic entropy bin over the tokens outside both
+    regions below (a temperature or top-k / top-p truncation the logs leave out biases e
+    by entropy, and cancels; teacher-forced tokens filling a bin do not set it), each
+    sequence with MASK_START_MIN_TOKENS valid tokens or more gives the difference between
+    the mean residual of the first MASK_START_EARLY of its loss-masked positions (its
+    first token aside) and that of the rest, and the same for its first token. A one-sided
+    one-sample t-test over the sequences (scipy.stats.ttest_1samp; right-skewed residuals
+    make it conservative) finds a region when its Bonferroni-corrected p-value (two
+    regions) is below MASK_START_PVALUE, its mean excess is MASK_START_MIN_EXCESS nats or
+    more (MASK_START_MIN_EXCESS_FIRST on the first token, one per sequence: noisier) and
+    MASK_START_MIN_SEQS sequences or more are read. The early region first (a
+    prompt in the mask lifts the first token too): the prompt in the loss mask; else the
+    first token: a mask shifted by one. A warning; info when the unsampled-tokens check
+    names the same cause (:func:`_cross_referenced`). Read on whole sequences, at most
+    MASK_START_MAX_ROWS tokens (:class:`_KeptSequences`). Where the unsampled-tokens check
+    sees the improbable tokens only, this reads every token of the region (helper-36's
+    real tiny model: English or held-out prompts in the mask, +0.29 nats, t = 27 and 21 on
+    1,152 sequences, a mask shifted onto English text +0.33, t = 7; 15 clean or mis-logged
+    runs |t| <= 3.1, within 0.018 nats early and 0.073 on the first token). Deferred as
+    :func:`_surprisal_deferred` says.
+    """
+    name = "mask_start_surprisal"
+    deferred = _surprisal_deferred(ctx, name, "the test reads surprisal against entropy")
+    if deferred is not None:
+        return deferred
+    assert ctx.mask_start is not None
+    acc, rows = ctx.mask_start, ctx.mask_start.rows()
+    per = _mask_start_excess(rows)
+    from scipy import stats
+
+    regions: dict[str, dict[str, Any]] = {}
+    for region in ("early", "first"):
+        x = (per.select((pl.col(region) - pl.col("rest")).alias("x"), "seq_key")
+             .drop_nulls().drop_nans())
+        v = x["x"].to_numpy()
+        out: dict[str, Any] = {"sequences": int(v.size), "floor": (
+            MASK_START_MIN_EXCESS if region == "early" else MASK_START_MIN_EXCESS_FIRST)}
+        if v.size >= 2 and float(np.std(v)) > 0:
+            t = stats.ttest_1samp(v, 0.0, alternative="greater")
+            out.update(mean=float(v.mean()), t=float(t.statistic),
+                       p=min(1.0, 2 * float(t.pvalue)), x=x)
+        regions[region] = out
+    tested = [r for r, o in regions.items() if "p" in o]
+    if not tested:
+        return _cannot(name, f"too few sequences with {MASK_START_MIN_TOKENS} valid tokens or "
+                             f"more and tokens both at the start of their mask and after it "
+                             f"({regions['early']['sequences']:,})")
+
+    def is_found(o: dict[str, Any]) -> bool:
+        return ("p" in o and o["p"] < MASK_START_PVALUE and o["mean"] >= o["floor"]
+                and o["sequences"] >= MASK_START_MIN_SEQS)
+
+    def said(region: str) -> str:
+        o = regions[region]
+        where = (f"the first {MASK_START_EARLY:.0%} of the loss mask" if region == "early"
+                 else "the first masked token")
+        if "p" not in o:
+            return f"{where}: too few sequences ({o['sequences']:,})"
+        return (f"{where}: {o['mean']:+.3g} nats (t = {o['t']:.1f}, {o['sequences']:,} "
+                f"sequences, {_pval(o['p'])})")
+
+    found = next((r for r in ("early", "first") if is_found(regions[r])), None)
+    sampled = (f", read on the sequences whose seq_key is a multiple of {acc.stride}"
+               if acc.stride > 1 else "")
+    if found is None:
+        return _clear(name, "surprisal over entropy, against the rest of the sequence: "
+                            + "; ".join(said(r) for r in ("early", "first")) + sampled
+                            + f" (a finding needs {MASK_START_MIN_EXCESS:g} nats, "
+                            f"{MASK_START_MIN_EXCESS_FIRST:g} on the first token, and p < "
+                            f"{MASK_START_PVALUE:g}; a prompt the model predicts as well as "
+                            "it samples, e.g. its training text, does not show)")
+    o = regions[found]
+    x = o["x"].sort(["x", "seq_key"], descending=[True, False]).head(OUTLIER_LIST)
+    ids = [str(k) for k in x["seq_key"].to_list()]
+    if ctx.seqs is not None and "seq_id" in ctx.seqs.columns:
+        names = dict(ctx.seqs.select("seq_key", "seq_id").iter_rows())
+        ids = [str(names.get(k, k)) for k in x["seq_key"].to_list()]
+    positive = float((o["x"]["x"] > 0).mean())
+    ev: dict[str, Any] = {
+        "cause": "prompt_in_mask" if found == "early" else "mask_shifted_by_one",
+        "region": found,
+        "sequences": o["sequences"],
+        "mean_excess_nats": _r(o["mean"], 6),
+        "t": _r(o["t"], 3),
+        "p_value": float(o["p"]),
+        "sequences_positive_share": _r(positive),
+        "early_mean_excess_nats": _r(regions["early"].get("mean", float("nan")), 6),
+        "first_mean_excess_nats": _r(regions["first"].get("mean", float("nan")), 6),
+        "tokens_read": rows.height,
+        "seq_key_stride": acc.stride,
+        "example_seq_ids": ids,
+    }
+    if found == "early":
+        where = (f"the first {MASK_START_EARLY:.0%} of their loss-masked positions (each "
+                 "sequence's first token aside)")
+        cause = ("the loss mask looks to cover the prompt, or another teacher-forced prefix "
+                 "(a system message, a few-shot example, a forced reasoning prefix)")
+        title_where = "at the start of the loss mask (the prompt in the mask?)"
+    else:
+        where = "their sequence's first loss-masked token"
+        cause = ("the loss mask looks shifted by one, taking in the last prompt token (a BOS "
+                 "or separator; in a multi-turn rollout, likely the token before each turn "
+                 "too), which the engine never sampled")
+        title_where = "on the first loss-masked token (a mask shifted by one?)"
+    msg = (f"The tokens in {where} are more surprising to the engine than their entropy says: "
+           f"their surprisal (-infer_logprob) exceeds their entropy by {o['mean']:+.3g} nats "
+           f"more on average than the rest of their sequence's tokens at the same entropy "
+           f"({o['sequences']:,} sequences, {_share(positive)} of them above their rest, "
+           f"t = {o['t']:.1f}, {_pval(o['p'])}{sampled}). Tokens the engine sampled have a "
+           f"surprisal equal to their entropy on average wherever they sit, so these were "
+           f"not sampled: {cause}. The trainer learns from tokens it should not, and their "
+           f"delta is no engine mismatch. E.g. seq_id {', '.join(ids[:5])} (the largest "
+           "excess).")
+    f = Finding(
+        kind=name,
+        severity="warning",
+        title=f"surprisal above entropy by {o['mean']:+.3g} nats {title_where}",
+        message=msg,
+        evidence=ev,
+        check=("print the loss mask beside the token ids of an example sequence: it should "
+               "start at the first response token and cover only tokens the engine sampled "
+               "(not the prompt, not the last prompt token of a mask built for the inputs "
+               "and applied to the labels or the reverse)."),
+    )
+    return _found(f, said(found))
+
+
 def _check_floor(ctx: _Ctx) -> _Result:
     """Trainer self-noise floor.
 
@@ -3928,6 +4217,7 @@ _CHECK_FUNCS: dict[str, Callable[[_Ctx], _Result]] = {
     "corrupt_rows": _check_corrupt,
     "implausible_logprobs": _check_implausible,
     "unsampled_tokens": _check_unsampled,
+    "mask_start_surprisal": _check_mask_start,
     "trainer_noise_floor": _check_floor,
 }
 
@@ -3948,6 +4238,7 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "corrupt_rows": ("raw_bad",),
     "implausible_logprobs": ("cells", "implausible"),
     "unsampled_tokens": ("cells", "unsampled"),
+    "mask_start_surprisal": ("mask_start",),
     "trainer_noise_floor": ("cells", "floor"),
 }
 
@@ -4857,6 +5148,9 @@ class ForensicsPlan:
         if "unsampled" in need and ctx.has("entropy"):
             ctx.unsampled = _UnsampledTokens()
             self.accumulators.append(ctx.unsampled)
+        if "mask_start" in need and ctx.has("entropy"):
+            ctx.mask_start = _MaskStartTokens()
+            self.accumulators.append(ctx.mask_start)
 
         self._bad = self._last_ok = self._last_valid = None
         self._last_tokens = False

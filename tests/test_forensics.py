@@ -1542,13 +1542,16 @@ def _same(a, b, path=""):
         assert a == b, path
 
 
-@pytest.mark.parametrize("case", ["outliers", "corrupt", "implausible"])
+@pytest.mark.parametrize("case", ["outliers", "corrupt", "implausible", "mask_start"])
 def test_plan_does_not_depend_on_batch_size(tmp_path, case):
     """The forensics plan gives the same findings whether its token and raw passes cut the
     frames into small batches (sequences split across batches) or read them whole."""
     from entr_diag.passes import run_pass
 
-    if case == "outliers":
+    if case == "mask_start":
+        b = generate(SynthSpec(n_tokens=20_000, seed=3, h_star=None))
+        df = _teacher_forced(b, _early_masked(0.15), 0.5)
+    elif case == "outliers":
         b = generate(SynthSpec(n_tokens=20_000, seed=3))
         df = _with_delta(b, pl.when(pl.col("seq_id") % 41 == 0).then(DELTA * 6).otherwise(DELTA))
     elif case == "implausible":
@@ -1581,6 +1584,8 @@ def test_plan_does_not_depend_on_batch_size(tmp_path, case):
     if case == "corrupt":
         assert ev["corrupt_rows"]["sequences_with_nonfinite_suffix"] > 0
         assert ev["corrupt_rows"]["sequences_with_placeholder_run"] > 0
+    elif case == "mask_start":
+        assert ev["mask_start_surprisal"]["cause"] == "prompt_in_mask"
     elif case == "implausible":
         e = ev["implausible_logprobs"]
         assert e["tokens_infer_side"] > 0 and e["tokens_train_side"] > 0
@@ -2493,3 +2498,137 @@ def test_unsampled_rows_kept_are_bounded(monkeypatch):
     one = FX._UnsampledTokens()
     one.update(batch([0] * 120))
     assert one.rows().height == 50 and one.bins[0].sum() == 120
+
+
+# ------------------------------------------------------------------ mask-start surprisal
+
+
+def _teacher_forced(df: pl.DataFrame, where: pl.Expr, nats: float) -> pl.DataFrame:
+    """Rows matching ``where`` made ``nats`` more surprising on both sides, entropy kept:
+    tokens the engine did not sample, which the model finds somewhat less likely than its
+    own samples (a prompt of natural text: helper-36's English prompts, +0.29 nats), far
+    from the improbable tail the unsampled-tokens check reads."""
+    return df.with_columns(pl.when(where).then(IL - nats).otherwise(IL).alias("infer_logprob"),
+                           pl.when(where).then(TL - nats).otherwise(TL).alias("train_logprob"))
+
+
+def _early_masked(share: float) -> pl.Expr:
+    lm, pos = pl.col("loss_mask"), pl.col("position")
+    lo, hi = pos.filter(lm).min().over("seq_id"), pos.filter(lm).max().over("seq_id")
+    return lm & (pos - lo <= share * (hi - lo))
+
+
+def test_mask_start_clear_on_sampled_runs(tmp_path, sampled):
+    """Runs whose tokens were sampled (synthetic, and the bundled real-model run) are clear,
+    with the two regions' mean excess in the reason; a temperature the logs leave out,
+    which biases surprisal over entropy by entropy, on a run whose first tokens have three
+    times the entropy of the rest, is clear too (the bin's mean is taken out; pooled, the
+    start of the mask would read 0.2 nats above the rest)."""
+    res = run_forensics(_load(tmp_path, sampled), checks=["mask_start_surprisal"])
+    st = res.status("mask_start_surprisal")
+    assert st.status == "clear" and "the first 25% of the loss mask: " in st.reason, st
+    assert "the first masked token: " in st.reason and res.findings == ()
+    real = run_forensics(load_dataset(None), checks=["mask_start_surprisal"])
+    assert real.status("mask_start_surprisal").status == "clear"
+    # the early tokens at 3x the entropy (their surprisal with it: still sampled), then a
+    # logged temperature's bias of +0.3 H on every token
+    early = _early_masked(0.25)
+    hot = sampled.with_columns(
+        pl.when(early).then(H * 3).otherwise(H).alias("entropy"),
+        pl.when(early).then(IL * 3).otherwise(IL).alias("infer_logprob"),
+        pl.when(early).then(TL * 3).otherwise(TL).alias("train_logprob"))
+    hot = hot.with_columns((IL - 0.3 * H).alias("infer_logprob"), (TL - 0.3 * H)
+                           .alias("train_logprob"))
+    lm = hot.filter(pl.col("loss_mask"))
+    e = -lm["infer_logprob"] - lm["entropy"]
+    flag = lm.select(early.alias("x"))["x"]
+    assert float(e.filter(flag).mean()) - float(e.filter(~flag).mean()) > 0.2
+    res = run_forensics(_load(tmp_path, hot, "hot.parquet"), checks=["mask_start_surprisal"])
+    assert res.status("mask_start_surprisal").status == "clear", res.status(
+        "mask_start_surprisal")
+
+
+def test_mask_start_prompt_in_the_mask_read_from_every_token(tmp_path, sampled):
+    """The first 15% of each sequence's loss-masked tokens 0.5 nats more surprising than
+    sampled (a prompt of natural text in the mask, no token improbable enough for the
+    unsampled-tokens check): a warning naming the prompt, with the mean excess, t and the
+    sequences; the same evidence whatever the row order."""
+    df = _teacher_forced(sampled, _early_masked(0.15), 0.5)
+    res = run_forensics(_load(tmp_path, df), checks=["unsampled_tokens", "mask_start_surprisal"])
+    assert res.status("unsampled_tokens").status == "clear"
+    f = res.by_kind("mask_start_surprisal")
+    assert f is not None and f.severity == "warning", res.status("mask_start_surprisal")
+    ev = f.evidence
+    n_seqs = df.filter(pl.col("loss_mask")).select(pl.col("seq_id").n_unique()).item()
+    assert ev["cause"] == "prompt_in_mask" and ev["region"] == "early"
+    assert 0.2 < ev["mean_excess_nats"] < 0.5 and ev["p_value"] < 1e-6 and ev["t"] > 5
+    assert 0.9 * n_seqs <= ev["sequences"] <= n_seqs and ev["seq_key_stride"] == 1
+    assert "prompt in the mask" in f.title and "not sampled" in f.message
+    from entr_diag.caveats import findings_caveats
+
+    assert any("[mask_start_surprisal]" in c for c in findings_caveats(res.to_dict()))
+    shuffled = run_forensics(_load(tmp_path, df.sample(fraction=1.0, shuffle=True, seed=2),
+                                   "s.parquet"), checks=["mask_start_surprisal"])
+    g = shuffled.by_kind("mask_start_surprisal")
+    assert g is not None and g.evidence["t"] == pytest.approx(ev["t"], rel=1e-6)
+    assert g.evidence["example_seq_ids"] == ev["example_seq_ids"]
+    # an excess below MASK_START_MIN_EXCESS is no finding, however many sequences
+    weak = _teacher_forced(sampled, _early_masked(0.15), 0.02)
+    res = run_forensics(_load(tmp_path, weak, "w.parquet"), checks=["mask_start_surprisal"])
+    assert res.status("mask_start_surprisal").status == "clear"
+
+
+def test_mask_start_first_token_is_a_shifted_mask(tmp_path, sampled):
+    """Each sequence's first loss-masked token 1.5 nats more surprising (the last prompt
+    token of a mask shifted by one): a warning naming the shift, not the prompt; the same
+    token as unsampled as it gets (entropy 1e-5 nats, p = e^-8), which alone fills its
+    entropy bin: still read (its bin's mean is the rest's, or 0 where the rest has none),
+    and info beside the unsampled-tokens check naming the same cause."""
+    df = _teacher_forced(sampled, _first_masked(), 1.5)
+    res = run_forensics(_load(tmp_path, df), checks=["mask_start_surprisal"])
+    f = res.by_kind("mask_start_surprisal")
+    assert f is not None and f.severity == "warning", res.status("mask_start_surprisal")
+    assert f.evidence["cause"] == "mask_shifted_by_one" and f.evidence["region"] == "first"
+    assert f.evidence["mean_excess_nats"] > 1.0 and "shifted by one" in f.title
+    assert abs(f.evidence["early_mean_excess_nats"]) < FX.MASK_START_MIN_EXCESS
+    alone = sampled.filter((H >= 1e-3) | _first_masked())  # (no other token in its bin)
+    res = run_forensics(_load(tmp_path, _unsampled(alone, _first_masked()), "u.parquet"))
+    f, u = res.by_kind("mask_start_surprisal"), res.by_kind("unsampled_tokens")
+    assert u is not None and u.severity == "warning" and u.evidence["cause"] == (
+        "mask_shifted_by_one")
+    assert f is not None and f.evidence["cause"] == "mask_shifted_by_one"
+    assert f.evidence["mean_excess_nats"] > 7 and f.severity == "info"
+    assert "names the same cause" in f.message
+
+
+def test_mask_start_cannot_tell_without_entropy_or_sequences(tmp_path, sampled):
+    """No entropy column, or no sequence long enough to have a start and a rest: cannot_tell,
+    with the reason."""
+    res = run_forensics(_load(tmp_path, sampled.drop("entropy")),
+                        checks=["mask_start_surprisal"])
+    st = res.status("mask_start_surprisal")
+    assert st.status == "cannot_tell" and "no entropy column" in st.reason
+    short = sampled.filter(pl.col("position") < pl.col("position").min().over("seq_id") + 5)
+    res = run_forensics(_load(tmp_path, short, "short.parquet"), checks=["mask_start_surprisal"])
+    st = res.status("mask_start_surprisal")
+    assert st.status == "cannot_tell" and "too few sequences" in st.reason, st
+
+
+def test_kept_sequences_are_bounded_whatever_the_batches(monkeypatch):
+    """The mask-start test keeps whole sequences by seq_key within its cap, the same ones
+    whatever the batches."""
+    monkeypatch.setattr(FX, "MASK_START_MAX_ROWS", 50)
+
+    def batch(keys):
+        n = len(keys)
+        return pl.DataFrame({"seq_key": keys, "position": list(range(n)),
+                             "entropy": [0.5] * n, "infer_logprob": [-0.7] * n})
+
+    keys = [k for k in range(40) for _ in range(3)]
+    a, b = FX._MaskStartTokens(), FX._MaskStartTokens()
+    a.update(batch(keys))
+    for i in range(0, len(keys), 7):
+        b.update(batch(keys[i:i + 7]))
+    assert a.stride == b.stride == 4 and a.rows().height == b.rows().height == 30
+    assert sorted(b.rows()["seq_key"].unique()) == list(range(0, 40, 4))
+    assert a.rows()["e"].to_list() == pytest.approx([0.2] * 30)
