@@ -139,6 +139,11 @@ def _repeated_option(params: list, args: list[str]) -> str | None:
     return None
 
 
+#: the command being run (e.g. 'entr-diag report'), for the '--help' hint of a refusal raised
+#: in its body as in a usage error (:func:`_check_output`)
+_COMMAND_PATH: list[str] = []
+
+
 class _Command(TyperCommand):
     """An ``entr-diag`` command: its help shows flags without a value type; an option that
     takes one value, given twice, is refused (:func:`_repeated_option`)."""
@@ -147,6 +152,7 @@ class _Command(TyperCommand):
         return _plain_flags(super().get_params(ctx))
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
+        _COMMAND_PATH[:] = [ctx.command_path]
         why = _repeated_option(self.get_params(ctx), list(args))
         if why:
             raise _UsageError(why, ctx=ctx)
@@ -656,9 +662,10 @@ def _check_output(path: Path | None, what: str) -> None:
     from entr_diag.atomic import output_target
 
     try:  # (a name longer than the file system allows fails its stat)
-        if path.is_dir():
+        if path.is_dir():  # (as for 'dir/', a usage error: the same sentence and hint)
+            see = f" See '{_COMMAND_PATH[0]} --help'." if _COMMAND_PATH else ""
             raise InputError(f"{what} {path}: names a directory; give a file name in it "
-                             f"({str(path).rstrip('/')}/FILE).")  # (as for 'dir/')
+                             f"({str(path).rstrip('/')}/FILE).{see}")
         target, atomic = output_target(path, what)
     except OSError as e:
         raise InputError(f"cannot write {what} {path}: {e.strerror or e}.") from None

@@ -255,9 +255,13 @@ def test_empty_output_path_is_refused_naming_the_option_before_any_input_is_read
     assert r.exit_code == 2 and "names a directory" in r.stderr, r.stderr
     (tmp_path / "out").mkdir()
     r = runner.invoke(app, ["fit", "missing.parquet", "--json", "out"])
-    # (worded as for 'out/', helper-31 F5: two phrasings for one mistake)
-    assert r.exit_code == 2 and r.stderr.startswith(
-        "error: --json out: names a directory; give a file name in it (out/FILE)"), r.stderr
+    # (worded as for 'out/', helper-31 F5: two phrasings for one mistake; with its hint too,
+    # helper-38)
+    assert r.exit_code == 2 and r.stderr == (
+        "error: --json out: names a directory; give a file name in it (out/FILE). See "
+        "'entr-diag fit --help'.\n"), r.stderr
+    r = runner.invoke(app, ["report", "missing.parquet", "-o", "out"])
+    assert r.exit_code == 2 and r.stderr.endswith(" See 'entr-diag report --help'.\n")
 
 
 def test_output_path_ending_in_a_slash_is_refused_not_written_as_a_file(tmp_path, monkeypatch):
