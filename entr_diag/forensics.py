@@ -298,6 +298,10 @@ MASK_START_MIN_EXCESS = 0.1
 #: +0.073 at |t| <= 2.7; a mask shifted onto English text: +0.33, onto text the model
 #: sampled at T = 1.5: +1.5)
 MASK_START_MIN_EXCESS_FIRST = 0.2
+#: a loss-masked span starts after a gap of more than this many positions (a tool output or
+#: a user turn outside the mask; a few excluded rows leave smaller gaps, whose next token,
+#: sampled, would dilute the span starts)
+MASK_START_SPAN_GAP = 4
 #: the valid tokens kept for the test (about 24 bytes each), whole sequences (1M: 10,000
 #: sequences of 100 tokens, 120 of 8,000; helper-36's faults gave t = 7 to 85 on 1,152)
 MASK_START_MAX_ROWS = 1_000_000
@@ -3969,22 +3973,28 @@ def _surprisal_deferred(ctx: _Ctx, name: str, why_entropy: str) -> _Result | Non
 def _mask_start_excess(rows: pl.DataFrame) -> pl.DataFrame:
     """Per sequence of ``rows`` (:meth:`_MaskStartTokens.rows`; those with at least
     MASK_START_MIN_TOKENS tokens): the mean residual ``r`` of its tokens in the first
-    MASK_START_EARLY of its loss-masked positions (``early``; its first token aside), of
-    its first token (``first``) and of the rest (``rest``), with ``n``, where ``r = e -
+    MASK_START_EARLY of its loss-masked positions (``early``; span starts aside), of the
+    first token of each of its loss-masked spans (``first``: its first token, and each one
+    after a gap of more than MASK_START_SPAN_GAP positions, the start of a later turn of a
+    multi-turn rollout) and of the rest (``rest``), with ``n`` and
+    the span starts ``starts``, where ``r = e -
     mean(e | forensic entropy bin)``, the mean over the rest's rows of all sequences (the
     bin's mean taken out: a temperature or truncation biases e by entropy, not by
     position; read on the rest only, so that teacher-forced tokens filling a bin do not
     set its mean; in a bin the rest does not hold, 0: sampled tokens' mean). Columns
-    seq_key, n, early, first, rest (null where a region is empty)."""
-    lo, hi = pl.col("position").min().over("seq_key"), pl.col("position").max().over("seq_key")
-    first = pl.col("position") == lo
-    early = ~first & ((pl.col("position") - lo) <= MASK_START_EARLY * (hi - lo))
+    seq_key, n, starts, early, first, rest (null where a region is empty)."""
+    pos = pl.col("position")
+    lo, hi = pos.min().over("seq_key"), pos.max().over("seq_key")
+    prev = pos.shift(1).over("seq_key")  # (on rows sorted by seq_key, position)
+    first = prev.is_null() | (pos - prev > MASK_START_SPAN_GAP + 1)
+    early = ~first & ((pos - lo) <= MASK_START_EARLY * (hi - lo))
     e = pl.col("e").cast(pl.Float64)
     r = e - e.filter(~pl.col("_early") & ~pl.col("_first")).mean().over("bin").fill_null(0.0)
-    return (rows.lazy().with_columns(first.alias("_first"), early.alias("_early"), _bin_expr())
+    return (rows.lazy().sort("seq_key", "position")
+            .with_columns(first.alias("_first"), early.alias("_early"), _bin_expr())
             .with_columns(r.alias("r"))
             .group_by("seq_key")
-            .agg(pl.len().alias("n"),
+            .agg(pl.len().alias("n"), pl.col("_first").sum().alias("starts"),
                  pl.col("r").filter(pl.col("_early")).mean().alias("early"),
                  pl.col("r").filter(pl.col("_first")).mean().alias("first"),
                  pl.col("r").filter(~pl.col("_early") & ~pl.col("_first")).mean().alias("rest"))
@@ -4004,21 +4014,23 @@ def _check_mask_start(ctx: _Ctx) -> _Result:
     regions below (a temperature or top-k / top-p truncation the logs leave out biases e
     by entropy, and cancels; teacher-forced tokens filling a bin do not set it), each
     sequence with MASK_START_MIN_TOKENS valid tokens or more gives the difference between
-    the mean residual of the first MASK_START_EARLY of its loss-masked positions (its
-    first token aside) and that of the rest, and the same for its first token. A one-sided
+    the mean residual of the first MASK_START_EARLY of its loss-masked positions (span
+    starts aside) and that of the rest, and the same for the first tokens of its
+    loss-masked spans (its first token, and each one after a gap of more than
+    MASK_START_SPAN_GAP positions: each later turn's in a multi-turn rollout). A one-sided
     one-sample t-test over the sequences (scipy.stats.ttest_1samp; right-skewed residuals
     make it conservative) finds a region when its Bonferroni-corrected p-value (two
     regions) is below MASK_START_PVALUE, its mean excess is MASK_START_MIN_EXCESS nats or
-    more (MASK_START_MIN_EXCESS_FIRST on the first token, one per sequence: noisier) and
+    more (MASK_START_MIN_EXCESS_FIRST on the span starts, one per turn: noisier) and
     MASK_START_MIN_SEQS sequences or more are read. The early region first (a
     prompt in the mask lifts the first token too): the prompt in the loss mask; else the
-    first token: a mask shifted by one. A warning; info when the unsampled-tokens check
+    span starts: a mask shifted by one. A warning; info when the unsampled-tokens check
     names the same cause (:func:`_cross_referenced`). Read on whole sequences, at most
     MASK_START_MAX_ROWS tokens (:class:`_KeptSequences`). Where the unsampled-tokens check
     sees the improbable tokens only, this reads every token of the region (helper-36's
     real tiny model: English or held-out prompts in the mask, +0.29 nats, t = 27 and 21 on
     1,152 sequences, a mask shifted onto English text +0.33, t = 7; 15 clean or mis-logged
-    runs |t| <= 3.1, within 0.018 nats early and 0.073 on the first token). Deferred as
+    runs |t| <= 3.1, within 0.018 nats early and 0.073 on the span starts). Deferred as
     :func:`_surprisal_deferred` says.
     """
     name = "mask_start_surprisal"
@@ -4055,7 +4067,7 @@ def _check_mask_start(ctx: _Ctx) -> _Result:
     def said(region: str) -> str:
         o = regions[region]
         where = (f"the first {MASK_START_EARLY:.0%} of the loss mask" if region == "early"
-                 else "the first masked token")
+                 else "the first token of each loss-masked span")
         if "p" not in o:
             return f"{where}: too few sequences ({o['sequences']:,})"
         return (f"{where}: {o['mean']:+.3g} nats (t = {o['t']:.1f}, {o['sequences']:,} "
@@ -4068,7 +4080,7 @@ def _check_mask_start(ctx: _Ctx) -> _Result:
         return _clear(name, "surprisal over entropy, against the rest of the sequence: "
                             + "; ".join(said(r) for r in ("early", "first")) + sampled
                             + f" (a finding needs {MASK_START_MIN_EXCESS:g} nats, "
-                            f"{MASK_START_MIN_EXCESS_FIRST:g} on the first token, and p < "
+                            f"{MASK_START_MIN_EXCESS_FIRST:g} on the span starts, and p < "
                             f"{MASK_START_PVALUE:g}; a prompt the model predicts as well as "
                             "it samples, e.g. its training text, does not show)")
     o = regions[found]
@@ -4078,6 +4090,7 @@ def _check_mask_start(ctx: _Ctx) -> _Result:
         names = dict(ctx.seqs.select("seq_key", "seq_id").iter_rows())
         ids = [str(names.get(k, k)) for k in x["seq_key"].to_list()]
     positive = float((o["x"]["x"] > 0).mean())
+    n_starts = int(per["starts"].sum())
     ev: dict[str, Any] = {
         "cause": "prompt_in_mask" if found == "early" else "mask_shifted_by_one",
         "region": found,
@@ -4088,21 +4101,24 @@ def _check_mask_start(ctx: _Ctx) -> _Result:
         "sequences_positive_share": _r(positive),
         "early_mean_excess_nats": _r(regions["early"].get("mean", float("nan")), 6),
         "first_mean_excess_nats": _r(regions["first"].get("mean", float("nan")), 6),
+        "span_starts": n_starts,
         "tokens_read": rows.height,
         "seq_key_stride": acc.stride,
         "example_seq_ids": ids,
     }
     if found == "early":
-        where = (f"the first {MASK_START_EARLY:.0%} of their loss-masked positions (each "
-                 "sequence's first token aside)")
+        where = (f"the first {MASK_START_EARLY:.0%} of their loss-masked positions (the first "
+                 "token of each loss-masked span aside)")
         cause = ("the loss mask looks to cover the prompt, or another teacher-forced prefix "
                  "(a system message, a few-shot example, a forced reasoning prefix)")
         title_where = "at the start of the loss mask (the prompt in the mask?)"
     else:
-        where = "their sequence's first loss-masked token"
+        where = ("the first token of each loss-masked span (their sequence's first, and "
+                 f"each one after a gap of more than {MASK_START_SPAN_GAP} positions: "
+                 f"{n_starts:,} tokens)")
         cause = ("the loss mask looks shifted by one, taking in the last prompt token (a BOS "
-                 "or separator; in a multi-turn rollout, likely the token before each turn "
-                 "too), which the engine never sampled")
+                 "or separator; in a multi-turn rollout, the token before each turn too), "
+                 "which the engine never sampled")
         title_where = "on the first loss-masked token (a mask shifted by one?)"
     msg = (f"The tokens in {where} are more surprising to the engine than their entropy says: "
            f"their surprisal (-infer_logprob) exceeds their entropy by {o['mean']:+.3g} nats "

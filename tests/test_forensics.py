@@ -2527,7 +2527,7 @@ def test_mask_start_clear_on_sampled_runs(tmp_path, sampled):
     res = run_forensics(_load(tmp_path, sampled), checks=["mask_start_surprisal"])
     st = res.status("mask_start_surprisal")
     assert st.status == "clear" and "the first 25% of the loss mask: " in st.reason, st
-    assert "the first masked token: " in st.reason and res.findings == ()
+    assert "the first token of each loss-masked span: " in st.reason and res.findings == ()
     real = run_forensics(load_dataset(None), checks=["mask_start_surprisal"])
     assert real.status("mask_start_surprisal").status == "clear"
     # the early tokens at 3x the entropy (their surprisal with it: still sampled), then a
@@ -2591,7 +2591,8 @@ def test_mask_start_first_token_is_a_shifted_mask(tmp_path, sampled):
     assert f.evidence["cause"] == "mask_shifted_by_one" and f.evidence["region"] == "first"
     assert f.evidence["mean_excess_nats"] > 1.0 and "shifted by one" in f.title
     assert abs(f.evidence["early_mean_excess_nats"]) < FX.MASK_START_MIN_EXCESS
-    alone = sampled.filter((H >= 1e-3) | _first_masked())  # (no other token in its bin)
+    alone = sampled.with_columns(  # (no other token in its bin)
+        pl.when(_first_masked()).then(H).otherwise(H.clip(lower_bound=1e-3)).alias("entropy"))
     res = run_forensics(_load(tmp_path, _unsampled(alone, _first_masked()), "u.parquet"))
     f, u = res.by_kind("mask_start_surprisal"), res.by_kind("unsampled_tokens")
     assert u is not None and u.severity == "warning" and u.evidence["cause"] == (
@@ -2599,6 +2600,34 @@ def test_mask_start_first_token_is_a_shifted_mask(tmp_path, sampled):
     assert f is not None and f.evidence["cause"] == "mask_shifted_by_one"
     assert f.evidence["mean_excess_nats"] > 7 and f.severity == "info"
     assert "names the same cause" in f.message
+
+
+def test_mask_start_reads_each_turn_start(tmp_path, sampled):
+    """A multi-turn run (two tool outputs of 10 tokens outside the mask, after positions 30
+    and 65) whose mask is shifted by one at the later turns only (the token before each
+    turn, which the engine never sampled, 1.5 nats more surprising): the first token of
+    each loss-masked span is read, not only the sequence's first, so it is named; rows
+    excluded at random (2% NaN) leave gaps of one position, no span starts."""
+    pos, lm = pl.col("position"), pl.col("loss_mask")
+    tool = pos.is_between(30, 39) | pos.is_between(65, 74)
+    turns = sampled.with_columns((lm & ~tool).alias("loss_mask"))
+    later = _span_start() & ~_first_masked()
+    df = _teacher_forced(turns, later, 1.5)
+    rng = np.random.default_rng(4)
+    df = df.with_columns(pl.when(pl.Series(rng.random(df.height) < 0.02) & ~_span_start())
+                         .then(float("nan")).otherwise(IL).alias("infer_logprob"))
+    res = run_forensics(_load(tmp_path, df), checks=["mask_start_surprisal"])
+    f = res.by_kind("mask_start_surprisal")
+    assert f is not None and f.evidence["cause"] == "mask_shifted_by_one", res.status(
+        "mask_start_surprisal")
+    n_long = df.filter(lm & IL.is_finite()).group_by("seq_id").len().filter(
+        pl.col("len") >= FX.MASK_START_MIN_TOKENS)
+    # span starts on the mask (the NaN rows in it): after a gap of more than 4 positions
+    masked = df.filter(lm & pl.col("seq_id").is_in(n_long["seq_id"].implode()))
+    gap = pos - pos.shift(1).over("seq_id", order_by="position")
+    starts = masked.filter(gap.is_null() | (gap > 5)).height
+    assert f.evidence["span_starts"] == starts > 1.5 * n_long.height
+    assert f"{starts:,} tokens" in f.message
 
 
 def test_mask_start_cannot_tell_without_entropy_or_sequences(tmp_path, sampled):
