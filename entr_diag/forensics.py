@@ -278,25 +278,28 @@ UNSAMPLED_SPREAD_WARN_SHARE = 0.25
 #: the flagged rows kept for the localisation (about 20 bytes each), whole sequences
 UNSAMPLED_MAX_ROWS = 2_000_000
 
-#: mask-start surprisal: the start of the mask is the first MASK_START_EARLY of a
-#: sequence's loss-masked positions (its first token aside), read against the rest; ...
-MASK_START_EARLY = 0.25
-#: ... on the sequences with at least this many valid tokens, ...
+#: mask-start surprisal: the start of the mask is each window of this many positions
+#: after a sequence's first loss-masked token (span starts aside), read against the
+#: tokens after it (a window of fixed size: a prompt of 16 to 32 tokens in a mask of 580
+#: read +0.056 nats over its first 25%, +0.29 over its first 16 tokens; helper-39); ...
+MASK_START_WINDOWS = (4, 16, 64)
+#: ... on the sequences with at least this many valid tokens after the window, ...
 MASK_START_MIN_TOKENS = 8
 #: ... a finding needs at least this many of them, ...
 MASK_START_MIN_SEQS = 20
-#: ... a one-sided p-value (t-test over the sequences, Bonferroni over the two regions)
-#: below this, ...
+#: ... a one-sided p-value (t-test over the sequences, Bonferroni over the windows and the
+#: span starts) below this, ...
 MASK_START_PVALUE = 1e-6
-#: ... and a mean excess of surprisal over entropy of this many nats or more, in the early
-#: region (helper-36's real tiny-model runs: 15 clean or mis-logged ones, sampled at T 0.7
+#: ... and a mean excess of surprisal over entropy of this many nats or more in a window,
+#: or the logged bias if larger (:func:`_check_mask_start`) (helper-36's real tiny-model runs: 15 clean or mis-logged ones, sampled at T 0.7
 #: to 1.3, top-k, top-p, stale, tool outputs in the mask, T = 0.7 logged at T = 1: -0.018
 #: to +0.014, the last at t = 3.1; English or held-out prompts in the mask: +0.29,
 #: prompts the model sampled at T = 1.5: +0.7) ...
 MASK_START_MIN_EXCESS = 0.1
-#: ... and on the first token, one per sequence, so noisier (the same clean runs: -0.065 to
+#: ... and on the span starts, one per turn, so noisier (the same clean runs: -0.065 to
 #: +0.073 at |t| <= 2.7; a mask shifted onto English text: +0.33, onto text the model
-#: sampled at T = 1.5: +1.5)
+#: sampled at T = 1.5: +1.5; helper-39: clean runs sampled with top-p and logged
+#: untruncated, +0.06 to +0.1 at t up to 20, their logged bias 0.22 to 0.46)
 MASK_START_MIN_EXCESS_FIRST = 0.2
 #: a loss-masked span starts after a gap of more than this many positions (a tool output or
 #: a user turn outside the mask; a few excluded rows leave smaller gaps, whose next token,
@@ -3119,22 +3122,22 @@ class _UnsampledTokens:
     is below :data:`UNSAMPLED_H_MAX` and whose sampled-token probability
     ``exp(infer_logprob)`` is below :data:`UNSAMPLED_P` (above IMPLAUSIBLE_LOGPROB: those
     placeholders are the implausible-logprobs check's). A batch costs one mask over its
-    entropy and engine logprob; the flagged tokens (few on a consistent run) are reduced
-    per forensic entropy bin (n, sum delta^2), per (sequence, bin) (seq_id, n, first
-    position), per (file, bin) and per (step, bin), and kept as rows (seq_key, position,
+    entropy and engine logprob; the flagged tokens (few on a consistent run; 10% of the
+    tokens of a synthetic run: their columns gathered, never the seq_id strings) are reduced
+    per forensic entropy bin (n, sum delta^2), per (seq_key, bin) (n, first position; the
+    check names the seq_ids from the sequence table), per (file, bin) and per (step, bin),
+    and kept as rows (seq_key, position,
     bin) for the localisation: every one while at most :data:`UNSAMPLED_MAX_ROWS`, else
     those of the sequences whose seq_key is a multiple of the smallest power of two that
     keeps at most that many (whatever the row order; seq_key 0 alone holding more: its
     first ones)."""
 
-    columns = ("seq_key", "seq_id", "position", "entropy", "infer_logprob", "delta", "step",
+    columns = ("seq_key", "position", "entropy", "infer_logprob", "delta", "step",
                FILE_INDEX)  # (those the frame has)
-    #: seq_id may come as read (an integer): kept as String (passes.NATIVE_SEQ_ID)
-    native_seq_id = True
 
     def __init__(self) -> None:
-        self.seqs = PartialRows(["seq_key", "bin"], [
-            pl.col("seq_id").first(), pl.col("n").sum(), pl.col("first_pos").min()])
+        self.seqs = PartialRows(["seq_key", "bin"], [pl.col("n").sum(),
+                                                     pl.col("first_pos").min()])
         #: per forensic entropy bin: n and sum delta^2 of the flagged tokens
         self.bins = np.zeros((2, N_BINS))
         #: flagged tokens per (input file index, bin) and per (step, bin)
@@ -3152,14 +3155,14 @@ class _UnsampledTokens:
         idx = np.flatnonzero(flag)
         if not idx.size:
             return
-        f = batch[idx].with_columns(_bin_expr())
+        f = batch.select(c for c in self.columns if c in batch.columns)[idx].with_columns(
+            _bin_expr())
         b = f["bin"].to_numpy()
         d2 = f["delta"].cast(pl.Float64).to_numpy() ** 2
         self.bins[0] += np.bincount(b, minlength=N_BINS)
         self.bins[1] += np.bincount(b, weights=d2, minlength=N_BINS)
         self.seqs.add(f.group_by("seq_key", "bin").agg(
-            pl.col("seq_id").first().cast(pl.String), pl.len().cast(pl.Int64).alias("n"),
-            pl.col("position").min().alias("first_pos")))
+            pl.len().cast(pl.Int64).alias("n"), pl.col("position").min().alias("first_pos")))
         for name, store in ((FILE_INDEX, self.files), ("step", self.steps)):
             if name in f.columns and not f[name].null_count():
                 for k, bn, n in f.group_by(name, "bin").len().iter_rows():
@@ -3844,8 +3847,9 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
                     and first_share >= UNSAMPLED_FIRST_SHARE
                     and first_share >= UNSAMPLED_BASE_FACTOR * first_base)
     seqs = (acc.seqs.result().filter(pl.col("bin") <= j).group_by("seq_key")
-            .agg(pl.col("seq_id").first(), pl.col("n").sum(), pl.col("first_pos").min()))
-    ex = seqs.sort("n", "seq_key", descending=[True, False]).head(OUTLIER_LIST)
+            .agg(pl.col("n").sum(), pl.col("first_pos").min()))
+    ex = _with_seq_ids(seqs, ctx).sort("n", "seq_id", descending=[True, False]).head(
+        OUTLIER_LIST)
     ev: dict[str, Any] = {
         "tokens_flagged": o,
         "tokens_below_entropy": n_low,
@@ -3948,6 +3952,15 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
                      f"{lam:.3g} possible ({_pval(p)})")
 
 
+def _with_seq_ids(rows: pl.DataFrame, ctx: _Ctx) -> pl.DataFrame:
+    """``rows`` (with seq_key) with each sequence's seq_id (String) from the sequence table
+    of the pass (``ctx.seqs``), in their order (ties are broken by it: the seq_key of an
+    integer seq_id read natively is not that of its String)."""
+    assert ctx.seqs is not None
+    return rows.join(ctx.seqs.select("seq_key", pl.col("seq_id").cast(pl.String)),
+                     on="seq_key", how="left", maintain_order="left")
+
+
 def _surprisal_deferred(ctx: _Ctx, name: str, why_entropy: str) -> _Result | None:
     """The cannot_tell result of a check that reads the engine's surprisal against the
     entropy (unsampled tokens, mask-start surprisal) when it cannot: no entropy column
@@ -3970,35 +3983,42 @@ def _surprisal_deferred(ctx: _Ctx, name: str, why_entropy: str) -> _Result | Non
     return None
 
 
-def _mask_start_excess(rows: pl.DataFrame) -> pl.DataFrame:
-    """Per sequence of ``rows`` (:meth:`_MaskStartTokens.rows`; those with at least
-    MASK_START_MIN_TOKENS tokens): the mean residual ``r`` of its tokens in the first
-    MASK_START_EARLY of its loss-masked positions (``early``; span starts aside), of the
-    first token of each of its loss-masked spans (``first``: its first token, and each one
-    after a gap of more than MASK_START_SPAN_GAP positions, the start of a later turn of a
-    multi-turn rollout) and of the rest (``rest``), with ``n`` and
-    the span starts ``starts``, where ``r = e -
-    mean(e | forensic entropy bin)``, the mean over the rest's rows of all sequences (the
-    bin's mean taken out: a temperature or truncation biases e by entropy, not by
-    position; read on the rest only, so that teacher-forced tokens filling a bin do not
-    set its mean; in a bin the rest does not hold, 0: sampled tokens' mean). Columns
-    seq_key, n, starts, early, first, rest (null where a region is empty)."""
+def _mask_start_excess(rows: pl.DataFrame) -> tuple[pl.DataFrame, float]:
+    """Per sequence of ``rows`` (:meth:`_MaskStartTokens.rows`), the mean residual ``r`` of
+    the first token of each of its loss-masked spans (its first token, and each one after a
+    gap of more than MASK_START_SPAN_GAP positions, the start of a later turn of a
+    multi-turn rollout), ``first``, and of the tokens after them, ``rest``; for each window
+    W of MASK_START_WINDOWS, the mean residual of the tokens within W positions after its
+    first token (span starts aside), ``w{W}``, and of those after them, ``r{W}`` (null
+    with fewer than MASK_START_MIN_TOKENS there); ``n`` and the span starts ``starts``.
+    The residual is ``r = e - mean(e | forensic entropy bin)``, the bin's mean over the
+    baseline, the tokens after the smallest window that start no span (a temperature or
+    truncation the logs leave out biases e by entropy; a bin the baseline does not hold:
+    0, sampled tokens' mean). Also the logged bias: the baseline's mean of |mean(e | bin)|
+    weighted by its tokens (nats; about 0.01 where the logged distribution is the sampled
+    one, 0.1 to 1 where a temperature or a truncation is left out of the logs)."""
     pos = pl.col("position")
-    lo, hi = pos.min().over("seq_key"), pos.max().over("seq_key")
+    lo = pos.min().over("seq_key")
     prev = pos.shift(1).over("seq_key")  # (on rows sorted by seq_key, position)
     first = prev.is_null() | (pos - prev > MASK_START_SPAN_GAP + 1)
-    early = ~first & ((pos - lo) <= MASK_START_EARLY * (hi - lo))
     e = pl.col("e").cast(pl.Float64)
-    r = e - e.filter(~pl.col("_early") & ~pl.col("_first")).mean().over("bin").fill_null(0.0)
-    return (rows.lazy().sort("seq_key", "position")
-            .with_columns(first.alias("_first"), early.alias("_early"), _bin_expr())
-            .with_columns(r.alias("r"))
-            .group_by("seq_key")
-            .agg(pl.len().alias("n"), pl.col("_first").sum().alias("starts"),
-                 pl.col("r").filter(pl.col("_early")).mean().alias("early"),
-                 pl.col("r").filter(pl.col("_first")).mean().alias("first"),
-                 pl.col("r").filter(~pl.col("_early") & ~pl.col("_first")).mean().alias("rest"))
-            .filter(pl.col("n") >= MASK_START_MIN_TOKENS).collect())
+    base = ~pl.col("_first") & (pl.col("_off") > MASK_START_WINDOWS[0])
+    t = (rows.lazy().sort("seq_key", "position")
+         .with_columns(first.alias("_first"), (pos - lo).alias("_off"), _bin_expr())
+         .with_columns(e.filter(base).mean().over("bin").alias("_m"), base.alias("_base"))
+         .with_columns((e - pl.col("_m").fill_null(0.0)).alias("r")).collect())
+    bias = t.filter("_base").select(pl.col("_m").abs().mean()).item()
+    rest = ~pl.col("_first")
+    aggs = [pl.len().alias("n"), pl.col("_first").sum().alias("starts"),
+            pl.col("r").filter(pl.col("_first")).mean().alias("first"),
+            pl.col("r").filter(rest).mean().alias("rest")]
+    for w in MASK_START_WINDOWS:
+        after = rest & (pl.col("_off") > w)
+        aggs += [pl.col("r").filter(rest & (pl.col("_off") <= w)).mean().alias(f"w{w}"),
+                 pl.when(after.sum() >= MASK_START_MIN_TOKENS)
+                 .then(pl.col("r").filter(after).mean()).alias(f"r{w}")]
+    per = t.group_by("seq_key").agg(aggs)
+    return per, float(bias) if bias is not None else 0.0
 
 
 def _check_mask_start(ctx: _Ctx) -> _Result:
@@ -4010,27 +4030,29 @@ def _check_mask_start(ctx: _Ctx) -> _Result:
     the prompt inside the loss mask, the last prompt token of a mask shifted by one) have
     a surprisal above their entropy on average unless the model predicts them exactly as
     well as it samples (its own training text). With ``e = -infer_logprob - entropy`` per
-    valid token, less the mean e of its forensic entropy bin over the tokens outside both
-    regions below (a temperature or top-k / top-p truncation the logs leave out biases e
-    by entropy, and cancels; teacher-forced tokens filling a bin do not set it), each
-    sequence with MASK_START_MIN_TOKENS valid tokens or more gives the difference between
-    the mean residual of the first MASK_START_EARLY of its loss-masked positions (span
-    starts aside) and that of the rest, and the same for the first tokens of its
+    valid token less the mean e of its forensic entropy bin (:func:`_mask_start_excess`),
+    each sequence gives, for each window of MASK_START_WINDOWS positions after its first
+    loss-masked token (span starts aside), the difference between the window's mean
+    residual and that of the tokens after it, and the same for the first tokens of its
     loss-masked spans (its first token, and each one after a gap of more than
-    MASK_START_SPAN_GAP positions: each later turn's in a multi-turn rollout). A one-sided
-    one-sample t-test over the sequences (scipy.stats.ttest_1samp; right-skewed residuals
-    make it conservative) finds a region when its Bonferroni-corrected p-value (two
-    regions) is below MASK_START_PVALUE, its mean excess is MASK_START_MIN_EXCESS nats or
-    more (MASK_START_MIN_EXCESS_FIRST on the span starts, one per turn: noisier) and
-    MASK_START_MIN_SEQS sequences or more are read. The early region first (a
-    prompt in the mask lifts the first token too): the prompt in the loss mask; else the
-    span starts: a mask shifted by one. A warning; info when the unsampled-tokens check
-    names the same cause (:func:`_cross_referenced`). Read on whole sequences, at most
-    MASK_START_MAX_ROWS tokens (:class:`_KeptSequences`). Where the unsampled-tokens check
-    sees the improbable tokens only, this reads every token of the region (helper-36's
-    real tiny model: English or held-out prompts in the mask, +0.29 nats, t = 27 and 21 on
-    1,152 sequences, a mask shifted onto English text +0.33, t = 7; 15 clean or mis-logged
-    runs |t| <= 3.1, within 0.018 nats early and 0.073 on the span starts). Deferred as
+    MASK_START_SPAN_GAP positions: each later turn's in a multi-turn rollout) against its
+    other tokens. A one-sided one-sample t-test over the sequences
+    (scipy.stats.ttest_1samp; right-skewed residuals make it conservative) finds a region
+    when its p-value, Bonferroni-corrected over the regions, is below MASK_START_PVALUE,
+    MASK_START_MIN_SEQS sequences or more are read and its mean excess is
+    MASK_START_MIN_EXCESS nats or more (MASK_START_MIN_EXCESS_FIRST on the span starts, one
+    per turn: noisier), or the logged bias if larger: where the logged distribution is not
+    the one that sampled (a temperature, a top-p / top-k truncation left out of the logs),
+    its bias depends on the distribution's shape, not only on its entropy, and differs by
+    position (helper-39: the span starts of clean top-p runs logged untruncated read +0.06
+    to +0.1 at t up to 20, beside a logged bias of 0.22 to 0.46 nats). The windows first
+    (the one with the largest t; a prompt in the mask lifts the first token too): the
+    prompt in the loss mask; else the span starts: a mask shifted by one. A warning; info
+    when the unsampled-tokens check names the same cause (:func:`_cross_referenced`). Read
+    on whole sequences, at most MASK_START_MAX_ROWS tokens (:class:`_KeptSequences`).
+    Where the unsampled-tokens check sees the improbable tokens only, this reads every
+    token of the region (helper-36's real tiny model: English or held-out prompts in the
+    mask, a mask shifted onto English text: found; clean runs clear). Deferred as
     :func:`_surprisal_deferred` says.
     """
     name = "mask_start_surprisal"
@@ -4039,96 +4061,111 @@ def _check_mask_start(ctx: _Ctx) -> _Result:
         return deferred
     assert ctx.mask_start is not None
     acc, rows = ctx.mask_start, ctx.mask_start.rows()
-    per = _mask_start_excess(rows)
+    per, bias = _mask_start_excess(rows)
     from scipy import stats
 
+    names = [f"w{w}" for w in MASK_START_WINDOWS] + ["first"]
     regions: dict[str, dict[str, Any]] = {}
-    for region in ("early", "first"):
-        x = (per.select((pl.col(region) - pl.col("rest")).alias("x"), "seq_key")
+    for region in names:
+        rest = "rest" if region == "first" else "r" + region[1:]
+        q = per.filter(pl.col("n") >= MASK_START_MIN_TOKENS) if region == "first" else per
+        x = (q.select((pl.col(region) - pl.col(rest)).alias("x"), "seq_key")
              .drop_nulls().drop_nans())
-        v = x["x"].to_numpy()
-        out: dict[str, Any] = {"sequences": int(v.size), "floor": (
-            MASK_START_MIN_EXCESS if region == "early" else MASK_START_MIN_EXCESS_FIRST)}
+        v = np.sort(x["x"].to_numpy())  # (sorted: sums in one order, whatever the keys)
+        floor = MASK_START_MIN_EXCESS_FIRST if region == "first" else MASK_START_MIN_EXCESS
+        out: dict[str, Any] = {"sequences": int(v.size), "floor": max(floor, bias)}
         if v.size >= 2 and float(np.std(v)) > 0:
             t = stats.ttest_1samp(v, 0.0, alternative="greater")
             out.update(mean=float(v.mean()), t=float(t.statistic),
-                       p=min(1.0, 2 * float(t.pvalue)), x=x)
+                       p=min(1.0, len(names) * float(t.pvalue)), x=x)
         regions[region] = out
-    tested = [r for r, o in regions.items() if "p" in o]
-    if not tested:
+    if not any("p" in o for o in regions.values()):
         return _cannot(name, f"too few sequences with {MASK_START_MIN_TOKENS} valid tokens or "
-                             f"more and tokens both at the start of their mask and after it "
-                             f"({regions['early']['sequences']:,})")
+                             f"more after the start of their mask "
+                             f"({regions['first']['sequences']:,})")
 
     def is_found(o: dict[str, Any]) -> bool:
         return ("p" in o and o["p"] < MASK_START_PVALUE and o["mean"] >= o["floor"]
                 and o["sequences"] >= MASK_START_MIN_SEQS)
 
+    def where_of(region: str) -> str:
+        return ("the first token of each loss-masked span" if region == "first" else
+                f"the {region[1:]} positions after the first loss-masked token")
+
     def said(region: str) -> str:
         o = regions[region]
-        where = (f"the first {MASK_START_EARLY:.0%} of the loss mask" if region == "early"
-                 else "the first token of each loss-masked span")
         if "p" not in o:
-            return f"{where}: too few sequences ({o['sequences']:,})"
-        return (f"{where}: {o['mean']:+.3g} nats (t = {o['t']:.1f}, {o['sequences']:,} "
-                f"sequences, {_pval(o['p'])})")
+            return f"{where_of(region)}: too few sequences ({o['sequences']:,})"
+        return (f"{where_of(region)}: {o['mean']:+.3g} nats (t = {o['t']:.1f}, "
+                f"{o['sequences']:,} sequences, {_pval(o['p'])})")
 
-    found = next((r for r in ("early", "first") if is_found(regions[r])), None)
+    windows = [r for r in names[:-1] if is_found(regions[r])]
+    found = (max(windows, key=lambda r: regions[r]["t"]) if windows
+             else "first" if is_found(regions["first"]) else None)
     sampled = (f", read on the sequences whose seq_key is a multiple of {acc.stride}"
                if acc.stride > 1 else "")
+    raised = (f"; the floor raised to the logged bias, {bias:.3g} nats: the tokens' surprisal "
+              "departs from their entropy by that much on average in their entropy bins, so "
+              "the logged distribution is not the one that sampled (a temperature or a "
+              "truncation left out of the logs), whose bias may differ by position"
+              if bias > MASK_START_MIN_EXCESS else "")
     if found is None:
-        return _clear(name, "surprisal over entropy, against the rest of the sequence: "
-                            + "; ".join(said(r) for r in ("early", "first")) + sampled
+        return _clear(name, "surprisal over entropy, against the tokens after: "
+                            + "; ".join(said(r) for r in names) + sampled
                             + f" (a finding needs {MASK_START_MIN_EXCESS:g} nats, "
                             f"{MASK_START_MIN_EXCESS_FIRST:g} on the span starts, and p < "
-                            f"{MASK_START_PVALUE:g}; a prompt the model predicts as well as "
-                            "it samples, e.g. its training text, does not show)")
+                            f"{MASK_START_PVALUE:g}{raised}; a prompt the model predicts as "
+                            "well as it samples, e.g. its training text, does not show)")
     o = regions[found]
-    x = o["x"].sort(["x", "seq_key"], descending=[True, False]).head(OUTLIER_LIST)
-    ids = [str(k) for k in x["seq_key"].to_list()]
-    if ctx.seqs is not None and "seq_id" in ctx.seqs.columns:
-        names = dict(ctx.seqs.select("seq_key", "seq_id").iter_rows())
-        ids = [str(names.get(k, k)) for k in x["seq_key"].to_list()]
+    x = _with_seq_ids(o["x"], ctx).sort(["x", "seq_id"], descending=[True, False]).head(
+        OUTLIER_LIST)
+    ids = [str(k) for k in x["seq_id"].to_list()]
     positive = float((o["x"]["x"] > 0).mean())
-    n_starts = int(per["starts"].sum())
+    n_starts = int(per.filter(pl.col("n") >= MASK_START_MIN_TOKENS)["starts"].sum())
     ev: dict[str, Any] = {
-        "cause": "prompt_in_mask" if found == "early" else "mask_shifted_by_one",
-        "region": found,
+        "cause": "mask_shifted_by_one" if found == "first" else "prompt_in_mask",
+        "region": "first" if found == "first" else "early",
+        "early_window_positions": None if found == "first" else int(found[1:]),
         "sequences": o["sequences"],
         "mean_excess_nats": _r(o["mean"], 6),
         "t": _r(o["t"], 3),
         "p_value": float(o["p"]),
+        "floor_nats": _r(o["floor"], 6),
+        "logged_bias_nats": _r(bias, 6),
         "sequences_positive_share": _r(positive),
-        "early_mean_excess_nats": _r(regions["early"].get("mean", float("nan")), 6),
-        "first_mean_excess_nats": _r(regions["first"].get("mean", float("nan")), 6),
+        "early_windows": {r[1:]: {"mean_excess_nats": _r(regions[r].get("mean", math.nan), 6),
+                                  "t": _r(regions[r].get("t", math.nan), 3),
+                                  "sequences": regions[r]["sequences"]} for r in names[:-1]},
+        "first_mean_excess_nats": _r(regions["first"].get("mean", math.nan), 6),
         "span_starts": n_starts,
         "tokens_read": rows.height,
         "seq_key_stride": acc.stride,
         "example_seq_ids": ids,
     }
-    if found == "early":
-        where = (f"the first {MASK_START_EARLY:.0%} of their loss-masked positions (the first "
-                 "token of each loss-masked span aside)")
-        cause = ("the loss mask looks to cover the prompt, or another teacher-forced prefix "
-                 "(a system message, a few-shot example, a forced reasoning prefix)")
-        title_where = "at the start of the loss mask (the prompt in the mask?)"
-    else:
-        where = ("the first token of each loss-masked span (their sequence's first, and "
-                 f"each one after a gap of more than {MASK_START_SPAN_GAP} positions: "
-                 f"{n_starts:,} tokens)")
+    if found == "first":
+        subject = ("The first token of each loss-masked span (the sequence's first, and each "
+                   f"one after a gap of more than {MASK_START_SPAN_GAP} positions: "
+                   f"{n_starts:,} tokens) is")
+        against = "the other tokens of its sequence"
         cause = ("the loss mask looks shifted by one, taking in the last prompt token (a BOS "
                  "or separator; in a multi-turn rollout, the token before each turn too), "
                  "which the engine never sampled")
         title_where = "on the first loss-masked token (a mask shifted by one?)"
-    msg = (f"The tokens in {where} are more surprising to the engine than their entropy says: "
-           f"their surprisal (-infer_logprob) exceeds their entropy by {o['mean']:+.3g} nats "
-           f"more on average than the rest of their sequence's tokens at the same entropy "
-           f"({o['sequences']:,} sequences, {_share(positive)} of them above their rest, "
-           f"t = {o['t']:.1f}, {_pval(o['p'])}{sampled}). Tokens the engine sampled have a "
-           f"surprisal equal to their entropy on average wherever they sit, so these were "
-           f"not sampled: {cause}. The trainer learns from tokens it should not, and their "
-           f"delta is no engine mismatch. E.g. seq_id {', '.join(ids[:5])} (the largest "
-           "excess).")
+    else:
+        subject = (f"The tokens within {found[1:]} positions after each sequence's first "
+                   "loss-masked token (span starts aside) are")
+        against = "the tokens after them"
+        cause = ("the loss mask looks to cover the prompt, or another teacher-forced prefix "
+                 "(a system message, a few-shot example, a forced reasoning prefix)")
+        title_where = "at the start of the loss mask (the prompt in the mask?)"
+    msg = (f"{subject} more surprising to the engine than the entropy says: the surprisal "
+           f"(-infer_logprob) exceeds the entropy by {o['mean']:+.3g} nats more on average "
+           f"than on {against} at the same entropy ({o['sequences']:,} sequences, "
+           f"{_share(positive)} of them above, t = {o['t']:.1f}, {_pval(o['p'])}{sampled}; "
+           f"floor {o['floor']:.3g} nats). Tokens the engine sampled have a surprisal equal "
+           f"to their entropy on average wherever they sit, so not all of these were "
+           f"sampled: {cause}. The trainer learns from tokens it should not, and their delta "
+           f"is no engine mismatch. E.g. seq_id {', '.join(ids[:5])} (the largest excess).")
     f = Finding(
         kind=name,
         severity="warning",
@@ -4253,8 +4290,8 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "staleness": ("cells",),
     "corrupt_rows": ("raw_bad",),
     "implausible_logprobs": ("cells", "implausible"),
-    "unsampled_tokens": ("cells", "unsampled"),
-    "mask_start_surprisal": ("mask_start",),
+    "unsampled_tokens": ("cells", "unsampled", "seqbins"),
+    "mask_start_surprisal": ("mask_start", "seqbins"),
     "trainer_noise_floor": ("cells", "floor"),
 }
 

@@ -2526,7 +2526,8 @@ def test_mask_start_clear_on_sampled_runs(tmp_path, sampled):
     start of the mask would read 0.2 nats above the rest)."""
     res = run_forensics(_load(tmp_path, sampled), checks=["mask_start_surprisal"])
     st = res.status("mask_start_surprisal")
-    assert st.status == "clear" and "the first 25% of the loss mask: " in st.reason, st
+    assert st.status == "clear" and "the 16 positions after the first loss-masked token: " in (
+        st.reason), st
     assert "the first token of each loss-masked span: " in st.reason and res.findings == ()
     real = run_forensics(load_dataset(None), checks=["mask_start_surprisal"])
     assert real.status("mask_start_surprisal").status == "clear"
@@ -2561,9 +2562,12 @@ def test_mask_start_prompt_in_the_mask_read_from_every_token(tmp_path, sampled):
     ev = f.evidence
     n_seqs = df.filter(pl.col("loss_mask")).select(pl.col("seq_id").n_unique()).item()
     assert ev["cause"] == "prompt_in_mask" and ev["region"] == "early"
-    assert 0.2 < ev["mean_excess_nats"] < 0.5 and ev["p_value"] < 1e-6 and ev["t"] > 5
-    assert 0.9 * n_seqs <= ev["sequences"] <= n_seqs and ev["seq_key_stride"] == 1
-    assert "prompt in the mask" in f.title and "not sampled" in f.message
+    assert 0.3 < ev["mean_excess_nats"] <= 0.5 and ev["p_value"] < 1e-6 and ev["t"] > 5
+    # (the prompt tokens after the smallest window lift the bins' means a little)
+    assert ev["early_window_positions"] in (4, 16) and ev["logged_bias_nats"] < 0.1
+    assert ev["floor_nats"] == FX.MASK_START_MIN_EXCESS
+    assert 0.75 * n_seqs <= ev["sequences"] <= n_seqs and ev["seq_key_stride"] == 1
+    assert "prompt in the mask" in f.title and "not all of these were sampled" in f.message
     from entr_diag.caveats import findings_caveats
 
     assert any("[mask_start_surprisal]" in c for c in findings_caveats(res.to_dict()))
@@ -2590,7 +2594,8 @@ def test_mask_start_first_token_is_a_shifted_mask(tmp_path, sampled):
     assert f is not None and f.severity == "warning", res.status("mask_start_surprisal")
     assert f.evidence["cause"] == "mask_shifted_by_one" and f.evidence["region"] == "first"
     assert f.evidence["mean_excess_nats"] > 1.0 and "shifted by one" in f.title
-    assert abs(f.evidence["early_mean_excess_nats"]) < FX.MASK_START_MIN_EXCESS
+    assert all(abs(w["mean_excess_nats"]) < FX.MASK_START_MIN_EXCESS
+               for w in f.evidence["early_windows"].values())
     alone = sampled.with_columns(  # (no other token in its bin)
         pl.when(_first_masked()).then(H).otherwise(H.clip(lower_bound=1e-3)).alias("entropy"))
     res = run_forensics(_load(tmp_path, _unsampled(alone, _first_masked()), "u.parquet"))
