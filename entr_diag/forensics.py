@@ -275,8 +275,9 @@ UNSAMPLED_CRITICAL_SHARE = 0.01
 #: entr-diag synth's defaults reads about 11%; the units check names the global causes,
 #: a temperature or a truncated entropy, on its own)
 UNSAMPLED_SPREAD_WARN_SHARE = 0.25
-#: the flagged rows kept for the localisation (about 20 bytes each), whole sequences
-UNSAMPLED_MAX_ROWS = 2_000_000
+#: the flagged rows kept for the localisation (about 20 bytes each), whole sequences (2M
+#: had taken fit to 1.06 GB peak at 50M synthetic tokens, 10% of them flagged; 1M: 0.95)
+UNSAMPLED_MAX_ROWS = 1_000_000
 
 #: mask-start surprisal: the start of the mask is each window of this many positions
 #: after a sequence's first loss-masked token (span starts aside), read against the
@@ -3124,9 +3125,9 @@ class _UnsampledTokens:
     placeholders are the implausible-logprobs check's). A batch costs one mask over its
     entropy and engine logprob; the flagged tokens (few on a consistent run; 10% of the
     tokens of a synthetic run: their columns gathered, never the seq_id strings) are reduced
-    per forensic entropy bin (n, sum delta^2), per (seq_key, bin) (n, first position; the
-    check names the seq_ids from the sequence table), per (file, bin) and per (step, bin),
-    and kept as rows (seq_key, position,
+    per forensic entropy bin (n, sum delta^2), per seq_key (the lowest bin: one row per
+    flagged sequence, not per (sequence, bin), whose merging had taken 300 MB more at 50M
+    tokens), per (file, bin) and per (step, bin), and kept as rows (seq_key, position,
     bin) for the localisation: every one while at most :data:`UNSAMPLED_MAX_ROWS`, else
     those of the sequences whose seq_key is a multiple of the smallest power of two that
     keeps at most that many (whatever the row order; seq_key 0 alone holding more: its
@@ -3136,8 +3137,9 @@ class _UnsampledTokens:
                FILE_INDEX)  # (those the frame has)
 
     def __init__(self) -> None:
-        self.seqs = PartialRows(["seq_key", "bin"], [pl.col("n").sum(),
-                                                     pl.col("first_pos").min()])
+        #: per flagged sequence, the lowest bin of its flagged tokens (a sequence is
+        #: flagged in the range up to bin j when that is j or lower)
+        self.seqs = PartialRows(["seq_key"], [pl.col("bin").min()])
         #: per forensic entropy bin: n and sum delta^2 of the flagged tokens
         self.bins = np.zeros((2, N_BINS))
         #: flagged tokens per (input file index, bin) and per (step, bin)
@@ -3161,8 +3163,7 @@ class _UnsampledTokens:
         d2 = f["delta"].cast(pl.Float64).to_numpy() ** 2
         self.bins[0] += np.bincount(b, minlength=N_BINS)
         self.bins[1] += np.bincount(b, weights=d2, minlength=N_BINS)
-        self.seqs.add(f.group_by("seq_key", "bin").agg(
-            pl.len().cast(pl.Int64).alias("n"), pl.col("position").min().alias("first_pos")))
+        self.seqs.add(f.group_by("seq_key").agg(pl.col("bin").min()))
         for name, store in ((FILE_INDEX, self.files), ("step", self.steps)):
             if name in f.columns and not f[name].null_count():
                 for k, bn, n in f.group_by(name, "bin").len().iter_rows():
@@ -3846,10 +3847,11 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
     shifted_mask = (not prompt and first_share is not None and first_base is not None
                     and first_share >= UNSAMPLED_FIRST_SHARE
                     and first_share >= UNSAMPLED_BASE_FACTOR * first_base)
-    seqs = (acc.seqs.result().filter(pl.col("bin") <= j).group_by("seq_key")
-            .agg(pl.col("n").sum(), pl.col("first_pos").min()))
-    ex = _with_seq_ids(seqs, ctx).sort("n", "seq_id", descending=[True, False]).head(
-        OUTLIER_LIST)
+    n_seqs = acc.seqs.result().filter(pl.col("bin") <= j).height
+    # examples: the kept sequences (all, or those of the stride) with most such tokens
+    ex = _with_seq_ids(rows.group_by("seq_key").agg(pl.len().alias("n"), pl.col(
+        "position").min().alias("first_pos")), ctx).sort(
+        "n", "seq_id", descending=[True, False]).head(OUTLIER_LIST)
     ev: dict[str, Any] = {
         "tokens_flagged": o,
         "tokens_below_entropy": n_low,
@@ -3859,7 +3861,7 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
         "excess_token_share": _r(excess / n_all if n_all else float("nan"), 6),
         "p_value": float(p),
         "delta2_share_below_entropy": _r(d2_share, 6),
-        "sequences_flagged": seqs.height,
+        "sequences_flagged": n_seqs,
         "first_masked_share": None if first_share is None else _r(first_share),
         "first_masked_base": None if first_base is None else _r(first_base),
         "early_share": None if early_share is None else _r(early_share),
