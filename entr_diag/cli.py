@@ -853,7 +853,6 @@ def _require_tokens(ds) -> None:
     whose wrong values happen to lie at or below 1e-4 nats (a biased remainder with the
     same mistake), not a sample to analyse."""
     from entr_diag.errors import InputError
-    from entr_diag.io.schema import EXCLUSION_REASONS
 
     acc = ds.accounting
     where = _where(ds)
@@ -918,14 +917,22 @@ def _require_tokens(ds) -> None:
             f"false ('{ds.mapping.get('loss_mask')}'). Check the loss-mask column or map "
             "another one with --column loss_mask=NAME."
         )
-    reasons = "; ".join(f"{r}: {n:,} ({EXCLUSION_REASONS.get(r, '')})" for r, n in acc.excluded.items())
+    raise InputError(f"{where}: {_all_excluded(ds)}")
+
+
+def _all_excluded(ds) -> str:
+    """Why an input with loss-masked tokens has no valid one: the count, each exclusion
+    reason with its tokens and meaning, and the hint of the dominant reason."""
+    from entr_diag.io.schema import EXCLUSION_REASONS
+
+    acc = ds.accounting
+    reasons = "; ".join(f"{r}: {n:,} ({EXCLUSION_REASONS.get(r, '')})"
+                        for r, n in acc.excluded.items())
     from entr_diag.caveats import exclusion_hint
 
     hint = exclusion_hint(acc.excluded, acc.tokens_masked, ds.mapping, acc.excluded_where)
-    raise InputError(
-        f"{where}: 0 valid loss-masked tokens: all {acc.tokens_masked:,} loss-masked tokens "
-        f"were excluded. {reasons}.{' ' + hint if hint else ''}"
-    )
+    return (f"0 valid loss-masked tokens: all {acc.tokens_masked:,} loss-masked tokens "
+            f"were excluded. {reasons}.{' ' + hint if hint else ''}")
 
 
 def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = True,
@@ -1108,6 +1115,8 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
                               acc.excluded_where)
     if caveat:
         _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
+    elif not acc.tokens_valid and acc.tokens_masked:  # (inspect: the others refuse it)
+        _notes.add("[yellow]warning:[/yellow] " + escape(_all_excluded(ds)))
     if acc.starved_files:  # files contributing (almost) nothing: a wrong mask?
         from entr_diag.caveats import starved_files_warning
 

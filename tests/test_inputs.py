@@ -1005,3 +1005,27 @@ def test_a_shard_with_an_empty_schema_says_so(tmp_path):
     assert r.stderr.startswith(f"error: cannot read {tmp_path / 'b.parquet'}: it holds no "
                                "columns at all (an empty Parquet schema, 0 rows)"), r.stderr
     assert "--skip-unreadable" in r.stderr
+
+
+def test_inspect_of_an_input_with_every_token_excluded_says_why(tmp_path):
+    """`inspect` of an input whose every loss-masked token is excluded (all engine logprobs
+    null) exits 0, as it describes the data, with the same warning, even with --quiet, as
+    the other commands' refusal: the reasons and the hint (helper-40: only 'nothing to
+    analyse', no warning, JSON warnings empty)."""
+    from entr_diag.synth import SynthSpec, write_synth
+
+    p = tmp_path / "run.parquet"
+    write_synth(p, SynthSpec(n_tokens=3_000, seed=1))
+    nulls = tmp_path / "nulls.parquet"
+    pl.read_parquet(p).with_columns(pl.lit(None, pl.Float64).alias("infer_logprob")).write_parquet(
+        nulls)
+    out = tmp_path / "i.json"
+    r = CliRunner().invoke(app, ["inspect", str(nulls), "--quiet", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    warned = [w for w in r.stderr.splitlines() if w.startswith("warning: 0 valid loss-masked")]
+    assert len(warned) == 1 and "non_finite_logprob" in warned[0], r.stderr
+    assert any(w.startswith("0 valid loss-masked tokens: all ")
+               for w in json.loads(out.read_text())["warnings"])
+    r = CliRunner().invoke(app, ["fit", str(nulls), "--quiet"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: ") and "warning:" not in r.stderr
+    assert warned[0].removeprefix("warning: ") in r.stderr
