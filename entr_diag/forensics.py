@@ -1076,12 +1076,15 @@ class _LagSums:
     :class:`_LagSample` may hold none of a handful of shifted sequences in a large run,
     and a handful already flips the fitted law): per (seq_key, step), the sums of
     |train_logprob[t] - infer_logprob[t +- 1]| over the pairs of consecutive rows of one
-    sequence at consecutive positions within a batch, their counts, and the sum of
-    |delta| over all tokens. numpy reduces the runs of one sequence of each batch with
+    sequence at consecutive positions within a batch, their counts, and the sums of
+    |delta[t]| over the same tokens t (the lag-0 reference on the tokens each lag reads: a
+    sequence's first or last token, which one lag has no pair for, can hold most of its
+    |delta|, e.g. a collapsed policy's first token after a few versions' drift, and had
+    read as a shift; helper-39). numpy reduces the runs of one sequence of each batch with
     ``reduceat`` (the step is constant within a sequence key); partial rows of a sequence
     split across batches are summed."""
 
-    COLS = ("_a-1", "_n-1", "_a1", "_n1", "_z", "_n0")
+    COLS = ("_a-1", "_z-1", "_n-1", "_a1", "_z1", "_n1")
     #: seq_id may come as read (an integer; passes.NATIVE_SEQ_ID): kept per sequence as
     #: String, to name the shifted sequences
     native_seq_id = True
@@ -1136,19 +1139,15 @@ class _LagSums:
         w = np.zeros(n)
         # lag -1 at token t = i + 1: |train[t] - infer[t - 1]|; lag +1 at t = i: |train[t] -
         # infer[t + 1]|
-        for lag, a, b in ((-1, tl[1:], il[:-1]), (1, tl[:-1], il[1:])):
+        ad = np.abs(column(batch, "delta"))
+        for lag, a, b, z in ((-1, tl[1:], il[:-1], ad[1:]), (1, tl[:-1], il[1:], ad[:-1])):
             np.subtract(a, b, out=w[:-1])
             np.abs(w, out=w)
             w *= pair
             out[f"_a{lag}"] = np.add.reduceat(w, starts)
+            np.multiply(z, pair[:-1], out=w[:-1])  # (w[-1] is 0: no pair)
+            out[f"_z{lag}"] = np.add.reduceat(w, starts)
             out[f"_n{lag}"] = n_pairs
-        ad = np.abs(column(batch, "delta"))
-        if ok is None:
-            out["_z"] = np.add.reduceat(ad, starts)
-            out["_n0"] = np.diff(np.append(starts, n)).astype(np.int64)
-        else:
-            out["_z"] = np.add.reduceat(np.where(ok, ad, 0.0), starts)
-            out["_n0"] = np.add.reduceat(ok.astype(np.int64), starts)
         if self.with_file:
             out[FILE_INDEX] = column(batch, FILE_INDEX)[starts]
         self.rows.add(out)
@@ -1370,14 +1369,13 @@ def _misalignment(sample: pl.DataFrame, keep: int,
             every = None
             ev["pass_pair_share"] = _r(n_e / n_s)
     # partial: sequences that are shifted on their own (lags +-1 on every sequence when
-    # the pass summed them; the lag-0 reference is then the sequence's mean over all tokens)
+    # the pass summed them, with the lag-0 reference on the tokens of each lag's pairs)
     shifted: dict[int, pl.DataFrame] = {}
     tested_at: dict[int, pl.DataFrame] = {}
     tested = 0
     for L in lags:
         if every is not None and abs(L) == 1:
-            t = every.filter(pl.col(f"_n{L}") >= MISALIGN_SEQ_MIN_PAIRS).with_columns(
-                (pl.col("_z") * pl.col(f"_n{L}") / pl.col("_n0")).alias(f"_z{L}"))
+            t = every.filter(pl.col(f"_n{L}") >= MISALIGN_SEQ_MIN_PAIRS)
         else:
             t = per_seq.filter(pl.col(f"_n{L}") >= MISALIGN_SEQ_MIN_PAIRS)
         tested, tested_at[L] = max(tested, t.height), t

@@ -2666,3 +2666,22 @@ def test_kept_sequences_are_bounded_whatever_the_batches(monkeypatch):
     assert a.stride == b.stride == 4 and a.rows().height == b.rows().height == 30
     assert sorted(b.rows()["seq_key"].unique()) == list(range(0, 40, 4))
     assert a.rows()["e"].to_list() == pytest.approx([0.2] * 30)
+
+
+def test_collapsed_sequences_with_a_drifted_first_token_are_not_a_shift(tmp_path, sampled):
+    """Sequences of one repeated near-certain token whose first token's logprobs differ by
+    6.5 nats (a collapsed, stale policy: helper-39's clean real-model run was refused as
+    'shifted by +1 in 4.7% of sequences'): lag -1 pairs leave that first token out, so the
+    lag-0 reference is taken on the same tokens, not on all of them; no shift."""
+    lm = pl.col("loss_mask")
+    collapsed = (pl.col("seq_id") % 10 == 0) & lm
+    first = _first_masked()
+    df = sampled.with_columns(
+        pl.when(collapsed & first).then(-7.6).when(collapsed).then(-0.005).otherwise(TL)
+        .alias("train_logprob"),
+        pl.when(collapsed & first).then(-1.1).when(collapsed).then(-1e-5).otherwise(IL)
+        .alias("infer_logprob"))
+    res = run_forensics(_load(tmp_path, df), checks=["misalignment"])
+    st = res.status("misalignment")
+    assert st.status == "clear", st
+    assert res.by_kind("misalignment") is None
