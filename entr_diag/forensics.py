@@ -1528,8 +1528,7 @@ def _defer_temperature_to_truncation(found: list[tuple[int, Finding]]
     note = (" But the truncated-sampling check warns too, and the renormalisation of a "
             "top-k / top-p support on the engine side tilts this slope as much: it may be "
             "that, not a temperature (info only).")
-    return [(i, dataclasses.replace(f, severity="info", message=f.message + note)
-             if f is t else f) for i, f in found]
+    return _made_info(found, lambda f: f is t, note)
 
 
 #: the findings read from delta itself: beside logprob columns shifted against each other
@@ -1554,8 +1553,8 @@ def _defer_to_misalignment(found: list[tuple[int, Finding]]) -> list[tuple[int, 
             "finding): the shifted sequences' delta compares neighbouring tokens and can "
             "make this signature on its own; realign them and rerun for this check's own "
             "reading (info only).")
-    return [(i, dataclasses.replace(f, severity="info", message=f.message + note)
-             if f.kind in DELTA_FINDINGS and f.severity != "info" else f) for i, f in found]
+    return _made_info(found, lambda f: f.kind in DELTA_FINDINGS and f.severity != "info",
+                      note)
 
 
 def _pooled_beside_a_jump(found: list[tuple[int, Finding]]) -> list[tuple[int, Finding]]:
@@ -1576,6 +1575,14 @@ def _pooled_beside_a_jump(found: list[tuple[int, Finding]]) -> list[tuple[int, F
     return [(i, dataclasses.replace(f, message=f.message + note)
              if f.kind in ("one_sided_temperature", "truncated_sampling") else f)
             for i, f in found]
+
+
+def _made_info(found: list[tuple[int, Finding]], which: Callable[[Finding], bool],
+               note: str) -> list[tuple[int, Finding]]:
+    """``found`` with the findings ``which`` selects made info, ``note`` (why: another
+    finding explains them) appended to their message."""
+    return [(i, dataclasses.replace(f, severity="info", message=f.message + note)
+             if which(f) else f) for i, f in found]
 
 
 def _cross_referenced(found: list[tuple[int, Finding]]) -> list[tuple[int, Finding]]:
@@ -1601,8 +1608,7 @@ def _mask_start_beside_unsampled(found: list[tuple[int, Finding]]
         return found
     note = (" The unsampled-tokens check names the same cause from the improbable tokens "
             "(info only here).")
-    return [(i, dataclasses.replace(f, severity="info", message=f.message + note)
-             if f is ms else f) for i, f in found]
+    return _made_info(found, lambda f: f is ms, note)
 
 
 def _zero_runs_beside_truncation(found: list[tuple[int, Finding]]
@@ -1627,8 +1633,7 @@ def _zero_runs_beside_truncation(found: list[tuple[int, Finding]]
     note = (" But the truncated-sampling check warns too, and every such token is an engine "
             "logprob of exactly 0.0: runs of one-token nuclei, which the engine's top-p / "
             "top-k renormalises to probability 1, likely (info only).")
-    return [(i, dataclasses.replace(f, severity="info", message=f.message + note)
-             if f is cr else f) for i, f in found]
+    return _made_info(found, lambda f: f is cr, note)
 
 
 def _outliers_beside_truncation(found: list[tuple[int, Finding]]
