@@ -1115,8 +1115,13 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
                               acc.excluded_where)
     if caveat:
         _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
-    elif not acc.tokens_valid and acc.tokens_masked:  # (inspect: the others refuse it)
-        _notes.add("[yellow]warning:[/yellow] " + escape(_all_excluded(ds)))
+    elif not acc.tokens_valid:  # (inspect: the others refuse it, with this sentence)
+        from entr_diag.errors import InputError
+
+        try:
+            _require_tokens(ds)
+        except InputError as e:
+            _notes.add("[yellow]warning:[/yellow] " + escape(str(e)))
     if acc.starved_files:  # files contributing (almost) nothing: a wrong mask?
         from entr_diag.caveats import starved_files_warning
 

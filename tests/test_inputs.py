@@ -1022,10 +1022,19 @@ def test_inspect_of_an_input_with_every_token_excluded_says_why(tmp_path):
     out = tmp_path / "i.json"
     r = CliRunner().invoke(app, ["inspect", str(nulls), "--quiet", "--json", str(out)])
     assert r.exit_code == 0, r.output
-    warned = [w for w in r.stderr.splitlines() if w.startswith("warning: 0 valid loss-masked")]
+    warned = [w for w in r.stderr.splitlines()
+              if w.startswith("warning: ") and "0 valid loss-masked tokens: all " in w]
     assert len(warned) == 1 and "non_finite_logprob" in warned[0], r.stderr
-    assert any(w.startswith("0 valid loss-masked tokens: all ")
+    assert any("0 valid loss-masked tokens: all " in w
                for w in json.loads(out.read_text())["warnings"])
     r = CliRunner().invoke(app, ["fit", str(nulls), "--quiet"])
     assert r.exit_code == 2 and r.stderr.startswith("error: ") and "warning:" not in r.stderr
     assert warned[0].removeprefix("warning: ") in r.stderr
+    # no loss-masked token at all (helper-41): the same, with fit's sentence
+    unmasked = tmp_path / "unmasked.parquet"
+    pl.read_parquet(p).with_columns(pl.lit(False).alias("loss_mask")).write_parquet(unmasked)
+    r = CliRunner().invoke(app, ["inspect", str(unmasked), "--quiet"])
+    assert r.exit_code == 0 and "warning: " in r.stderr and "no loss-masked token: all " in (
+        r.stderr), r.stderr
+    f = CliRunner().invoke(app, ["fit", str(unmasked), "--quiet"])
+    assert f.exit_code == 2 and f.stderr.removeprefix("error: ") in r.stderr
