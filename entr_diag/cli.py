@@ -1034,10 +1034,15 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             + ", or dump a position column.")
     nostep = ds.accounting.tokens_without_step
     if nostep:
+        floats = any(n.split(" ", 1)[0] == "step" and " holds floating-point values " in n
+                     for n in ds.notes)
         _notes.add(
-            f"[yellow]warning:[/yellow] {nostep:,} valid token(s) have a null step: their "
-            "sequences are keyed (null, seq_id), apart from any tokens of the same seq_id "
-            "that have a step, and they count in no step's row of the per-step tables."
+            f"[yellow]warning:[/yellow] {nostep:,} valid token(s) have a null step"
+            + (" (null in the file, or a floating-point step with a fraction, e.g. 1.5, "
+               "which reads as null: the step column holds floats)" if floats else "")
+            + ": their sequences are keyed (null, seq_id), apart from any tokens of the "
+            "same seq_id that have a step, and they count in no step's row of the per-step "
+            "tables."
         )
     rep, checked = ds.accounting.tokens_repeating_row, ds.accounting.tokens_row_checked
     from entr_diag.io.load import (

@@ -412,7 +412,7 @@ def test_null_step_tokens_are_counted_and_warned_about(tmp_path):
     assert ds.accounting.tokens_without_step == 1 and ds.accounting.sequences_total == 3
     assert ds.accounting.to_dict()["tokens_without_step"] == 1
     r = CliRunner().invoke(app, ["inspect", str(p)])
-    assert "warning: 1 valid token(s) have a null step" in r.stderr
+    assert "warning: 1 valid token(s) have a null step:" in " ".join(r.stderr.split())
     assert load_dataset([_write(tmp_path, _long(), "ok.parquet")]).accounting \
         .tokens_without_step == 0
 
@@ -1561,6 +1561,16 @@ def test_integer_columns_written_as_floats_read_their_whole_values(tmp_path):
     note = [n for n in ds.notes if "holds floating-point values" in n]
     assert len(note) == 3 and any(n.startswith("step holds") and "in 1 of 2 files" in n
                                   for n in note)
+    # the null-step warning names the fractional value as a cause, also with --quiet
+    # (which hides the note)
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    r = CliRunner().invoke(app, ["inspect", "--quiet", str(a.parent)])
+    assert ("warning: 1 valid token(s) have a null step (null in the file, or a "
+            "floating-point step with a fraction, e.g. 1.5, which reads as null") in \
+        " ".join(r.stderr.split())
 
 
 def test_sequence_id_written_as_floats_reads_its_whole_values(tmp_path):
