@@ -1857,6 +1857,34 @@ def test_override_taking_a_needed_column_explained(tmp_path):
     assert ds.mapping["entropy"] == "entropys" and "train_entropy" not in ds.mapping
     assert any("train_entropy: 'entropys' is taken by --column entropy=entropys" in n
                for n in ds.notes)
+    assert not any(n.startswith("warning: ") for n in ds.notes)
+
+
+def test_override_taking_a_structural_column_is_warned_about(tmp_path):
+    """--column seq_id=position (a mapping mistake) leaves position no column: every
+    command warns, naming what is lost, instead of only inspect noting it (the repeated-rows
+    warning then said 'the input has no position column', helper-40); an override that
+    leaves the column another source is only noted."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    p = _write(tmp_path, _long())
+    ds = load_dataset([p], columns={"seq_id": "position"})
+    assert "position" not in ds.mapping
+    warn = [n for n in ds.notes if n.startswith("warning: position: 'position' is taken")]
+    assert len(warn) == 1 and "tokens are numbered in row order" in warn[0]
+    r = CliRunner().invoke(app, ["inspect", "--quiet", str(p), "--column", "seq_id=position"])
+    assert ("warning: position: 'position' is taken by --column seq_id=position, so the "
+            "input is read without a position column") in " ".join(r.stderr.split())
+    ds = load_dataset([p], columns={"seq_id": "step"})
+    assert any(n.startswith("warning: step: 'step' is taken by --column seq_id=step")
+               and "no per-step tables" in n for n in ds.notes)
+    # another spelling of position left: no warning
+    q = _write(tmp_path, _long().with_columns(pl.col("position").alias("pos")), "q.parquet")
+    ds = load_dataset([q], columns={"seq_id": "position"})
+    assert ds.mapping["position"] == "pos"
+    assert not any(n.startswith("warning: ") for n in ds.notes)
 
 
 def test_library_entry_points_take_one_path_and_check_the_seed(tmp_path):

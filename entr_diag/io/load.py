@@ -594,6 +594,17 @@ def _whose(src: str, canon: str, foreign: Mapping[str, Sequence[str]],
             f"{_or_list(users, 'and')} {verb} for {canon}")
 
 
+#: canonical columns that key or order the tokens: an override taking the column one of
+#: them would be read from, when nothing else can be, is warned about (what is lost)
+_STRUCTURAL_COLUMNS: dict[str, str] = {
+    "position": "tokens are numbered in row order within each sequence",
+    "step": "no per-step tables, every sequence keyed by its seq_id alone",
+    "policy_version": "no staleness",
+    "train_version": "no staleness",
+    "loss_mask": "every token counts as loss-masked",
+}
+
+
 def resolve_mapping(
     available: Mapping[str, pa.DataType],
     *,
@@ -750,7 +761,14 @@ def resolve_mapping(
                          f"{_whose(src, canon, foreign, spelled_as.get(src))}; map it with "
                          f"--column {canon}={src}")
         for src in lost.get(canon, []):
-            notes.append(f"{canon}: '{src}' is taken by --column {taken_by[src]}={src}")
+            if usable or canon not in _STRUCTURAL_COLUMNS:
+                notes.append(f"{canon}: '{src}' is taken by --column {taken_by[src]}={src}")
+            else:  # e.g. --column seq_id=position: no position column is read at all
+                notes.append(
+                    f"warning: {canon}: '{src}' is taken by --column {taken_by[src]}={src}, "
+                    f"so the input is read without a {canon} column "
+                    f"({_STRUCTURAL_COLUMNS[canon]}): check that mapping, "
+                    f"{taken_by[src]} usually has a column of its own")
         if not usable or (canon == "entropy" and entropy == "train"):  # not used: no choice
             continue
         if len(usable) > 1 and usable[0] != own:
