@@ -1311,6 +1311,26 @@ def test_render_most_severe_first():
     assert "Check: slicing" in out
     assert "cannot_tell" in out and "no step column" in out
     assert "2 finding(s), 1 above info" in out
+    # a found check's status names its most severe finding's severity
+    assert "found: critical" in out
+
+
+def test_status_labels_name_the_most_severe_finding_of_a_check():
+    """A check that found only info findings reads 'found: info' (the Forensics line calls
+    it info only); one with an info and a warning finding 'found: warning'; other
+    statuses as they are, in the order of the checks."""
+    from entr_diag.report.terminal_findings import status_labels
+
+    d = {"findings": [{"kind": "staleness", "severity": "info"},
+                      {"kind": "drift", "severity": "info"},
+                      {"kind": "drift", "severity": "warning"}],
+         "checks": {"staleness": {"status": "found"}, "drift": {"status": "found"},
+                    "misalignment": {"status": "clear"}, "units": {"status": "cannot_tell"},
+                    "odd": {"status": "found"}}}
+    assert status_labels(d) == {"staleness": "found: info", "drift": "found: warning",
+                                "misalignment": "clear", "units": "cannot_tell",
+                                "odd": "found"}
+    assert list(status_labels(d)) == list(d["checks"])
 
 
 GOLDEN = """\
@@ -1326,11 +1346,11 @@ Mismatch forensics: 2 finding(s), 1 above info
 │          │ grows with lag                │                          │
 │          │ Check: the lag                │                          │
 └──────────┴───────────────────────────────┴──────────────────────────┘
-                   Forensic checks
- check        ┃ status      ┃ why
-━━━━━━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━
- misalignment │ found       │ lag +1 fits 20x better
- drift        │ cannot_tell │ no step column
+                     Forensic checks
+ check        ┃ status          ┃ why
+━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━
+ misalignment │ found: critical │ lag +1 fits 20x better
+ drift        │ cannot_tell     │ no step column
 """
 
 

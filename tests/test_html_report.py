@@ -649,6 +649,8 @@ def test_forensics_findings_dict_rendered():
         "cannot_tell",
         "no recompute column",
         'class="sev-critical"',
+        "found: critical",
+        "2 checks: 1 cannot tell, 1 found: critical",
     ):
         assert _has(seg, s), s
     assert h.index('id="findings"') < h.index('id="summary"')

@@ -438,8 +438,12 @@ def _findings_section(findings: Any) -> str:
         else "<p>No cause of mismatch was found by the forensics checks.</p>"
     )
     if checks:
+        from entr_diag.report.terminal_findings import status_labels
+
+        labels = status_labels({"findings": [f for f in findings if isinstance(f, Mapping)],
+                                "checks": checks})
         rows = [
-            (name, _get(st, "status") or "", _get(st, "reason") or "")
+            (name, labels.get(name) or _get(st, "status") or "", _get(st, "reason") or "")
             for name, st in checks.items()
         ]
         counts: dict[str, int] = {}

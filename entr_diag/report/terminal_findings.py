@@ -53,6 +53,32 @@ def _evidence_text(ev: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def status_labels(findings: Any) -> dict[str, str]:
+    """Each check's status as shown to a reader: ``found`` followed by the most severe
+    severity among the check's findings (``found: info``; a check whose findings are all
+    info did not find a cause of mismatch, as the Forensics line says), else the status
+    (``clear``, ``cannot_tell``).
+
+    Args:
+        findings: a :class:`~entr_diag.forensics.Findings` or its ``to_dict()``.
+
+    Returns:
+        {check name: label}, in the order of ``checks``.
+    """
+    d = _as_dict(findings)
+    worst: dict[str, str] = {}
+    for f in d.get("findings", []) or []:
+        kind, sev = f.get("kind"), f.get("severity", "info")
+        if kind and _SEV_ORDER.get(sev, 3) < _SEV_ORDER.get(worst.get(kind, ""), 4):
+            worst[kind] = sev
+    out = {}
+    for name, st in (d.get("checks") or {}).items():
+        status = str((st or {}).get("status", "")) if isinstance(st, Mapping) else ""
+        out[name] = f"{status}: {worst[name]}" if status == "found" and name in worst \
+            else status
+    return out
+
+
 def render_findings(findings: Any, console: Console, *, show_checks: bool = True) -> None:
     """Print findings, most severe first, then every check's status.
 
@@ -93,9 +119,11 @@ def render_findings(findings: Any, console: Console, *, show_checks: bool = True
     checks = d.get("checks", {})
     if show_checks and checks:
         ct = Table("check", "status", "why", title="Forensic checks", show_edge=False)
+        labels = status_labels(d)
         for name, st in checks.items():
             status = st.get("status", "")
             # Text, not str: reasons hold brackets such as E[delta^2] that rich would parse
-            ct.add_row(Text(name), Text(status, style=_STATUS_STYLE.get(status, "")),
+            ct.add_row(Text(name), Text(labels.get(name, status),
+                                        style=_STATUS_STYLE.get(status, "")),
                        Text(st.get("reason", "")))
         console.print(ct)
