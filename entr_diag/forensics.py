@@ -3789,12 +3789,13 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
     top = int(round((math.log10(UNSAMPLED_H_MAX) - math.log10(H_BIN_LO)) / BIN_DECADES))
     edges = [H_BIN_LO * 10 ** (BIN_DECADES * (j + 1)) for j in range(top)]
     o_c = np.cumsum(acc.bins[0, :top])
-    lam_c = np.cumsum(cols[1, :top]) / s
+    # (the bound in nats: an entropy column in bits or log10 units is converted)
+    lam_c = np.cumsum(cols[1, :top]) * _entropy_to_nats(ctx)[0] / s
     n_c = np.cumsum(cols[0, :top])
     tests = [j for j in range(top) if n_c[j] > 0]
     if not tests or o_c[-1] == 0:
-        return _clear(name, f"no valid token below {UNSAMPLED_H_MAX:g} nats has a sampled-token "
-                            f"probability below {UNSAMPLED_P:g}")
+        return _clear(name, f"no valid token below {_h_text(UNSAMPLED_H_MAX, ctx)} has a "
+                            f"sampled-token probability below {UNSAMPLED_P:g}")
     pv = {j: min(1.0, len(tests) * (float(stats.poisson.sf(o_c[j] - 1, lam_c[j]))
                                     if o_c[j] else 1.0)) for j in tests}
     found = [j for j in tests if pv[j] < UNSAMPLED_PVALUE
@@ -3804,7 +3805,7 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
     j = max(found, key=lambda i: (o_c[i] - lam_c[i], -i)) if found else tests[-1]
     o, lam, n_low, p = int(o_c[j]), float(lam_c[j]), int(n_c[j]), pv[j]
     edge = edges[j]
-    why = (f"{o:,} of the {n_low:,} tokens at entropy below {edge:.3g} nats have a "
+    why = (f"{o:,} of the {n_low:,} tokens at entropy below {_h_text(edge, ctx)} have a "
            f"sampled-token probability p < {UNSAMPLED_P:g}, where tokens sampled from "
            f"distributions of those entropies have at most {lam:.3g} such (Markov: "
            "P(-log p >= s) <= H / s)")
@@ -3919,7 +3920,7 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
         title_where = "spread over the sequences"
     if sev == "warning" and share >= UNSAMPLED_CRITICAL_SHARE and (shifted_mask or prompt):
         sev = "critical"
-    effect = (f"They carry {_mass(d2_share)} of sum delta^2 below {edge:.3g} nats, where "
+    effect = (f"They carry {_mass(d2_share)} of sum delta^2 below {_h_text(edge, ctx)}, where "
               "they set the bins' mean delta^2 (and with them the law's lowest bins, H* and "
               "any noise regime, where the law reads those bins)")
     if sev != "info" and (shifted_mask or prompt):
@@ -3939,8 +3940,8 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
         kind=name,
         severity=sev,
         title=(f"{o:,} low-entropy token(s) not drawn from the logged distribution (p < "
-               f"{UNSAMPLED_P:g} at entropy below {edge:.3g} nats, where at most {lam:.3g} "
-               f"are possible), {title_where}"),
+               f"{UNSAMPLED_P:g} at entropy below {_h_text(edge, ctx, short=True)}, where at "
+               f"most {lam:.3g} are possible), {title_where}"),
         message=msg,
         evidence=ev,
         check=(
@@ -3953,8 +3954,9 @@ def _check_unsampled(ctx: _Ctx) -> _Result:
             "policy version."
         ),
     )
-    return _found(f, f"{o:,} tokens with p < {UNSAMPLED_P:g} below {edge:.3g} nats, at most "
-                     f"{lam:.3g} possible ({_pval(p)})")
+    return _found(f, f"{o:,} tokens with p < {UNSAMPLED_P:g} below "
+                     f"{_h_text(edge, ctx, short=True)}, at most {lam:.3g} possible "
+                     f"({_pval(p)})")
 
 
 def _with_seq_ids(rows: pl.DataFrame, ctx: _Ctx) -> pl.DataFrame:
@@ -3964,6 +3966,30 @@ def _with_seq_ids(rows: pl.DataFrame, ctx: _Ctx) -> pl.DataFrame:
     assert ctx.seqs is not None
     return rows.join(ctx.seqs.select("seq_key", pl.col("seq_id").cast(pl.String)),
                      on="seq_key", how="left", maintain_order="left")
+
+
+def _entropy_to_nats(ctx: _Ctx) -> tuple[float, str | None]:
+    """(factor, unit): the factor that turns the entropy column's values into nats and the
+    column's unit, when the fit's units check names it (``ctx.unit_mistake``
+    ``entropy_bits``: ``(ln 2, "bits")``; ``entropy_log10``: ``(ln 10, "log10 units")``,
+    :data:`entr_diag.caveats.ENTROPY_UNITS`); else ``(1.0, None)``: nats."""
+    from entr_diag.caveats import ENTROPY_UNITS
+
+    unit = ENTROPY_UNITS.get(ctx.unit_mistake or "")
+    return (1.0, None) if unit is None else (unit[1], unit[0])
+
+
+def _h_text(h: float, ctx: _Ctx, short: bool = False) -> str:
+    """An entropy ``h`` as the entropy column reads it, with its unit: ``"0.1 nats"``, or
+    when the units check names another unit (:func:`_entropy_to_nats`) ``"0.1 in the
+    entropy column's unit (probably bits; 0.0693 nats)"`` (``short``: ``"0.1 bits
+    (0.0693 nats)"``)."""
+    f, unit = _entropy_to_nats(ctx)
+    if unit is None:
+        return f"{h:.3g} nats"
+    if short:
+        return f"{h:.3g} {unit} ({h * f:.3g} nats)"
+    return f"{h:.3g} in the entropy column's unit (probably {unit}; {h * f:.3g} nats)"
 
 
 def _surprisal_deferred(ctx: _Ctx, name: str, why_entropy: str) -> _Result | None:
@@ -4066,6 +4092,10 @@ def _check_mask_start(ctx: _Ctx) -> _Result:
         return deferred
     assert ctx.mask_start is not None
     acc, rows = ctx.mask_start, ctx.mask_start.rows()
+    f = _entropy_to_nats(ctx)[0]
+    if f != 1.0:  # e = surprisal - entropy in nats: an entropy in bits or log10 converted
+        rows = rows.with_columns((pl.col("e") + pl.col("entropy") * (1.0 - f))
+                                 .cast(pl.Float32))
     per, bias = _mask_start_excess(rows)
     from scipy import stats
 

@@ -2602,6 +2602,44 @@ def test_mask_start_prompt_in_the_mask_read_from_every_token(tmp_path, sampled):
     assert res.status("mask_start_surprisal").status == "clear"
 
 
+def test_surprisal_checks_read_an_entropy_in_bits_in_nats(tmp_path, sampled):
+    """When the units check finds the entropy column in bits, the mask-start check reads
+    the surprisal against the entropy in nats: a prompt in the mask, found in nats, is
+    found in bits too (before, surprisal minus an entropy in bits gave every bin a logged
+    bias of 0.44 H, the floor rose to it and a real run's English prompt read clear), and
+    the unsampled-tokens check's bound is the bound in nats, its entropies named in the
+    column's unit with their value in nats."""
+    from entr_diag.passes import run_pass
+
+    df = _teacher_forced(sampled, _early_masked(0.15), 0.5)
+    bits = df.with_columns(H / math.log(2))
+
+    def run(frame, name, mistake):
+        ds = _load(tmp_path, frame, name)
+        plan = FX.forensics_plan(ds, ["unsampled_tokens", "mask_start_surprisal"])
+        run_pass(ds.lf, plan.accumulators)
+        return plan.finish(unit_mistake=mistake, units_checked=True)
+
+    ref = run(df, "nats.parquet", None).by_kind("mask_start_surprisal")
+    res = run(bits, "bits.parquet", "entropy_bits")
+    f = res.by_kind("mask_start_surprisal")
+    assert ref is not None and f is not None, res.status("mask_start_surprisal")
+    assert f.evidence["logged_bias_nats"] < 0.1
+    assert f.evidence["floor_nats"] == FX.MASK_START_MIN_EXCESS
+    assert f.evidence["t"] == pytest.approx(ref.evidence["t"], rel=0.05)
+    assert "in the entropy column's unit (probably bits; 0.0693 nats)" in res.status(
+        "unsampled_tokens").reason
+    # a few improbable tokens: the reason gives the bound
+    few = _unsampled(bits.with_row_index("i"), (pl.col("i") % 4000 == 0) & pl.col("loss_mask")
+                     ).drop("i")
+    st = run(few, "few.parquet", "entropy_bits").status("unsampled_tokens")
+    bound = float(re.search(r"at most ([0-9.e+-]+) such", st.reason).group(1))
+    plain = run(few, "few2.parquet", None).status("unsampled_tokens").reason
+    assert bound == pytest.approx(
+        float(re.search(r"at most ([0-9.e+-]+) such", plain).group(1)) * math.log(2),
+        rel=0.01)
+
+
 def test_mask_start_first_token_is_a_shifted_mask(tmp_path, sampled):
     """Each sequence's first loss-masked token 1.5 nats more surprising (the last prompt
     token of a mask shifted by one): a warning naming the shift, not the prompt; the same
