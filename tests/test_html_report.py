@@ -748,6 +748,38 @@ def test_strata_figure_shows_alpha_beside_its_random_size_range():
     assert list(alpha[0].error_y.arrayminus)[0] == pytest.approx(0.1)
 
 
+def test_strata_axes_are_categories_with_labels_on_both_rows():
+    """Stratum labels such as '2-3' (read by plotly as a number) or '0-1' (as a date) stay
+    categories on the k row and the alpha row alike, each row with its tick labels
+    (helper-43: the 2-3 and 4-7 buckets vanished from the alpha row, step ranges read as
+    dates)."""
+    from entr_diag.report.html_report import _strata_fig
+
+    fit = _fit()
+    for r, lab in zip(fit["strata"]["staleness"], ["2-3", "4-7"], strict=False):
+        r.update(label=lab, bucket=lab, alpha=1.2, alpha_ci=[1.1, 1.3])
+    lay = _strata_fig(fit).to_plotly_json()["layout"]
+    axes = [v for k, v in lay.items() if k.startswith("xaxis")]
+    assert len(axes) == 2 and all(a.get("type") == "category" and a.get("showticklabels")
+                                  for a in axes), axes
+
+
+def test_sweep_marks_are_labelled_where_their_lines_are():
+    """On the sweeps' log axes, the 'tau = 4' and 'matched c' labels sit at log10 of their
+    values, beside their lines (helper-43: add_vline's own label put 'tau = 4' at 10^4, off
+    the chart)."""
+    from entr_diag.report.html_report import _sweep_fig
+
+    comp = _compare()
+    fig = _sweep_fig(comp).to_plotly_json()
+    lines = {round(sh["x0"], 9) for sh in fig["layout"].get("shapes", [])}
+    marks = [a for a in fig["layout"]["annotations"]
+             if a["text"].strip().startswith(("tau =", "matched c ="))]
+    assert any(a["text"].strip() == "tau = 4" for a in marks), marks
+    for a in marks:
+        assert round(10 ** a["x"], 9) in lines, (a, lines)
+
+
 def test_a_share_short_of_one_never_reads_100_percent():
     """47 tokens dropped of 700,000 read '100%' kept beside the terminal's 99.99%: a share
     below 1 keeps the digits that show it, one above 0 never reads 0%."""

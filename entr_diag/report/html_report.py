@@ -1533,21 +1533,23 @@ def _sweep_fig(compare: dict | None) -> go.Figure:
             row=1,
             col=c,
         )
-        # shapes on a log axis take data values (annotations would take log10)
-        if k == "tau" and _is_num(params.get("tau")) and params["tau"] > 0:
-            fig.add_vline(x=params["tau"], line=dict(color="#6b7280", dash="dot"), row=1, col=c,
-                          annotation_text=f"tau = {params['tau']:g}",
-                          annotation_position="top right")
+        # shapes on a log axis take data values, annotations log10 of them (add_vline's
+        # own annotation would put "tau = 4" at 10^4)
         c_m = _get(compare, "matched", "c")
-        if k == "c" and _is_num(c_m) and c_m > 0:
-            fig.add_vline(
-                x=c_m,
-                line=dict(color="#6b7280", dash="dot"),
-                row=1,
-                col=c,
-                annotation_text=f"matched c = {c_m:.3g}",
-                annotation_position="top right",
-            )
+        mark = (params.get("tau"), "tau = {:g}") if k == "tau" else (
+            (c_m, "matched c = {:.3g}") if k == "c" else (None, ""))
+        if _is_num(mark[0]) and mark[0] > 0:
+            fig.add_vline(x=mark[0], line=dict(color="#6b7280", dash="dot"), row=1, col=c)
+            # inside the plot, mid-height (above it the subplot title sits), on the side of
+            # the line with more room
+            lx = math.log10(mark[0])
+            lo_x, hi_x = ((math.log10(min(finite)), math.log10(max(finite))) if finite
+                          else (lx - 1, lx + 1))
+            right = lx > (lo_x + hi_x) / 2
+            fig.add_annotation(x=lx, y=0.5, yref="y domain", row=1, col=c,
+                               text=" " + mark[1].format(mark[0]) + " ", showarrow=False,
+                               xanchor="right" if right else "left", yanchor="middle",
+                               bgcolor="rgba(255,255,255,0.85)", font=dict(size=11))
     fig.update_yaxes(tickformat=".0%", row=1, col=1, title_text="share", range=[0, 1.02])
     fig.update_layout(legend=dict(orientation="h", y=-0.25, x=0))
     return fig
@@ -1736,9 +1738,13 @@ def _strata_fig(fit: dict | None, why: str | None = None) -> go.Figure:
             row=1,
             col=c,
         )
+        # both rows categorical (plotly would read "2-3" as a number or "0-1" as a date
+        # and drop or misplace strata), each with its labels (the rows share the axis)
+        fig.update_xaxes(type="category", showticklabels=True, row=1, col=c)
         fig.update_xaxes(
             type="category",
-            row=1,
+            showticklabels=True,
+            row=2,
             col=c,
             title_text=(("staleness bucket" + (f" (versions; lags of {unit:,})"
                                                if (unit := _staleness_unit_of(fit)) > 1
