@@ -748,6 +748,26 @@ def test_strata_figure_shows_alpha_beside_its_random_size_range():
     assert list(alpha[0].error_y.arrayminus)[0] == pytest.approx(0.1)
 
 
+def test_input_warnings_head_the_findings_card():
+    """The command's warnings about the input (entropy in bits, a truncation the logs leave
+    out...) are listed first in the Findings card at the top, not only beside the verdict
+    (helper-43: the card showed one info finding under a top-p run's warning); with no
+    finding, the card still says the checks found no cause."""
+    summ = _summary()
+    summ["warnings"] = ["entropy probably holds bits (log base 2), not nats"]
+    findings = {"findings": [], "checks": {"drift": {"status": "clear", "reason": "flat"}}}
+    h = build_report_html(summary=summ, fit=None, metrics=None, compare=None, profiles={},
+                          findings=findings)
+    seg = h[h.index('id="findings"'):h.index('id="summary"')]
+    assert _has(seg, "entropy probably holds bits (log base 2), not nats")
+    assert 'class="sev-warning"' in seg
+    assert _has(seg, "No cause of mismatch was found by the forensics checks.")
+    h = build_report_html(summary=summ, fit=None, metrics=None, compare=None, profiles={},
+                          findings=[])
+    assert 'id="findings"' in h and _has(h[h.index('id="findings"'):h.index('id="summary"')],
+                                         "entropy probably holds bits")
+
+
 def test_strata_axes_are_categories_with_labels_on_both_rows():
     """Stratum labels such as '2-3' (read by plotly as a number) or '0-1' (as a date) stay
     categories on the k row and the alpha row alike, each row with its tick labels

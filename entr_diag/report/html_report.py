@@ -405,17 +405,22 @@ def _evidence_html(ev: Any) -> str:
     return f'<div class="evidence">evidence: {_e(items)}</div>'
 
 
-def _findings_section(findings: Any) -> str:
+def _findings_section(findings: Any, warnings: Sequence[str] = ()) -> str:
     """Findings of the forensics (``Findings.to_dict()``: {findings: [...], checks: {...}}, or
-    a plain list of {kind, severity, title?, message, evidence, check?})."""
+    a plain list of {kind, severity, title?, message, evidence, check?}), after the
+    ``warnings`` the command printed about the input (the JSON's ``warnings``: entropy in
+    bits, a temperature or truncation left out of the logs, copied shards...), which are
+    also beside the verdict: a reader who reads only this card sees them too."""
     checks: Mapping[str, Any] = {}
     if isinstance(findings, Mapping):
         checks = findings.get("checks") or {}
         findings = findings.get("findings") or []
     findings = list(findings or [])
-    if not findings and not checks:
+    warnings = [str(w) for w in warnings or () if w]
+    if not findings and not checks and not warnings:
         return ""
-    items = []
+    items = [f'<li class="sev-warning"><span class="badge">warning</span><code>input</code> '
+             f"{_e(w)}</li>" for w in warnings]
     for f in findings:
         if not isinstance(f, Mapping):
             f = {"message": f}
@@ -437,6 +442,8 @@ def _findings_section(findings: Any) -> str:
         if items
         else "<p>No cause of mismatch was found by the forensics checks.</p>"
     )
+    if warnings and not findings and checks:
+        body += "<p>No cause of mismatch was found by the forensics checks.</p>"
     if checks:
         from entr_diag.report.terminal_findings import status_labels
 
@@ -1989,7 +1996,9 @@ def build_report_html(
     )
     nfiles = len((summary.get("inputs") or {}).get("files") or [])
     toc = "".join(f'<a href="#{k}">{i}. {_e(t)}</a>' for i, (k, t) in enumerate(_SECTIONS, 1))
-    findings_html = _safe(lambda: _findings_section(findings))
+    warned = summary.get("warnings")
+    findings_html = _safe(lambda: _findings_section(
+        findings, warned if isinstance(warned, list | tuple) else ()))
     if findings_html:
         toc = '<a href="#findings">Findings</a>' + toc
     doc.add(
