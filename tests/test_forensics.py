@@ -322,6 +322,30 @@ def test_truncated_sampling(tmp_path, base):
     assert res.status("one_sided_temperature").status == "clear"
 
 
+def test_truncation_of_the_flattest_distributions_only_is_found(tmp_path, base):
+    """A truncation that takes mass only from the flattest distributions (log Z = 0.3 (H -
+    2) above 2 nats: a top-k with a large k) leaves the pooled bias share above 0.3 nats
+    under TRUNC_BIAS_SHARE; the upper tail's share finds it, naming the tail (helper-43: a
+    real top-k 20 run read clear at a pooled 19%, its flattest third at 42%). The clean
+    run's upper tail stays far below."""
+    g = 0.3 * (H - 2.0).clip(lower_bound=0.0)
+    df = base.with_columns((IL + g).alias("infer_logprob"))
+    res = run_forensics(_load(tmp_path, df), checks=["truncated_sampling"])
+    f = res.by_kind("truncated_sampling")
+    assert f is not None and f.severity == "warning", res.status("truncated_sampling")
+    ev = f.evidence
+    assert ev["bias_share_above_h_min"] < FX.TRUNC_BIAS_SHARE
+    assert ev["bias_share_upper_tail"] >= FX.TRUNC_BIAS_SHARE
+    assert ev["mean_delta_upper_tail"] < ev["mean_delta_above_h_min"] < 0
+    assert FX.TRUNC_TAIL_SHARE <= ev["upper_tail_token_share"] < 0.5
+    assert "in the flattest " in f.message
+    clean = run_forensics(_load(tmp_path, base, "clean.parquet"), checks=["truncated_sampling"])
+    st = clean.status("truncated_sampling")
+    assert st.status == "clear" and "in the flattest" in st.reason
+    share_t = float(re.search(r"; ([0-9.]+)% in the flattest", st.reason).group(1)) / 100
+    assert share_t < 0.05
+
+
 def test_sequence_outliers_beside_truncation_point_at_it_first():
     """Sequence outliers found beside a truncated-sampling warning: their message says the
     truncation may explain them and their check names it first (it pointed at MoE routing
