@@ -1422,6 +1422,15 @@ def _fmt(x: float, digits: int = 3) -> str:
     return "nan" if not np.isfinite(x) else f"{x:.{digits}g}"
 
 
+def _digits_apart(lo: float, hi: float, digits: int = 2, most: int = 4) -> int:
+    """``digits`` significant digits, more (up to ``most``) while an interval's two ends
+    would print as one number (H* = 0.03 [0.03, 0.03] at --bins 500)."""
+    while digits < most and np.isfinite(lo) and np.isfinite(hi) and lo != hi \
+            and _fmt(lo, digits) == _fmt(hi, digits):
+        digits += 1
+    return digits
+
+
 def _law_status(power: PowerLaw) -> tuple[str, str]:
     """The verdict's reading of the power law: (``law``: "holds", "holds_approximately" or
     "does_not_hold"; the head of the verdict's text, alpha with its interval and why)."""
@@ -1494,9 +1503,10 @@ def _make_verdict(power: PowerLaw, bp: Breakpoint | None, search: BreakpointSear
         # (an entropy column the units check reads as bits: H* as it reads, and in nats)
         unit = entropy_unit(None if units is None else units.to_dict())
         f = 1.0 if unit is None else unit[1]
+        d = _digits_apart(*bp.h_star_ci)
         h_txt = entropy_text(
-            _fmt(bp.h_star, 2), f"[{_fmt(bp.h_star_ci[0], 2)}, {_fmt(bp.h_star_ci[1], 2)}]",
-            None if units is None else units.to_dict(), _fmt(bp.h_star * f, 2))
+            _fmt(bp.h_star, d), f"[{_fmt(bp.h_star_ci[0], d)}, {_fmt(bp.h_star_ci[1], d)}]",
+            None if units is None else units.to_dict(), _fmt(bp.h_star * f, d))
         where = f"noise regime below H* = {h_txt}: "
         if regime.flagged_tokens:
             tail = (where + f"{_pct(regime.share_flagged)} of tokens flagged as noise "
@@ -2231,9 +2241,10 @@ def _refit(alt: _Core) -> tuple[str, Breakpoint | None, str] | None:
                      RobustPower(_NAN, _NAN, _CI_NAN, False, ""))
     law, head = _law_status(power)
     bp = alt.bp
+    d = 2 if bp is None else _digits_apart(*bp.h_star_ci)
     text = f"{head}, k = {_fmt(k)}; " + (
-        f"noise regime below H* = {_fmt(bp.h_star, 2)} [{_fmt(bp.h_star_ci[0], 2)}, "
-        f"{_fmt(bp.h_star_ci[1], 2)}]" if bp is not None
+        f"noise regime below H* = {_fmt(bp.h_star, d)} [{_fmt(bp.h_star_ci[0], d)}, "
+        f"{_fmt(bp.h_star_ci[1], d)}]" if bp is not None
         else f"no low-entropy break: {alt.search.reason}")
     return law, bp, text
 

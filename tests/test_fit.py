@@ -1147,3 +1147,15 @@ def test_catastrophic_tokens_are_counted_and_the_law_fitted_without_them():
     assert text.startswith(f"caveat: {n_hit:,} token(s)")
     assert "fitted without them: law holds: alpha = " in text and "noise regime below" in text
     assert text in res.to_dict()["verdict"]["caveats"]
+
+
+def test_an_interval_prints_with_the_digits_that_tell_its_ends_apart():
+    """H* = 0.03 [0.03, 0.03] (helper-43, --bins 500; JSON [0.02966, 0.03028]) printed
+    an interval as one number: more significant digits, up to 4, until its ends differ;
+    an interval that is one number, or not finite, keeps 2."""
+    from entr_diag.fit import _digits_apart
+
+    assert _digits_apart(0.02966, 0.03028) == 3
+    assert _digits_apart(1.78, 1.92) == 2
+    assert _digits_apart(0.03, 0.03) == 2 and _digits_apart(float("nan"), 1.0) == 2
+    assert _digits_apart(1.0001, 1.0002) == 4
