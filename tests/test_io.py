@@ -2232,3 +2232,40 @@ def test_a_per_sequence_entropy_in_a_nested_file_is_not_used(tmp_path):
     ds = load_dataset([q])
     assert ds.mapping["entropy"] == "entropy" and "train_entropy" not in ds.mapping
     assert _valid(ds)["entropy"].to_list() == [0.5, 0.4, 0.3, 1.2, 2.0]
+
+
+def test_a_column_of_arrow_null_type_reads_as_holding_no_value(tmp_path):
+    """pandas writes a column set to None as Arrow's null type (no statistics either): an
+    optional column null-typed in every file is not used, with a note, as a float column
+    of nulls is (it stopped every command: 'has type null; advantage needs numeric
+    values', helper-42); null-typed in one shard, the other shards' type is read and that
+    shard's rows are null; a required column null-typed everywhere is refused naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = _long().to_arrow()
+    n = t.num_rows
+
+    def null(table, col):
+        return table.set_column(table.schema.get_field_index(col), col, pa.array([None] * n))
+
+    a = tmp_path / "a.parquet"
+    pq.write_table(null(null(t, "policy_version"), "entropy").append_column(
+        "advantage", pa.array([None] * n)), a)
+    ds = load_dataset([a])
+    assert "advantage" not in ds.mapping and "policy_version" not in ds.mapping
+    assert "entropy" not in ds.mapping and ds.accounting.tokens_valid == n
+    assert any(x.startswith("advantage holds no value in any input file (Arrow type null")
+               for x in ds.notes)
+    assert any(x.startswith("entropy ('entropy') holds only nulls") for x in ds.notes)
+    # one shard null-typed: the other's float type is read
+    d = tmp_path / "d"
+    d.mkdir()
+    pq.write_table(null(t, "entropy"), d / "a.parquet")
+    pq.write_table(_long(seq_id=[7, 7, 7, 8, 8]).to_arrow(), d / "b.parquet")
+    ds = load_dataset([d])
+    assert ds.mapping["entropy"] == "entropy"
+    assert ds.accounting.excluded == {"invalid_entropy": n}
+    with pytest.raises(SchemaError, match=r"train_logprob holds no value in any input file "
+                                          r"\(Arrow type null"):
+        load_dataset([_write(tmp_path, pl.from_arrow(null(t, "train_logprob")), "r.parquet")])

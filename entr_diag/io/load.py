@@ -548,7 +548,15 @@ class FileInfo:
     hive: Mapping[str, str] = field(default_factory=dict)
 
 
+def _null_typed(t: pa.DataType) -> bool:
+    """Arrow's null type (or a list of it): a column that holds no value, e.g. one pandas
+    wrote after ``df[c] = None``."""
+    return pa.types.is_null(_value_type(t))
+
+
 def _kind_ok(kind: str, t: pa.DataType) -> bool:
+    if pa.types.is_null(t):  # no value: read as nulls of any kind (load_dataset says so)
+        return True
     if kind == S.FLOAT:
         return pa.types.is_floating(t) or pa.types.is_integer(t) or pa.types.is_decimal(t)
     if kind == S.INT:  # floats holding whole numbers (pandas writes an integer column with
@@ -1350,7 +1358,8 @@ def load_dataset(
     for f in file_list:
         for name, typ in zip(schemas[f].names, schemas[f].types, strict=True):
             prev = available.get(name)
-            if prev is None or (_is_list(typ) and not _is_list(prev)):
+            if prev is None or (_is_list(typ) and not _is_list(prev)) or (
+                    _null_typed(prev) and not _null_typed(typ)):  # (another file's values)
                 available[name] = typ
         for k, v in _hive_values(f).items():
             if v != _HIVE_NULL:  # a null value: typed by the other folders
@@ -1410,7 +1419,7 @@ def load_dataset(
         notes = [n for n in notes if n != f"entropy <- '{mapping['entropy']}'"]
         train = mapping.get("train_entropy")
         if train and train not in _unusable_entropy and not all(
-                _only_nulls(metas[f], train) for f in file_list):
+                _only_nulls(metas[f], train, schemas[f]) for f in file_list):
             mapping["entropy"] = train
         else:
             del mapping["entropy"]
@@ -1533,13 +1542,13 @@ def load_dataset(
         notes.append(f"entropy: using the trainer-side entropy ('{mapping['entropy']}')")
     for canon in ("step", "policy_version", "train_version"):  # written, never filled
         src = mapping.get(canon)
-        if src and all(_only_nulls(metas[f], src) for f in file_list):
+        if src and all(_only_nulls(metas[f], src, schemas[f]) for f in file_list):
             notes.append(f"{canon}{'' if src == canon else f' ({src!r})'} holds only nulls "
                          "in every file: not used (as if absent)")
             del mapping[canon]
     train = mapping.get("train_entropy")
     if train and train != mapping.get("entropy") \
-            and all(_only_nulls(metas[f], train) for f in file_list):
+            and all(_only_nulls(metas[f], train, schemas[f]) for f in file_list):
         # nothing to fall back on, nor to offer (--entropy train)
         notes.append(f"train_entropy ('{train}') holds only nulls in every file: not used "
                      "(as if absent)")
@@ -1547,18 +1556,34 @@ def load_dataset(
     src = mapping.get("entropy")  # an engine that writes the column but fills it with nulls
     train = mapping.get("train_entropy")
     if src and src != train and entropy == "auto" and train \
-            and all(_only_nulls(metas[f], src) for f in file_list):
+            and all(_only_nulls(metas[f], src, schemas[f]) for f in file_list):
         # as if absent: the trainer-side entropy is used, as without the column
         if f"entropy <- '{src}'" in notes:
             notes.remove(f"entropy <- '{src}'")
         notes.append(f"entropy: the inference-side entropy ('{src}') holds only nulls in every "
                      f"file, as if absent: using the trainer-side entropy ('{train}')")
         mapping["entropy"] = src = train
-    if src and all(_only_nulls(metas[f], src) for f in file_list):
+    if src and all(_only_nulls(metas[f], src, schemas[f]) for f in file_list):
         notes.append(f"entropy ('{src}') holds only nulls in every file: not used (as if "
                      "absent)")
         entropy_unused = f"the entropy column ('{src}') holds only nulls"
         del mapping["entropy"]
+    for canon, src in list(mapping.items()):  # Arrow's null type in every file holding it
+        holding = [f for f in file_list if src in schemas[f].names]
+        if not holding or not all(_null_typed(schemas[f].field(src).type) for f in holding):
+            continue
+        what = f"{canon}{'' if src == canon else f' ({src!r})'}"
+        if S.BY_NAME[canon].required:
+            raise SchemaError(
+                f"{holding[0] if len(file_list) == 1 else 'the input'}: {what} holds no value "
+                f"in any input file (Arrow type null, as pandas writes a column set to None): "
+                f"{canon} is required; map the column that holds it with --column "
+                f"{canon}=NAME")
+        if canon == "loss_mask":  # (read as nulls: null_loss_mask rows, as a float column's)
+            continue
+        notes.append(f"{what} holds no value in any input file (Arrow type null, as pandas "
+                     "writes a column set to None): not used (as if absent)")
+        del mapping[canon]
     notes += _float_int_notes(mapping, file_list, schemas)
     for canon in ("train_logprob", "infer_logprob", "entropy"):  # read, but say so
         src = mapping.get(canon)
@@ -2334,10 +2359,13 @@ def unkeyed_partitions(hives: Iterable[Mapping[str, str]], mapping: Mapping[str,
             "at a time")
 
 
-def _only_nulls(meta: pq.FileMetaData, src: str) -> bool:
+def _only_nulls(meta: pq.FileMetaData, src: str, schema: pa.Schema | None = None) -> bool:
     """Whether the file's Parquet statistics show column ``src`` (its leaf, for a list
-    column) null in every row of every row group; False when a statistic is missing or the
-    file lacks the column."""
+    column) null in every row of every row group, or (``schema`` given) its type is Arrow's
+    null type (pandas writes a column set to None so; it has no statistics); False when a
+    statistic is missing or the file lacks the column."""
+    if schema is not None and src in schema.names and _null_typed(schema.field(src).type):
+        return True
     found = False
     for i in range(meta.num_row_groups):
         rg = meta.row_group(i)
