@@ -1157,6 +1157,17 @@ def entropy_shift_caveat(ea: Mapping[str, Any] | None,
                 "nothing; the log-ratio metrics (KL, chi2, ESS) do not read the entropy and "
                 "stand. Dump H = -sum_v p(v) log p(v) over the vocabulary at each position "
                 "(verl's entropys, or the engine's), or map it with --column entropy=NAME.")
+    if ea and ea.get("status") == "unrelated":
+        rc = (ea.get("rank_corr") or {}).get("0")
+        return (f"caveat: the {column_named('entropy', mapping)} column does not follow the "
+                "tokens: the sampled tokens' surprisal does not rank with it at any lag "
+                + (f"(rank correlation {float(rc):.3f} at lag 0, " if rc is not None else "(")
+                + "where a token's own entropy gives 0.4 to 0.99), as with one value per "
+                "sequence repeated on its tokens (a mean?) or rows taken from other tokens, so "
+                "the fitted law, its breakpoint, the noise regime and the entropy-keyed gates "
+                "mean nothing; the log-ratio metrics (KL, chi2, ESS) do not read the entropy "
+                "and stand. Dump the entropy of the distribution each token was sampled from, "
+                "per token, or map it with --column entropy=NAME.")
     if not ea or ea.get("status") != "shifted" or ea.get("best_lag") is None:
         return None
     return (f"caveat: {_entropy_shift_head(ea, mapping)}: the fitted law, its breakpoint, "

@@ -1351,6 +1351,8 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     ea = entropy_alignment or {}
     if ea.get("status") == "surprisal":
         return "the entropy column holds the sampled token's surprisal, not an entropy"
+    if ea.get("status") == "unrelated":
+        return "the entropy column does not follow the tokens, whose surprisal it does not rank with"
     if ea.get("status") == "shifted" and ea.get("best_lag") is not None:
         k = abs(int(ea["best_lag"]))
         return (f"the entropy column looks shifted by {k} token{'s' if k > 1 else ''} against "
@@ -1379,8 +1381,8 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
 
 def _entropy_shifted(entropy_alignment) -> bool:
     """True when ``entropy_alignment`` (``_fit``'s) says the entropy column is shifted."""
-    return bool(entropy_alignment) and entropy_alignment.get("status") in ("shifted",
-                                                                            "surprisal")
+    return bool(entropy_alignment) and entropy_alignment.get("status") in (
+        "shifted", "surprisal", "unrelated")
 
 
 def _mask_unsampled(findings) -> bool:
@@ -1833,7 +1835,7 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None, di
             zero_prefix_caveat(zero_prefix, ds.mapping).removeprefix("caveat: ")))
     ent = align.entropy_alignment()
     ent_d = None if ent is None else ent.to_dict()
-    if ent is not None and ent.status in ("shifted", "surprisal"):  # no entropy of its own
+    if ent is not None and ent.status in ("shifted", "surprisal", "unrelated"):  # not its own
         from entr_diag.caveats import entropy_shift_caveat
 
         _notes.add("[yellow]warning:[/yellow] " + escape(

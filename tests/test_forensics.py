@@ -2249,6 +2249,40 @@ def test_entropy_alignment_finds_the_shift_and_its_direction():
     assert FX.entropy_alignment(shuffled).best_lag == -1
 
 
+def test_entropy_alignment_names_an_entropy_that_does_not_follow_the_tokens(tmp_path):
+    """An entropy column that does not belong to the tokens, one value per sequence repeated
+    on its tokens or rows shuffled, ranks with the surprisal at no lag: ``unrelated``
+    (helper-42: both read 'no_shift' and a verdict was drawn on them); fit then warns and
+    its verdict is not assessable. Aligned samples stay no_shift, a few sequences stay
+    silent."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    ok = _align_sample(200, 60)
+    mean = ok.with_columns(pl.col("entropy").mean().over("seq_key"))
+    shuffled = ok.with_columns(pl.col("entropy").shuffle(seed=4))
+    for bad in (mean, shuffled):
+        got = FX.entropy_alignment(bad)
+        assert got.status == "unrelated" and got.best_lag is None, got.reason
+        assert abs(got.rank_corr[0]) < FX.ENTROPY_ALIGN_UNRELATED_RHO
+    assert FX.entropy_alignment(ok).status == "no_shift"
+    few = FX.entropy_alignment(_align_sample(10, 300).with_columns(
+        pl.col("entropy").shuffle(seed=4)))
+    assert few.status != "unrelated", few
+    # end to end: a synthetic run's entropy replaced by its sequence's mean
+    run = generate(SynthSpec(n_tokens=40_000, seed=3, h_star=None))
+    p = tmp_path / "mean.parquet"
+    run.with_columns(pl.col("entropy").mean().over("seq_id")).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = CliRunner().invoke(app, ["fit", str(p), "--json", str(js), "-q", "--n-boot", "200"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    assert doc["entropy_alignment"]["status"] == "unrelated"
+    assert doc["verdict"]["assessable"] is False
+    assert "the entropy column does not follow the tokens" in " ".join(r.stderr.split())
+
+
 def test_entropy_alignment_cannot_tell_on_too_little():
     """Too few consecutive pairs, a missing entropy column, a constant column: cannot_tell,
     with the reason (never a shift read from noise)."""
