@@ -1301,7 +1301,8 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              small_sample_caveat(fd, acc.sequences_valid), interval_caveat(fd),
              curvature_caveat(fd), zero_entropy_caveat(fd), influence_caveat(fd)]
     caveats = [p for p in parts if p]
-    void = _void_verdict(ds.notes, rounded, entropy_alignment, shown_units, ds.mapping)
+    void = _void_verdict(ds.notes, rounded, entropy_alignment, shown_units, ds.mapping,
+                         acc.excluded, acc.tokens_masked)
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats,
                      # (None: the command ran no forensics, e.g. compare)
                      "forensics": forensics_summary(fdict, void)}
@@ -1327,12 +1328,19 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
 #: a logprob rounding step (nats) from which the verdict is not assessable: a real run's
 #: typical |delta| is 0.001 to 0.1 nats, so most log-ratios read as 0 or the step
 VOID_ROUNDING_STEP = 0.1
+#: the verdict is not assessable when this share of the loss-masked tokens or more is
+#: excluded as invalid_entropy (helper-42: an entropy scaled by 1e6 left 0.8% of the tokens,
+#: those near 0, and a verdict "alpha = 2.07" was drawn on them)
+VOID_INVALID_ENTROPY_SHARE: float = 0.5
 
 
 def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
-                  mapping=None) -> str | None:
+                  mapping=None, excluded=None, masked: int = 0) -> str | None:
     """Why the law's verdict cannot be read at all, else None: a logprob or entropy column
-    stored as integers (:func:`~entr_diag.caveats.integer_columns`), logprobs stored
+    stored as integers (:func:`~entr_diag.caveats.integer_columns`), VOID_INVALID_ENTROPY_SHARE
+    or more of the ``masked`` loss-masked tokens excluded as invalid_entropy (``excluded``:
+    the accounting's tokens per reason; the tokens left are those the fault left in range),
+    logprobs stored
     rounded (pooled over the input) to VOID_ROUNDING_STEP nats or coarser, an entropy
     column shifted against the logprobs or holding the surprisal (``entropy_alignment``:
     :meth:`~entr_diag.forensics.EntropyAlignment.to_dict`, status ``shifted`` or
@@ -1348,6 +1356,13 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     ints = integer_columns(notes)
     if ints:
         return f"{' and '.join(ints)} {'holds' if len(ints) == 1 else 'hold'} integers"
+    bad_h = int((excluded or {}).get("invalid_entropy", 0))
+    if masked and bad_h >= VOID_INVALID_ENTROPY_SHARE * masked:
+        # (an entropy scaled by 1e6, or overflowing float16: the few tokens left are those
+        # the fault left in range, not a sample of the run)
+        return (f"{bad_h / masked:.1%} of the loss-masked tokens have no entropy in nats "
+                "(invalid_entropy: negative, above 20 or not finite), and the law would rest "
+                "on the few the fault left in range")
     ea = entropy_alignment or {}
     if ea.get("status") == "surprisal":
         return "the entropy column holds the sampled token's surprisal, not an entropy"

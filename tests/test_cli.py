@@ -1628,6 +1628,31 @@ def test_integer_logprob_columns_put_a_caveat_beside_the_verdict(synth_file, tmp
     assert "not assessable (logprobs stored rounded" in (tmp_path / "r.html").read_text()
 
 
+def test_most_entropies_invalid_make_the_verdict_not_assessable(synth_file, tmp_path):
+    """An entropy column scaled by 1e6 leaves in range (<= 20 nats) only the tokens near 0:
+    99% excluded as invalid_entropy (here 95%, out of range at random), and a verdict read
+    from the rest (helper-42: 'alpha =
+    2.07, k = 4.32e-18' at exit 0) is not assessable, saying why; a few invalid entropies
+    leave it assessable."""
+    p = tmp_path / "big.parquet"
+    df = pl.read_parquet(synth_file)
+    df.with_columns(pl.when(pl.int_range(pl.len()) % 20 != 0).then(pl.col("entropy") * 1e9)
+                    .otherwise(pl.col("entropy")).alias("entropy")).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js), "-q"])
+    assert r.exit_code == 0, r.output
+    v = json.loads(js.read_text())["verdict"]
+    assert v["assessable"] is False and v["text"].startswith("not assessable (")
+    assert "of the loss-masked tokens have no entropy in nats (invalid_entropy" in v["text"]
+    few = tmp_path / "few.parquet"
+    df.with_columns(pl.when(pl.int_range(pl.len()) % 50 == 0).then(-1.0)
+                    .otherwise(pl.col("entropy")).alias("entropy")).write_parquet(few)
+    r = runner.invoke(app, ["fit", str(few), "--n-boot", "100", "--json", str(js), "-q"])
+    doc = json.loads(js.read_text())
+    assert r.exit_code == 0 and doc["inputs"]["accounting"]["exclusions"]["invalid_entropy"] > 0
+    assert doc["verdict"]["assessable"] is True
+
+
 def test_rounded_float_logprobs_put_a_caveat_beside_the_verdict(synth_file, tmp_path):
     """Logprobs stored as floats rounded to 0.01 nats: a warning, a verdict caveat naming
     the columns and the step, and rounded_logprobs in the JSON of fit, compare and report;
