@@ -748,6 +748,23 @@ def test_strata_figure_shows_alpha_beside_its_random_size_range():
     assert list(alpha[0].error_y.arrayminus)[0] == pytest.approx(0.1)
 
 
+def test_keep_rate_by_staleness_is_a_table_of_the_report():
+    """The report shows each token gate's keep rate per staleness bucket, as compare prints
+    it and as the README says (helper-43: only the terminal had it); none without it."""
+    comp = _compare()
+    for g, rates in zip(comp["gates"], ([1.0, 0.5], [0.99, 0.25]), strict=False):
+        g["keep_by_staleness"] = {"keys": ["0", "2-3"], "n": [900, 100], "keep_rate": rates}
+    h = build_report_html(summary=_summary(), fit=_fit(), metrics=_metrics(), compare=comp,
+                          profiles=_profiles(), findings=[])
+    seg = h[h.index("Keep rate by staleness"):]
+    seg = seg[:seg.index("</table>")]
+    for x in ("2-3", "25%", "50%", "99%", "900"):
+        assert _has(seg, x), x
+    plain = build_report_html(summary=_summary(), fit=_fit(), metrics=_metrics(),
+                              compare=_compare(), profiles=_profiles(), findings=[])
+    assert "Keep rate by staleness" not in plain
+
+
 def test_input_warnings_head_the_findings_card():
     """The command's warnings about the input (entropy in bits, a truncation the logs leave
     out...) are listed first in the Findings card at the top, not only beside the verdict

@@ -1639,6 +1639,41 @@ def _metrics_fig(metrics: dict | None) -> go.Figure:
     return fig
 
 
+def _keep_by_staleness_html(compare: dict | None) -> str:
+    """The keep rate of every token gate per staleness bucket (``keep_by_staleness`` of
+    the gates, as ``compare`` prints it), with the bucket's tokens: whether a gate drops the
+    stale tokens more than the fresh ones. '' when the comparison has none (no version
+    columns)."""
+    try:
+        gates = [g for g in _gates(compare) if isinstance(g.get("keep_by_staleness"), Mapping)
+                 and not g.get("tis")]
+    except ReportUnavailable:  # (the gates' section says why)
+        return ""
+    if not gates:
+        return ""
+    kb = gates[0]["keep_by_staleness"]
+    keys, ns = list(kb.get("keys") or []), list(kb.get("n") or [])
+    names = [str(g.get("name")) for g in gates]
+    cols = [_gate_name(g) if names.count(str(g.get("name"))) > 1 else str(g.get("name"))
+            for g in gates]
+    rows = []
+    for j, key in enumerate(keys):
+        if j >= len(ns) or not ns[j]:
+            continue
+        rates = [(g["keep_by_staleness"].get("keep_rate") or [None] * len(keys)) for g in gates]
+        rows.append([str(key), ns[j], *[_pct(r[j]) if j < len(r) and _is_num(r[j]) else "-"
+                                         for r in rates]])
+    if not rows:
+        return ""
+    unit = _get(compare, "parameters", "staleness_unit")
+    head = "staleness" + (f" (lags of {unit:,})" if isinstance(unit, int) and unit > 1 else "")
+    return ('<h3>Keep rate by staleness</h3><p class="how"><b>How to read this:</b> the share '
+            "of each staleness bucket's tokens (train_version − policy_version, in policy "
+            "versions) every token gate keeps; a gate that drops stale tokens far more than "
+            "fresh ones is reacting to policy drift, not to numeric noise.</p>"
+            + _table([head, "tokens", *cols], rows, {1, *range(2, 2 + len(cols))}))
+
+
 def _masked_share_fig(compare: dict | None) -> go.Figure:
     gates = _gates(compare)
     fig = _fig_base(height=420)
@@ -2140,7 +2175,9 @@ def build_report_html(
             "Fitted k per stratum",
         )
     )
-    doc.add("</div></div></section>")
+    doc.add("</div></div>")
+    doc.add(_safe(lambda: _keep_by_staleness_html(compare)))
+    doc.add("</section>")
 
     # 6 switches
     doc.add('<section class="card" id="switches"><h2>6. In-flight version switches</h2>')
