@@ -963,6 +963,23 @@ class _Searcher:
         return out
 
 
+def null_reason_lines(reasons: Mapping[str, str] | None) -> list[str]:
+    """The comparison's ``null_reasons`` (metric -> why it is n/a) as sentences, one per
+    cause: metrics whose reasons share their cause (the text before the last ': ', e.g.
+    "no scaling law could be fitted (...)") are told together, the cause once (``n/a
+    exploration discarded and noise admitted: <cause>: <why one>; <why other>.``)."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for key, text in (reasons or {}).items():
+        cause, _, why = str(text).rpartition(": ")
+        groups.setdefault(cause, []).append((key.replace("_", " "), why))
+    out = []
+    for cause, items in groups.items():
+        names = " and ".join(k for k, _ in items)
+        whys = "; ".join(w for _, w in items)
+        out.append(f"n/a {names}: " + (f"{cause}: " if cause else "") + f"{whys}.")
+    return out
+
+
 def noise_by_definition(gate: Mapping[str, Any], parameters: Mapping[str, Any]) -> bool:
     """Whether ``gate`` (a ``GateResult.to_dict()``) is the ENTR rule that defines the noise
     tokens (the same tau and eps as ``parameters``' ``flag_tau`` / ``flag_eps``) and there

@@ -748,6 +748,42 @@ def test_strata_figure_shows_alpha_beside_its_random_size_range():
     assert list(alpha[0].error_y.arrayminus)[0] == pytest.approx(0.1)
 
 
+def test_degenerate_inputs_get_readable_axes_and_a_forensics_line():
+    """One step, every gate keeping everything: the y axes span 0 to about the one value
+    (plotly drew a 100% keep rate on 0 to 200%, a k1 KL of 4.4e-4 on -1 to 1, where it
+    read as 0); without a fit the summary still has its Forensics line, made from the
+    findings (helper-43)."""
+    from entr_diag.report.html_report import _flat_range, _keep_vs_entropy_fig, _metrics_fig
+
+    assert _flat_range([1.0, 1.0]) == [0.0, 1.05] and _flat_range([4.4e-4]) == [0.0, 8.8e-4]
+    assert _flat_range([0.5, 0.6]) is None and _flat_range([None]) is None
+    met = _metrics()
+    met["per_step"] = [{"step": 0, "kl": 4.4e-4, "k3_kl": 1e-4, "chi2_token": 2e-3,
+                        "ess": 0.99}]
+    lay = _metrics_fig(met).to_plotly_json()["layout"]
+    assert lay["yaxis"]["range"] == [0.0, 8.8e-4]
+    comp = _compare()
+    for g in comp["gates"]:
+        if isinstance(g.get("keep_by_entropy"), dict):
+            g["keep_by_entropy"]["keep_rate"] = [1.0] * len(g["keep_by_entropy"]["keep_rate"])
+    assert _keep_vs_entropy_fig(comp).to_plotly_json()["layout"]["yaxis"]["range"] == [0, 1.05]
+    # the gates' n/a reasons: one sentence per cause, no raw JSON keys
+    why = "no scaling law could be fitted (one sequence block: x)"
+    comp["null_reasons"] = {"noise_admitted": f"{why}: there is no entropy breakpoint H*",
+                            "exploration_discarded": f"{why}: the law's scale is undefined"}
+    h = build_report_html(summary=_summary(), fit=None, metrics=None, compare=comp,
+                          profiles={}, findings=[])
+    assert _has(h, f"n/a noise admitted and exploration discarded: {why}: there is no "
+                   "entropy breakpoint H*; the law&#x27;s scale is undefined.")
+    assert "noise_admitted" not in h.split('id="gates"')[1].split("<script")[0]
+    findings = {"findings": [], "checks": {"drift": {"status": "cannot_tell", "reason": "x"},
+                                           "staleness": {"status": "clear", "reason": "y"}}}
+    h = build_report_html(summary=_summary(), fit=None, metrics=None, compare=None,
+                          profiles={}, findings=findings)
+    seg = h[h.index('id="summary"'):]
+    assert _has(seg, "Forensics: no known cause of mismatch found (1 of 2 checks clear")
+
+
 def test_keep_rate_by_staleness_is_a_table_of_the_report():
     """The report shows each token gate's keep rate per staleness bucket, as compare prints
     it and as the README says (helper-43: only the terminal had it); none without it."""

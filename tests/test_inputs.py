@@ -657,7 +657,11 @@ def test_report_on_an_input_too_small_for_the_law(tmp_path, case):
     assert "No scaling law: " in r.stdout and "ENTR unavailable" not in r.stdout
     assert cmp_doc["compare"]["null_reasons"] == reasons
     text = " ".join(r.stdout.split())
-    assert "n/a exploration discarded: no scaling law could be fitted (" in text
+    # both n/a metrics share their cause: told once, with each one's consequence
+    assert ("n/a noise admitted and exploration discarded: no scaling law could be fitted ("
+            in text) and "n/a exploration discarded:" not in text, text
+    assert "there is no entropy breakpoint H*, so no noise to admit; the law's scale is " \
+        "undefined." in text
     assert "law_k" not in text and "given" not in text
     r = runner.invoke(app, ["fit", arg, "-q"])
     assert r.exit_code == 2, r.output

@@ -28,7 +28,7 @@ import plotly.offline
 from plotly.subplots import make_subplots
 
 from entr_diag.caveats import entropy_text, entropy_unit, truncation_metrics_note
-from entr_diag.compare import noise_by_definition
+from entr_diag.compare import noise_by_definition, null_reason_lines
 from entr_diag.metrics import clamp_note_of
 
 __all__ = ["build_report_html", "write_report", "ReportUnavailable"]
@@ -581,7 +581,22 @@ def _gate_sentence(compare: dict | None) -> str:
     return s + "."
 
 
-def _summary_section(summary: dict, fit: dict | None, compare: dict | None) -> str:
+def _forensics_line(fit: dict | None, findings: Any) -> str | None:
+    """The Forensics line under the verdict: the fit's (``verdict.forensics``), or without
+    a fit (a law not fitted on a tiny or entropy-less input) the same line made from the
+    findings, so the summary still says what the checks found."""
+    line = _get(fit, "verdict", "forensics") if fit else None
+    if isinstance(line, str) or fit:
+        return line if isinstance(line, str) else None
+    if isinstance(findings, Mapping) and isinstance(findings.get("checks"), Mapping):
+        from entr_diag.caveats import forensics_summary
+
+        return forensics_summary(findings)
+    return None
+
+
+def _summary_section(summary: dict, fit: dict | None, compare: dict | None,
+                     findings: Any = None) -> str:
     inputs = summary.get("inputs") or {}
     files = inputs.get("files") or []
     if isinstance(files, str):
@@ -594,8 +609,8 @@ def _summary_section(summary: dict, fit: dict | None, compare: dict | None) -> s
         + "".join(f'<p class="caveat">{_e(c)}</p>' for c in (caveat or "").splitlines())
         + "".join(f'<p class="caveat">warning: {_e(w)}</p>' for w in warned
                   if not caveat or w not in caveat)
-        + "".join(f"<p>{_e(s)}</p>" for s in [_get(fit, "verdict", "forensics") if fit
-                                             else None] if isinstance(s, str))
+        + "".join(f"<p>{_e(s)}</p>" for s in [_forensics_line(fit, findings)]
+                  if isinstance(s, str))
         + f"<p>{_e(_regime_sentence(fit))}</p>"
         f"<p>{_e(_gate_sentence(compare))}</p></div>"
     )
@@ -1189,7 +1204,8 @@ def _keep_vs_entropy_fig(compare: dict | None) -> go.Figure:
                                 "entropy bin")
     fig.update_xaxes(type="log", title_text=f"entropy H ({_compare_h_unit(compare)})",
                      exponentformat="power", dtick=1)
-    fig.update_yaxes(title_text="keep rate (share of tokens kept)", tickformat=".1~%")
+    fig.update_yaxes(title_text="keep rate (share of tokens kept)", tickformat=".1~%",
+                     range=_flat_range(y for t in fig.data for y in t.y))
     fig.update_layout(legend=_gate_legend(len(fig.data)), margin=dict(b=200, t=20), height=560)
     return fig
 
@@ -1353,12 +1369,8 @@ def _gate_summary_html(compare: dict | None) -> str:
         )
     reasons = compare.get("null_reasons") if compare else None
     foot = ""
-    if reasons:
-        foot = (
-            "<p class='how'>"
-            + "; ".join(f"{_e(k)}: {_e(v)}" for k, v in sorted(reasons.items()))
-            + "</p>"
-        )
+    if isinstance(reasons, Mapping) and reasons:
+        foot = "<p class='how'>" + " ".join(_e(x) for x in null_reason_lines(reasons)) + "</p>"
     return (
         _table(
             [
@@ -1565,6 +1577,19 @@ def _sweep_fig(compare: dict | None) -> go.Figure:
 # ----------------------------------------------------------------------------- 5 training
 
 
+def _flat_range(ys: Iterable[Any]) -> list[float] | None:
+    """A y range for values that are all one number ``v`` (one step, every gate keeping
+    everything), which plotly would centre on a span of its own choosing (0 to 200% for a
+    keep rate of 100%, -1 to 1 around a KL of 4e-4, where it reads as 0): from 0 to twice
+    ``v`` (0 to 1 for 0); None when the values differ or none is a number."""
+    vals = {float(y) for y in ys if _is_num(y)}
+    if len(vals) != 1:
+        return None
+    v = vals.pop()
+    return [0.0, 1.0] if v == 0 else sorted([0.0, 1.05 * v]) if abs(v) >= 0.5 else \
+        sorted([0.0, 2.0 * v])
+
+
 def _metrics_fig(metrics: dict | None) -> go.Figure:
     if not metrics:
         raise ReportUnavailable("no mismatch metrics")
@@ -1620,6 +1645,9 @@ def _metrics_fig(metrics: dict | None) -> go.Figure:
                 row=rr,
                 col=cc,
             )
+            flat = _flat_range(ys)
+            if flat is not None:
+                fig.update_yaxes(range=flat, row=rr, col=cc)
         else:
             fig.add_annotation(
                 text="unavailable",
@@ -2044,7 +2072,7 @@ def build_report_html(
         f'<nav class="toc">{toc}</nav><main>'
     )
     doc.add(findings_html)
-    doc.add(_safe(lambda: _summary_section(summary, fit, compare)))
+    doc.add(_safe(lambda: _summary_section(summary, fit, compare, findings)))
 
     # 2 scaling law
     doc.add(

@@ -146,8 +146,9 @@ def _gate_notes(d: dict[str, Any]) -> list[str]:
             "column compares the other gates. seqs kept: for a token gate, the sequences "
             "with at least one token kept."
         )
-    for k, v in (d.get("null_reasons") or {}).items():
-        notes.append(f"n/a {k.replace('_', ' ')}: {v}.")
+    from entr_diag.compare import null_reason_lines
+
+    notes += null_reason_lines(d.get("null_reasons"))
     return notes
 
 
