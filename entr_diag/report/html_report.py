@@ -989,7 +989,8 @@ def _density_fig(prof: dict, params: Mapping[str, Any], h_star: Any = None,
         ye[1] if j0 == 0 else ye[0], ye[-1], (ye[0] + ye[1]) / 2 if j0 == 0 else None
     )
     fig.update_xaxes(
-        title_text=f"entropy H ({h_unit}, log scale; '0' = below {_f(he[1])})",
+        # (two lines: in a half-width column an entropy in bits clipped one line at both ends)
+        title_text=f"entropy H ({h_unit}, log scale)<br>'0' = below {_f(he[1])}",
         tickvals=xt[0],
         ticktext=xt[1],
         range=[xe[0], xe[-1]],
@@ -1005,7 +1006,7 @@ def _density_fig(prof: dict, params: Mapping[str, Any], h_star: Any = None,
     fig.update_layout(
         showlegend=bool(_is_num(tau)),
         legend=dict(orientation="h", x=0, y=1.02, xanchor="left", yanchor="bottom"),
-        margin=dict(t=40),
+        margin=dict(t=40, b=90),
     )
     return fig
 
