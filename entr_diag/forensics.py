@@ -2863,6 +2863,13 @@ def _check_staleness(ctx: _Ctx) -> _Result:
     far = max(ratios) if ratios else None
     measured = (ratios[far] if far is not None and far != ref and math.isfinite(ratios[far])
                 and ratios[far] > 0 else None)
+    # the same lags pooled over entropy and steps: stale tokens sit at later steps (the
+    # first ones cannot be stale) and other entropies, which the ratios hold fixed
+    mad = {int(v): a / n for v, a, n in zip(by_s["_stale"].to_list(), by_s["sad"].to_list(),
+                                            by_s["n"].to_list(), strict=True) if n}
+    pooled = (mad[far] / mad[ref] if far is not None and far in mad and ref in mad
+              and mad[ref] > 0 else None)
+    ev["pooled_ratio_lag_min_to_max"] = None if pooled is None else _r(pooled)
     if measured is not None:
         ev["growth_lag_min_to_max"] = _r(measured)
         growth_txt = f"x{measured:.3g} at lag {far} against lag {ref}"
@@ -2905,6 +2912,12 @@ def _check_staleness(ctx: _Ctx) -> _Result:
                    else ", which misstates this growth: it is not geometric") + ")"
                 + (f" (lag {', '.join(map(str, apart))} never shares a step with the others: "
                    "not compared)" if apart else "")
+                + (f". Pooled over entropies and steps, mean |delta| reads x{pooled:.3g} at "
+                   f"lag {far} against lag {ref}: the rest of that rise is where the lags sit "
+                   "(stale tokens at later steps, where the first steps cannot be stale, and "
+                   "at other entropies), not the lag itself"
+                   if pooled is not None and measured is not None and measured > 0
+                   and abs(math.log(pooled / measured)) > math.log(2) else "")
                 + ". Part of "
                 "delta is policy change between sampling and training, not engine mismatch: "
                 "read the law and the gates per staleness bucket, or on the freshest tokens."
