@@ -1032,6 +1032,16 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
                "analysed as one sequence; map a step column (--column step=NAME) or a "
                "globally unique id")
             + ", or dump a position column.")
+    acct = ds.accounting
+    if ("loss_mask" in ds.mapping and acct.tokens_total >= MASKED_SHARE_MIN_ROWS
+            and 0 < acct.tokens_masked < MASKED_SHARE_WARN * acct.tokens_total):
+        per = acct.tokens_masked / max(acct.sequences_total, 1)
+        _notes.add(
+            f"[yellow]warning:[/yellow] only {acct.tokens_masked / acct.tokens_total:.1%} of "
+            f"the {acct.tokens_total:,} rows are in the loss mask ({acct.tokens_masked:,} "
+            f"tokens, {per:,.1f} a sequence on average): check that "
+            f"{escape(repr(ds.mapping['loss_mask']))} is the loss mask over the response "
+            "tokens, not its inverse, the prompt mask or a mask of a few special tokens.")
     nostep = ds.accounting.tokens_without_step
     if nostep:
         floats = any(n.split(" ", 1)[0] == "step" and " holds floating-point values " in n
@@ -1332,6 +1342,12 @@ VOID_ROUNDING_STEP = 0.1
 #: excluded as invalid_entropy (helper-42: an entropy scaled by 1e6 left 0.8% of the tokens,
 #: those near 0, and a verdict "alpha = 2.07" was drawn on them)
 VOID_INVALID_ENTROPY_SHARE: float = 0.5
+#: a warning when fewer than this share of the rows are in the loss mask (helper-42: a mask
+#: true on the first 5 tokens of each sequence, 1.6% of the rows, passed silently; real
+#: dumps with the prompt rows hold 20% to 90% response tokens)
+MASKED_SHARE_WARN: float = 0.05
+#: ... of an input of at least this many rows
+MASKED_SHARE_MIN_ROWS: int = 1000
 
 
 def _void_verdict(notes, rounded, entropy_alignment=None, units=None,

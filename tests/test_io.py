@@ -2269,3 +2269,42 @@ def test_a_column_of_arrow_null_type_reads_as_holding_no_value(tmp_path):
     with pytest.raises(SchemaError, match=r"train_logprob holds no value in any input file "
                                           r"\(Arrow type null"):
         load_dataset([_write(tmp_path, pl.from_arrow(null(t, "train_logprob")), "r.parquet")])
+
+
+def test_a_narrow_position_column_that_wraps_is_named(tmp_path):
+    """An int16 position column wraps past 32,767 to negative values: its invalid_position
+    rows get a warning naming the type and the cause (helper-42: 28% of the tokens excluded
+    with no word on the overflow); an int16 column without invalid rows, none."""
+    n = 33_000
+    df = pl.DataFrame({"seq_id": [1] * n, "position": pl.int_range(n, eager=True),
+                       "train_logprob": [-0.5] * n, "infer_logprob": [-0.51] * n,
+                       "entropy": [0.7] * n})
+    wrapped = df.with_columns(((pl.col("position") + 2**15) % 2**16 - 2**15).cast(pl.Int16))
+    ds = load_dataset([_write(tmp_path, wrapped, "w.parquet")])
+    assert ds.accounting.excluded == {"invalid_position": n - 32_768}
+    warn = [x for x in ds.notes if x.startswith("warning: position is int16 in 1 of 1")]
+    assert len(warn) == 1 and "past 32,767 wrap to negative values" in warn[0], ds.notes
+    ok = _write(tmp_path, _long().with_columns(pl.col("position").cast(pl.Int16)), "ok.parquet")
+    assert not any("wrap" in x for x in load_dataset([ok]).notes)
+
+
+def test_a_loss_mask_over_a_few_rows_is_warned_about(tmp_path):
+    """A loss mask true on under 5% of the rows (an inverted or prompt mask, a mask of the
+    first tokens: helper-42's passed silently) is a warning naming the column; the bundled
+    run's mask (97%) is not."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    n_seq, length = 100, 40
+    df = pl.DataFrame({"seq_id": np.repeat(np.arange(n_seq), length),
+                       "position": np.tile(np.arange(length), n_seq),
+                       "train_logprob": -0.5, "infer_logprob": -0.51, "entropy": 0.7,
+                       "loss_mask": np.tile(np.arange(length) < 1, n_seq)})
+    p = _write(tmp_path, df, "m.parquet")
+    r = CliRunner().invoke(app, ["inspect", "--quiet", str(p)])
+    assert ("warning: only 2.5% of the 4,000 rows are in the loss mask (100 tokens, 1.0 a "
+            "sequence on average): check that 'loss_mask' is the loss mask") in \
+        " ".join(r.stderr.split()), r.stderr
+    r = CliRunner().invoke(app, ["inspect", "--quiet"])
+    assert "are in the loss mask" not in r.stderr

@@ -1915,6 +1915,19 @@ def load_dataset(
             entropy_unused=ds.entropy_unused if instead else "; ".join(
                 (f"the entropy column ('{src}') holds no valid value for any loss-masked "
                  f"token ({what})", *filter(None, [ds.entropy_unused]))))
+    pos = mapping.get("position")
+    narrow = _files_typed(file_list, schemas, pos, lambda t: pa.types.is_int8(t)
+                          or pa.types.is_int16(t)) if pos else []
+    n_bad = int(accounting.excluded.get("invalid_position", 0))
+    if narrow and n_bad:  # a narrow signed position column wrapping past its maximum
+        t = _value_type(schemas[narrow[0]].field(pos).type)
+        top = 127 if pa.types.is_int8(t) else 32_767
+        notes.append(
+            f"warning: position{'' if pos == 'position' else f' ({pos!r})'} is {t} in "
+            f"{len(narrow):,} of {len(file_list):,} input files (e.g. {narrow[0]}): positions "
+            f"past {top:,} wrap to negative values, so the {n_bad:,} invalid_position rows "
+            "are probably the later tokens of long sequences, excluded; write positions as "
+            "int32 or wider, or drop the column to number tokens in row order")
     return Dataset(
         lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=(*notes_extra, *notes),
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
