@@ -880,3 +880,18 @@ def test_gates_on_one_point_of_the_tradeoff_name_each_other():
     assert "at the same point: veto, m2po" in hover["tis"]
     assert "at the same point: tis, m2po" in hover["veto"]
     assert "same point" not in hover["entr"] and "same point" not in hover["fixed"]
+
+
+def test_gate_colours_are_far_apart():
+    """Every two colours of the gate palette differ by 50 or more in RGB (helper-43: violet
+    #7c3aed and purple #9333ea, 24 apart, drew areal and m2po alike)."""
+    import itertools
+    import math
+
+    from entr_diag.report.html_report import _PALETTE
+
+    def rgb(h):
+        return [int(h[i:i + 2], 16) for i in (1, 3, 5)]
+
+    assert len(set(_PALETTE)) == len(_PALETTE) >= 12
+    assert min(math.dist(rgb(a), rgb(b)) for a, b in itertools.combinations(_PALETTE, 2)) >= 50

@@ -37,19 +37,20 @@ PAPER = "arXiv:2607.22186"
 
 # ----------------------------------------------------------------------------- style
 
-_PALETTE = [
-    "#2563eb",
-    "#dc2626",
-    "#059669",
-    "#d97706",
-    "#7c3aed",
-    "#0891b2",
-    "#db2777",
-    "#65a30d",
-    "#4b5563",
-    "#ea580c",
-    "#0f766e",
-    "#9333ea",
+_PALETTE = [  # (ENTR's blue, then 11 hues far apart: helper-43 found mis and k3 both
+    # orange, areal and m2po both purple, icepop and veto both green)
+    "#2563eb",  # blue (ENTR)
+    "#dc2626",  # red
+    "#15803d",  # dark green
+    "#ea580c",  # orange
+    "#7c3aed",  # violet
+    "#0891b2",  # cyan
+    "#c026d3",  # magenta
+    "#84cc16",  # lime
+    "#4b5563",  # grey
+    "#92400e",  # brown
+    "#1e3a8a",  # navy
+    "#eab308",  # yellow
 ]
 _ENTR_COLOR = "#2563eb"
 _NOISE_FILL = "rgba(220, 38, 38, 0.08)"
