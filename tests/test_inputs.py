@@ -467,6 +467,14 @@ def test_both_logprob_columns_zero_filled_are_refused_by_every_command(tmp_path)
                               f"0.0 on every one of the {n:,} loss-masked rows: neither "
                               "side's logprobs were recorded"), err
     assert not out.exists()
+    # ... and at an entropy of 0 too, where both sides 0.0 are kept as near-certain tokens
+    # (helper-44: compare and report then compared the gates at exit 0)
+    df.with_columns(pl.lit(0.0).alias("entropy")).write_parquet(p)
+    for args in (["compare"], ["report", "-o", str(out)]):
+        r = runner.invoke(app, [*args, str(p), "-q"])
+        assert r.exit_code == 2, (args, r.output)
+        assert "are both exactly 0.0 on every one of the" in r.stderr.replace("\n", " ")
+    assert not out.exists()
     write_synth(p, SynthSpec(n_tokens=20_000, seed=1))
     pl.read_parquet(p).with_columns(pl.col("infer_logprob").alias("train_logprob")
                                     ).write_parquet(p)

@@ -1835,8 +1835,13 @@ def load_dataset(
                                    accounting=dataclasses.replace(
                                        ds.accounting, minus_one=accounting.minus_one))
     notes_extra: tuple[str, ...] = ()  # (the both-sides-0.0 warning)
-    if (_nucleus_zeros is False
-            and accounting.excluded.get("zero_placeholder", 0) >= S.NUCLEUS_MIN_TOKENS):
+    # (delta exactly 0 on every valid token: both sides 0.0 at an entropy of 0, which the
+    # loader keeps as near-certain tokens, must be told from a bitwise on-policy run)
+    all_same = (accounting.tokens_valid > 0
+                and accounting.tokens_identical == accounting.tokens_valid)
+    if _nucleus_zeros is False and (
+            all_same
+            or accounting.excluded.get("zero_placeholder", 0) >= S.NUCLEUS_MIN_TOKENS):
         nucleus, zero_cols, masked_rows, both_zero = _nucleus_zeros_seen(raw_chunks)
         if zero_cols:  # a logprob side never computed: nothing to measure
             from entr_diag.caveats import column_named
@@ -1848,7 +1853,8 @@ def load_dataset(
                 + " and ".join(column_named(c, mapping) for c in zero_cols)
                 + f" {'are both' if both else 'is'} exactly 0.0 on every one of the "
                 f"{masked_rows:,} loss-masked rows: "
-                + ("neither side's logprobs were recorded (zero-filled columns"
+                + ("neither side's logprobs were recorded (zero-filled columns, or a loss "
+                   "mask over zero-filled rows such as the prompt's: an inverted mask?"
                    if both else "that side's logprobs were never recorded (a zero-filled "
                    "column, e.g. " + ("rollout logprobs not requested from the engine"
                                       if zero_cols[0] == "infer_logprob" else
