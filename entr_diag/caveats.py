@@ -580,6 +580,16 @@ def starved_files_warning(starved: Mapping[str, Mapping[str, Any]], n_files: int
             "--column loss_mask=NAME.")
 
 
+def position_wrap_caveat(notes: Sequence[str]) -> str | None:
+    """The loader's warning that an 8- or 16-bit position column wrapped past its maximum
+    (:func:`entr_diag.io.load._position_wrap`) as a caveat beside the verdict, before the
+    duplicate-position one it explains; None without it."""
+    for n in notes:
+        if n.startswith("warning: position") and " wrap " in n:
+            return "caveat: " + n.removeprefix("warning: ")
+    return None
+
+
 def duplicates_caveat(acc: Any, n_files: int) -> str | None:
     """A one-line caveat when sequences hold duplicated (step, seq_id, position) rows
     (``acc``: the token accounting; ``n_files`` input files), naming the files holding

@@ -2286,6 +2286,17 @@ def test_a_narrow_position_column_that_wraps_is_named(tmp_path):
     assert len(warn) == 1 and "past 32,767 wrap to negative values" in warn[0], ds.notes
     ok = _write(tmp_path, _long().with_columns(pl.col("position").cast(pl.Int16)), "ok.parquet")
     assert not any("wrap" in x for x in load_dataset([ok]).notes)
+    # uint8 wraps back to 0: sequences holding a position twice, which the duplicate-
+    # position warning put down to copied shards or shared ids (helper-44); a caveat too
+    u8 = df.head(600).with_columns((pl.col("position") % 256).cast(pl.UInt8))
+    ds = load_dataset([_write(tmp_path, u8, "u8.parquet")])
+    assert ds.accounting.sequences_with_duplicate_positions == 1
+    warn = [x for x in ds.notes if x.startswith("warning: position is uint8 in 1 of 1")]
+    assert len(warn) == 1 and "past 255 wrap back to 0, so the 1 sequence(s)" in warn[0]
+    from entr_diag.caveats import position_wrap_caveat
+
+    assert position_wrap_caveat(ds.notes).startswith("caveat: position is uint8 in 1 of 1")
+    assert position_wrap_caveat(load_dataset([ok]).notes) is None
 
 
 def test_a_loss_mask_over_a_few_rows_is_warned_about(tmp_path):

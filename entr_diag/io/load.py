@@ -1921,19 +1921,7 @@ def load_dataset(
             entropy_unused=ds.entropy_unused if instead else "; ".join(
                 (f"the entropy column ('{src}') holds no valid value for any loss-masked "
                  f"token ({what})", *filter(None, [ds.entropy_unused]))))
-    pos = mapping.get("position")
-    narrow = _files_typed(file_list, schemas, pos, lambda t: pa.types.is_int8(t)
-                          or pa.types.is_int16(t)) if pos else []
-    n_bad = int(accounting.excluded.get("invalid_position", 0))
-    if narrow and n_bad:  # a narrow signed position column wrapping past its maximum
-        t = _value_type(schemas[narrow[0]].field(pos).type)
-        top = 127 if pa.types.is_int8(t) else 32_767
-        notes.append(
-            f"warning: position{'' if pos == 'position' else f' ({pos!r})'} is {t} in "
-            f"{len(narrow):,} of {len(file_list):,} input files (e.g. {narrow[0]}): positions "
-            f"past {top:,} wrap to negative values, so the {n_bad:,} invalid_position rows "
-            "are probably the later tokens of long sequences, excluded; write positions as "
-            "int32 or wider, or drop the column to number tokens in row order")
+    notes += _position_wrap(mapping.get("position"), file_list, schemas, accounting)
     return Dataset(
         lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=(*notes_extra, *notes),
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
@@ -2100,6 +2088,39 @@ def _refuse_unsigned_overflow(path: Path, meta: pq.FileMetaData,
 
 def _int_like(v: str) -> bool:
     return bool(re.fullmatch(r"-?\d+", v))
+
+
+#: the largest value of each narrow integer type a position column may wrap past
+_NARROW_INT_MAX = {pa.int8(): 127, pa.int16(): 32_767, pa.uint8(): 255, pa.uint16(): 65_535}
+
+
+def _position_wrap(pos: str | None, files: Sequence[Path], schemas: Mapping[Path, pa.Schema],
+                   accounting: Accounting) -> list[str]:
+    """A warning when the position column ``pos`` is an 8- or 16-bit integer in some input
+    files and its values look wrapped past the type's maximum: a signed one to negative
+    positions (``invalid_position`` rows), an unsigned one back to 0 (sequences holding a
+    position more than once, which the duplicate-position warning would put down to
+    copied shards or shared ids); [] otherwise."""
+    if not pos:
+        return []
+    narrow = _files_typed(files, schemas, pos, lambda t: t in _NARROW_INT_MAX)
+    if not narrow:
+        return []
+    t = _value_type(schemas[narrow[0]].field(pos).type)
+    signed = pa.types.is_signed_integer(t)
+    n_bad = (int(accounting.excluded.get("invalid_position", 0)) if signed
+             else int(accounting.sequences_with_duplicate_positions))
+    if not n_bad:
+        return []
+    what = (f"to negative values, so the {n_bad:,} invalid_position rows are probably the "
+            "later tokens of long sequences, excluded" if signed else
+            f"back to 0, so the {n_bad:,} sequence(s) holding a position more than once "
+            "probably hold more tokens than the type counts (not copied shards nor shared "
+            "ids)")
+    return [f"warning: position{'' if pos == 'position' else f' ({pos!r})'} is {t} in "
+            f"{len(narrow):,} of {len(files):,} input files (e.g. {narrow[0]}): positions past "
+            f"{_NARROW_INT_MAX[t]:,} wrap {what}; write positions as int32 or wider, or drop "
+            "the column to number tokens in row order"]
 
 
 def _files_typed(files: Sequence[Path], schemas: Mapping[Path, pa.Schema], src: str | None,
