@@ -393,7 +393,8 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
     "sentinel_logprob": "padding values inside the loss mask: the mask may not match the "
                         "logprob arrays (shifted, or the prompt's mask)",
     "non_finite_logprob": "one side may not have been computed for these tokens (NaN or "
-                          "null), or the mask covers padding",
+                          "null), or the mask covers padding, or it is inverted (true on "
+                          "the prompt, whose rows hold no logprobs)",
     "zero_placeholder": "one side, or both, hold 0.0 where they have no value (e.g. rollout "
                         "logprobs not requested from the engine, rows zero-filled in the "
                         "dump)",
@@ -403,7 +404,9 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
     "invalid_loss_mask": "the mask column holds weights or labels, not 0/1; map the 0/1 mask "
                          "with --column loss_mask=NAME",
     "null_loss_mask": "the mask is null where the arrays were padded (a padded tensor with "
-                      "null padding?) or the mask column is not the loss mask",
+                      "null padding?), the mask column was never filled (null in every row, "
+                      "e.g. set to None in pandas: drop it to count every token) or it is "
+                      "not the loss mask",
     "missing_seq_id": "the seq_id column is mostly null (or floating-point values with a "
                       "fraction, which read as null): map another with --column "
                       "seq_id=NAME",

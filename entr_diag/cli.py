@@ -1004,6 +1004,10 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
         from entr_diag.io.load import unkeyed_partitions
 
         where = files_listed(ds.accounting.duplicate_position_files, len(ds.files))
+        # (copied files: --seq-id-per-file would hide their repeats, not count them once)
+        copied = any(n.startswith("warning: ") and (" look like copies of each other " in n
+                                                    or " repeats the rows of " in n)
+                     for n in ds.notes)
         _notes.add(
             f"[yellow]warning:[/yellow] {dup:,} sequence(s) hold more tokens than positions"
             + (f" ({escape(where)})" if where else "") + ": the "
@@ -1013,7 +1017,9 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
             "each file, which merges them into one)"
             + escape(unkeyed_partitions([f.hive for f in ds.files], ds.mapping))
             + ("; if the seq_ids restart in each file, pass --seq-id-per-file"
-               if len(ds.files) > 1 and not ds.seq_id_per_file else "") + "."
+               if len(ds.files) > 1 and not ds.seq_id_per_file and not copied else
+               "; the input holds copied files (see that warning): pass one of each"
+               if copied else "") + "."
         )
     from entr_diag.caveats import separate_blocks
 

@@ -732,6 +732,9 @@ def test_quiet_hides_notes_and_progress_but_not_warnings(tmp_path):
     err = " ".join(r.stderr.split())
     assert "look like copies of each other" in err and "hold more tokens than positions" in err
     assert "valid loss-masked tokens" not in err and "note:" not in err
+    # copies: no advice to pass --seq-id-per-file, which would hide their repeats (helper-44)
+    assert "pass --seq-id-per-file" not in err
+    assert "the input holds copied files (see that warning): pass one of each." in err
     # probabilities on 3 rows of 4: the mostly-excluded warning
     p = tmp_path / "probs.parquet"
     df.with_columns(pl.when(pl.col("position") % 4 > 0).then(pl.col("infer_logprob").exp())

@@ -2001,6 +2001,7 @@ def test_non_finite_hint_without_a_mask_names_padding_only_when_some_rows_are_va
     ds = load_dataset([_write(tmp_path, some.with_columns(loss_mask=pl.lit(True)), "m.parquet")])
     hint = exclusion_hint(ds.accounting.excluded, ds.accounting.tokens_masked, ds.mapping)
     assert "or the mask covers padding" in hint and "padded tensors" not in hint, hint
+    assert "or it is inverted (true on the prompt" in hint  # (helper-44)
 
 
 def test_an_entropy_column_without_a_valid_value_counts_as_absent(tmp_path):
