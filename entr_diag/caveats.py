@@ -1082,7 +1082,7 @@ def rounding_caveat(rounded: Mapping[str, Any] | None,
     parts = []
     if zero_placeholder:
         parts.append(f"{zero_placeholder:,} row(s) excluded as zero_placeholder, 0.0 on one "
-                     "side")
+                     "side or both")
     if nucleus_zeros:
         parts.append(f"{nucleus_zeros:,} engine zero(s) kept as valid tokens, which would "
                      "otherwise read as one-token nuclei of top-p / top-k sampling")

@@ -1879,7 +1879,7 @@ def test_rounded_logprobs_in_one_shard_name_the_shard(synth_file, tmp_path):
                                        "input_files": 4}
     # logprobs rounded to 0.0 next to one that is not read as zero placeholders: said
     zp = doc["inputs"]["accounting"]["exclusions"].get("zero_placeholder", 0)
-    assert zp > 0 and (f"({zp:,} row(s) excluded as zero_placeholder, 0.0 on one side, are "
+    assert zp > 0 and (f"({zp:,} row(s) excluded as zero_placeholder, 0.0 on one side or both, are "
                        "probably such logprobs rounded to 0)") in doc["verdict"]["caveat"]
     every = _split(synth_file, tmp_path / "all", 4, {i: two for i in range(4)})
     r = runner.invoke(app, ["fit", str(every), "--n-boot", "100", "--json", str(js), "-q"])
