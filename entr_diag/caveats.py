@@ -35,7 +35,9 @@ def small_sample_caveat(fit: Mapping, sequences: int | None = None) -> str | Non
     if sequences is None or sequences == units:
         what = f"{units} sequence{'s' if units != 1 else ''}"
     else:
-        what = f"{units} independent sequence blocks (of {sequences:,} sequences)"
+        what = (f"{units} independent sequence blocks (of {sequences:,} sequences: the "
+                "bootstrap resamples blocks of sequences grouped by a hash of their key, "
+                "and two sequences can share a block)")
     return (
         f"caveat: only {what} to resample (fewer than {MIN_BOOTSTRAP_UNITS}): the 95% "
         "intervals are likely too narrow and the verdict is tentative; add sequences before "

@@ -1028,7 +1028,8 @@ def test_small_sample_caveat_threshold():
     assert MIN_BOOTSTRAP_UNITS == 30
     fit = {"parameters": {"blocks_nonempty": 29}}
     assert small_sample_caveat(fit, 29).startswith("caveat: only 29 sequences to resample")
-    assert "only 29 independent sequence blocks (of 31 sequences)" in small_sample_caveat(fit, 31)
+    assert "only 29 independent sequence blocks (of 31 sequences: the bootstrap resamples " \
+        "blocks of sequences grouped by a hash of their key" in small_sample_caveat(fit, 31)
     assert small_sample_caveat({"parameters": {"blocks_nonempty": 30}}, 30) is None
 
 
