@@ -2320,3 +2320,17 @@ def test_a_loss_mask_over_a_few_rows_is_warned_about(tmp_path):
         " ".join(r.stderr.split()), r.stderr
     r = CliRunner().invoke(app, ["inspect", "--quiet"])
     assert "are in the loss mask" not in r.stderr
+
+
+def test_text_columns_where_numbers_are_needed_get_a_conversion_hint(tmp_path):
+    """A mask of 'True'/'False' strings, a step of 'global_step_3' strings (pandas writes
+    both often) are refused naming the file and column, with how to convert them
+    (helper-44: no hint)."""
+    mask = _long().with_columns(pl.col("loss_mask").cast(pl.String).alias("loss_mask"))
+    with pytest.raises(SchemaError, match=r"loss_mask needs boolean or 0/1 numeric values\. "
+                                          r"Text is not read as numbers: .*'True' / 'False'"):
+        load_dataset([_write(tmp_path, mask, "m.parquet")])
+    step = _long().with_columns(pl.format("global_step_{}", "step").alias("step"))
+    with pytest.raises(SchemaError, match=r"step needs integer values\. Text is not read as "
+                                          r"numbers: .*'global_step_3'.*expand=False"):
+        load_dataset([_write(tmp_path, step, "s.parquet")])

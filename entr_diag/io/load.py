@@ -871,7 +871,20 @@ def _wrong_type(src: str, canon: str, typ: pa.DataType, origin: str | None, *,
             f"{what} comes from {origin}; {canon} needs {need} values: name the folders "
             f"{src}=<integer> (e.g. {src}=3) or move the files out of them."
         )
-    err = SchemaError(f"{what} has type {_type_name(typ)}; {canon} needs {need} values.")
+    vt = _value_type(typ)
+    text = (pa.types.is_string(vt) or pa.types.is_large_string(vt)
+            or pa.types.is_string_view(vt))
+    kind = S.BY_NAME[canon].kind
+    hint = ("" if not text else
+            " Text is not read as numbers: write the column as booleans or 0/1 (strings such "
+            "as 'True' / 'False' from pandas: df[c] = df[c] == 'True')" if kind == S.BOOL else
+            " Text is not read as numbers: write the column as integers (strings such as '3' "
+            "or 'global_step_3': df[c] = df[c].str.extract(r'(\\d+)$', expand=False).astype(int))"
+            if kind == S.INT else
+            " Text is not read as numbers: write the column as floats (float32 or float64)"
+            if kind == S.FLOAT else "")
+    err = SchemaError(f"{what} has type {_type_name(typ)}; {canon} needs {need} values."
+                      + (hint + "." if hint else ""))
     err.wrong_type = (src, typ)  # (for load_dataset to name the files holding it)
     return err
 
@@ -890,7 +903,11 @@ def _files_of_type(e: SchemaError, file_list: Sequence[Path],
     if not bad or not others:
         return None
     more = f" (and {len(bad) - 1:,} more file(s))" if len(bad) > 1 else ""
-    return f"{bad[0]}{more}: {str(e).rstrip('.')} (other files have {', '.join(others)})."
+    head, sep, hint = str(e).partition(" values.")  # (the others' type beside the need)
+    if not sep:
+        return f"{bad[0]}{more}: {str(e).rstrip('.')} (other files have {', '.join(others)})."
+    return (f"{bad[0]}{more}: {head} values (other files have {', '.join(others)})."
+            f"{hint}")
 
 
 def _names_split(files: Sequence[Path], schemas: Mapping[Path, pa.Schema]) -> str:
