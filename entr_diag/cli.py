@@ -1039,9 +1039,10 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
                "globally unique id")
             + ", or dump a position column.")
     acct = ds.accounting
+    per = acct.tokens_masked / max(acct.sequences_total, 1)
     if ("loss_mask" in ds.mapping and acct.tokens_total >= MASKED_SHARE_MIN_ROWS
-            and 0 < acct.tokens_masked < MASKED_SHARE_WARN * acct.tokens_total):
-        per = acct.tokens_masked / max(acct.sequences_total, 1)
+            and 0 < acct.tokens_masked < MASKED_SHARE_WARN * acct.tokens_total
+            and per < MASKED_PER_SEQUENCE_MAX):
         _notes.add(
             f"[yellow]warning:[/yellow] only {acct.tokens_masked / acct.tokens_total:.1%} of "
             f"the {acct.tokens_total:,} rows are in the loss mask ({acct.tokens_masked:,} "
@@ -1320,7 +1321,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              curvature_caveat(fd), zero_entropy_caveat(fd), influence_caveat(fd)]
     caveats = [p for p in parts if p]
     void = _void_verdict(ds.notes, rounded, entropy_alignment, shown_units, ds.mapping,
-                         acc.excluded, acc.tokens_masked)
+                         acc.excluded_where, acc.tokens_masked)
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats,
                      # (None: the command ran no forensics, e.g. compare)
                      "forensics": forensics_summary(fdict, void)}
@@ -1356,14 +1357,19 @@ VOID_INVALID_ENTROPY_SHARE: float = 0.5
 MASKED_SHARE_WARN: float = 0.05
 #: ... of an input of at least this many rows
 MASKED_SHARE_MIN_ROWS: int = 1000
+#: ... when its sequences hold fewer loss-masked tokens than this on average (helper-45:
+#: 2,500-token prompts before 96-token responses, 3.6% of the rows, are a real layout)
+MASKED_PER_SEQUENCE_MAX: float = 16.0
 
 
 def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
-                  mapping=None, excluded=None, masked: int = 0) -> str | None:
+                  mapping=None, excluded_where=None, masked: int = 0) -> str | None:
     """Why the law's verdict cannot be read at all, else None: a logprob or entropy column
     stored as integers (:func:`~entr_diag.caveats.integer_columns`), VOID_INVALID_ENTROPY_SHARE
-    or more of the ``masked`` loss-masked tokens excluded as invalid_entropy (``excluded``:
-    the accounting's tokens per reason; the tokens left are those the fault left in range),
+    or more of the ``masked`` loss-masked tokens excluded as invalid_entropy for an entropy
+    out of range (negative, infinite or above 20 nats: ``excluded_where``, the accounting's
+    kinds of invalid entropy; the tokens left are those the fault left in range; null or
+    NaN entropies, missing at random, leave a sample of the run),
     logprobs stored
     rounded (pooled over the input) to VOID_ROUNDING_STEP nats or coarser, an entropy
     column shifted against the logprobs or holding the surprisal (``entropy_alignment``:
@@ -1380,13 +1386,14 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     ints = integer_columns(notes)
     if ints:
         return f"{' and '.join(ints)} {'holds' if len(ints) == 1 else 'hold'} integers"
-    bad_h = int((excluded or {}).get("invalid_entropy", 0))
+    kinds = ((excluded_where or {}).get("invalid_entropy") or {}).get("kinds") or {}
+    bad_h = sum(int(n) for k, n in kinds.items() if k != "null or NaN")
     if masked and bad_h >= VOID_INVALID_ENTROPY_SHARE * masked:
         # (an entropy scaled by 1e6, or overflowing float16: the few tokens left are those
         # the fault left in range, not a sample of the run)
-        return (f"{bad_h / masked:.1%} of the loss-masked tokens have no entropy in nats "
-                "(invalid_entropy: negative, above 20 or not finite), and the law would rest "
-                "on the few the fault left in range")
+        return (f"{bad_h / masked:.1%} of the loss-masked tokens have an entropy out of "
+                "range (invalid_entropy: negative, infinite or above 20 nats), and the law "
+                "would rest on the few the fault left in range")
     ea = entropy_alignment or {}
     if ea.get("status") == "surprisal":
         return "the entropy column holds the sampled token's surprisal, not an entropy"

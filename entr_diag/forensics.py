@@ -198,6 +198,9 @@ TRUNC_TREND_P = 0.01
 #: (helper-43: a real top-k 20 run, 80% of its tokens below 1.9 nats, pooled share 19%,
 #: upper tail 66%; real clean, stale, temperature and untruncated-log runs 0.0 to 2.6%)
 TRUNC_TAIL_SHARE = 0.1
+#: truncated sampling: the upper tail's mean delta this many standard errors below the
+#: lower bins' (above TRUNC_H_MIN) is a bias growing with entropy, as the Kendall trend is
+TRUNC_TAIL_Z = 4.0
 #: truncated sampling: a bias share this large is one-sided enough without the entropy trend
 #: (top-p saturates: -mean delta tends to -log(top_p) at high entropy and is not monotone)
 TRUNC_STRONG_SHARE = 0.5
@@ -933,17 +936,24 @@ class _Ctx:
 
     def bins(self) -> pl.DataFrame:
         """Per entropy bin: n, mean H, mean delta, mean delta^2, mean |delta| (sorted by bin)."""
-        return (
-            self.cells.group_by("bin")
-            .agg(pl.col("n", "sh", "sd", "sd2", "sad", "nneg").sum())
-            .with_columns(
-                (pl.col("sh") / pl.col("n")).alias("h"),
-                (pl.col("sd") / pl.col("n")).alias("m"),
-                (pl.col("sd2") / pl.col("n")).alias("q"),
-                (pl.col("sad") / pl.col("n")).alias("a"),
-            )
-            .sort("bin")
+        return _bins_of(self.cells)
+
+
+def _bins_of(cells: pl.DataFrame) -> pl.DataFrame:
+    """Per entropy bin of the forensic ``cells`` (rows per bin, step and staleness, or any
+    selection of them): n, mean H, mean delta, mean delta^2, mean |delta| (sorted by
+    bin)."""
+    return (
+        cells.group_by("bin")
+        .agg(pl.col("n", "sh", "sd", "sd2", "sad", "nneg").sum())
+        .with_columns(
+            (pl.col("sh") / pl.col("n")).alias("h"),
+            (pl.col("sd") / pl.col("n")).alias("m"),
+            (pl.col("sd2") / pl.col("n")).alias("q"),
+            (pl.col("sad") / pl.col("n")).alias("a"),
         )
+        .sort("bin")
+    )
 
 
 def _k_fit(h: np.ndarray, q: np.ndarray, w: np.ndarray) -> float:
@@ -1827,7 +1837,17 @@ def _check_truncation(ctx: _Ctx) -> _Result:
     name = "truncated_sampling"
     if not ctx.has("entropy"):
         return _cannot(name, "no entropy column: a bias growing with entropy cannot be seen")
-    bins = ctx.bins().filter(pl.col("n") >= MIN_BIN_TOKENS)
+    # the freshest tokens when there are enough: a stale token's delta holds the policy's
+    # change too, whose mean is -KL, negative and larger at high entropy (helper-45:
+    # untruncated stale runs read a 20% share, a top-k 20 run with lags up to 4 read 5.7%
+    # against 41% on its lag-0 tokens)
+    cells, used = ctx.cells, "all tokens"
+    if ctx.has("staleness") and cells["_stale"].drop_nulls().len():
+        s_min = _freshest(cells["_stale"])
+        fresh = cells.filter(pl.col("_stale") == s_min)
+        if int(fresh["n"].sum()) >= FRESH_MIN_TOKENS:
+            cells, used = fresh, f"staleness {s_min} tokens"
+    bins = _bins_of(cells).filter(pl.col("n") >= MIN_BIN_TOKENS)
     hi = bins.filter(pl.col("h") >= TRUNC_H_MIN)
     if hi.height == 0:
         return _cannot(
@@ -1845,6 +1865,17 @@ def _check_truncation(ctx: _Ctx) -> _Result:
     m_t, q_t = float(tail["sd"].sum()) / n_t, float(tail["sd2"].sum()) / n_t
     share_t = m_t * m_t / q_t if q_t > 0 and m_t < 0 else 0.0
     h_t = float(tail["h"].min())  # (the tail's lowest bin's mean entropy)
+    # the tail's mean delta below that of the bins above TRUNC_H_MIN under it, by
+    # TRUNC_TAIL_Z standard errors: the bias grows with entropy where a truncation takes
+    # its mass, whatever the low bins do (helper-45: bf16 rounding made mean delta negative
+    # at 0.01 to 0.05 nats and a real top-k 30 run's Kendall trend missed, p = 0.026)
+    mid = hi.filter(~pl.col("bin").is_in(tail["bin"].implode()))
+    n_m = float(mid["n"].sum())
+    z_t = math.nan
+    if n_m > 0:
+        m_m, q_m = float(mid["sd"].sum()) / n_m, float(mid["sd2"].sum()) / n_m
+        se = math.sqrt(max(q_t - m_t * m_t, 0.0) / n_t + max(q_m - m_m * m_m, 0.0) / n_m)
+        z_t = (m_m - m_t) / se if se > 0 else math.nan
     tr = bins.filter(pl.col("h") >= TRUNC_TREND_H_MIN)
     if tr.height >= 3:
         from scipy import stats
@@ -1868,6 +1899,7 @@ def _check_truncation(ctx: _Ctx) -> _Result:
         "upper_tail_token_share": _r(n_t / n_hi),
         "mean_delta_upper_tail": _r(m_t),
         "bias_share_upper_tail": _r(share_t),
+        "upper_tail_z_vs_lower_bins": _r(z_t),
         "share_delta_negative_above_h_min": _r(neg_share),
         "kendall_tau_entropy_vs_neg_mean_delta": _r(tau),
         "kendall_p": _r(p),
@@ -1879,9 +1911,11 @@ def _check_truncation(ctx: _Ctx) -> _Result:
         "entropy_per_bin": [_r(x, 3) for x in bins["h"].to_list()],
         "mean_delta_per_bin": [_r(x, 3) for x in bins["m"].to_list()],
         "h_min_nats": TRUNC_H_MIN,
+        "tokens_selection": used,
     }
     ev.update(_engine_zero_share(ctx))
-    trend = math.isfinite(p) and tau > 0 and p < TRUNC_TREND_P
+    trend = (math.isfinite(p) and tau > 0 and p < TRUNC_TREND_P) or (
+        math.isfinite(z_t) and z_t >= TRUNC_TAIL_Z)
     pooled = m_hi < 0 and share >= TRUNC_BIAS_SHARE
     if (pooled or share_t >= TRUNC_BIAS_SHARE) and (
             trend or max(share, share_t) >= TRUNC_STRONG_SHARE):
@@ -1895,8 +1929,12 @@ def _check_truncation(ctx: _Ctx) -> _Result:
                "zero placeholders" if kept else "excluded as zero placeholders") + "."
             if n_zero else ""
         )
+        kendall = math.isfinite(p) and tau > 0 and p < TRUNC_TREND_P
         trend_txt = (
             f"-mean delta rises with entropy (Kendall tau {tau:.2f}, {_pval(p)})"
+            if kendall else
+            f"-mean delta in the flattest bins is {z_t:.1f} standard errors above the lower "
+            f"bins' (Kendall tau {tau:.2f}, {_pval(p)}, over all bins)"
             if trend else f"the bias dominates the spread (Kendall tau {tau:.2f}, {_pval(p)})"
         )
         unit = _logprob_unit_note(ctx, "a unit factor on one logprob column shifts delta "
@@ -1906,7 +1944,7 @@ def _check_truncation(ctx: _Ctx) -> _Result:
             severity="info" if unit.startswith(" But") else "warning",
             title="One-sided negative delta at high entropy: truncated sampling on the engine side?",
             message=(
-                f"Above {TRUNC_H_MIN:g} nats, mean delta is {m_hi:.3g} nats and carries "
+                f"On {used}, above {TRUNC_H_MIN:g} nats, mean delta is {m_hi:.3g} nats and carries "
                 f"{share:.0%} of E[delta^2] ({neg_share:.0%} of deltas negative)"
                 + ("" if pooled else
                    f"; in the flattest {_share(n_t / n_hi)} of them (mean entropy "
@@ -1943,7 +1981,7 @@ def _check_truncation(ctx: _Ctx) -> _Result:
                             f"{_share(n_t / n_hi)}"))
     return _clear(
         name,
-        f"mean delta above {TRUNC_H_MIN:g} nats is {m_hi:.3g} (bias share {share:.1%} of "
+        f"mean delta above {TRUNC_H_MIN:g} nats on {used} is {m_hi:.3g} (bias share {share:.1%} of "
         f"E[delta^2]; {share_t:.1%} in the flattest {_share(n_t / n_hi)})",
     )
 
@@ -2913,9 +2951,11 @@ def _check_staleness(ctx: _Ctx) -> _Result:
                 + (f" (lag {', '.join(map(str, apart))} never shares a step with the others: "
                    "not compared)" if apart else "")
                 + (f". Pooled over entropies and steps, mean |delta| reads x{pooled:.3g} at "
-                   f"lag {far} against lag {ref}: the rest of that rise is where the lags sit "
-                   "(stale tokens at later steps, where the first steps cannot be stale, and "
-                   "at other entropies), not the lag itself"
+                   f"lag {far} against lag {ref}: the ratios above hold the entropy bin and "
+                   "the step fixed and average over the bins (policy drift moves |delta| "
+                   "more at some entropies than at others), the pooled one holds neither, so "
+                   "the two can differ by far and neither alone is the drift at a given "
+                   "entropy"
                    if pooled is not None and measured is not None and measured > 0
                    and abs(math.log(pooled / measured)) > math.log(2) else "")
                 + ". Part of "

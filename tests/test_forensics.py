@@ -346,6 +346,30 @@ def test_truncation_of_the_flattest_distributions_only_is_found(tmp_path, base):
     assert share_t < 0.05
 
 
+def test_truncation_reads_the_freshest_tokens_and_a_tail_rising_over_the_bins(tmp_path, base):
+    """A one-sided negative delta at high entropy on the stale tokens only (a policy's
+    change, whose mean is -KL) is no truncation: the check reads the staleness-0 tokens
+    (helper-45: untruncated stale runs read a 20% share); a truncation of the flattest
+    distributions beside a negative bias in the 0.01 to 0.05-nat bins (bf16 rounding),
+    which breaks the Kendall trend over all bins, is found by its tail's mean delta far
+    below the lower bins' (helper-45: a real top-k 30 run, p = 0.026, read clear)."""
+    stale = (pl.col("train_version") - pl.col("policy_version")) > 0
+    g = 0.3 * (H - 2.0).clip(lower_bound=0.0)
+    df = base.with_columns(pl.when(stale).then(IL + g).otherwise(IL).alias("infer_logprob"))
+    st = run_forensics(_load(tmp_path, df), checks=["truncated_sampling"]).status(
+        "truncated_sampling")
+    assert st.status == "clear" and "on staleness 0 tokens" in st.reason, st
+    low = pl.when(H.is_between(0.01, 0.05)).then(0.02).otherwise(0.0)
+    df = base.with_columns((IL + g + low).alias("infer_logprob"))
+    f = run_forensics(_load(tmp_path, df, "b.parquet"),
+                      checks=["truncated_sampling"]).by_kind("truncated_sampling")
+    assert f is not None, "tail truncation beside a low-bin bias missed"
+    ev = f.evidence
+    assert ev["kendall_p"] > FX.TRUNC_TREND_P and ev["upper_tail_z_vs_lower_bins"] >= FX.TRUNC_TAIL_Z
+    assert ev["tokens_selection"] == "staleness 0 tokens"
+    assert "standard errors above the lower bins'" in f.message
+
+
 def test_sequence_outliers_beside_truncation_point_at_it_first():
     """Sequence outliers found beside a truncated-sampling warning: their message says the
     truncation may explain them and their check names it first (it pointed at MoE routing
@@ -756,8 +780,9 @@ def test_staleness_found(tmp_path):
 def test_staleness_names_the_pooled_rise_the_steps_make(tmp_path):
     """Fresh tokens mostly at the first steps, |delta| rising over the steps for every lag:
     pooled, mean |delta| rises far more with the lag than at fixed step; the message gives
-    both, the pooled rise put down to where the lags sit (helper-43: 'x3.22 at lag 4' in
-    the title beside mean |delta| rising x43 in the evidence, unexplained)."""
+    both and says they read different things, naming no cause (helper-43: 'x3.22 at lag 4'
+    in the title beside mean |delta| rising x43 in the evidence, unexplained; helper-45: a
+    cause named first was the wrong one on real stale runs)."""
     df = generate(SynthSpec(n_tokens=N_TOKENS, seed=11, staleness_gain=1.0, h_star=None))
     stale = pl.col("train_version") - pl.col("policy_version")
     df = df.with_row_index("_i").filter(
@@ -771,6 +796,7 @@ def test_staleness_names_the_pooled_rise_the_steps_make(tmp_path):
     assert (f"Pooled over entropies and steps, mean |delta| reads "
             f"x{f.evidence['pooled_ratio_lag_min_to_max']:.3g} at lag {far} against lag 0"
             in f.message), f.message
+    assert "the pooled one holds neither" in f.message and "not the lag itself" not in f.message
 
 
 def test_swapped_version_columns_make_staleness_cannot_tell(tmp_path):

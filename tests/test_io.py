@@ -2298,6 +2298,12 @@ def test_a_narrow_position_column_that_wraps_is_named(tmp_path):
 
     assert position_wrap_caveat(ds.notes).startswith("caveat: position is uint8 in 1 of 1")
     assert position_wrap_caveat(load_dataset([ok]).notes) is None
+    # -1 padding in an int8 column that never reaches 127: invalid positions, no wrap
+    # (helper-45: warned as one)
+    pad = _long(position=[0, 1, -1, 0, 1]).with_columns(pl.col("position").cast(pl.Int8))
+    ds = load_dataset([_write(tmp_path, pad, "pad.parquet")])
+    assert ds.accounting.excluded == {"invalid_position": 1}
+    assert not any("wrap" in x for x in ds.notes), ds.notes
 
 
 def test_a_loss_mask_over_a_few_rows_is_warned_about(tmp_path):
@@ -2320,6 +2326,15 @@ def test_a_loss_mask_over_a_few_rows_is_warned_about(tmp_path):
         " ".join(r.stderr.split()), r.stderr
     r = CliRunner().invoke(app, ["inspect", "--quiet"])
     assert "are in the loss mask" not in r.stderr
+    # long prompts before real responses (40 masked tokens a sequence, 3.8% of the rows):
+    # a real layout, no warning (helper-45)
+    n_seq, length = 40, 1040
+    long = pl.DataFrame({"seq_id": np.repeat(np.arange(n_seq), length),
+                         "position": np.tile(np.arange(length), n_seq),
+                         "train_logprob": -0.5, "infer_logprob": -0.51, "entropy": 0.7,
+                         "loss_mask": np.tile(np.arange(length) >= 1000, n_seq)})
+    r = CliRunner().invoke(app, ["inspect", "--quiet", str(_write(tmp_path, long, "l.parquet"))])
+    assert r.exit_code == 0 and "are in the loss mask" not in r.stderr, r.stderr
 
 
 def test_text_columns_where_numbers_are_needed_get_a_conversion_hint(tmp_path):

@@ -1636,6 +1636,9 @@ def load_dataset(
         sid_dtype = (pl.UInt64 if all(non_negative(f, t)  # type: ignore[arg-type]
                                       for f, t in zip(file_list, sid_types, strict=True))
                      else pl.String)
+    # (the position column's statistics, read before the footers are freed below)
+    pos_ranges = {f: _stat_range(metas[f], mapping["position"]) for f in file_list
+                  if "position" in mapping and mapping["position"] in schemas[f].names}
     frames: list[pl.LazyFrame] = []
     pieces: list[tuple[pl.LazyFrame, int, bool, str, _Alike | None]] = []  # (frame, tokens,
     # streamed, source, alike)
@@ -1938,7 +1941,8 @@ def load_dataset(
             entropy_unused=ds.entropy_unused if instead else "; ".join(
                 (f"the entropy column ('{src}') holds no valid value for any loss-masked "
                  f"token ({what})", *filter(None, [ds.entropy_unused]))))
-    notes += _position_wrap(mapping.get("position"), file_list, schemas, accounting)
+    notes += _position_wrap(mapping.get("position"), file_list, schemas, pos_ranges,
+                            accounting)
     return Dataset(
         lf=lf, raw=raw, files=tuple(infos), mapping=mapping, notes=(*notes_extra, *notes),
         entropy_source=entropy_source, accounting=accounting, bundled=bundled,
@@ -2112,12 +2116,16 @@ _NARROW_INT_MAX = {pa.int8(): 127, pa.int16(): 32_767, pa.uint8(): 255, pa.uint1
 
 
 def _position_wrap(pos: str | None, files: Sequence[Path], schemas: Mapping[Path, pa.Schema],
+                   ranges: Mapping[Path, tuple[Any, Any] | None],
                    accounting: Accounting) -> list[str]:
     """A warning when the position column ``pos`` is an 8- or 16-bit integer in some input
-    files and its values look wrapped past the type's maximum: a signed one to negative
-    positions (``invalid_position`` rows), an unsigned one back to 0 (sequences holding a
-    position more than once, which the duplicate-position warning would put down to
-    copied shards or shared ids); [] otherwise."""
+    files and its values wrapped past the type's maximum, by the files' statistics (a
+    signed column reaching its minimum, -128 or -32,768, where a wrap lands: its negative
+    positions are ``invalid_position`` rows; an unsigned one reaching its maximum and
+    wrapping back to 0: sequences holding a position more than once, which the
+    duplicate-position warning would put down to copied shards or shared ids); [] otherwise
+    (-1 padding in an int8 column is no wrap, helper-45). ``ranges``: each file's (min,
+    max) of the column by its statistics (:func:`_stat_range`; None without them)."""
     if not pos:
         return []
     narrow = _files_typed(files, schemas, pos, lambda t: t in _NARROW_INT_MAX)
@@ -2125,6 +2133,10 @@ def _position_wrap(pos: str | None, files: Sequence[Path], schemas: Mapping[Path
         return []
     t = _value_type(schemas[narrow[0]].field(pos).type)
     signed = pa.types.is_signed_integer(t)
+    edge = -_NARROW_INT_MAX[t] - 1 if signed else _NARROW_INT_MAX[t]
+    seen = [r for f in narrow if (r := ranges.get(f)) is not None]
+    if not any((r[0] if signed else r[1]) == edge for r in seen):
+        return []
     n_bad = (int(accounting.excluded.get("invalid_position", 0)) if signed
              else int(accounting.sequences_with_duplicate_positions))
     if not n_bad:
