@@ -4944,8 +4944,9 @@ def entropy_alignment(sample: pl.DataFrame, files: Sequence[str] = (),
     near = max((L for L in lags if pairs[L] >= ENTROPY_ALIGN_MIN_PAIRS),
                key=lambda L: (gap[L], -abs(L)))
     return EntropyAlignment(
-        "no_shift", f"lag 0 fits best: rank correlation {rho[0]:.3f} against at most "
-        f"{rho[near]:.3f} at lag {near:+d}", rho, gap, pairs, **common)
+        "no_shift", f"no shift: rank correlation {rho[0]:.3f} at lag 0; the nearest lag, "
+        f"{near:+d}, {rho[near]:.3f}, {gap[near]:+.3f} against lag 0 on the same tokens "
+        f"(a shift needs +{ENTROPY_ALIGN_GAP:g})", rho, gap, pairs, **common)
 
 
 def rounded_logprobs(sample: pl.DataFrame) -> dict[str, float] | None:
