@@ -2287,6 +2287,10 @@ def test_entropy_alignment_finds_the_shift_and_its_direction():
     aligned sample with correlated neighbours (as real entropy is) says no_shift."""
     ok = FX.entropy_alignment(_align_sample(200, 60))
     assert ok.status == "no_shift" and ok.best_lag is None, ok.reason
+    # (its reason: the nearest lag's gap against lag 0 and the margin a shift needs)
+    assert re.match(r"no shift: rank correlation 0\.\d+ at lag 0; the nearest lag, [+-]\d, "
+                    r"-?0\.\d+, [+-]0\.\d+ against lag 0 on the same tokens \(a shift needs "
+                    r"\+0\.15\)$", ok.reason), ok.reason
     assert ok.rank_corr[0] > ok.rank_corr[1] + FX.ENTROPY_ALIGN_GAP
     for shift, lag in ((1, -1), (2, -2)):
         got = FX.entropy_alignment(_align_sample(200, 60, shift=shift))
