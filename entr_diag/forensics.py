@@ -1841,12 +1841,7 @@ def _check_truncation(ctx: _Ctx) -> _Result:
     # change too, whose mean is -KL, negative and larger at high entropy (helper-45:
     # untruncated stale runs read a 20% share, a top-k 20 run with lags up to 4 read 5.7%
     # against 41% on its lag-0 tokens)
-    cells, used = ctx.cells, "all tokens"
-    if ctx.has("staleness") and cells["_stale"].drop_nulls().len():
-        s_min = _freshest(cells["_stale"])
-        fresh = cells.filter(pl.col("_stale") == s_min)
-        if int(fresh["n"].sum()) >= FRESH_MIN_TOKENS:
-            cells, used = fresh, f"staleness {s_min} tokens"
+    cells, used = _freshest_rows(ctx.cells, ctx)
     bins = _bins_of(cells).filter(pl.col("n") >= MIN_BIN_TOKENS)
     hi = bins.filter(pl.col("h") >= TRUNC_H_MIN)
     if hi.height == 0:
@@ -2979,6 +2974,19 @@ def _check_staleness(ctx: _Ctx) -> _Result:
                         f"entropy and step ({_pval(p)})"
                   + (f"; lag {', '.join(map(str, apart))} never shares a step with the others"
                      if apart else ""))
+
+
+def _freshest_rows(rows: pl.DataFrame, ctx: _Ctx) -> tuple[pl.DataFrame, str]:
+    """The ``rows`` (forensic cells: ``_stale``, ``n``) of the freshest staleness value
+    (:func:`_freshest`) when the input has staleness and they hold FRESH_MIN_TOKENS tokens,
+    with what was read (``"staleness 0 tokens"``); else all of them (``"all tokens"``)."""
+    if ctx.has("staleness"):
+        s_min = _freshest(rows["_stale"])
+        if s_min is not None:
+            fresh = rows.filter(pl.col("_stale") == s_min)
+            if int(fresh["n"].sum()) >= FRESH_MIN_TOKENS:
+                return fresh, f"staleness {int(s_min)} tokens"
+    return rows, "all tokens"
 
 
 def _freshest(stale: pl.Series) -> int | None:
@@ -4320,16 +4328,8 @@ def _check_floor(ctx: _Ctx) -> _Result:
         return _cannot(
             name, "no train_logprob_recompute: trainer self-noise floor unavailable"
         )
-    fl = ctx.cells.select("_stale", "n", *_FLOOR_COLS)
-    used = "all tokens"
-    if ctx.has("staleness"):
-        # engine mismatch proper: the freshest tokens (policy drift adds to delta, not floor)
-        s_min = _freshest(fl["_stale"])
-        if s_min is not None:
-            fresh = fl.filter(pl.col("_stale") == s_min)
-            if int(fresh["n"].sum()) >= FRESH_MIN_TOKENS:
-                fl = fresh
-                used = f"staleness {int(s_min)} tokens"
+    # engine mismatch proper: the freshest tokens (policy drift adds to delta, not floor)
+    fl, used = _freshest_rows(ctx.cells.select("_stale", "n", *_FLOOR_COLS), ctx)
     # means over the tokens with a finite recompute, from the cells' sums
     t = fl.select(pl.col(*_FLOOR_COLS).sum()).row(0, named=True)
     r: dict[str, Any] = {"n": int(t["f_n"] or 0)}
