@@ -2270,6 +2270,21 @@ def test_a_column_of_arrow_null_type_reads_as_holding_no_value(tmp_path):
     with pytest.raises(SchemaError, match=r"train_logprob holds no value in any input file "
                                           r"\(Arrow type null"):
         load_dataset([_write(tmp_path, pl.from_arrow(null(t, "train_logprob")), "r.parquet")])
+    # a long file's null-typed seq_id: said so, not "none of seq_id ... exists" (helper-45)
+    sid = tmp_path / "sid.parquet"
+    pq.write_table(null(t, "seq_id"), sid)
+    with pytest.raises(SchemaError, match=r"needs a sequence id, and seq_id holds no value in "
+                                          r"any input file \(Arrow type null"):
+        load_dataset([sid])
+    # a nested file's null-typed entropy (no list): no value, not "one value per row"
+    nested = pa.table({"seq_id": [1, 2], "train_logprob": [[-0.1, -0.2], [-0.3, -0.4]],
+                       "infer_logprob": [[-0.11, -0.21], [-0.29, -0.41]],
+                       "entropy": pa.array([None, None]),
+                       "train_entropy": [[0.5, 0.4], [0.3, 0.6]]})
+    pq.write_table(nested, tmp_path / "n.parquet")
+    ds = load_dataset([tmp_path / "n.parquet"])
+    assert ds.mapping["entropy"] == "train_entropy"
+    assert not any("one value per row" in x for x in ds.notes), ds.notes
 
 
 def test_a_narrow_position_column_that_wraps_is_named(tmp_path):

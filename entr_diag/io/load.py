@@ -1541,7 +1541,8 @@ def load_dataset(
         flat = [f for f in file_list if src in schemas[f].names
                 and mapping["train_logprob"] in schemas[f].names
                 and _is_list(schemas[f].field(mapping["train_logprob"]).type)
-                and not _is_list(schemas[f].field(src).type)]
+                and not _is_list(schemas[f].field(src).type)
+                and not _null_typed(schemas[f].field(src).type)]  # (no value: said below)
         if src and flat:
             notes.append(
                 f"warning: {canon} ('{src}') holds one value per row, not a list of one per "
@@ -1683,7 +1684,13 @@ def load_dataset(
         # have in the chunks (and files) before it (unless seq_id is a partition value: then
         # one chunk per file)
         if file_layout == "long" and mapping.get("seq_id") not in set(types) | set(hive):
-            raise _needs_seq_id(f, mapping, columns)
+            err = _needs_seq_id(f, mapping, columns)
+            nulls = [n for n in notes if n.startswith("seq_id") and " (Arrow type null" in n]
+            if nulls:  # (the column exists, holding no value)
+                err = SchemaError(f"{f}: the long layout (one row per token) needs a sequence "
+                                  f"id, and {nulls[0].split(': not used')[0]}: write the "
+                                  "ids, or map another column with --column seq_id=NAME.")
+            raise err
         numbered = file_layout == "long" and "position" not in mapping
         ranges = _row_group_ranges(metas.pop(f), mapping["train_logprob"] if nested else None,
                                    split=not numbered or mapping.get("seq_id") in types)
