@@ -2121,6 +2121,8 @@ def flag(
 
     Example: entr-diag flag logs.parquet -o noise.parquet
     """
+    import os
+
     from entr_diag.atomic import output_target, write_with
     from entr_diag.regime import flagged_tokens
 
@@ -2146,7 +2148,9 @@ def flag(
             "h_star": h_star, "tau": tau, "eps": eps, "bins": bins, "bin_edges": bin_edges,
             "seed": seed, "n_boot": n_boot, "inputs": [str(f.path) for f in ds.files],
             "skipped_unreadable": [p for p, _why in ds.skipped_unreadable],
-            "seq_id_per_file": seq_id_per_file})}
+            "seq_id_per_file": seq_id_per_file,
+            # (the inputs as given: relative ones are read from here; helper-44)
+            "working_directory": os.getcwd()})}
         write_with(output, lambda dest: lf.sink_parquet(dest, compression="zstd",
                                                          metadata=meta))
         out = _tables(output)  # stderr when the Parquet goes to stdout

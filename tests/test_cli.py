@@ -301,6 +301,7 @@ def test_fit_json_and_flag(synth_file, tmp_path):
     made = json.loads(meta[b"entr_diag.parameters"])
     assert made["h_star"] == pytest.approx(doc["breakpoint"]["h_star"], rel=0.01)
     assert (made["tau"], made["eps"], made["inputs"]) == (4.0, 0.01, [str(synth_file)])
+    assert made["working_directory"] == os.getcwd()  # (relative inputs traced back)
 
 
 @pytest.mark.parametrize("args", [
