@@ -1426,7 +1426,9 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
 
 
 def _entropy_shifted(entropy_alignment) -> bool:
-    """True when ``entropy_alignment`` (``_fit``'s) says the entropy column is shifted."""
+    """True when ``entropy_alignment`` (``_fit``'s, or an EntropyAlignment's ``to_dict()``)
+    says the entropy column is not each token's own: shifted, the surprisal itself, or
+    unrelated to the tokens."""
     return bool(entropy_alignment) and entropy_alignment.get("status") in (
         "shifted", "surprisal", "unrelated")
 
@@ -1881,7 +1883,7 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None, di
             zero_prefix_caveat(zero_prefix, ds.mapping).removeprefix("caveat: ")))
     ent = align.entropy_alignment()
     ent_d = None if ent is None else ent.to_dict()
-    if ent is not None and ent.status in ("shifted", "surprisal", "unrelated"):  # not its own
+    if ent is not None and _entropy_shifted(ent_d):  # no entropy of its own
         from entr_diag.caveats import entropy_shift_caveat
 
         _notes.add("[yellow]warning:[/yellow] " + escape(
