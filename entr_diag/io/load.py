@@ -554,6 +554,11 @@ def _null_typed(t: pa.DataType) -> bool:
     return pa.types.is_null(_value_type(t))
 
 
+def _is_text(t: pa.DataType) -> bool:
+    """A string column of any of Arrow's string types."""
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
 def _kind_ok(kind: str, t: pa.DataType) -> bool:
     if pa.types.is_null(t):  # no value: read as nulls of any kind (load_dataset says so)
         return True
@@ -565,8 +570,7 @@ def _kind_ok(kind: str, t: pa.DataType) -> bool:
     if kind == S.BOOL:  # a numeric mask holds 0/1 (other values: invalid_loss_mask rows)
         return pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
     if kind == S.ID:  # (floats: an integer id column with a missing value, from pandas)
-        return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
-                or pa.types.is_large_string(t) or pa.types.is_string_view(t))
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or _is_text(t)
     raise AssertionError(kind)
 
 
@@ -871,9 +875,7 @@ def _wrong_type(src: str, canon: str, typ: pa.DataType, origin: str | None, *,
             f"{what} comes from {origin}; {canon} needs {need} values: name the folders "
             f"{src}=<integer> (e.g. {src}=3) or move the files out of them."
         )
-    vt = _value_type(typ)
-    text = (pa.types.is_string(vt) or pa.types.is_large_string(vt)
-            or pa.types.is_string_view(vt))
+    text = _is_text(_value_type(typ))
     kind = S.BY_NAME[canon].kind
     hint = ("" if not text else
             " Text is not read as numbers: write the column as booleans or 0/1 (strings such "
@@ -1586,6 +1588,7 @@ def load_dataset(
                      "absent)")
         entropy_unused = f"the entropy column ('{src}') holds only nulls"
         del mapping["entropy"]
+    null_typed: dict[str, str] = {}  # canonical column -> what holds no value
     for canon, src in list(mapping.items()):  # Arrow's null type in every file holding it
         holding = [f for f in file_list if src in schemas[f].names]
         if not holding or not all(_null_typed(schemas[f].field(src).type) for f in holding):
@@ -1599,8 +1602,9 @@ def load_dataset(
                 f"{canon}=NAME")
         if canon == "loss_mask":  # (read as nulls: null_loss_mask rows, as a float column's)
             continue
-        notes.append(f"{what} holds no value in any input file (Arrow type null, as pandas "
-                     "writes a column set to None): not used (as if absent)")
+        null_typed[canon] = (f"{what} holds no value in any input file (Arrow type null, as "
+                             "pandas writes a column set to None)")
+        notes.append(f"{null_typed[canon]}: not used (as if absent)")
         del mapping[canon]
     notes += _float_int_notes(mapping, file_list, schemas)
     for canon in ("train_logprob", "infer_logprob", "entropy"):  # read, but say so
@@ -1684,13 +1688,11 @@ def load_dataset(
         # have in the chunks (and files) before it (unless seq_id is a partition value: then
         # one chunk per file)
         if file_layout == "long" and mapping.get("seq_id") not in set(types) | set(hive):
-            err = _needs_seq_id(f, mapping, columns)
-            nulls = [n for n in notes if n.startswith("seq_id") and " (Arrow type null" in n]
-            if nulls:  # (the column exists, holding no value)
-                err = SchemaError(f"{f}: the long layout (one row per token) needs a sequence "
-                                  f"id, and {nulls[0].split(': not used')[0]}: write the "
-                                  "ids, or map another column with --column seq_id=NAME.")
-            raise err
+            if "seq_id" in null_typed:  # (the column exists, holding no value)
+                raise SchemaError(f"{f}: the long layout (one row per token) needs a sequence "
+                                  f"id, and {null_typed['seq_id']}: write the ids, or map "
+                                  "another column with --column seq_id=NAME.")
+            raise _needs_seq_id(f, mapping, columns)
         numbered = file_layout == "long" and "position" not in mapping
         ranges = _row_group_ranges(metas.pop(f), mapping["train_logprob"] if nested else None,
                                    split=not numbered or mapping.get("seq_id") in types)
