@@ -4081,12 +4081,12 @@ def _h_text(h: float, ctx: _Ctx, short: bool = False) -> str:
     when the units check names another unit (:func:`_entropy_to_nats`) ``"0.1 in the
     entropy column's unit (probably bits; 0.0693 nats)"`` (``short``: ``"0.1 bits
     (0.0693 nats)"``)."""
+    from entr_diag.caveats import entropy_text
+
     f, unit = _entropy_to_nats(ctx)
-    if unit is None:
-        return f"{h:.3g} nats"
-    if short:
+    if short and unit is not None:
         return f"{h:.3g} {unit} ({h * f:.3g} nats)"
-    return f"{h:.3g} in the entropy column's unit (probably {unit}; {h * f:.3g} nats)"
+    return entropy_text(f"{h:.3g}", "", {"likely_mistake": ctx.unit_mistake}, f"{h * f:.3g}")
 
 
 def _surprisal_deferred(ctx: _Ctx, name: str, why_entropy: str) -> _Result | None:
