@@ -862,6 +862,9 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
         details.append(few)
     if at.get("kinds"):  # what the invalid entropies are
         details.append("the values: " + ", ".join(f"{n:,} {k}" for k, n in at["kinds"].items()))
+    scale = entropy_scale_seen(at)
+    if scale is not None:
+        details.append(entropy_scale_text(at["above_range"], mapping))
     files = files_listed(at.get("files") or {}, int(at.get("input_files") or 1))
     if files:
         details.append(f"these rows are {files}")
@@ -881,6 +884,52 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
                  f"{'is' if left == 1 else 'are'} probably probabilities too (at most 1e-4, "
                  f"which pass as log-probabilities near 0 nats) and distort the results: {fix}")
     return reason, n, text
+
+
+#: an entropy column reads as scaled by a constant (:func:`entropy_scaled`,
+#: :func:`entropy_scale_seen`) when its mean is this many times its tokens' mean surprisal
+#: or more (or less: divided): x2 is a sum over two ranks; bits (x1.44) are named as a unit
+#: first, and a temperature or truncation the logs leave out moves the ratio less (0.57 to
+#: 1.63) and bends it with the entropy ...
+ENTROPY_SCALE_MIN_FACTOR = 1.6
+#: ... and, above 20 nats, the two correlate this much or more over those rows (the bundled run's entropy
+#: x10, x100, x1000: 0.34, 0.57, 0.63 over the rows it puts above 20 nats; a sampled
+#: token's logit correlates negatively with its surprisal)
+ENTROPY_SCALE_MIN_CORR = 0.2
+
+
+def entropy_scale_seen(at: Mapping[str, Any] | None) -> float | None:
+    """The factor an entropy column looks multiplied by, from the rows it puts above 20
+    nats (``at``: the ``invalid_entropy`` entry of the accounting's ``excluded_where``,
+    its ``above_range`` from :func:`entr_diag.io.load._above_range`), else None.
+
+    A token drawn from a distribution has that distribution's entropy as its expected
+    surprisal, E[-log mu(y) | H] = H (METHOD.md), for any selection of tokens by H: so
+    over the rows above range, mean(H) / mean(-infer_logprob) reads the factor c of an
+    entropy column holding c x H. Named when it is ENTROPY_SCALE_MIN_FACTOR or more over
+    MIN_UNIT_TOKENS rows or more, with H and the surprisal correlated by
+    ENTROPY_SCALE_MIN_CORR (values that are no entropy, e.g. logits, follow the surprisal
+    at no scale)."""
+    ar = (at or {}).get("above_range") or {}
+    rows, mh, ms = ar.get("rows", 0), ar.get("mean_entropy"), ar.get("mean_surprisal")
+    corr = ar.get("corr")
+    if (rows < MIN_UNIT_TOKENS or mh is None or not ms or ms <= 0 or corr is None
+            or not math.isfinite(corr) or corr < ENTROPY_SCALE_MIN_CORR):
+        return None
+    factor = mh / ms
+    return factor if math.isfinite(factor) and factor >= ENTROPY_SCALE_MIN_FACTOR else None
+
+
+def entropy_scale_text(ar: Mapping[str, Any], mapping: Mapping[str, str] | None) -> str:
+    """The sentence of :func:`entropy_scale_seen` (``ar``: its ``above_range``)."""
+    f = ar["mean_entropy"] / ar["mean_surprisal"]
+    return (f"{column_named('entropy', mapping)} looks multiplied by about {about(f)}: on "
+            f"the {ar['rows']:,} rows above 20 nats the sampled tokens' mean surprisal "
+            f"(-infer_logprob) is {ar['mean_surprisal']:.3g} nats for a mean entropy of "
+            f"{ar['mean_entropy']:,.4g}, and the two correlate (r = {ar['corr']:.2f}), where "
+            "a token's entropy is its expected surprisal (E[-log mu(y)] = H): an entropy "
+            "summed over ranks or a batch, or scaled for logging? Divide the column by "
+            "that factor in the dump")
 
 
 def exclusion_hint(excluded: Mapping[str, int], masked: int,
@@ -971,13 +1020,16 @@ def file_units_caveat(flagged: Any, n_files: int,
             if len(flagged) > _MAX_FILES_NAMED else "")
     verb = "looks" if len(flagged) == 1 else "look"
     kinds = list(dict.fromkeys("unit" if c.likely_mistake else "token" if c.other_token
-                               else "entropy" for _f, c in flagged))
+                               else "scale" if c.entropy_scale else "entropy"
+                               for _f, c in flagged))
     what = {"unit": "written in another unit than the others",
             "token": "to hold another token's logprob, unlike the others",
+            "scale": "to hold an entropy scaled by a constant, unlike the others",
             "entropy": "to hold an entropy of another distribution than the one that "
                        "sampled, unlike the others"}[kinds[0]] if len(kinds) == 1 else (
         "unlike the others (" + ", or ".join(
             {"unit": "another unit", "token": "another token's logprob",
+             "scale": "an entropy scaled by a constant",
              "entropy": "an entropy of another distribution"}[k] for k in kinds) + ")")
     return (f"caveat: {len(flagged):,} of the {n_files:,} input files {verb} {what}: "
             + " ".join(parts) + more)
@@ -1482,6 +1534,58 @@ def _unit_alike(units: Mapping, mapping: Mapping[str, str] | None) -> str:
             f"staleness make them); rule that unit out first.")
 
 
+#: the two logprob columns share a unit when train_logprob / infer_logprob is within this
+#: of 1 (:func:`entropy_scaled`; real runs: 1.00 to 1.01, stale or tempered ones 1.03 to
+#: 1.06, a top-k engine renormalising its support 1.4 to 1.5)
+SCALE_MAX_TRAIN_OFF = 0.1
+
+
+def entropy_scaled(ratio_binned: float, tokens: int, spread: float,
+                   train_over_infer: float) -> float | None:
+    """The factor c of an entropy column holding c x H (any c other than a unit's ln 2 or
+    ln 10, which :func:`unit_mistake` names first), else None: over MIN_UNIT_TOKENS tokens
+    or more, the bins' surprisal / entropy ratio (``ratio_binned``, the entropy-weighted
+    median) at least ENTROPY_SCALE_MIN_FACTOR from 1 either way and alike in the bins
+    (``spread`` within UNIT_MAX_SPREAD, as a unit mistake's), with the two logprob columns
+    in one unit (``train_over_infer`` within SCALE_MAX_TRAIN_OFF of 1: the entropy is the
+    odd one out). c = 1 / ``ratio_binned``: E[-log mu(y) | H] = H for a token drawn from mu
+    (METHOD.md). A temperature, top-k or top-p the logged values leave out bends the ratio
+    with the entropy (0.13 to 0.92 across the bins at T = 0.7) and moves it by less than 2
+    (an entropy of the top-20 logprobs only: 1.63): :func:`entropy_mismatch` reads those."""
+    if (tokens < MIN_UNIT_TOKENS or not (math.isfinite(ratio_binned) and ratio_binned > 0)
+            or not (math.isfinite(spread) and spread <= UNIT_MAX_SPREAD)
+            or not (math.isfinite(train_over_infer)
+                    and abs(train_over_infer - 1) <= SCALE_MAX_TRAIN_OFF)
+            or abs(math.log(ratio_binned)) < math.log(ENTROPY_SCALE_MIN_FACTOR)):
+        return None
+    return 1 / ratio_binned
+
+
+def about(factor: float) -> str:
+    """A scale factor to three significant digits, as a person writes it: ``"1,000"``,
+    ``"9.99"``, ``"0.1"``."""
+    return f"{float(f'{factor:.3g}'):,g}"
+
+
+def entropy_scale_caveat(units: Mapping, mapping: Mapping[str, str] | None = None) -> str:
+    """The caveat of :func:`entropy_scaled` (``units``: a UnitsCheck's ``to_dict()`` with
+    ``entropy_scale`` set)."""
+    c, r = units["entropy_scale"], units["ratio_binned"]
+    ent = column_named("entropy", mapping)
+    spread = units.get("ratio_spread", math.nan)
+    how = (f"multiplied by about {about(c)}" if c > 1 else f"divided by about {about(1 / c)}")
+    return (
+        f"caveat: {ent} looks {how}: the sampled tokens' surprisal (-infer_logprob) "
+        f"averages {r:.3g} times their entropy alike in the entropy bins (those holding 80% "
+        f"of the entropy {_alike(spread)}), where it is 1 for tokens drawn from the "
+        "distribution whose entropy is logged (E[-log mu(y)] = H(mu)), and the two logprob "
+        f"columns agree (train_logprob / infer_logprob = {units['train_over_infer']:.3f}): "
+        "an entropy summed over ranks or a batch, or scaled for logging? The law's k, H*, "
+        "the noise regime's boundary, the 20-nat range check and the ENTR gate's budget are "
+        "then off by that factor (alpha is not): rescale the column in the dump."
+    )
+
+
 def unrelated_columns(within_bin_corr: float, tokens: int, ratio: float = 1.0,
                       train_over_infer: float = 1.0) -> bool:
     """Whether the two logprob columns hold the logprobs of different tokens although
@@ -1553,7 +1657,9 @@ def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
     ``to_dict()["units"]``) matched one of :data:`UNIT_SIGNATURES`; else the caveat of a
     logprob column that holds another token's logprob (:func:`other_token_caveat`, when
     ``other_token`` is set); else the caveat of two logprob columns of different tokens
-    (:func:`unrelated_caveat`, when ``unrelated`` is set); else the caveat of an entropy
+    (:func:`unrelated_caveat`, when ``unrelated`` is set); else the caveat of a scaled
+    entropy column (:func:`entropy_scale_caveat`, when ``entropy_scale`` is set); else the
+    caveat of an entropy
     and logprobs that do not
     describe one sampling distribution (:func:`entropy_mismatch_caveat`, when
     ``entropy_mismatch`` is set); else None.
@@ -1569,6 +1675,8 @@ def units_caveat(units: Mapping | None, mapping: Mapping[str, str] | None = None
             return other_token_caveat(units, mapping)  # type: ignore[arg-type]
         if (units or {}).get("unrelated"):
             return unrelated_caveat(units, mapping)  # type: ignore[arg-type]
+        if (units or {}).get("entropy_scale"):
+            return entropy_scale_caveat(units, mapping)  # type: ignore[arg-type]
         if (units or {}).get("entropy_mismatch"):
             return entropy_mismatch_caveat(units, mapping)  # type: ignore[arg-type]
         return None

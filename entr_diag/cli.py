@@ -7,6 +7,7 @@ become one paragraph on stderr and exit code 2; results go to stdout (tables) or
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import sys
@@ -1296,7 +1297,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
     fdict = (None if findings is None else findings if isinstance(findings, dict)
              else findings.to_dict())
     shown_units = _shown_units(fd.get("units"), misaligned or _entropy_shifted(
-        entropy_alignment) or _mask_unsampled(fdict), file_units)
+        entropy_alignment) or _mask_unsampled(fdict), file_units, _scale_seen(ds))
     # what is wrong with the data first (it explains the statistical caveats after it)
     parts = [misaligned, entropy_shift_caveat(entropy_alignment, ds.mapping),
              integer_caveat(ds.notes),
@@ -1386,14 +1387,18 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     ints = integer_columns(notes)
     if ints:
         return f"{' and '.join(ints)} {'holds' if len(ints) == 1 else 'hold'} integers"
-    kinds = ((excluded_where or {}).get("invalid_entropy") or {}).get("kinds") or {}
-    bad_h = sum(int(n) for k, n in kinds.items() if k != "null or NaN")
-    if masked and bad_h >= VOID_INVALID_ENTROPY_SHARE * masked:
+    bad_h = _out_of_range(excluded_where, masked)
+    if bad_h >= VOID_INVALID_ENTROPY_SHARE:
         # (an entropy scaled by 1e6, or overflowing float16: the few tokens left are those
         # the fault left in range, not a sample of the run)
-        return (f"{bad_h / masked:.1%} of the loss-masked tokens have an entropy out of "
+        from entr_diag.caveats import about, entropy_scale_seen
+
+        scale = entropy_scale_seen((excluded_where or {}).get("invalid_entropy"))
+        return (f"{bad_h:.1%} of the loss-masked tokens have an entropy out of "
                 "range (invalid_entropy: negative, infinite or above 20 nats), and the law "
-                "would rest on the few the fault left in range")
+                "would rest on the few the fault left in range"
+                + ("" if scale is None else
+                   f"; the column looks multiplied by about {about(scale)}"))
     ea = entropy_alignment or {}
     if ea.get("status") == "surprisal":
         return "the entropy column holds the sampled token's surprisal, not an entropy"
@@ -1425,6 +1430,15 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     return None
 
 
+def _out_of_range(excluded_where, masked: int) -> float:
+    """The share of the ``masked`` loss-masked tokens excluded as invalid_entropy for an
+    entropy out of range (negative, infinite or above 20 nats; not null or NaN), from the
+    accounting's ``excluded_where`` (0.0 when not located)."""
+    kinds = ((excluded_where or {}).get("invalid_entropy") or {}).get("kinds") or {}
+    bad_h = sum(int(n) for k, n in kinds.items() if k != "null or NaN")
+    return bad_h / masked if masked else 0.0
+
+
 def _entropy_shifted(entropy_alignment) -> bool:
     """True when ``entropy_alignment`` (``_fit``'s, or an EntropyAlignment's ``to_dict()``)
     says the entropy column is not each token's own: shifted, the surprisal itself, or
@@ -1449,7 +1463,18 @@ def _mask_unsampled(findings) -> bool:
         "cause") in ("prompt_in_mask", "mask_shifted_by_one") for f in fs)
 
 
-def _shown_units(units: dict | None, misaligned, file_units=None) -> dict | None:
+def _scale_seen(ds) -> bool:
+    """Whether the entropies ``ds``'s accounting excluded above 20 nats read as an entropy
+    column multiplied by a constant (:func:`~entr_diag.caveats.entropy_scale_seen`; its
+    exclusion warning names the factor)."""
+    from entr_diag.caveats import entropy_scale_seen
+
+    where = ds.accounting.excluded_where or {}
+    return entropy_scale_seen(where.get("invalid_entropy")) is not None
+
+
+def _shown_units(units: dict | None, misaligned, file_units=None,
+                 scaled: bool = False) -> dict | None:
     """The units check as its warning and caveat read it: with a shift let through
     (``misaligned``; or an entropy column shifted against the logprobs, which pairs each
     surprisal with a neighbour's entropy; or tokens in the loss mask the engine did not
@@ -1458,10 +1483,16 @@ def _shown_units(units: dict | None, misaligned, file_units=None) -> dict | None
     surprisal / entropy gap: no second story, e.g. a temperature beside a shard in bits);
     with ``file_units``, no pooled unit mistake either (the files do not share it: it is
     the mix's, e.g. half the shards' infer_logprob in log10 read as train_logprob in
-    log2)."""
-    if not (misaligned or file_units) or not units:
+    log2); no entropy scale then either. With ``scaled`` (:func:`_scale_seen`: the
+    exclusion warning names an entropy column multiplied by a constant), no entropy
+    mismatch: the scale explains it."""
+    if not units:
         return units
-    out = {**units, "entropy_mismatch": False}
+    if scaled and not (misaligned or file_units):  # (the scale explains the mismatch)
+        return {**units, "entropy_mismatch": False}
+    if not (misaligned or file_units):
+        return units
+    out = {**units, "entropy_mismatch": False, "entropy_scale": None}
     if file_units and units.get("likely_mistake"):
         out["likely_mistake"] = None
     return out
@@ -1882,6 +1913,16 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None, di
         _notes.add("[yellow]warning:[/yellow] " + escape(
             zero_prefix_caveat(zero_prefix, ds.mapping).removeprefix("caveat: ")))
     ent = align.entropy_alignment()
+    acc = ds.accounting
+    if ent is not None and ent.status == "unrelated" and _out_of_range(
+            acc.excluded_where, acc.tokens_masked) >= VOID_INVALID_ENTROPY_SHARE:
+        # the test read only the entropies left in range, those of the tokens the fault
+        # left there (an entropy x1000: the near-zero ones), whose ranks say nothing of
+        # the column: its exclusion, which voids the verdict, is the story
+        ent = dataclasses.replace(ent, status="cannot_tell", reason=(
+            f"{ent.reason}; but {_out_of_range(acc.excluded_where, acc.tokens_masked):.1%} "
+            "of the loss-masked tokens have an entropy out of range, and the test read "
+            "only the few left in range, whose ranks say nothing of the column"))
     ent_d = None if ent is None else ent.to_dict()
     if ent is not None and _entropy_shifted(ent_d):  # no entropy of its own
         from entr_diag.caveats import entropy_shift_caveat
@@ -2019,7 +2060,7 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
         caveat = units_caveat(_shown_units(out["fit"].units.to_dict(),
                                            misaligned or _entropy_shifted(entropy_align)
                                            or _mask_unsampled(out.get("findings")),
-                                           file_units), ds.mapping)
+                                           file_units, _scale_seen(ds)), ds.mapping)
         if caveat:
             _notes.add("[yellow]warning:[/yellow] " + escape(caveat.removeprefix("caveat: ")))
     if file_units:  # ... in some input files only

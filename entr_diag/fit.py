@@ -629,7 +629,11 @@ class UnitsCheck:
     :func:`entr_diag.caveats.entropy_mismatch`), ``unrelated`` (no unit mistake and no
     other token's column, yet the two logprob columns barely correlate within the entropy
     bins: they do not hold the same tokens' logprobs, e.g. rows matched on the wrong key;
-    :func:`entr_diag.caveats.unrelated_columns`).
+    :func:`entr_diag.caveats.unrelated_columns`), ``entropy_scale`` (no unit mistake and no
+    other token's column, but a ``ratio_binned`` far from 1 and alike in the bins, with
+    the two logprob columns in one unit: the factor c of an entropy column holding c x H,
+    1 / ``ratio_binned``; None otherwise: :func:`entr_diag.caveats.entropy_scaled`; set,
+    it replaces ``entropy_mismatch``).
 
     The same identity tells a logprob of ANOTHER token apart: gathered at the wrong index
     (a vocabulary or tokenizer offset), or the argmax token's instead of the sampled one's.
@@ -651,6 +655,7 @@ class UnitsCheck:
     other_token: str | None = None
     entropy_mismatch: bool = False
     unrelated: bool = False
+    entropy_scale: float | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -688,7 +693,13 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
     infer_logprob * delta and delta^2, the pooled within-bin correlation of the two
     logprob columns (``within_bin_corr``; NaN without them). ``match_units=False``: no unit
     signature is matched (too few tokens for them), only the other-token check runs."""
-    from entr_diag.caveats import entropy_mismatch, other_token, unit_mistake, unrelated_columns
+    from entr_diag.caveats import (
+        entropy_mismatch,
+        entropy_scaled,
+        other_token,
+        unit_mistake,
+        unrelated_columns,
+    )
 
     tokens, surprisal, entropy = int(n.sum()), float(-s_lp.sum()), float(s_h.sum())
     ok = s_h > 0
@@ -729,6 +740,8 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
     other = None if mistake else other_token(
         surprisal / entropy if entropy > 0 else math.nan, binned, train_binned, tokens,
         t_over_i, corr)
+    scale = (entropy_scaled(binned, tokens, spread, t_over_i)
+             if match_units and mistake is None and other is None else None)
     return UnitsCheck(
         tokens=tokens,
         mean_surprisal=surprisal / tokens if tokens else math.nan,
@@ -742,7 +755,8 @@ def _units_check(s_lp: np.ndarray, s_d: np.ndarray, s_h: np.ndarray, n: np.ndarr
         within_bin_corr=corr,
         other_token=other,
         entropy_mismatch=bool(match_units and mistake is None and other is None
-                              and entropy_mismatch(binned, tokens)),
+                              and scale is None and entropy_mismatch(binned, tokens)),
+        entropy_scale=scale,
         unrelated=bool(mistake is None and other is None and unrelated_columns(
             corr, tokens, surprisal / entropy if entropy > 0 else math.nan, t_over_i)),
     )
@@ -1950,9 +1964,10 @@ class FileUnitsPlan:
             flagged = [(f, c) for f, c in checks if c.other_token]
         else:  # (an entropy mismatch of some files only: one writer's entropy before the
             # temperature reads 0.58 in its file, 0.9 pooled)
-            pooled_em = pooled is not None and pooled.entropy_mismatch
+            pooled_em = pooled is not None and bool(pooled.entropy_mismatch
+                                                    or pooled.entropy_scale)
             flagged = [(f, c) for f, c in checks if c.likely_mistake or c.other_token
-                       or (c.entropy_mismatch and not pooled_em)]
+                       or ((c.entropy_mismatch or c.entropy_scale) and not pooled_em)]
         if len(flagged) == len(checks) and len(mistakes) == 1:
             return []
         return flagged

@@ -1666,6 +1666,57 @@ def test_most_entropies_invalid_make_the_verdict_not_assessable(synth_file, tmp_
     assert doc["verdict"]["assessable"] is True
 
 
+@pytest.mark.parametrize("factor", [10.0, 1000.0])
+def test_an_entropy_scaled_by_a_constant_is_named_with_its_factor(tmp_path, factor):
+    """The bundled run's entropy x10 or x1000 (a sum over ranks, a logging scale). Over
+    the rows it puts above 20 nats, the sampled tokens' mean surprisal is 1/c of their
+    mean 'entropy' (E[-log mu(y) | H] = H): the exclusion warning names the factor, and
+    x1000 (86% excluded) voids the verdict saying so. x1000 had read 'the entropy column
+    does not follow the tokens' (per-sequence means, shuffled rows): the alignment test
+    read only the near-zero entropies left in range (helper-45, helper-46); x10 had got
+    the temperature-or-truncation story of an entropy mismatch."""
+    LONG = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    p = tmp_path / "scaled.parquet"
+    pl.read_parquet(LONG).with_columns(pl.col("entropy") * factor).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(js.read_text())
+    err = re.sub(r"\s+", " ", r.stderr)
+    m = re.search(r"entropy looks multiplied by about ([\d,.]+): on the ", err)
+    assert m and float(m[1].replace(",", "")) == pytest.approx(factor, rel=0.02), err
+    said = m[1]
+    ar = doc["inputs"]["accounting"]["exclusions_where"]["invalid_entropy"]["above_range"]
+    assert ar["mean_entropy"] / ar["mean_surprisal"] == pytest.approx(factor, rel=0.02)
+    assert "do not describe one sampling distribution" not in err
+    assert "does not follow the tokens" not in err
+    assert doc["entropy_alignment"]["status"] != "unrelated"
+    v = doc["verdict"]
+    if factor == 1000:
+        assert v["assessable"] is False and (
+            f"; the column looks multiplied by about {said}: see the caveat" in v["text"])
+    else:  # 20% out of range: the verdict stands; the in-range bins name the factor too
+        assert v["assessable"] is True
+        assert doc["units"]["entropy_scale"] == pytest.approx(10, rel=0.03)
+        assert "warning: entropy looks multiplied by about 10.1: the sampled tokens' " \
+            "surprisal" in err
+
+
+def test_values_above_range_that_are_no_scaled_entropy_name_no_factor(tmp_path):
+    """An entropy column holding values above 20 nats that do not follow the surprisal
+    (e.g. logits, here uniform noise in 20..60) names no scale factor."""
+    LONG = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    p = tmp_path / "noise.parquet"
+    df = pl.read_parquet(LONG)
+    noise = np.random.default_rng(0).uniform(20, 60, df.height)
+    df.with_columns(pl.Series("entropy", noise, dtype=pl.Float32)).write_parquet(p)
+    r = runner.invoke(app, ["inspect", str(p)])
+    assert r.exit_code in (0, 2), r.output
+    assert "looks multiplied by" not in r.output
+
+
 def test_rounded_float_logprobs_put_a_caveat_beside_the_verdict(synth_file, tmp_path):
     """Logprobs stored as floats rounded to 0.01 nats: a warning, a verdict caveat naming
     the columns and the step, and rounded_logprobs in the JSON of fit, compare and report;
@@ -1825,21 +1876,29 @@ def test_a_unit_mistake_in_one_shard_names_the_shard(synth_big, tmp_path, col, e
 
 
 def test_an_entropy_mismatch_in_one_shard_names_the_shard(synth_big, tmp_path):
-    """One shard of four (30k tokens) whose entropy is of a flatter distribution (1.8 times
-    the sampling one, as an entropy taken before a temperature): the pooled check reads 0.9
-    and said nothing (helper-34 F1); the per-file check names the shard and the entropy."""
-    d = _split(synth_big, tmp_path / "one", 4, {0: {"entropy": pl.col("entropy") * 1.8}})
-    js = tmp_path / "f.json"
-    r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
-    assert r.exit_code == 0, r.output
-    msg = re.sub(r"\s+", " ", r.stderr)
-    assert ("warning: 1 of the 4 input files looks to hold an entropy of another distribution "
-            f"than the one that sampled, unlike the others: in {d / 'part-0.parquet'} (") in msg, \
-        msg
-    doc = json.loads(js.read_text())
-    assert not doc["units"]["entropy_mismatch"], doc["units"]
-    (only,) = doc["units_by_file"]
-    assert only["file"] == str(d / "part-0.parquet") and only["entropy_mismatch"], only
+    """One shard of four (30k tokens) whose entropy is of a flatter distribution (here a
+    temperature of 0.5 left out: 1 + 0.25 H times the sampling one, bending with H; read
+    per bin 0.37 to 0.9), or 1.8 times it at every entropy (a constant scale): the pooled
+    check reads near 1 and said nothing (helper-34 F1); the per-file check names the shard
+    and what its entropy is."""
+    for name, expr, what, key in (
+            ("bent", pl.col("entropy") * (1 + 0.25 * pl.col("entropy")),
+             "to hold an entropy of another distribution than the one that sampled",
+             "entropy_mismatch"),
+            ("scaled", pl.col("entropy") * 1.8, "to hold an entropy scaled by a constant",
+             "entropy_scale")):
+        d = _split(synth_big, tmp_path / name, 4, {0: {"entropy": expr}})
+        js = tmp_path / "f.json"
+        r = runner.invoke(app, ["fit", str(d), "--n-boot", "100", "--json", str(js), "-q"])
+        assert r.exit_code == 0, r.output
+        msg = re.sub(r"\s+", " ", r.stderr)
+        assert (f"warning: 1 of the 4 input files looks {what}, unlike the others: in "
+                f"{d / 'part-0.parquet'} (") in msg, (name, msg)
+        doc = json.loads(js.read_text())
+        assert not doc["units"]["entropy_mismatch"] and not doc["units"]["entropy_scale"]
+        (only,) = doc["units_by_file"]
+        assert only["file"] == str(d / "part-0.parquet") and only[key], only
+    assert only["entropy_scale"] == pytest.approx(1.8, rel=0.05)
 
 
 def test_shards_in_one_unit_get_no_per_file_warning(synth_big, synth_file, tmp_path):

@@ -908,6 +908,43 @@ def test_entropy_unit_names_the_column_unit_only_for_an_entropy_mistake():
                         "0.12") == ("0.05 [0.04, 0.06] in the entropy column's unit "
                                     "(probably log10 units; 0.12 nats)")
 
+@pytest.mark.parametrize("factor", [2.0, 3.0, 10.0, 0.1])
+def test_units_check_names_an_entropy_scaled_by_a_constant(factor):
+    """An entropy column holding c x H (a sum over c ranks, a logging scale) moves the
+    surprisal / entropy ratio to 1/c alike in every bin with the two logprob columns
+    agreeing: the factor is named (``entropy_scale``), not an entropy mismatch's
+    temperature-or-truncation story (helper-45 / helper-46); the run in nats names none."""
+    df, _ = synth(n_tokens=20_000, seed=4, h_star=None)
+    u = fit_scaling_law(canonical(df.with_columns(pl.col("entropy") * factor)),
+                        n_boot=100).to_dict()["units"]
+    assert u["entropy_scale"] == pytest.approx(factor, rel=0.05), u
+    assert u["entropy_mismatch"] is False and u["likely_mistake"] is None
+    assert fit_scaling_law(canonical(df), n_boot=100).units.entropy_scale is None
+
+
+def test_entropy_scaled_rule():
+    """A constant factor needs 1.6 or more either way, bins alike (spread <= 1.25), the
+    logprob columns within 10% of each other and 200 tokens; a ratio that bends with the
+    entropy (a temperature the logs leave out) or a top-k engine's 1.4x columns do not
+    read as a scale."""
+    from entr_diag.caveats import about, entropy_scale_caveat, entropy_scaled
+
+    assert entropy_scaled(0.1, 10_000, 1.05, 1.0) == pytest.approx(10.0)
+    assert entropy_scaled(4.0, 10_000, 1.05, 1.0) == pytest.approx(0.25)
+    assert entropy_scaled(0.6, 10_000, 1.05, 1.0) == pytest.approx(1 / 0.6)
+    for r, n, spread, t in ((0.65, 10_000, 1.05, 1.0), (0.1, 199, 1.05, 1.0),
+                            (0.1, 10_000, 1.3, 1.0), (0.1, 10_000, 1.05, 1.45),
+                            (0.57, 10_000, 7.0, 1.0), (math.nan, 10_000, 1.0, 1.0),
+                            (0.0, 10_000, 1.0, 1.0), (0.1, 10_000, math.nan, 1.0)):
+        assert entropy_scaled(r, n, spread, t) is None, (r, n, spread, t)
+    assert [about(x) for x in (1002.4, 9.987, 0.1, 123456.0)] == [
+        "1,000", "9.99", "0.1", "123,000"]
+    u = {"entropy_scale": 0.1, "ratio_binned": 10.0, "ratio_spread": 1.02,
+         "train_over_infer": 1.0}
+    assert entropy_scale_caveat(u, {"entropy": "ent"}).startswith(
+        "caveat: entropy ('ent') looks divided by about 10: the sampled tokens' surprisal")
+
+
 def test_unit_mistake_rule():
     """A signature matches within 7% of its factor and from 200 tokens; the normal range
     around 1 (temperature, top-p) and anything between the signatures match nothing."""

@@ -3699,6 +3699,46 @@ def _entropy_kinds() -> dict[str, pl.Expr]:
             f"above {S.ENTROPY_MAX:g} nats": fin & (h > S.ENTROPY_MAX)}
 
 
+#: the sums over the loss-masked rows excluded for an entropy above ENTROPY_MAX whose
+#: infer_logprob is a plausible logprob (:func:`_above_range_sums`)
+_ABOVE_SUMS = ("_hn", "_h", "_s", "_hh", "_ss", "_hs")
+
+
+def _above_range_sums() -> list[pl.Expr]:
+    """Sums over the rows excluded as ``invalid_entropy`` for an entropy above
+    ENTROPY_MAX nats whose infer_logprob is finite, at most 0 and above SENTINEL_FLOOR:
+    their count, the sums of the entropy H and of the surprisal s = -infer_logprob, of
+    H^2, s^2 and H s (float64; :func:`_above_range` reads them)."""
+    h = pl.col("entropy").cast(pl.Float64)
+    s = -pl.col("infer_logprob").cast(pl.Float64)
+    hit = ((pl.col("reason") == "invalid_entropy") & h.is_finite() & (h > S.ENTROPY_MAX)
+           & s.is_finite() & (s >= 0) & (s < -S.SENTINEL_FLOOR)).fill_null(False)
+    w = hit.cast(pl.Float64)
+    return [hit.sum().cast(pl.Float64).alias("_hn"),
+            *[(e * w).fill_nan(0.0).sum().alias(k) for k, e in
+              (("_h", h), ("_s", s), ("_hh", h * h), ("_ss", s * s), ("_hs", h * s))]]
+
+
+def _above_range(sums: Mapping[str, float]) -> dict[str, float] | None:
+    """What the entropies above ENTROPY_MAX are, from :func:`_above_range_sums` added over
+    the input: ``{"rows", "mean_entropy", "mean_surprisal", "corr"}`` (``corr``: the
+    Pearson correlation of H and s over those rows, NaN when a side is constant), None
+    without such a row. For a token drawn from a distribution, E[s | H] = H (METHOD.md),
+    so an entropy column multiplied by a constant c reads mean_entropy / mean_surprisal
+    near c over any selection by H, with H and s correlated (0.57 to 0.63 on the bundled
+    run x100 and x1000); logits or unnormalised values show neither
+    (:func:`entr_diag.caveats.entropy_scale_seen`)."""
+    n = sums.get("_hn", 0.0)
+    if n < 1:
+        return None
+    mh, ms = sums["_h"] / n, sums["_s"] / n
+    vh, vs = sums["_hh"] / n - mh * mh, sums["_ss"] / n - ms * ms
+    cov = sums["_hs"] / n - mh * ms
+    corr = cov / (vh * vs) ** 0.5 if vh > 1e-12 * mh * mh and vs > 1e-12 * max(ms * ms, 1e-12) \
+        else float("nan")
+    return {"rows": int(n), "mean_entropy": mh, "mean_surprisal": ms, "corr": corr}
+
+
 def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
                     reasons: Sequence[str], mapping: Mapping[str, str],
                     nucleus: bool | pl.Series = False, minus_one: Sequence[str] = ()
@@ -3709,7 +3749,9 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
     logprob of 0 or more},
     "input_files": number of input files}}`` (files without one left out; ``columns``
     empty for a reason that is not about the logprobs; for ``invalid_entropy``,
-    ``"kinds"``: rows per kind of invalid value, :func:`_entropy_kinds`; ``valid_left``:
+    ``"kinds"``: rows per kind of invalid value, :func:`_entropy_kinds`, and
+    ``"above_range"``: what the entropies above 20 nats are, :func:`_above_range`, when
+    any; ``valid_left``:
     the valid tokens of the files where the reason excludes most loss-masked rows, e.g.
     probabilities below 1e-4 that pass as log-probabilities near 0 in a file of
     probabilities; not when most of those rows are exactly +1.0, a sentinel; ``"ones"``:
@@ -3730,6 +3772,8 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
     kinds = {r: (_entropy_kinds() if r == "invalid_entropy" else {}) for r in reasons}
     exprs = [(rsn.is_null() | ~rsn.is_in(["unmasked", "padding", "empty_row"])).sum()
              .alias("m"), tiny.fill_null(False).sum().alias("v")]
+    if "invalid_entropy" in reasons and "entropy" in mapping:
+        exprs += _above_range_sums()
     for j, r in enumerate(reasons):  # the columns of reason j are prefixed "{j}_"
         hit = rsn == r
         exprs += [hit.sum().alias(f"{j}_n"), (hit & one).sum().alias(f"{j}_ones"),
@@ -3744,10 +3788,13 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
     above_n = dict.fromkeys(reasons, 0)
     cols = {r: dict.fromkeys(sides[r], 0) for r in reasons}
     kind_n = {r: dict.fromkeys(kinds[r], 0) for r in reasons}
+    range_sums = dict.fromkeys(_ABOVE_SUMS, 0.0)
     for i in range(0, len(queries), _MAX_FILES_PER_CHUNK):
         outs = pl.collect_all(queries[i:i + _MAX_FILES_PER_CHUNK], engine="streaming")
         for f, out in zip(files[i:i + _MAX_FILES_PER_CHUNK], outs, strict=True):
             row = out.row(0, named=True)
+            for k in range_sums:
+                range_sums[k] += float(row.get(k) or 0.0)
             for j, r in enumerate(reasons):
                 acc = per[r].setdefault(str(f), [0, 0, 0, 0])
                 for a, k in enumerate((f"{j}_n", "m", "v", f"{j}_ones")):
@@ -3760,6 +3807,8 @@ def _excluded_where(frames: Sequence[pl.LazyFrame], files: Sequence[Path],
     return {r: {
         "columns": {k: n for k, n in cols[r].items() if n and k in mapping},
         **({"kinds": {k: n for k, n in kind_n[r].items() if n}} if kinds[r] else {}),
+        **({"above_range": scaled} if r == "invalid_entropy"
+           and (scaled := _above_range(range_sums)) else {}),
         "files": {f: n for f, (n, _m, _v, _o) in per[r].items() if n},
         # rows at exactly +1.0 on a side (a placeholder, not a probability)
         **({"ones": ones} if (ones := sum(o for _n, _m, _v, o in per[r].values())) else {}),
