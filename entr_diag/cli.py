@@ -1322,7 +1322,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
              curvature_caveat(fd), zero_entropy_caveat(fd), influence_caveat(fd)]
     caveats = [p for p in parts if p]
     void = _void_verdict(ds.notes, rounded, entropy_alignment, shown_units, ds.mapping,
-                         acc.excluded_where, acc.tokens_masked)
+                         acc.excluded_where, acc.tokens_masked, fdict)
     fd["verdict"] = {**fd["verdict"], "caveat": "\n".join(caveats) or None, "caveats": caveats,
                      # (None: the command ran no forensics, e.g. compare)
                      "forensics": forensics_summary(fdict, void)}
@@ -1364,7 +1364,8 @@ MASKED_PER_SEQUENCE_MAX: float = 16.0
 
 
 def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
-                  mapping=None, excluded_where=None, masked: int = 0) -> str | None:
+                  mapping=None, excluded_where=None, masked: int = 0,
+                  findings=None) -> str | None:
     """Why the law's verdict cannot be read at all, else None: a logprob or entropy column
     stored as integers (:func:`~entr_diag.caveats.integer_columns`), VOID_INVALID_ENTROPY_SHARE
     or more of the ``masked`` loss-masked tokens excluded as invalid_entropy for an entropy
@@ -1379,7 +1380,10 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     ``other_token``), or one logprob column alone in log10 or log2 (``units``: the units
     check as the caveat reads it, :func:`_shown_units`; its ``likely_mistake`` one of the
     one-sided :data:`~entr_diag.caveats.UNIT_SIGNATURES`), which makes delta a difference
-    of two units: a law or a noise regime read from it describes the unit mistake. Their caveats
+    of two units, or impossible logprobs (at or below -50 nats) carrying half of sum
+    delta^2 or more (``findings``, the forensics' ``to_dict()``, or compare's implausible
+    check: the ``implausible_logprobs`` finding at critical severity): a law or a noise
+    regime read from it describes the unit mistake, or the impossible values. Their caveats
     say so; the verdict's text then leads with it (a verdict "law holds" followed by a
     caveat that it is meaningless read as a pass)."""
     from entr_diag.caveats import UNIT_SIGNATURES, column_named, integer_columns
@@ -1418,6 +1422,11 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
         canon, unit, *_ = UNIT_SIGNATURES[key]
         return (f"{column_named(canon[0], mapping or {})} probably holds {unit}, not nats, "
                 "and the other logprob column nats: delta mixes two units")
+    for f in (findings or {}).get("findings", ()):
+        if f.get("kind") == "implausible_logprobs" and f.get("severity") == "critical":
+            # (helper-40 B: its caveat said "the law describes them" beside a verdict read
+            # as any other)
+            return f"{f['title']}: the law describes them, not the mismatch"
     coarse = {c: step for c, step in (rounded or {}).items()
               if c != "by_file" and isinstance(step, (int, float))
               and step >= VOID_ROUNDING_STEP}

@@ -2115,6 +2115,12 @@ def test_compare_reports_impossible_logprobs_as_fit_does(synth_file, tmp_path):
     doc = json.loads(cj.read_text())
     cf = doc["implausible_logprobs"]
     assert cf["severity"] == ff["severity"] == "critical" and cf["title"] == ff["title"]
+    # critical (half of sum delta^2 or more): the verdict is not assessable, in both
+    # (helper-40 B: "the law describes them" beside a verdict read as any other)
+    for v in (fdoc["verdict"], doc["fit"]["verdict"]):
+        assert v["assessable"] is False and v["text"].startswith(
+            f"not assessable ({ff['title']}: the law describes them, not the mismatch: see "
+            "the caveat); as computed: "), v["text"]
     for k in ("tokens_flagged", "files", "k_without_flagged", "delta2_share_flagged"):
         assert cf["evidence"][k] == pytest.approx(ff["evidence"][k], rel=1e-6), k
     shard = str(d / "part-2.parquet")
