@@ -120,6 +120,9 @@ def test_inspect_json(tmp_path):
     assert doc["inputs"]["accounting"]["exclusions"] == {"non_finite_logprob": 1}
     assert doc["inputs"]["accounting"]["tokens_valid"] == 2
     assert doc["inputs"]["mapping"]["infer_logprob"] == "rollout_log_probs"
+    # paths as given, with the directory relative ones were read from (helper-44)
+    assert doc["inputs"]["files"][0]["path"] == str(p)
+    assert doc["inputs"]["working_directory"] == os.getcwd()
 
 
 def test_inspect_directory_of_shards(tmp_path):

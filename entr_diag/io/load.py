@@ -1241,6 +1241,8 @@ class Dataset:
                 {"path": str(f.path), "layout": f.layout, "rows": f.rows} for f in self.files
             ],
             "bundled_sample": self.bundled,
+            # (paths are as given: relative ones were read from here; helper-44)
+            "working_directory": os.getcwd(),
             "skipped_unreadable": [{"path": p, "reason": why}
                                    for p, why in self.skipped_unreadable],
             "layout": "+".join(self.layouts),
