@@ -895,3 +895,36 @@ def test_gate_colours_are_far_apart():
 
     assert len(set(_PALETTE)) == len(_PALETTE) >= 12
     assert min(math.dist(rgb(a), rgb(b)) for a, b in itertools.combinations(_PALETTE, 2)) >= 50
+
+
+def test_bins_not_fitted_say_why_in_legend_and_hover():
+    """Hollow bins name why they are not fitted (helper-43: a 3-sequence run showed
+    "not fitted" bins and a "power law extrapolated" line with no word of why): below
+    the law regime (H*'s interval), under 10 tokens, or tokens of under 2 sequence blocks;
+    the dotted power law is named as drawn beyond its fitted range."""
+    from entr_diag.report.html_report import _scaling_fig
+
+    fit = _fit()
+    fit["bins"][4]["in_fit"] = False  # (h 0.5: above H*, 100 tokens: too few blocks)
+    fit["bins"].append({**fit["bins"][5], "index": 6, "h_lo": 4.0, "h_hi": 8.0, "mean_h": 5.0,
+                        "tokens": 7, "in_fit": False})
+    fig = _scaling_fig(fit)
+    (hollow,) = [t for t in fig.data if t.marker and t.marker.symbol == "circle-open"]
+    assert hollow.name == ("mean δ² per bin, not fitted (noise regime, tokens of under 2 "
+                           "sequence blocks, under 10 tokens)"), hollow.name
+    hover = list(hollow.text)
+    assert "not fitted: below the law regime (H < 0.03, the top of H*'s interval)" in hover[0]
+    assert "fewer than 2 of the bootstrap's sequence blocks" in hover[-2]
+    assert "not fitted: 7 tokens, under the 10 a fitted bin needs" in hover[-1]
+    (solid,) = [t for t in fig.data if t.marker and t.marker.symbol == "circle"]
+    assert "not fitted" not in " ".join(solid.text)
+    assert "power law beyond its fitted range" in {t.name for t in fig.data}
+    fit = _fit()
+    fit["breakpoint"] = None
+    for b in fit["bins"]:
+        b["in_fit"] = b["mean_h"] > 0.02 or b["tokens"] < 10
+    fit["bins"][0]["tokens"] = 5
+    fit["bins"][0]["in_fit"] = False
+    (hollow,) = [t for t in _scaling_fig(fit).data
+                 if t.marker and t.marker.symbol == "circle-open"]
+    assert "noise regime" not in hollow.name and "under 10 tokens" in hollow.name

@@ -728,11 +728,35 @@ def _no_fit(why: str | None) -> ReportUnavailable:
                              "tokens to fit)")
 
 
+def _not_fitted(fit: dict, b: dict) -> tuple[str, str] | None:
+    """Why bin ``b`` (a fit result's bin dict) is not among the bins the laws are fitted
+    on, as (legend phrase, hover sentence), or None when it is (``in_fit``, absent: True).
+    The law fits use the bins of the law regime (above H*'s interval when a break was
+    found) holding MIN_BIN_TOKENS tokens from 2 sequence blocks or more
+    (:func:`entr_diag.fit._eligible`)."""
+    from entr_diag.fit import MIN_BIN_TOKENS
+
+    if b.get("in_fit", True):
+        return None
+    bp = fit.get("breakpoint") or {}
+    ci = bp.get("h_star_ci") or [None, None]
+    cut = ci[1] if len(ci) == 2 and _is_num(ci[1]) else bp.get("h_star")
+    if _is_num(cut) and _is_num(b.get("h_lo")) and b["h_lo"] < cut * (1 - 1e-9):
+        return "noise regime", f"below the law regime (H < {_f(cut)}, the top of H*'s interval)"
+    if _is_num(b.get("tokens")) and b["tokens"] < MIN_BIN_TOKENS:
+        return (f"under {MIN_BIN_TOKENS} tokens",
+                f"{_f(b['tokens'])} tokens, under the {MIN_BIN_TOKENS} a fitted bin needs")
+    return ("tokens of under 2 sequence blocks",
+            "its tokens come from fewer than 2 of the bootstrap's sequence blocks, which a "
+            "fitted bin needs (no interval without them)")
+
+
 def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
     if not fit:
         raise _no_fit(why)
     bins = _fit_bins(fit)
     pts: list[tuple[float, float, float | None, float | None, str, bool]] = []
+    reasons: dict[str, None] = {}  # (why the hollow bins are not fitted, in order met)
     for b in bins:
         x = _pick(b, "mean_h", "mean_entropy")
         y = _pick(b, "mean_delta2", "mean_delta_sq")
@@ -741,11 +765,15 @@ def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
         lo, hi = _interval(b, "mean_delta2")
         if lo is None and hi is None:
             lo, hi = _interval(b, "mean_delta_sq")
+        why = _not_fitted(fit, b)
         text = (
             f"H ∈ [{_f(b.get('h_lo'))}, {_f(b.get('h_hi'))})"
             f"<br>tokens {_f(b.get('tokens'))}, sequences {_f(b.get('sequences'))}"
             f"<br>95% CI [{_f(lo)}, {_f(hi)}]"
+            + (f"<br>not fitted: {why[1]}" if why else "")
         )
+        if why:
+            reasons.setdefault(why[0], None)
         pts.append(
             (
                 x,
@@ -765,7 +793,8 @@ def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
         (True, "mean δ² per bin, in the law regime" if finer
          else "mean δ² per bin, used in the fit", "circle"),
         (False, "mean δ² per bin, outside the law regime" if finer
-         else "mean δ² per bin, not fitted", "circle-open"),
+         else "mean δ² per bin, not fitted" + (f" ({', '.join(reasons)})" if reasons else ""),
+         "circle-open"),
     ):
         sel = [p for p in pts if p[5] is in_fit]
         if not sel:
@@ -820,7 +849,7 @@ def _scaling_fig(fit: dict | None, why: str | None = None) -> go.Figure:
                     x=full,
                     y=ys_full,
                     mode="lines",
-                    name="power law extrapolated",
+                    name="power law beyond its fitted range",
                     hoverinfo="skip",
                     line=dict(width=1, dash="dot", color="#93c5fd"),
                 )
