@@ -1448,6 +1448,13 @@ def _out_of_range(excluded_where, masked: int) -> float:
     return bad_h / masked if masked else 0.0
 
 
+def _void_share(ds) -> float:
+    """:func:`_out_of_range` of ``ds``'s accounting when it voids the verdict
+    (VOID_INVALID_ENTROPY_SHARE or more), else 0.0."""
+    share = _out_of_range(ds.accounting.excluded_where, ds.accounting.tokens_masked)
+    return share if share >= VOID_INVALID_ENTROPY_SHARE else 0.0
+
+
 def _entropy_shifted(entropy_alignment) -> bool:
     """True when ``entropy_alignment`` (``_fit``'s, or an EntropyAlignment's ``to_dict()``)
     says the entropy column is not each token's own: shifted, the surprisal itself, or
@@ -1551,7 +1558,7 @@ def _forensics(ds, quiet: bool):
         plan = forensics_plan(ds)
         if plan.accumulators:
             run_pass(ds.lf, plan.accumulators)
-        findings = plan.finish()
+        findings = plan.finish(entropy_out_of_range=_void_share(ds))
     rounded, zero_prefix, _, storage = _sample_checks(ds, getattr(plan, "misalign", None))
     return findings, rounded, zero_prefix, storage
 
@@ -1922,14 +1929,12 @@ def _sample_checks(ds, align) -> tuple[dict | None, dict | None, dict | None, di
         _notes.add("[yellow]warning:[/yellow] " + escape(
             zero_prefix_caveat(zero_prefix, ds.mapping).removeprefix("caveat: ")))
     ent = align.entropy_alignment()
-    acc = ds.accounting
-    if ent is not None and ent.status == "unrelated" and _out_of_range(
-            acc.excluded_where, acc.tokens_masked) >= VOID_INVALID_ENTROPY_SHARE:
+    if ent is not None and ent.status == "unrelated" and _void_share(ds):
         # the test read only the entropies left in range, those of the tokens the fault
         # left there (an entropy x1000: the near-zero ones), whose ranks say nothing of
         # the column: its exclusion, which voids the verdict, is the story
         ent = dataclasses.replace(ent, status="cannot_tell", reason=(
-            f"{ent.reason}; but {_out_of_range(acc.excluded_where, acc.tokens_masked):.1%} "
+            f"{ent.reason}; but {_void_share(ds):.1%} "
             "of the loss-masked tokens have an entropy out of range, and the test read "
             "only the few left in range, whose ranks say nothing of the column"))
     ent_d = None if ent is None else ent.to_dict()
@@ -2047,7 +2052,8 @@ def _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, *, allow_misaligned
                                       unit_mistake=None if units is None
                                       else units.likely_mistake,
                                       units_checked=units is not None,
-                                      entropy_shifted=_entropy_shifted(entropy_align))
+                                      entropy_shifted=_entropy_shifted(entropy_align),
+                                      entropy_out_of_range=_void_share(ds))
                 else:
                     out[k] = p if k in ("profiles", "implausible") else p.finish()
             except FitError as e:

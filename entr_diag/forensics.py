@@ -896,6 +896,9 @@ class _Ctx:
         #: the entropy column looks shifted against the logprobs (the CLI's entropy
         #: alignment), set by ForensicsPlan.finish(entropy_shifted=...)
         self.entropy_shifted = False
+        #: the share of the loss-masked tokens with an entropy out of range when it voids
+        #: the verdict (else 0), set by ForensicsPlan.finish(entropy_out_of_range=...)
+        self.entropy_out_of_range = 0.0
 
     def has(self, col: str) -> bool:
         return col in self.names
@@ -1837,6 +1840,9 @@ def _check_truncation(ctx: _Ctx) -> _Result:
     name = "truncated_sampling"
     if not ctx.has("entropy"):
         return _cannot(name, "no entropy column: a bias growing with entropy cannot be seen")
+    void = _entropy_void(ctx, name)
+    if void is not None:
+        return void
     # the freshest tokens when there are enough: a stale token's delta holds the policy's
     # change too, whose mean is -KL, negative and larger at high entropy (helper-45:
     # untruncated stale runs read a 20% share, a top-k 20 run with lags up to 4 read 5.7%
@@ -4108,7 +4114,20 @@ def _surprisal_deferred(ctx: _Ctx, name: str, why_entropy: str) -> _Result | Non
         return _cannot(name, "the entropy column looks shifted against the logprobs, or not "
                              "to follow the tokens at all (see the entropy alignment "
                              "warning): each token is read against another token's entropy")
-    return None
+    return _entropy_void(ctx, name)
+
+
+def _entropy_void(ctx: _Ctx, name: str) -> _Result | None:
+    """The cannot_tell result of a check that reads how delta or the surprisal changes along
+    the entropy axis when most entropies are out of range (``ctx.entropy_out_of_range``,
+    the CLI's void verdict): the bins then hold only the tokens the fault left in range
+    (an entropy x1000: true entropies below 0.02 nats, where bf16 rounding biases delta
+    negative, had read as truncated sampling); else None."""
+    if ctx.entropy_out_of_range <= 0:
+        return None
+    return _cannot(name, f"{ctx.entropy_out_of_range:.1%} of the loss-masked tokens have an "
+                         "entropy out of range: the entropy bins hold only the few the fault "
+                         "left in range")
 
 
 def _mask_start_excess(rows: pl.DataFrame) -> tuple[pl.DataFrame, float]:
@@ -5428,7 +5447,8 @@ class ForensicsPlan:
 
     def finish(self, h_star: float | None = None, other_token: str | None = None,
                unit_mistake: str | None = None, units_checked: bool = False,
-               entropy_shifted: bool = False) -> Findings:
+               entropy_shifted: bool = False, entropy_out_of_range: float = 0.0
+               ) -> Findings:
         """Run the raw pass if needed, then the checks on the merged tables. ``h_star``: the
         fitted law's breakpoint, when known (the staleness check then reads the entropy
         bins above it only). ``other_token``: the column the fit's units check found
@@ -5441,12 +5461,16 @@ class ForensicsPlan:
         fit's units check ran (without it, e.g. in ``inspect``, those two findings say that
         ``fit`` tells them apart from a unit mistake). ``entropy_shifted``: the entropy
         column looks shifted against the logprobs (the unsampled-tokens check then cannot
-        tell: each token is read against a neighbour's entropy)."""
+        tell: each token is read against a neighbour's entropy). ``entropy_out_of_range``:
+        the share of the loss-masked tokens with an entropy out of range when it voids the
+        verdict, else 0 (the truncated-sampling, unsampled-tokens and mask-start checks
+        then cannot tell: the entropy bins hold only the tokens the fault left in range)."""
         self.ctx.law_h_star = h_star
         self.ctx.other_token = other_token
         self.ctx.unit_mistake = unit_mistake
         self.ctx.units_checked = units_checked
         self.ctx.entropy_shifted = entropy_shifted
+        self.ctx.entropy_out_of_range = entropy_out_of_range
         self.run_raw()
         self._tables()
         statuses: list[CheckStatus] = []
