@@ -2617,7 +2617,8 @@ def test_unsampled_rows_kept_are_bounded(monkeypatch):
         n = len(keys)
         return pl.DataFrame({"seq_key": keys, "seq_id": [str(k) for k in keys],
                              "position": list(range(n)), "entropy": [1e-5] * n,
-                             "infer_logprob": [-8.0] * n, "delta": [0.01] * n})
+                             "infer_logprob": [-8.0] * n, "delta": [0.01] * n}).with_columns(
+            *FX._UnsampledTokens().exprs)  # (the pass adds what the engine computes)
 
     keys = [k for k in range(40) for _ in range(3)]
     a, b = FX._UnsampledTokens(), FX._UnsampledTokens()
