@@ -1327,6 +1327,7 @@ def _fit_dict(fit_res, ds, findings=None, rounded=None, file_units=None,
                      # (None: the command ran no forensics, e.g. compare)
                      "forensics": forensics_summary(fdict, void)}
     fd["verdict"]["assessable"] = void is None
+    fd["verdict"]["not_assessable"] = void  # (why, or None)
     if void:  # the caveat says the verdict means nothing: so does the verdict, up front
         fd["verdict"]["text"] = (f"not assessable ({void}: see the caveat); as computed: "
                                  + fd["verdict"]["text"])
@@ -2192,10 +2193,17 @@ def flag(
         _note_parquet_suffix(output, "--output", quiet)
         ds = _load(paths, column, framework, layout, entropy, quiet,
                    skip_unreadable=skip_unreadable, seq_id_per_file=seq_id_per_file)
-        res = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
-                   allow_misaligned=allow_misaligned)["fit"]
+        a = _fit(ds, bins, bin_edges, eps, tau, n_boot, seed, quiet, full=False,
+                 allow_misaligned=allow_misaligned)
+        res = a["fit"]
         bp = res.to_dict().get("breakpoint")
         h_star = None if bp is None else bp["h_star"]
+        # a verdict that is not assessable (integer logprobs, a shifted entropy column, most
+        # entropies out of range...): its H* and the tokens below it describe the fault
+        void = _fit_dict(res, ds, None, a["rounded"], a["file_units"], a["zero_prefix"],
+                         a["misaligned"], entropy_alignment=a["entropy_alignment"],
+                         storage=a["storage"], file_scale=a["file_scale"]
+                         )["verdict"]["not_assessable"]
         _notes.flush()  # the output begins: the notes held so far come first
         # always written (empty, same columns, when there is no break): a stale file from an
         # earlier run must never pass for this run's result
@@ -2208,15 +2216,20 @@ def flag(
             "skipped_unreadable": [p for p, _why in ds.skipped_unreadable],
             "seq_id_per_file": seq_id_per_file,
             # (the inputs as given: relative ones are read from here; helper-44)
-            "working_directory": os.getcwd()})}
+            "working_directory": os.getcwd(),
+            "assessable": void is None, "not_assessable": void})}
         write_with(output, lambda dest: lf.sink_parquet(dest, compression="zstd",
                                                          metadata=meta))
         out = _tables(output)  # stderr when the Parquet goes to stdout
+        not_ok = ("" if void is None else
+                  f" The verdict is not assessable ({void}): a noise regime read from this "
+                  "input describes that fault, not the mismatch; see `entr-diag fit`.")
         if h_star is None:
             reason = (res.to_dict().get("regime") or {}).get("breakpoint_search", {}).get("reason", "")
             out.print("no low-entropy noise regime was found in this run, so no token is "
                       f"flagged; wrote an empty {output}"
-                      + (f" ({reason})." if reason else ".") + " See `entr-diag fit`.",
+                      + (f" ({reason})." if reason else ".")
+                      + (not_ok or " See `entr-diag fit`."),
                       soft_wrap=True, markup=False)
             return
         if output_target(output)[1]:
@@ -2230,8 +2243,8 @@ def flag(
         nats = None if unit is None else f"{h_star * unit[1]:.4g}"
         out.print(f"{n:,} low-entropy noise tokens (H < H* = "
                   f"{entropy_text(f'{h_star:.4g}', '', units, nats)} and "
-                  f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}", soft_wrap=True,
-                  markup=False)
+                  f"delta^2/(H+{eps:g}) > {tau:g}) written to {output}" + (
+                      f".{not_ok}" if not_ok else ""), soft_wrap=True, markup=False)
 
 
 # ----------------------------------------------------------------- compare

@@ -305,6 +305,33 @@ def test_fit_json_and_flag(synth_file, tmp_path):
     assert made["h_star"] == pytest.approx(doc["breakpoint"]["h_star"], rel=0.01)
     assert (made["tau"], made["eps"], made["inputs"]) == (4.0, 0.01, [str(synth_file)])
     assert made["working_directory"] == os.getcwd()  # (relative inputs traced back)
+    assert made["assessable"] is True and made["not_assessable"] is None
+    assert "not assessable" not in r.stdout
+    assert doc["verdict"]["assessable"] is True and doc["verdict"]["not_assessable"] is None
+
+
+def test_flag_says_when_the_verdict_is_not_assessable(synth_file, tmp_path):
+    """Logprobs stored rounded to 0.1 nats make the verdict not assessable; flag, which
+    read H* from the same fit, wrote its tokens (or an empty file) as a noise regime with
+    no word of it. It now says so on stdout and in the file's metadata, with the reason
+    fit gives (JSON verdict.not_assessable)."""
+    p = tmp_path / "r1.parquet"
+    pl.read_parquet(synth_file).with_columns(
+        pl.col("train_logprob", "infer_logprob").round(1)).write_parquet(p)
+    js = tmp_path / "f.json"
+    r = runner.invoke(app, ["fit", str(p), "--n-boot", "100", "--json", str(js), "-q"])
+    why = json.loads(js.read_text())["verdict"]["not_assessable"]
+    assert r.exit_code == 0 and why.startswith("logprobs stored rounded to 0.1 nats"), why
+    noise = tmp_path / "noise.parquet"
+    r = runner.invoke(app, ["flag", str(p), "-o", str(noise), "--n-boot", "100", "-q"])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.stdout.split())
+    assert (f"The verdict is not assessable ({why}): a noise regime read from this input "
+            "describes that fault, not the mismatch; see `entr-diag fit`.") in out, out
+    import pyarrow.parquet as pq
+
+    made = json.loads(pq.read_metadata(noise).metadata[b"entr_diag.parameters"])
+    assert made["assessable"] is False and made["not_assessable"] == why
 
 
 @pytest.mark.parametrize("args", [
