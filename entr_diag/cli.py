@@ -1364,6 +1364,12 @@ MASKED_SHARE_MIN_ROWS: int = 1000
 MASKED_PER_SEQUENCE_MAX: float = 16.0
 
 
+#: ... or this share when the entropies above 20 nats read as a column multiplied by a
+#: constant (:func:`~entr_diag.caveats.entropy_scale_seen`): the scale, not chance, cut
+#: the top of the entropy range off
+VOID_SCALED_OUT_SHARE: float = 0.01
+
+
 def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
                   mapping=None, excluded_where=None, masked: int = 0,
                   findings=None) -> str | None:
@@ -1372,8 +1378,8 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     or more of the ``masked`` loss-masked tokens excluded as invalid_entropy for an entropy
     out of range (negative, infinite or above 20 nats: ``excluded_where``, the accounting's
     kinds of invalid entropy; the tokens left are those the fault left in range; null or
-    NaN entropies, missing at random, leave a sample of the run),
-    logprobs stored
+    NaN entropies, missing at random, leave a sample of the run), VOID_SCALED_OUT_SHARE
+    of them above 20 nats for a column multiplied by a constant, logprobs stored
     rounded (pooled over the input) to VOID_ROUNDING_STEP nats or coarser, an entropy
     column shifted against the logprobs or holding the surprisal (``entropy_alignment``:
     :meth:`~entr_diag.forensics.EntropyAlignment.to_dict`, status ``shifted`` or
@@ -1393,17 +1399,23 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     if ints:
         return f"{' and '.join(ints)} {'holds' if len(ints) == 1 else 'hold'} integers"
     bad_h = _out_of_range(excluded_where, masked)
+    from entr_diag.caveats import about, entropy_scale_seen
+
+    scale = entropy_scale_seen((excluded_where or {}).get("invalid_entropy"))
     if bad_h >= VOID_INVALID_ENTROPY_SHARE:
         # (an entropy scaled by 1e6, or overflowing float16: the few tokens left are those
         # the fault left in range, not a sample of the run)
-        from entr_diag.caveats import about, entropy_scale_seen
-
-        scale = entropy_scale_seen((excluded_where or {}).get("invalid_entropy"))
         return (f"{bad_h:.1%} of the loss-masked tokens have an entropy out of "
                 "range (invalid_entropy: negative, infinite or above 20 nats), and the law "
                 "would rest on the few the fault left in range"
                 + ("" if scale is None else
                    f"; the column looks multiplied by about {about(scale)}"))
+    if scale is not None and bad_h >= VOID_SCALED_OUT_SHARE:
+        # (helper-48: an entropy x8 put 12.6% of the tokens above 20 nats, the top of the
+        # entropy range, and the verdict went from "does not hold" to "holds approximately")
+        return (f"the entropy column looks multiplied by about {about(scale)}, which puts "
+                f"{bad_h:.1%} of the loss-masked tokens above 20 nats (invalid_entropy): "
+                "the law would rest on the rest, the top of the entropy range cut off")
     ea = entropy_alignment or {}
     if ea.get("status") == "surprisal":
         return "the entropy column holds the sampled token's surprisal, not an entropy"
