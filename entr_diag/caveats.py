@@ -246,8 +246,8 @@ def implausible_caveat(findings: Mapping | None) -> str | None:
             where = files_listed(ev.get("files") or {}, int(ev.get("input_files") or 1))
             sides = [c for c, k in (("infer_logprob", "tokens_infer_side"),
                                     ("train_logprob", "tokens_train_side")) if ev.get(k)]
-            side = (f"the values are in {sides[0]}" if len(sides) == 1
-                    else "the values are in both logprob columns" if sides else "")
+            side = (f"the impossible values are in {sides[0]}" if len(sides) == 1
+                    else "the impossible values are in both logprob columns" if sides else "")
             paren = "; ".join(p for p in (side, where) if p)
             return (f"caveat: {f['title']}{f' ({paren})' if paren else ''}: {effect}; "
                     "drop those rows and rerun (forensics: implausible_logprobs).")
@@ -538,8 +538,7 @@ def file_exclusion_warnings(by_file: Mapping[str, Mapping[str, tuple[int, int]]]
         sides, few = _sides(at)
         text, cols, named = _hint_text(reason, mapping, sides)
         if sides and not named:
-            text += (f" (the values are in {cols}{' only' if len(sides) == 1 and not few else ''}"
-                     f"{f'; {few}' if few else ''})")
+            text += f" ({_values_in(reason, cols, sides, few)}{f'; {few}' if few else ''})"
         elif few:
             text += f" ({few})"
         if reason == "zero_placeholder":  # what the exclusion cannot catch
@@ -817,6 +816,22 @@ def _sides(at: Mapping[str, Any]) -> tuple[list[str], str]:
     return sides, (few[0] if few else "")
 
 
+#: what makes a row excluded for a logprob reason, named where the exclusion hint says
+#: which column holds it
+_VALUES_OF: dict[str, str] = {"non_finite_logprob": "NaN or null values",
+                              "sentinel_logprob": "placeholder values",
+                              "positive_logprob": "values above 0",
+                              "zero_placeholder": "0.0 placeholders"}
+
+
+def _values_in(reason: str, cols: str, sides: Sequence[str], few: str) -> str:
+    """"the NaN or null values are in infer_logprob only": which logprob column(s) ``cols``
+    hold a reason's values (named, :data:`_VALUES_OF`: helper-48 read "the values are in
+    X" as the good ones); "only" for one column with no ``few`` in the other."""
+    return (f"the {_VALUES_OF.get(reason, 'excluding values')} are in {cols}"
+            + (" only" if len(sides) == 1 and not few else ""))
+
+
 def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str] | None,
             where: Mapping[str, Mapping[str, Any]] | None = None
             ) -> tuple[str, int, str] | None:
@@ -856,8 +871,7 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
                     " (with an entropy column, padding is recognised and set aside)"))
     details = []
     if sides and not named:
-        details.append(f"the values are in {cols}" + (" only" if len(sides) == 1 and not few
-                                                       else ""))
+        details.append(_values_in(reason, cols, sides, few))
     if few:
         details.append(few)
     if at.get("kinds"):  # what the invalid entropies are

@@ -2046,7 +2046,7 @@ def test_impossible_logprobs_in_one_shard_name_the_shard(synth_file, tmp_path):
     shard = str(d / "part-2.parquet")
     assert f["evidence"]["files"] == {shard: f["evidence"]["tokens_flagged"]}
     assert f"They are all in {shard}, 1 of the 4 input files." in f["message"]
-    assert (f"(the values are in infer_logprob; all in {shard}, 1 of the 4 input files)"
+    assert (f"(the impossible values are in infer_logprob; all in {shard}, 1 of the 4 input files)"
             in doc["verdict"]["caveat"])
 
 
@@ -2163,7 +2163,7 @@ def test_compare_reports_impossible_logprobs_as_fit_does(synth_file, tmp_path):
     for k in ("tokens_flagged", "files", "k_without_flagged", "delta2_share_flagged"):
         assert cf["evidence"][k] == pytest.approx(ff["evidence"][k], rel=1e-6), k
     shard = str(d / "part-2.parquet")
-    assert (f"(the values are in infer_logprob; all in {shard}, 1 of the 4 input files)"
+    assert (f"(the impossible values are in infer_logprob; all in {shard}, 1 of the 4 input files)"
             in doc["fit"]["verdict"]["caveat"])
     assert any("impossible logprob" in w for w in doc["warnings"])
     assert "warning: " in r.stderr and "impossible logprob" in r.stderr

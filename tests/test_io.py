@@ -2112,12 +2112,12 @@ def test_exclusion_hints_name_a_column_by_its_source_and_a_one_sided_placeholder
 
     one = warn("infer_logprob")
     assert "infer_logprob holds a placeholder (e.g. -9999) for these tokens" in one
-    assert "mask may not match" not in one and "(the values are in" not in one
+    assert "mask may not match" not in one and "(the placeholder values are in" not in one
     train = warn("train_logprob")
     assert "train_logprob ('old_log_probs') holds a placeholder" in train
     both = warn("train_logprob", "infer_logprob")
     assert "the mask may not match the logprob arrays" in both
-    assert "(the values are in both train_logprob ('old_log_probs') and infer_logprob)" in both
+    assert "(the placeholder values are in both train_logprob ('old_log_probs') and infer_logprob)" in both
 
 
 def test_a_nested_shard_written_twice_is_named(tmp_path):
