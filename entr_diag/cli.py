@@ -1166,6 +1166,25 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
     return ds
 
 
+def _identical_note(ds) -> None:
+    """For ``inspect``: a ``warning:`` line when train_logprob equals infer_logprob exactly
+    on every valid token (delta = 0: a bitwise on-policy run), which ``fit`` and ``flag``
+    refuse and ``compare`` and ``report`` say beside their gates (helper-48: ``inspect``
+    said nothing)."""
+    acc = ds.accounting
+    if not (acc.tokens_valid and acc.tokens_identical == acc.tokens_valid):
+        return
+    from entr_diag.caveats import column_named
+
+    _notes.add("[yellow]warning:[/yellow] " + escape(
+        f"{column_named('train_logprob', ds.mapping)} equals "
+        f"{column_named('infer_logprob', ds.mapping)} exactly on every valid token "
+        f"({acc.tokens_valid:,}): delta = 0, there is no mismatch to analyse (a bitwise "
+        "on-policy run, or the trainer's column copied from the rollout's logprobs where "
+        "old logprobs are not recomputed). `fit` and `flag` refuse such an input; "
+        "`compare` and `report` show every gate keeping every token, without a law."))
+
+
 def _misaligned_caveat(f) -> str:
     """The caveat (and warning) of a shift let through by --allow-misaligned: the finding's
     title and the input files holding the shifted sequences (when it names them)."""
@@ -1708,6 +1727,7 @@ def inspect(
             findings, rounded, zero_prefix, storage = _forensics(ds, quiet)
             _implausible_note(findings.by_kind("implausible_logprobs"))
             _critical_notes(findings)
+            _identical_note(ds)
         warnings = _notes.warnings()
         closed = _json_output(json_path, envelope(
             "inspect", desc, {"layout": layout, "entropy": entropy, "framework": framework,

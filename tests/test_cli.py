@@ -2568,7 +2568,8 @@ def test_identical_logprobs_silent_on_a_clean_run_and_a_whole_identical_one(synt
                                                                             tmp_path):
     """No warning and JSON identical_logprobs null on a run with real mismatch everywhere;
     a run identical throughout (a bitwise on-policy run) keeps its own handling: fit
-    refuses ('is 0 for every token'), compare compares the gates, neither warns."""
+    refuses ('is 0 for every token'), compare compares the gates, neither warns; inspect,
+    which shows no law, warns."""
     js = tmp_path / "f.json"
     r, doc = _run_json("fit", synth_file, js)
     assert r.exit_code == 0, r.output
@@ -2586,6 +2587,17 @@ def test_identical_logprobs_silent_on_a_clean_run_and_a_whole_identical_one(synt
     acc = doc["inputs"]["accounting"]
     assert acc["identical_logprobs"] is None and acc["tokens_identical"] == acc["tokens_valid"]
     assert "equals infer_logprob" not in r.stderr
+    # inspect, which prints no law, warns that fit refuses it (helper-48); not on the
+    # clean run
+    for path, warned in ((same, True), (synth_file, False)):
+        r = runner.invoke(app, ["inspect", str(path), "--json", str(js), "-q"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(js.read_text())
+        said = ("warning: train_logprob equals infer_logprob exactly on every valid token "
+                f"({doc['inputs']['accounting']['tokens_valid']:,}): delta = 0, there is no "
+                "mismatch to analyse")
+        assert (said in " ".join(r.stderr.split())) is warned
+        assert any(w.startswith(said[9:]) for w in doc["warnings"]) is warned
 
 
 def test_identical_logprobs_scattered_through_the_run_name_no_step(tmp_path):
