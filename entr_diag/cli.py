@@ -1761,12 +1761,14 @@ def _output_mark(command: str) -> dict[str, str]:
 
 def _dropped(ds, canon: str):
     """The loader's note that it dropped ``canon`` because some files lack it (``CANON
-    ('SRC') is missing from N of M files (e.g. FILE): not used``), as a regex match, or
+    ('SRC') is missing from N of M files (e.g. FILE): not used``, the entropy's a
+    ``warning:`` going on `` in any file: ...``), as a regex match, or
     None when no file has the column."""
     import re
 
-    pattern = (rf"{re.escape(canon)} \('(?P<src>.*)'\) is missing from (?P<n>\d+) of "
-               r"(?P<m>\d+) files \(e\.g\. (?P<file>.*)\): not used")
+    pattern = (rf"(?:warning: )?{re.escape(canon)} \('(?P<src>.*)'\) is missing from "
+               r"(?P<n>\d+) of (?P<m>\d+) files \(e\.g\. (?P<file>.*?)\): not used"
+               r"(?: in any file: .*)?")
     for note in ds.notes:
         m = re.fullmatch(pattern, note)
         if m:

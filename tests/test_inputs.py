@@ -396,6 +396,14 @@ def test_entropy_missing_from_some_shards_is_named(tmp_path, cmd):
     # the files that have it get past the check (this tiny input then has too few tokens)
     r = runner.invoke(app, ["fit", *map(str, files[:2] + files[3:]), "-q"])
     assert "entropy column" not in r.stderr and "entropy bin" in r.stderr, r.output
+    # inspect, which reads such an input, says it in a warning, kept with --quiet (a note
+    # had been: helper-48)
+    r = runner.invoke(app, ["inspect", str(tmp_path / "shards"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert (f"warning: entropy ('entropy') is missing from 1 of 4 files (e.g. {files[2]}): "
+            "not used in any file: the scaling law, its noise regime and the ENTR gate would "
+            "be unavailable, so fit, flag, compare and report refuse the input; pass only "
+            "the files that have it") in " ".join(r.stderr.split()), r.stderr
 
 
 def test_entropy_missing_from_every_file_keeps_the_plain_message(tmp_path):

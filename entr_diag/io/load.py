@@ -1529,9 +1529,15 @@ def load_dataset(
                 f"{lacking[0]}; the files of one input must share their column names: rename "
                 "one set, or analyse each set on its own."))
         elif lacking:
+            # (the entropy's a warning: without it every other command refuses the input,
+            # and --quiet hid the note in inspect; helper-48)
             notes.append(
-                f"{canon} ('{src}') is missing from {len(lacking)} of {len(file_list)} files "
+                ("warning: " if canon == "entropy" else "")
+                + f"{canon} ('{src}') is missing from {len(lacking)} of {len(file_list)} files "
                 f"(e.g. {lacking[0]}): not used"
+                + (" in any file: the scaling law, its noise regime and the ENTR gate would "
+                   "be unavailable, so fit, flag, compare and report refuse the input; pass "
+                   "only the files that have it" if canon == "entropy" else "")
             )
             if canon == "entropy":
                 entropy_unused = (f"the entropy column ('{src}') is missing from "
