@@ -1054,10 +1054,19 @@ def _load(paths, column, framework, layout, entropy, quiet, *, analyse: bool = T
     if nostep:
         floats = any(n.split(" ", 1)[0] == "step" and " holds floating-point values " in n
                      for n in ds.notes)
+        # (the accounting marks a null step with the int64 minimum: a step of that value,
+        # a placeholder, counts as null too; one more read of the step column, only here;
+        # helper-48's file of steps 0..3 with -2^63 read "null steps")
+        lowest = (ds.raw.select(pl.col("step").cast(pl.Int64, strict=False).min())
+                  .collect(engine="streaming").item()
+                  if not floats and "step" in ds.mapping else None)
+        i64min = lowest is not None and lowest == -(2**63)
         _notes.add(
             f"[yellow]warning:[/yellow] {nostep:,} valid token(s) have a null step"
             + (" (null in the file, or a floating-point step with a fraction, e.g. 1.5, "
                "which reads as null: the step column holds floats)" if floats else "")
+            + (" (null in the file, or the 64-bit minimum -9223372036854775808, a "
+               "placeholder that reads as null)" if i64min else "")
             + ": their sequences are keyed (null, seq_id), apart from any tokens of the "
             "same seq_id that have a step, and they count in no step's row of the per-step "
             "tables."

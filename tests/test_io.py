@@ -415,6 +415,14 @@ def test_null_step_tokens_are_counted_and_warned_about(tmp_path):
     assert "warning: 1 valid token(s) have a null step:" in " ".join(r.stderr.split())
     assert load_dataset([_write(tmp_path, _long(), "ok.parquet")]).accounting \
         .tokens_without_step == 0
+    # a step of -2^63 (the 64-bit minimum, a placeholder) reads as null: said so
+    # (helper-48: "null step" on a file without a null)
+    p = _write(tmp_path, _long(step=[3, 3, -(2**63), 3, 3]), "min.parquet")
+    assert load_dataset([p]).accounting.tokens_without_step == 1
+    r = CliRunner().invoke(app, ["inspect", str(p)])
+    assert ("warning: 1 valid token(s) have a null step (null in the file, or the 64-bit "
+            "minimum -9223372036854775808, a placeholder that reads as null):") in " ".join(
+        r.stderr.split()), r.stderr
 
 
 def test_tokens_without_a_version_are_counted_and_warned_about(tmp_path):
