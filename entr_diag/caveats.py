@@ -889,7 +889,8 @@ def _hinted(excluded: Mapping[str, int], masked: int, mapping: Mapping[str, str]
     if left and reason == "positive_logprob" and not (
             int(at.get("above_one") or 0) >= ABOVE_ONE_SHARE * n):  # (p <= 1e-4 reads ~0 nats)
         if int(at.get("input_files") or 1) == 1:
-            where_left, fix = "", "convert the column (the log of each probability)"
+            where_left, fix = "", ("convert the column" if len(sides) == 1 else
+                                   "convert the columns") + " (the log of each probability)"
         elif len(left_in) == 1:
             where_left, fix = f" in {next(iter(left_in))}", "leave that file out"
         else:

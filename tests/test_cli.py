@@ -3595,3 +3595,19 @@ def test_the_forensics_line_beside_a_void_verdict_and_in_compare(tmp_path):
            "checks": {"drift": {"status": "found"}, "staleness": {"status": "found"}}}
     assert forensics_summary(two) == ("Forensics: 2 warnings (drift, staleness): see the "
                                       "caveats and the findings.")
+
+
+@pytest.mark.parametrize("cols, fix", [(("infer_logprob",), "convert the column"),
+                                       (("train_logprob", "infer_logprob"),
+                                        "convert the columns")])
+def test_probabilities_left_valid_say_which_columns_to_convert(tmp_path, cols, fix):
+    """Probabilities in one logprob column or both: the valid tokens left (p <= 1e-4 pass
+    as logprobs near 0) are told to convert the column, or the columns (helper-48: 'the
+    column' for both)."""
+    LONG = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    p = tmp_path / "probs.parquet"
+    pl.read_parquet(LONG).with_columns(pl.col(*cols).exp()).write_parquet(p)
+    r = runner.invoke(app, ["inspect", str(p), "-q"])
+    msg = " ".join(r.stderr.split())
+    assert f"distort the results: {fix} (the log of each probability)" in msg, msg

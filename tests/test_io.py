@@ -2365,8 +2365,12 @@ def test_text_columns_where_numbers_are_needed_get_a_conversion_hint(tmp_path):
     both often) are refused naming the file and column, with how to convert them
     (helper-44: no hint)."""
     mask = _long().with_columns(pl.col("loss_mask").cast(pl.String).alias("loss_mask"))
+    # (polars writes 'true' / 'false', pandas 'True' / 'False': the hint reads both;
+    # helper-48's lowercase strings did not match df[c] == 'True')
     with pytest.raises(SchemaError, match=r"loss_mask needs boolean or 0/1 numeric values\. "
-                                          r"Text is not read as numbers: .*'True' / 'False'"):
+                                          r"Text is not read as numbers: .*'True' / 'False' "
+                                          r"or 'true' / 'false': df\[c\] = "
+                                          r"df\[c\]\.str\.lower\(\) == 'true'"):
         load_dataset([_write(tmp_path, mask, "m.parquet")])
     step = _long().with_columns(pl.format("global_step_{}", "step").alias("step"))
     with pytest.raises(SchemaError, match=r"step needs integer values\. Text is not read as "

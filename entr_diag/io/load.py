@@ -879,7 +879,8 @@ def _wrong_type(src: str, canon: str, typ: pa.DataType, origin: str | None, *,
     kind = S.BY_NAME[canon].kind
     hint = ("" if not text else
             " Text is not read as numbers: write the column as booleans or 0/1 (strings such "
-            "as 'True' / 'False' from pandas: df[c] = df[c] == 'True')" if kind == S.BOOL else
+            "as 'True' / 'False' or 'true' / 'false': df[c] = df[c].str.lower() == 'true')"
+            if kind == S.BOOL else
             " Text is not read as numbers: write the column as integers (strings such as '3' "
             "or 'global_step_3': df[c] = df[c].str.extract(r'(\\d+)$', expand=False).astype(int))"
             if kind == S.INT else
