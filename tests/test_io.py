@@ -2376,3 +2376,17 @@ def test_text_columns_where_numbers_are_needed_get_a_conversion_hint(tmp_path):
     with pytest.raises(SchemaError, match=r"step needs integer values\. Text is not read as "
                                           r"numbers: .*'global_step_3'.*expand=False"):
         load_dataset([_write(tmp_path, step, "s.parquet")])
+
+
+def test_missing_column_lists_look_alike_names_escaped(tmp_path):
+    """A column named like a required one but for a zero-width space and a Cyrillic o
+    printed exactly like it in the list of the input's columns (helper-48): names outside
+    printable ASCII are escaped, their odd characters named; plain names are as they are."""
+    df = _long().rename({"infer_logprob": "infer_l\u043egprob\u200b"})
+    with pytest.raises(SchemaError) as e:
+        load_dataset([_write(tmp_path, df, "w.parquet")])
+    msg = str(e.value)
+    assert "'infer_l\\u043egprob\\u200b'" in msg and "\u200b" not in msg, msg
+    assert ("(names with characters outside printable ASCII are shown escaped: \\u043e "
+            "CYRILLIC SMALL LETTER O, \\u200b ZERO WIDTH SPACE.)") in msg
+    assert ", train_logprob," in msg or ", train_logprob." in msg

@@ -852,9 +852,12 @@ def resolve_mapping(
                 f"--column {missing[0]}={a}, or name the framework with --framework."
                 for a in amb
             )
+        odd = [a for a in available if not (a.isascii() and a.isprintable())]
         raise SchemaError(
             f"missing required column(s) {', '.join(missing)}.{why} The input has columns: "
-            f"{', '.join(sorted(available))}."
+            f"{', '.join(shown_name(a) for a in sorted(available))}."
+            + (f" (names with characters outside printable ASCII are shown escaped: "
+               f"{_odd_chars(odd)}.)" if odd else "")
             + ("" if why else " Map yours with --column CANONICAL=SOURCE (e.g. --column "
                f"{missing[0]}=" + ("my_rollout_logp" if missing[0] == "infer_logprob"
                                    else "my_trainer_logp") + ") or pick --framework "
@@ -862,6 +865,28 @@ def resolve_mapping(
             + hint
         )
     return mapping, notes
+
+
+def shown_name(name: str) -> str:
+    """A column name as an error message shows it: as it is when printable ASCII, else
+    with the other characters escaped (``'infer_l\\u043egprob\\u200b'``): a zero-width
+    space or a look-alike letter makes a name print like the one the loader looks for
+    (helper-48)."""
+    if name.isascii() and name.isprintable():
+        return name
+    return "'" + name.encode("unicode_escape").decode("ascii") + "'"
+
+
+def _odd_chars(names: Sequence[str], most: int = 4) -> str:
+    """The characters outside printable ASCII in ``names``, escaped with their Unicode
+    names (``\\u200b ZERO WIDTH SPACE``), at most ``most`` of them."""
+    import unicodedata
+
+    odd = list(dict.fromkeys(c for n in names for c in n
+                             if not (c.isascii() and c.isprintable())))
+    return ", ".join(f"{c.encode('unicode_escape').decode('ascii')} "
+                     f"{unicodedata.name(c, 'unnamed')}" for c in odd[:most]) + (
+        f" and {len(odd) - most:,} more" if len(odd) > most else "")
 
 
 def _wrong_type(src: str, canon: str, typ: pa.DataType, origin: str | None, *,
