@@ -1421,14 +1421,18 @@ def _void_verdict(notes, rounded, entropy_alignment=None, units=None,
     regime read from it describes the unit mistake, or the impossible values. Their caveats
     say so; the verdict's text then leads with it (a verdict "law holds" followed by a
     caveat that it is meaningless read as a pass)."""
-    from entr_diag.caveats import UNIT_SIGNATURES, column_named, integer_columns
+    from entr_diag.caveats import (
+        UNIT_SIGNATURES,
+        about,
+        column_named,
+        entropy_scale_seen,
+        integer_columns,
+    )
 
     ints = integer_columns(notes)
     if ints:
         return f"{' and '.join(ints)} {'holds' if len(ints) == 1 else 'hold'} integers"
     bad_h = _out_of_range(excluded_where, masked)
-    from entr_diag.caveats import about, entropy_scale_seen
-
     scale = entropy_scale_seen((excluded_where or {}).get("invalid_entropy"))
     if bad_h >= VOID_INVALID_ENTROPY_SHARE:
         # (an entropy scaled by 1e6, or overflowing float16: the few tokens left are those
