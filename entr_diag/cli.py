@@ -1604,8 +1604,36 @@ def _forensics(ds, quiet: bool):
         if plan.accumulators:
             run_pass(ds.lf, plan.accumulators)
         findings = plan.finish(entropy_out_of_range=_void_share(ds))
-    rounded, zero_prefix, _, storage = _sample_checks(ds, getattr(plan, "misalign", None))
+    rounded, zero_prefix, ent, storage = _sample_checks(ds, getattr(plan, "misalign", None))
+    _inspect_units(ds, plan, findings, ent)
     return findings, rounded, zero_prefix, storage
+
+
+def _inspect_units(ds, plan, findings, entropy_align) -> None:
+    """For ``inspect``: a ``warning:`` line when the units check, read on the forensic
+    entropy bins (:func:`~entr_diag.forensics.units_from_tables`), names a unit mistake
+    (entropy in bits or log10, logprobs in log10 or log2) or an entropy column scaled by a
+    constant; its other readings (an entropy of another distribution, another token's
+    logprob) are left to ``fit``, which reads them on the law's bins (helper-48: an entropy
+    in bits got no word from ``inspect``). Not with logprobs or entropy shifted, or tokens
+    the engine did not sample in the mask, which move the ratio too."""
+    from entr_diag.caveats import units_caveat
+    from entr_diag.forensics import units_from_tables
+
+    misaligned = (findings.by_kind("misalignment") is not None
+                  and findings.by_kind("misalignment").severity == "critical")
+    if misaligned or _entropy_shifted(entropy_align) or _mask_unsampled(findings):
+        return
+    units = units_from_tables(plan.ctx)
+    if units is None or not (units.likely_mistake or units.entropy_scale):
+        return
+    d = {**units.to_dict(), "other_token": None, "unrelated": False,
+         "entropy_mismatch": False}
+    caveat = units_caveat(d, ds.mapping)
+    if caveat:
+        _notes.add("[yellow]warning:[/yellow] " + escape(
+            caveat.removeprefix("caveat: ") + " (inspect reads this on its forensic entropy "
+            "bins; `fit` reads it on the law's)"))
 
 
 def _write_stdout(text: str) -> None:

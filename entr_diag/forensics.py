@@ -942,6 +942,32 @@ class _Ctx:
         return _bins_of(self.cells)
 
 
+def units_from_tables(ctx: _Ctx) -> Any:
+    """The fit's units check (:class:`entr_diag.fit.UnitsCheck`: entropy in bits or log10,
+    logprobs in log10 or log2, an entropy column scaled by a constant) read on the
+    forensic entropy bins, for ``inspect``, which fits no law: per bin, n and the sums of
+    H and delta from the cells, of infer_logprob (y), its square and products from the
+    blocks (delta = x - y). None without an entropy column or before the pass. A unit
+    mistake scales every bin alike, so the bins' kind matters little; the fit's own
+    reading (on the law's bins) is the one its verdict uses."""
+    from entr_diag.fit import _units_check
+
+    if not ctx.has("entropy") or ctx._cells is None or ctx._blocks is None:
+        return None
+    c = ctx.cells.group_by("bin").agg(pl.col("n", "sh", "sd").sum())
+    b = ctx.blocks.group_by("bin").agg(pl.col("sx", "sy", "sxx", "syy", "sxy").sum())
+    t = c.join(b, on="bin", how="inner").sort("bin")
+    if not t.height:
+        return None
+
+    def a(name: str) -> np.ndarray:
+        return t.get_column(name).cast(pl.Float64).to_numpy()
+
+    y, sxy, syy = a("sy"), a("sxy"), a("syy")
+    return _units_check(y, a("sd"), a("sh"), a("n"), syy, sxy - syy,
+                        a("sxx") - 2 * sxy + syy)
+
+
 def _bins_of(cells: pl.DataFrame) -> pl.DataFrame:
     """Per entropy bin of the forensic ``cells`` (rows per bin, step and staleness, or any
     selection of them): n, mean H, mean delta, mean delta^2, mean |delta| (sorted by

@@ -3611,3 +3611,29 @@ def test_probabilities_left_valid_say_which_columns_to_convert(tmp_path, cols, f
     r = runner.invoke(app, ["inspect", str(p), "-q"])
     msg = " ".join(r.stderr.split())
     assert f"distort the results: {fix} (the log of each probability)" in msg, msg
+
+
+@pytest.mark.parametrize("expr, said", [
+    (pl.col("entropy") / math.log(2), "entropy probably holds bits (log base 2), not nats"),
+    (pl.col("entropy") * 2, "entropy looks multiplied by about 2:"),
+    (pl.col("entropy"), None)])
+def test_inspect_reads_the_units_check_on_its_forensic_bins(tmp_path, expr, said):
+    """inspect runs the units check on its forensic entropy bins and warns of a unit
+    mistake or a scaled entropy, as fit does (helper-48: an entropy in bits got no word
+    from inspect); the bundled run in nats gets none."""
+    LONG = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    p = tmp_path / "u.parquet"
+    pl.read_parquet(LONG).with_columns(expr.alias("entropy")).write_parquet(p)
+    js = tmp_path / "i.json"
+    r = runner.invoke(app, ["inspect", str(p), "-q", "--json", str(js)])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    warned = [w for w in json.loads(js.read_text())["warnings"]
+              if "inspect reads this on its forensic entropy bins" in w]
+    if said is None:
+        assert not warned and "forensic entropy bins" not in err
+    else:
+        assert f"warning: {said}" in err and len(warned) == 1, err
+        assert warned[0].startswith(said) and warned[0].endswith(
+            "(inspect reads this on its forensic entropy bins; `fit` reads it on the law's)")
