@@ -2562,6 +2562,18 @@ def test_identical_logprobs_over_some_steps_are_named_as_steps(synth_file, tmp_p
     assert [s["step"] for s in ident["steps"]] == [7, 8, 9]
     assert all(0.3 < s["identical"] / s["tokens"] < 0.7 for s in ident["steps"])
     assert "concentrated in steps 7-9" in " ".join(r.stderr.split())
+    # copied on half of the steps or more (the median step's share is a copy's: none stood
+    # out, and bf16 storage took the blame; helper-49): named as well
+    steps = pl.read_parquet(synth_file)["step"]
+    half = int(steps.min()) + (int(steps.max()) - int(steps.min())) // 3
+    pl.read_parquet(synth_file).with_columns(
+        train_logprob=pl.when(pl.col("step") >= half).then(pl.col("infer_logprob"))
+        .otherwise(pl.col("train_logprob"))).write_parquet(p)
+    r, doc = _run_json("fit", p, tmp_path / "f.json")
+    ident = doc["inputs"]["accounting"]["identical_logprobs"]
+    named = [s["step"] for s in ident["steps"]]
+    assert named == sorted(set(steps.filter(steps >= half).to_list())), named
+    assert len(named) > len(set(steps.to_list())) / 2
 
 
 def test_identical_logprobs_silent_on_a_clean_run_and_a_whole_identical_one(synth_file,

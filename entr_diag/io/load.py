@@ -3548,6 +3548,9 @@ def _minus_one_padding(counts: Mapping[str, tuple[int, int]]) -> dict[str, tuple
 IDENTICAL_SHARE: float = 0.2
 #: ... and this many times the median file's or step's share (:func:`_identical_logprobs`)
 IDENTICAL_OVER_BASE: float = 3.0
+#: ... or on this share of its valid tokens or more, whatever the median (a copied part:
+#: no scatter of a baseline reaches it, e.g. 17% with bf16 logprobs on both sides)
+IDENTICAL_COPIED: float = 0.9
 #: ... when it holds this many valid tokens or more
 IDENTICAL_MIN_TOKENS: int = 50
 #: ... and when the rest of the input has real mismatch: delta == 0 on less than this share
@@ -3560,7 +3563,8 @@ def _identical_logprobs(per: pl.DataFrame, infos: Sequence[FileInfo], *, valid_t
                         ) -> dict[str, Any] | None:
     """The input files, then the steps (of the other files), on which train_logprob equals
     infer_logprob exactly (delta == 0) on IDENTICAL_SHARE of the valid tokens or more, and
-    IDENTICAL_OVER_BASE times the median file's or step's share, while
+    IDENTICAL_OVER_BASE times the median file's or step's share (or on IDENTICAL_COPIED
+    of them, whatever the median: half of the steps copied make the median), while
     the rest of the input has real mismatch (delta == 0 on less than IDENTICAL_REST_SHARE
     of its valid tokens): the trainer's column copied from the rollout's there (old
     logprobs not recomputed on a rank or for some steps, the same column dumped twice).
@@ -3579,8 +3583,12 @@ def _identical_logprobs(per: pl.DataFrame, infos: Sequence[FileInfo], *, valid_t
         the tokens throughout: a step's binomial scatter above it is no copy)."""
         shares = (groups["_same"] / groups["_valid"]).filter(groups["_valid"] > 0)
         base = float(shares.median() or 0.0) if shares.len() else 0.0
-        return (pl.col("_same") >= max(IDENTICAL_SHARE, IDENTICAL_OVER_BASE * base)
-                * pl.col("_valid")) & (pl.col("_valid") >= IDENTICAL_MIN_TOKENS)
+        # (or IDENTICAL_COPIED whatever the median: with half of the steps or files copied
+        # the median is theirs, and none stood out; helper-49)
+        return ((pl.col("_same") >= max(IDENTICAL_SHARE, IDENTICAL_OVER_BASE * base)
+                 * pl.col("_valid"))
+                | (pl.col("_same") >= IDENTICAL_COPIED * pl.col("_valid"))) & (
+            pl.col("_valid") >= IDENTICAL_MIN_TOKENS)
 
     files: list[dict[str, Any]] = []
     rest = per
