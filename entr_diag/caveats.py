@@ -394,9 +394,9 @@ MOSTLY_EXCLUDED_HINTS: dict[str, str] = {
                         "log-probabilities (entr-diag needs natural-log probabilities, <= 0)",
     "sentinel_logprob": "padding values inside the loss mask: the mask may not match the "
                         "logprob arrays (shifted, or the prompt's mask)",
-    "non_finite_logprob": "one side may not have been computed for these tokens (NaN or "
-                          "null), or the mask covers padding, or it is inverted (true on "
-                          "the prompt, whose rows hold no logprobs)",
+    "non_finite_logprob": "one side may not have been computed for these tokens (NaN, "
+                          "null or infinite), or the mask covers padding, or it is inverted "
+                          "(true on the prompt, whose rows hold no logprobs)",
     "zero_placeholder": "one side, or both, hold 0.0 where they have no value (e.g. rollout "
                         "logprobs not requested from the engine, rows zero-filled in the "
                         "dump)",
@@ -436,7 +436,7 @@ ONE_SIDE_HINTS: dict[str, str] = {
 #: padded tensors is named apart, :func:`_hinted`)
 NO_MASK_HINTS: dict[str, str] = {
     "non_finite_logprob": "one side, or both, may not have been computed for these tokens "
-                          "(NaN or null)",
+                          "(NaN, null or infinite)",
 }
 
 
@@ -818,7 +818,7 @@ def _sides(at: Mapping[str, Any]) -> tuple[list[str], str]:
 
 #: what makes a row excluded for a logprob reason, named where the exclusion hint says
 #: which column holds it
-_VALUES_OF: dict[str, str] = {"non_finite_logprob": "NaN or null values",
+_VALUES_OF: dict[str, str] = {"non_finite_logprob": "NaN, null or infinite values",
                               "sentinel_logprob": "placeholder values",
                               "positive_logprob": "values above 0",
                               "zero_placeholder": "0.0 placeholders"}
@@ -1599,7 +1599,9 @@ def entropy_scale_caveat(units: Mapping, mapping: Mapping[str, str] | None = Non
         f"columns agree (train_logprob / infer_logprob = {units['train_over_infer']:.3f}): "
         "an entropy summed over ranks or a batch, or scaled for logging? The law's k, H*, "
         "the noise regime's boundary, the 20-nat range check and the ENTR gate's budget are "
-        "then off by that factor (alpha is not): rescale the column in the dump."
+        "then off by that factor (alpha is not): "
+        + (f"divide the column by {about(c)}" if c > 1 else f"multiply the column by {about(1 / c)}")
+        + " in the dump."
     )
 
 

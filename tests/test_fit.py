@@ -941,8 +941,12 @@ def test_entropy_scaled_rule():
         "1,000", "9.99", "0.1", "123,000"]
     u = {"entropy_scale": 0.1, "ratio_binned": 10.0, "ratio_spread": 1.02,
          "train_over_infer": 1.0}
-    assert entropy_scale_caveat(u, {"entropy": "ent"}).startswith(
+    text = entropy_scale_caveat(u, {"entropy": "ent"})
+    assert text.startswith(
         "caveat: entropy ('ent') looks divided by about 10: the sampled tokens' surprisal")
+    assert text.endswith(": multiply the column by 10 in the dump.")
+    assert entropy_scale_caveat({**u, "entropy_scale": 2.0, "ratio_binned": 0.5}).endswith(
+        ": divide the column by 2 in the dump.")
 
 
 def test_unit_mistake_rule():

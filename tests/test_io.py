@@ -1998,7 +1998,7 @@ def test_non_finite_hint_without_a_mask_names_padding_only_when_some_rows_are_va
     ds = load_dataset([_write(tmp_path, df)])
     hint = exclusion_hint(ds.accounting.excluded, ds.accounting.tokens_masked, ds.mapping)
     assert hint.startswith("Most are non_finite_logprob: one side, or both, may not have "
-                           "been computed for these tokens (NaN or null)"), hint
+                           "been computed for these tokens (NaN, null or infinite)"), hint
     assert "padd" not in hint and "mask" not in hint, hint
     some = df.with_columns(
         pl.when(pl.int_range(pl.len()) % 10 < 4).then(-0.3).otherwise(nan).alias(c)
