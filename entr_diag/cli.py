@@ -1856,6 +1856,11 @@ def _no_column(ds, canon: str, consequence: str, fix: str) -> str:
     if cases:  # several columns spell its name in other cases
         return (f"{_where(ds)}: the input has no {canon} column ({cases.split(': ', 1)[1]}), "
                 f"so {consequence}.")
+    near = next((n for n in ds.notes if n.startswith("warning: column ")
+                 and f" it is named as {canon} is, " in n), None)
+    if near:  # its name with an invisible character (the warning is dropped with the error)
+        return (f"{_where(ds)}: the input has no {canon} column, so {consequence}: "
+                + near.removeprefix("warning: ") + ".")
     return f"{_where(ds)}: the input has no {canon} column, so {consequence}; {fix}."
 
 

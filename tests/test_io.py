@@ -2390,3 +2390,30 @@ def test_missing_column_lists_look_alike_names_escaped(tmp_path):
     assert ("(names with characters outside printable ASCII are shown escaped: \\u043e "
             "CYRILLIC SMALL LETTER O, \\u200b ZERO WIDTH SPACE.)") in msg
     assert ", train_logprob," in msg or ", train_logprob." in msg
+
+
+def test_a_name_with_an_invisible_character_is_warned_about(tmp_path):
+    """'entropy' + U+200B (zero-width space) was replaced by the trainer-side entropy with
+    a note only (helper-49), and 'global_step' + U+00A0 left the step unmapped in silence:
+    both are warned about, naming the odd character and the column they would be; fit
+    without any entropy says so in its refusal. A plain name gets no such warning."""
+    from typer.testing import CliRunner
+
+    from entr_diag.cli import app
+
+    base = _long().with_columns(pl.col("entropy").alias("train_entropy"))
+    p = _write(tmp_path, base.rename({"entropy": "entropy\u200b"}), "e.parquet")
+    notes = " ".join(load_dataset([p]).notes)
+    assert ("warning: column 'entropy\\u200b' is not read: without its characters outside "
+            "printable ASCII (\\u200b ZERO WIDTH SPACE) it is named as entropy is, which is "
+            "read from the trainer-side entropy instead") in notes, notes
+    p = _write(tmp_path, _long().rename({"step": "global_step\u00a0"}), "s.parquet")
+    notes = " ".join(load_dataset([p]).notes)
+    assert "column 'global_step\\xa0' is not read" in notes and "as step is, which has no " \
+        "column" in notes, notes
+    assert not [n for n in load_dataset([_write(tmp_path, _long(), "ok.parquet")]).notes
+                if "is not read" in n]
+    p = _write(tmp_path, _long().rename({"entropy": "entropy\u200b"}), "none.parquet")
+    r = CliRunner().invoke(app, ["fit", str(p), "-q"])
+    assert r.exit_code == 2 and "column 'entropy\\u200b' is not read" in " ".join(
+        r.stderr.split()), r.output

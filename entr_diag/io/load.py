@@ -826,6 +826,7 @@ def resolve_mapping(
     elif "entropy" not in mapping and "train_entropy" in mapping:
         mapping["entropy"] = mapping["train_entropy"]
         notes.append("entropy: no inference-side entropy; using the trainer-side entropy")
+    notes += _near_miss_names(available, mapping, overrides)
 
     missing = [c for c in S.REQUIRED if c not in mapping]
     if missing:
@@ -865,6 +866,35 @@ def resolve_mapping(
             + hint
         )
     return mapping, notes
+
+
+def _near_miss_names(available: Iterable[str], mapping: Mapping[str, str],
+                     overrides: Mapping[str, str]) -> list[str]:
+    """``warning:`` notes for input columns no canonical column reads whose name, without
+    its characters outside printable ASCII (a zero-width space, a no-break space), is a
+    canonical column's name or alias while that column is unmapped or read from another
+    column (the entropy from the trainer's): helper-49's 'entropy' + U+200B was replaced
+    by train_entropy with a note only."""
+    used = set(mapping.values()) | set(overrides.values())
+    out = []
+    for name in sorted(available):
+        if name in used or (name.isascii() and name.isprintable()):
+            continue
+        bare = re.sub(r"[^\x21-\x7e]", "", name).casefold()
+        for col in S.COLUMNS:
+            if col.name in overrides or (col.name in mapping and (
+                    col.name != "entropy" or mapping["entropy"] != mapping.get("train_entropy"))):
+                continue
+            if bare in (col.name, *(a.casefold() for a in col.aliases)):
+                out.append(
+                    f"warning: column {shown_name(name)} is not read: without its characters "
+                    f"outside printable ASCII ({_odd_chars([name])}) it is named as "
+                    f"{col.name} is, which "
+                    + ("is read from the trainer-side entropy instead"
+                       if col.name == "entropy" and "entropy" in mapping else "has no column")
+                    + f"; rename it in the dump, or map it with --column {col.name}=NAME")
+                break
+    return out
 
 
 def shown_name(name: str) -> str:
