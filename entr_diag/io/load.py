@@ -856,7 +856,7 @@ def resolve_mapping(
         odd = [a for a in available if not (a.isascii() and a.isprintable())]
         raise SchemaError(
             f"missing required column(s) {', '.join(missing)}.{why} The input has columns: "
-            f"{', '.join(shown_name(a) for a in sorted(available))}."
+            f"{', '.join(_shown_name(a) for a in sorted(available))}."
             + (f" (names with characters outside printable ASCII are shown escaped: "
                f"{_odd_chars(odd)}.)" if odd else "")
             + ("" if why else " Map yours with --column CANONICAL=SOURCE (e.g. --column "
@@ -887,7 +887,7 @@ def _near_miss_names(available: Iterable[str], mapping: Mapping[str, str],
                 continue
             if bare in (col.name, *(a.casefold() for a in col.aliases)):
                 out.append(
-                    f"warning: column {shown_name(name)} is not read: without its characters "
+                    f"warning: column {_shown_name(name)} is not read: without its characters "
                     f"outside printable ASCII ({_odd_chars([name])}) it is named as "
                     f"{col.name} is, which "
                     + ("is read from the trainer-side entropy instead"
@@ -897,7 +897,7 @@ def _near_miss_names(available: Iterable[str], mapping: Mapping[str, str],
     return out
 
 
-def shown_name(name: str) -> str:
+def _shown_name(name: str) -> str:
     """A column name as an error message shows it: as it is when printable ASCII, else
     with the other characters escaped (``'infer_l\\u043egprob\\u200b'``): a zero-width
     space or a look-alike letter makes a name print like the one the loader looks for
