@@ -1392,10 +1392,19 @@ def entropy_unit(units: Mapping | None) -> tuple[str, float] | None:
     """(unit, factor to nats) when the fit's units check (a fit result's
     ``to_dict()["units"]``, or None) names the entropy column's unit as another than nats
     (``likely_mistake`` ``entropy_bits``: ``("bits", ln 2)``; ``entropy_log10``:
-    ``("log10 units", ln 10)``), else None. Every entropy the tool prints (bin edges,
-    H*) is then in that unit, as the column reads, not in nats."""
-    key = units.get("likely_mistake") if isinstance(units, Mapping) else None
-    return ENTROPY_UNITS.get(key) if isinstance(key, str) else None
+    ``("log10 units", ln 10)``) or reads it as scaled by a constant c (``entropy_scale``:
+    ``("nats x c", 1 / c)``; helper-49: a column x2 had its H* labelled nats), else None.
+    Every entropy the tool prints (bin edges, H*) is then in that unit, as the column
+    reads, not in nats."""
+    if not isinstance(units, Mapping):
+        return None
+    key = units.get("likely_mistake")
+    if isinstance(key, str) and key in ENTROPY_UNITS:
+        return ENTROPY_UNITS[key]
+    c = units.get("entropy_scale")
+    if isinstance(c, (int, float)) and math.isfinite(c) and c > 0:
+        return (f"nats x {about(c)}" if c > 1 else f"nats / {about(1 / c)}", 1 / c)
+    return None
 
 
 def entropy_text(value: str, interval: str, units: Mapping | None,

@@ -904,6 +904,12 @@ def test_entropy_unit_names_the_column_unit_only_for_an_entropy_mistake():
         assert entropy_text("0.034", "[0.029, 0.041]", units, "x") == "0.034 nats [0.029, 0.041]"
     assert entropy_text("0.05", "", {"likely_mistake": "entropy_bits"}) == (
         "0.05 in the entropy column's unit (probably bits)")
+    # an entropy scaled by a constant reads as such too (helper-49: H* labelled nats)
+    assert entropy_unit({"likely_mistake": None, "entropy_scale": 2.0}) == ("nats x 2", 0.5)
+    assert entropy_unit({"entropy_scale": 0.1}) == ("nats / 10", 10.0)
+    assert entropy_text("0.006", "", {"entropy_scale": 2.0}, "0.003") == (
+        "0.006 in the entropy column's unit (probably nats x 2; 0.003 nats)")
+    assert entropy_unit({"entropy_scale": None}) is None
     assert entropy_text("0.05", "[0.04, 0.06]", {"likely_mistake": "entropy_log10"},
                         "0.12") == ("0.05 [0.04, 0.06] in the entropy column's unit "
                                     "(probably log10 units; 0.12 nats)")
