@@ -3649,3 +3649,16 @@ def test_inspect_reads_the_units_check_on_its_forensic_bins(tmp_path, expr, said
         assert f"warning: {said}" in err and len(warned) == 1, err
         assert warned[0].startswith(said) and warned[0].endswith(
             "(inspect reads this on its forensic entropy bins; `fit` reads it on the law's)")
+
+
+def test_inspect_table_escapes_a_line_break_in_a_file_name(tmp_path):
+    """A file name holding a newline printed as two rows of inspect's file table (helper-49);
+    it is written \\n there, as the error lines write it."""
+    LONG = Path(__file__).resolve().parents[1] / "entr_diag" / "sample_data" / \
+        "sample_run_long.parquet"
+    p = tmp_path / "a\nb.parquet"
+    p.write_bytes(LONG.read_bytes())
+    r = runner.invoke(app, ["inspect", str(p), "-q"], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    shown = str(tmp_path / "a\\nb.parquet")
+    assert any(shown in line and "long" in line for line in r.stdout.splitlines()), r.stdout

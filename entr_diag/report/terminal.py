@@ -16,8 +16,10 @@ def _fmt_int(n: int | None) -> str:
 
 def literal(x: object) -> Text:
     """A table cell or line printed as is: names from the input (paths, columns, seq_ids)
-    may hold brackets, such as ``[/i]``, that rich would otherwise read as markup."""
-    return Text("" if x is None else str(x))
+    may hold brackets, such as ``[/i]``, that rich would otherwise read as markup; a line
+    break or carriage return in one is written ``\\n`` / ``\\r``, as the error lines
+    write it (helper-49: a file name with a newline printed as two table rows)."""
+    return Text("" if x is None else str(x).replace("\r", "\\r").replace("\n", "\\n"))
 
 
 def render_inspect(desc: dict, console: Console) -> None:
