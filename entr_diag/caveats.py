@@ -712,6 +712,12 @@ def _identical_where(ident: Mapping[str, Any], n_files: int) -> str:
     return " and ".join(parts)
 
 
+#: what makes train_logprob equal infer_logprob on every token (fit's refusal, inspect's
+#: warning)
+ALL_IDENTICAL_CAUSES = ("a bitwise on-policy run, or the trainer's column copied from the "
+                        "rollout's logprobs where old logprobs are not recomputed")
+
+
 def identical_logprobs_warning(ident: Mapping[str, Any] | None, n_files: int,
                                mapping: Mapping[str, str] | None = None) -> str | None:
     """A sentence when train_logprob equals infer_logprob exactly on much of the valid

@@ -629,9 +629,10 @@ def _synthetic_run(path: Path) -> bool:
 
 
 def _one_line(text: str) -> str:
-    """An error message on one line: a line break or carriage return inside it (a file
-    name holding one) written as ``\\n`` / ``\\r``, as Python's repr writes them."""
-    return text.replace("\r", "\\r").replace("\n", "\\n")
+    """An error message on one line (:func:`entr_diag.report.terminal.one_line`)."""
+    from entr_diag.report.terminal import one_line
+
+    return one_line(text)
 
 
 def _starts_as_parquet(path: Path) -> bool:
@@ -1183,14 +1184,13 @@ def _identical_note(ds) -> None:
     acc = ds.accounting
     if not (acc.tokens_valid and acc.tokens_identical == acc.tokens_valid):
         return
-    from entr_diag.caveats import column_named
+    from entr_diag.caveats import ALL_IDENTICAL_CAUSES, column_named
 
     _notes.add("[yellow]warning:[/yellow] " + escape(
         f"{column_named('train_logprob', ds.mapping)} equals "
         f"{column_named('infer_logprob', ds.mapping)} exactly on every valid token "
-        f"({acc.tokens_valid:,}): delta = 0, there is no mismatch to analyse (a bitwise "
-        "on-policy run, or the trainer's column copied from the rollout's logprobs where "
-        "old logprobs are not recomputed). `fit` and `flag` refuse such an input; "
+        f"({acc.tokens_valid:,}): delta = 0, there is no mismatch to analyse "
+        f"({ALL_IDENTICAL_CAUSES}). `fit` and `flag` refuse such an input; "
         "`compare` and `report` show every gate keeping every token, without a law."))
 
 
@@ -1620,8 +1620,8 @@ def _inspect_units(ds, plan, findings, entropy_align) -> None:
     from entr_diag.caveats import units_caveat
     from entr_diag.forensics import units_from_tables
 
-    misaligned = (findings.by_kind("misalignment") is not None
-                  and findings.by_kind("misalignment").severity == "critical")
+    shift = findings.by_kind("misalignment")
+    misaligned = shift is not None and shift.severity == "critical"
     if misaligned or _entropy_shifted(entropy_align) or _mask_unsampled(findings):
         return
     units = units_from_tables(plan.ctx)

@@ -2382,11 +2382,12 @@ def _finish_fit(plan: FitPlan) -> FitResult:
                 "log entropy axis; check that the entropy column holds nats, not a mask."
             )
         if not np.nansum(tot["s_d2"][0]) > 0:
+            from entr_diag.caveats import ALL_IDENTICAL_CAUSES
+
             raise FitError(
                 "delta = train_logprob - infer_logprob is 0 for every token: train and "
                 "inference log-probabilities are identical, so there is no mismatch to fit "
-                "(a bitwise on-policy run, or the trainer's column copied from the rollout's "
-                "logprobs where old logprobs are not recomputed)."
+                f"({ALL_IDENTICAL_CAUSES})."
             )
         k = bd_all.idx.size
         raise FitError(

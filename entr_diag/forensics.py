@@ -3320,7 +3320,7 @@ class _UnsampledTokens:
         pick = idx if keep is None else idx[keep]
         if pick.size:
             self._kept.add(pl.DataFrame({
-                "seq_key": column(batch, "seq_key")[pick],
+                "seq_key": sk if keep is None else sk[keep],
                 "position": column(batch, "position")[pick],
                 "bin": (b if keep is None else b[keep]).astype(np.int32)},
                 schema_overrides={"position": pl.Int64}))

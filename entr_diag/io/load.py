@@ -904,7 +904,12 @@ def _shown_name(name: str) -> str:
     (helper-48)."""
     if name.isascii() and name.isprintable():
         return name
-    return "'" + name.encode("unicode_escape").decode("ascii") + "'"
+    return f"'{_escaped(name)}'"
+
+
+def _escaped(text: str) -> str:
+    """``text`` with its characters outside printable ASCII escaped (``\\u200b``)."""
+    return text.encode("unicode_escape").decode("ascii")
 
 
 def _odd_chars(names: Sequence[str], most: int = 4) -> str:
@@ -914,7 +919,7 @@ def _odd_chars(names: Sequence[str], most: int = 4) -> str:
 
     odd = list(dict.fromkeys(c for n in names for c in n
                              if not (c.isascii() and c.isprintable())))
-    return ", ".join(f"{c.encode('unicode_escape').decode('ascii')} "
+    return ", ".join(f"{_escaped(c)} "
                      f"{unicodedata.name(c, 'unnamed')}" for c in odd[:most]) + (
         f" and {len(odd) - most:,} more" if len(odd) > most else "")
 

@@ -14,12 +14,18 @@ def _fmt_int(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line: a line break or carriage return inside it (a file name holding
+    one) written as ``\\n`` / ``\\r``, as Python's repr writes them."""
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def literal(x: object) -> Text:
     """A table cell or line printed as is: names from the input (paths, columns, seq_ids)
     may hold brackets, such as ``[/i]``, that rich would otherwise read as markup; a line
-    break or carriage return in one is written ``\\n`` / ``\\r``, as the error lines
-    write it (helper-49: a file name with a newline printed as two table rows)."""
-    return Text("" if x is None else str(x).replace("\r", "\\r").replace("\n", "\\n"))
+    break in one is written as the error lines write it (:func:`one_line`; helper-49: a
+    file name with a newline printed as two table rows)."""
+    return Text("" if x is None else one_line(str(x)))
 
 
 def render_inspect(desc: dict, console: Console) -> None:
